@@ -1,0 +1,38 @@
+"""kinetic-prefect: run a Prefect task's body on an accelerator, through a Prefect work pool.
+
+The package root stays import-light on purpose: the job runner imports
+``kinetic_prefect.runner`` in a fresh interpreter and must not pay for Prefect.
+Public names are resolved lazily on first access.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "kinetic_task": "kinetic_prefect.decorator",
+    "KineticTask": "kinetic_prefect.decorator",
+    "RemoteTraceback": "kinetic_prefect.errors",
+    "KineticJobCrashed": "kinetic_prefect.errors",
+    "ImageSpec": "kinetic_prefect.image",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kinetic_prefect.decorator import KineticTask, kinetic_task
+    from kinetic_prefect.errors import KineticJobCrashed, RemoteTraceback
+    from kinetic_prefect.image import ImageSpec
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'kinetic_prefect' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value

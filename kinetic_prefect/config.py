@@ -1,0 +1,35 @@
+"""Where things live by default. Everything here can be overridden by environment variables or a work pool."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DEFAULT_WORK_POOL = "kinetic-local"
+
+
+def cache_dir() -> Path:
+    """The user's cache directory for kinetic-prefect (``$KINETIC_CACHE_DIR`` or ``~/.cache/kinetic-prefect``)."""
+    explicit = os.environ.get("KINETIC_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(base) / "kinetic-prefect"
+
+
+def default_store_url() -> str:
+    """The artifact store used when the work pool names none: ``$KINETIC_STORE`` or a local directory."""
+    return os.environ.get("KINETIC_STORE") or str(cache_dir() / "store")
+
+
+def default_work_pool() -> str:
+    return os.environ.get("KINETIC_WORK_POOL") or DEFAULT_WORK_POOL
+
+
+def work_pools_dir() -> Path:
+    """The job templates shipped as data (``work_pools/`` in the repo, ``_work_pools`` in a wheel)."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "_work_pools", here.parent / "work_pools"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError("kinetic-prefect's work_pools/ templates are missing from this installation")

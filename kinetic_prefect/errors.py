@@ -1,0 +1,42 @@
+"""Errors shared by the caller, the worker and the job runner (stdlib only: the runner imports it)."""
+
+from __future__ import annotations
+
+
+class KineticError(Exception):
+    """Base class of kinetic-prefect's own errors."""
+
+
+class PayloadError(KineticError, ValueError):
+    """The call cannot be packaged (unpicklable argument, bad project directory...). Raised before upload."""
+
+
+class KineticJobCrashed(KineticError, RuntimeError):
+    """The job ended without reporting an outcome (killed, out of memory, node lost). Prefect retries it."""
+
+
+class KineticJobSetupError(KineticError, RuntimeError):
+    """The job runner failed before or after the user's function (fetching, verifying, unpickling...)."""
+
+    def __init__(self, phase: str, message: str):
+        super().__init__(f"job failed while {phase}: {message}")
+        self.phase = phase
+
+
+class RemoteError(KineticError):
+    """Stands in for a remote exception whose type could not be pickled back to the caller."""
+
+    def __init__(self, type_name: str, message: str):
+        super().__init__(f"{type_name}: {message}")
+        self.type_name = type_name
+
+
+class RemoteTraceback(Exception):
+    """Attached as ``__cause__`` of a re-raised remote exception so the job's traceback prints too."""
+
+    def __init__(self, traceback_text: str):
+        super().__init__(traceback_text)
+        self.traceback_text = traceback_text
+
+    def __str__(self) -> str:
+        return "\n\n" + self.traceback_text.rstrip() + "\n"

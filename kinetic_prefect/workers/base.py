@@ -1,0 +1,107 @@
+"""Worker side: what every kinetic launcher shares.
+
+A kinetic job does not run Prefect's flow engine: the job runner only writes an outcome record
+to the artifact store. So the worker owns the child flow run's states: Running when the job
+starts, then Completed or Failed from the outcome record. A job that exits without an outcome
+returns a non-zero status and Prefect's BaseWorker reports the run as Crashed, which the caller
+turns into a retry with a new job.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from prefect.client.schemas.objects import FlowRun
+from prefect.exceptions import Abort
+from prefect.states import Completed, Failed, Running
+from prefect.utilities.engine import propose_state
+from prefect.workers.base import BaseJobConfiguration, BaseWorkerResult
+from pydantic import Field
+
+from kinetic_prefect import accelerators, config
+from kinetic_prefect.image import ImageSpec
+
+RUNNER_COMMAND = "python -u -m kinetic_prefect.runner"
+
+
+def load_template(worker_type: str) -> dict[str, Any]:
+    """The base job template shipped as data in ``work_pools/<type>.json``."""
+    return json.loads((config.work_pools_dir() / f"{worker_type}.json").read_text())
+
+
+class KineticJobConfiguration(BaseJobConfiguration):
+    """Fields every kinetic job has; launchers add their own."""
+
+    accelerator: str = Field(default="cpu")
+    image_tag: str | None = Field(default=None)
+    requirements: list[str] = Field(default_factory=list)
+    python_version: str | None = Field(default=None)
+    store: str | None = Field(default=None)
+
+    def prepare_for_flow_run(self, flow_run, deployment=None, flow=None, work_pool=None, worker_name=None, worker_id=None):
+        super().prepare_for_flow_run(flow_run, deployment, flow, work_pool, worker_name, worker_id)
+        if self.command == self._base_flow_run_command():
+            self.command = RUNNER_COMMAND
+        self.env["KINETIC_STORE"] = self.store or config.default_store_url()
+        self.env.setdefault("KINETIC_RUN_PREFIX", f"runs/{flow_run.id}")
+        spec = accelerators.resolve(self.accelerator)
+        self.env.setdefault("KINETIC_ACCELERATOR", spec.name)
+        self.labels["kinetic.accelerator"] = spec.name
+
+    @property
+    def image_spec(self) -> ImageSpec:
+        kwargs = {"python": self.python_version} if self.python_version else {}
+        return ImageSpec(
+            requirements=tuple(self.requirements),
+            family=accelerators.resolve(self.accelerator).family,
+            **kwargs,
+        )
+
+
+class KineticWorkerResult(BaseWorkerResult):
+    """``status_code`` 0: an outcome was recorded and the run's final state was set."""
+
+
+class KineticWorkerMixin:
+    """Shared outcome handling, mixed into each launcher's BaseWorker subclass.
+
+    A mixin rather than a BaseWorker subclass: Prefect registers every BaseWorker subclass as
+    a worker type, and this is not one.
+    """
+
+    client: Any
+    get_flow_run_logger: Any
+
+    async def mark_running(self, flow_run: FlowRun, message: str) -> None:
+        try:
+            await propose_state(self.client, Running(message=message), flow_run_id=flow_run.id)
+        except Abort:
+            pass
+
+    async def finish_from_outcome(self, flow_run: FlowRun, configuration: KineticJobConfiguration,
+                                  exit_code: int, identifier: str) -> KineticWorkerResult:
+        """Set Completed/Failed from the job's outcome record; non-zero means 'crashed, no outcome'."""
+        logger = self.get_flow_run_logger(flow_run)
+        if exit_code != 0:
+            return KineticWorkerResult(identifier=identifier, status_code=exit_code)
+        from kinetic_prefect.storage import ObjectNotFound, open_store
+
+        store = open_store(configuration.env["KINETIC_STORE"])
+        try:
+            outcome = json.loads(store.get_bytes(f"{configuration.env['KINETIC_RUN_PREFIX']}/outcome.json"))
+        except ObjectNotFound:
+            logger.error("The job exited 0 but wrote no outcome record; reporting it as crashed.")
+            return KineticWorkerResult(identifier=identifier, status_code=1)
+        if outcome.get("status") == "completed":
+            state = Completed(message=f"Job finished in {outcome.get('duration_s', 0):.2f}s")
+        else:
+            state = Failed(message=f"Failed while {outcome.get('phase')}: {outcome.get('error_type')}: "
+                                   f"{outcome.get('message', '')[:500]}")
+        try:
+            await propose_state(self.client, state, flow_run_id=flow_run.id)
+        except Abort:
+            pass
+        return KineticWorkerResult(identifier=identifier, status_code=0)
+
+

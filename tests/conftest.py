@@ -1,0 +1,93 @@
+"""Test session: a real Prefect server (SQLite) in its own process, shared by all tests.
+
+The API URL and the kinetic cache are set in the environment *before* any test module imports
+Prefect (conftest is imported first), so this process, the job processes and the worker
+processes the tests start all talk to the same server.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["gcs_fixture"]
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared"
+_session_dir = Path(tempfile.mkdtemp(prefix="kinetic-tests-"))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+_PORT = _free_port()
+os.environ.update(
+    PREFECT_API_URL=f"http://127.0.0.1:{_PORT}/api",
+    PREFECT_HOME=str(_session_dir / "prefect-home"),
+    PREFECT_SERVER_ANALYTICS_ENABLED="false",
+    PREFECT_LOGGING_TO_API_BATCH_INTERVAL="0.3",
+    PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{_session_dir}/prefect.db",
+    KINETIC_CACHE_DIR=str(_session_dir / "kinetic-cache"),
+)
+os.environ.pop("KINETIC_STORE", None)
+os.environ.pop("KINETIC_WORK_POOL", None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prefect_server():
+    """`prefect server start` as a separate process; waits for /api/health."""
+    log = open(_session_dir / "prefect-server.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(_PORT)],
+        stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy(),
+    )
+    deadline = time.time() + 120
+    url = f"http://127.0.0.1:{_PORT}/api/health"
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            raise RuntimeError(f"Prefect server did not start; see {_session_dir / 'prefect-server.log'}:\n"
+                               + (_session_dir / "prefect-server.log").read_text()[-3000:])
+        time.sleep(0.3)
+    yield os.environ["PREFECT_API_URL"]
+    from prefect.logging.handlers import APILogHandler
+
+    APILogHandler.flush()  # before the server goes, or the last batch fails to send
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+@pytest.fixture
+def store_dir() -> Path:
+    """The local artifact store the default pool uses in this session."""
+    from kinetic_prefect import config
+
+    return Path(config.default_store_url())
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    if not SHARED.is_dir():
+        pytest.skip(f"{SHARED} is absent (it ships with the repository's CI machine only)")
+    return SHARED / "data"
