@@ -67,9 +67,9 @@ def prefect_server():
                                + (_session_dir / "prefect-server.log").read_text()[-3000:])
         time.sleep(0.3)
     yield os.environ["PREFECT_API_URL"]
-    from prefect.logging.handlers import APILogHandler
+    from prefect.logging.handlers import APILogWorker
 
-    APILogHandler.flush()  # before the server goes, or the last batch fails to send
+    APILogWorker.drain_all(timeout=10)  # before the server goes, or the last batch fails to send
     proc.terminate()
     try:
         proc.wait(20)

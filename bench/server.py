@@ -1,0 +1,50 @@
+"""A dedicated Prefect server for benchmarks (SQLite in a temp dir), like the test suite's."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def prefect_server():
+    home = Path(tempfile.mkdtemp(prefix="kinetic-bench-"))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+        "PREFECT_HOME": str(home / "prefect-home"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home}/prefect.db",
+        "KINETIC_CACHE_DIR": str(home / "kinetic-cache"),
+        "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",  # standalone task calls are measured too
+    }
+    os.environ.update(env)
+    log = open(home / "server.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                             "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError((home / "server.log").read_text()[-2000:]) from None
+                time.sleep(0.3)
+        yield home
+    finally:
+        from prefect.logging.handlers import APILogWorker
+
+        APILogWorker.drain_all(timeout=10)
+        proc.terminate()
+        proc.wait(30)

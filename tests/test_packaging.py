@@ -1,0 +1,114 @@
+"""Caller-side packaging: ImageSpec tags, the call payload, and what of the project is shipped."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import threading
+import warnings
+
+import pytest
+
+from kinetic_prefect.errors import PayloadError
+from kinetic_prefect.image import ImageSpec, RequirementsError, normalize_requirements
+from kinetic_prefect.payload import archive_project, build_call_payload, collect_project_files
+
+
+def test_image_tag_is_stable_and_insensitive_to_spelling_and_order():
+    a = ImageSpec.create(["Keras >= 3.8", "jax[CPU]==0.4.35"], family="gpu", python="3.11")
+    b = ImageSpec.create(["jax[cpu]==0.4.35", "keras>=3.8"], family="gpu", python="3.11")
+    assert a.tag == b.tag
+    assert a.tag == ImageSpec.create(["keras>=3.8", "jax[cpu]==0.4.35"], family="gpu", python="3.11").tag
+    assert a.tag.startswith("py311-gpu-") and len(a.tag.split("-")[-1]) == 16
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"requirements": ["keras>=3.9", "jax[cpu]==0.4.35"]},
+        {"python": "3.12"},
+        {"family": "tpu"},
+        {"base_image": "python:3.11-slim"},
+    ],
+)
+def test_image_tag_changes_with_each_input(change):
+    base = {"requirements": ["keras>=3.8", "jax[cpu]==0.4.35"], "family": "gpu", "python": "3.11"}
+    assert ImageSpec.create(**base).tag != ImageSpec.create(**{**base, **change}).tag
+
+
+def test_image_tag_changes_with_the_kinetic_version():
+    spec = ImageSpec.create(["six"])
+    assert spec.tag != ImageSpec(**{**spec.__dict__, "kinetic_version": "9.9.9"}).tag
+
+
+def test_requirements_from_files(tmp_path):
+    (tmp_path / "base.txt").write_text("numpy>=1.26  # arrays\n")
+    (tmp_path / "requirements.txt").write_text("-r base.txt\n\n# comment\nKeras>=3\n")
+    assert normalize_requirements(str(tmp_path / "requirements.txt")) == ("keras>=3", "numpy>=1.26")
+    (tmp_path / "pyproject.toml").write_text('[project]\nname="x"\ndependencies=["Pillow>=10"]\n')
+    assert normalize_requirements(tmp_path / "pyproject.toml") == ("pillow>=10",)
+    (tmp_path / "bad.toml").write_text('[tool.x]\n')
+    with pytest.raises(RequirementsError, match=r"no \[project\].dependencies"):
+        normalize_requirements(tmp_path / "bad.toml")
+    (tmp_path / "opts.txt").write_text("--index-url https://example.invalid\n")
+    with pytest.raises(RequirementsError, match="opts.txt:1"):
+        normalize_requirements(str(tmp_path / "opts.txt"))
+    with pytest.raises(RequirementsError, match=r"requirements=\['keras'\]"):
+        normalize_requirements("keras")
+
+
+def test_payload_names_the_unpicklable_argument():
+    def train(data, lock, epochs=1):
+        return epochs
+
+    with pytest.raises(PayloadError, match=r"argument 'lock' of train\(\) \(a lock\) cannot be pickled"):
+        build_call_payload(train, ([1, 2],), {"lock": threading.Lock()}, None)
+    with pytest.raises(PayloadError, match="do not match its signature"):
+        build_call_payload(train, (), {"nope": 1}, None)
+
+
+def _project(tmp_path):
+    root = tmp_path / "proj"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "model.py").write_text("X = 1\n")
+    (root / "train.py").write_text("print('hi')\n")
+    (root / "data").mkdir()
+    (root / "data" / "big.bin").write_bytes(b"\0" * 1000)
+    (root / "notes.tmp").write_text("scratch")
+    (root / ".venv" / "lib").mkdir(parents=True)
+    (root / ".venv" / "lib" / "site.py").write_text("")
+    (root / "pkg" / "__pycache__").mkdir()
+    (root / "pkg" / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"x")
+    (root / ".gitignore").write_text("*.tmp\n")
+    (root / ".kineticignore").write_text("data/\n")
+    (root / "pyproject.toml").write_text("[project]\nname='proj'\n")
+    return root
+
+
+def test_project_files_respect_gitignore_kineticignore_and_defaults(tmp_path):
+    root = _project(tmp_path)
+    files = collect_project_files(root)
+    assert files == [".gitignore", ".kineticignore", "pkg/model.py", "pyproject.toml", "train.py"]
+    assert "train.py" not in collect_project_files(root, exclude=[root / "train.py"])
+
+
+def test_project_archive_is_content_addressed_and_extractable(tmp_path):
+    root = _project(tmp_path)
+    first = archive_project(root)
+    assert archive_project(root).sha256 == first.sha256
+    (root / "train.py").write_text("print('changed')\n")
+    changed = archive_project(root)
+    assert changed.sha256 != first.sha256
+    with tarfile.open(fileobj=io.BytesIO(changed.data), mode="r:gz") as tar:
+        assert tar.extractfile("train.py").read() == b"print('changed')\n"
+        assert all(m.mtime == 0 for m in tar.getmembers())
+
+
+def test_secret_looking_files_are_warned_about(tmp_path):
+    root = _project(tmp_path)
+    (root / ".env").write_text("KAGGLE_KEY=abc\n")
+    (root / "train.py").write_text("print('new content so the memo misses')\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        archive_project(root)
+    assert any(".env" in str(w.message) and ".kineticignore" in str(w.message) for w in caught)
