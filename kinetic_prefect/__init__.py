@@ -17,9 +17,11 @@ _LAZY = {
     "RemoteTraceback": "kinetic_prefect.errors",
     "KineticJobCrashed": "kinetic_prefect.errors",
     "ImageSpec": "kinetic_prefect.image",
+    "Data": "kinetic_prefect.data",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
+    from kinetic_prefect.data import Data
     from kinetic_prefect.decorator import KineticTask, kinetic_task
     from kinetic_prefect.errors import KineticJobCrashed, RemoteTraceback
     from kinetic_prefect.image import ImageSpec

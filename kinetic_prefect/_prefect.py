@@ -156,3 +156,14 @@ async def cancel_flow_run(client: PrefectClient, flow_run_id: UUID) -> None:
 
 async def read_flow_runs(client: PrefectClient, ids: list[UUID]) -> list[FlowRun]:
     return await client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
+
+
+def attach_result_storage(task: Any, storage: Any) -> None:
+    """Give a task an *unsaved* result-storage block.
+
+    ``Task.__init__`` insists on blocks saved server-side so that a result's storage can be
+    looked up by id later. kinetic's results storage is derived from the store URL, so every
+    caller (on any machine) builds the same block and reads the same records; saving a block at
+    decoration time would instead need the API at import time. Set after construction on purpose.
+    """
+    task.result_storage = storage

@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterable, Sequence, TypeVar, overload
 
 from prefect import Task
 
-from kinetic_prefect import accelerators
+from kinetic_prefect import _prefect, accelerators
 from kinetic_prefect.dispatch import KineticOptions, call_remotely
 from kinetic_prefect.image import ImageSpec
 
@@ -130,9 +130,16 @@ def kinetic_task(
         name = task_options.pop("name", None) or fn.__name__
         tags = set(task_options.pop("tags", None) or ())
         tags.add(f"accelerator:{options.accelerator.name}")
+        shared_results = None
+        if "result_storage" not in task_options:
+            from kinetic_prefect.results import result_storage
+
+            shared_results = result_storage()  # a gs:// KINETIC_STORE: results live beside the rest
         task = KineticTask(fn=_remote_body(fn, options, name), name=name, tags=tags, **task_options)
         task.kinetic = options
         task.user_fn = fn
+        if shared_results is not None:
+            _prefect.attach_result_storage(task, shared_results)
         return task
 
     if __fn is not None:

@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from anyio import to_thread
 import cloudpickle
 from prefect import get_client
 from prefect.context import TaskRunContext
 from prefect.logging import get_run_logger
 from prefect.utilities.asyncutils import run_coro_as_sync
 
-from kinetic_prefect import _prefect, accelerators, config
+from kinetic_prefect import _prefect, accelerators, config, data
 from kinetic_prefect.errors import KineticJobCrashed, KineticJobSetupError, PayloadError, RemoteError, RemoteTraceback
 from kinetic_prefect.image import ImageSpec
 from kinetic_prefect.payload import archive_project, build_call_payload, find_project_dir, sha256_hex
@@ -78,17 +79,61 @@ class PreparedCall:
     payload_sha256: str
     code_archive: Any | None
     env: dict[str, str]
+    data: list[Any]  # data.Manifest of each local Data argument, uploaded at submission
+    task_run_id: str | None = None
+
+
+def _swap_data(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any], list[Any]]:
+    """Hash every Data argument (wherever it is nested) and put a DataRef in its place."""
+    manifests: dict[str, Any] = {}
+
+    def to_ref(item: data.Data) -> data.DataRef:
+        manifest = None if item.is_remote else data.hash_local(item)
+        if manifest is not None:
+            manifests[manifest.sha256] = manifest
+        return data.to_ref(item, manifest)
+
+    new_args = data.transform(args, to_ref, data.Data)
+    new_kwargs = data.transform(kwargs, to_ref, data.Data)
+    return new_args, new_kwargs, list(manifests.values())
 
 
 def prepare(options: KineticOptions, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> PreparedCall:
     project_dir = Path(options.project_dir).resolve() if options.project_dir else find_project_dir(fn)
+    data_paths = [d.local_path for d in data.find((args, kwargs), data.Data) if d.local_path is not None]
+    args, kwargs, manifests = _swap_data(args, kwargs)
     payload = build_call_payload(fn, args, kwargs, project_dir)
-    archive = archive_project(project_dir) if options.ship_project else None
+    # Data passed as Data travels by its own content-addressed route, never inside the code archive.
+    archive = archive_project(project_dir, exclude=data_paths) if options.ship_project else None
     env = forwarded_environment(options.env)
     return PreparedCall(
         run_prefix=f"runs/{uuid.uuid4()}", payload=payload, payload_sha256=sha256_hex(payload),
-        code_archive=archive, env=env,
+        code_archive=archive, env=env, data=manifests,
+        task_run_id=str(ctx.task_run.id) if (ctx := TaskRunContext.get()) else None,
     )
+
+
+def _upload_inputs(store: Any, call: PreparedCall, logger: Any) -> None:
+    if call.code_archive is not None and not store.exists(call.code_archive.key):
+        store.put_bytes(call.code_archive.key, call.code_archive.data, if_absent=True)
+    for manifest in call.data:
+        uploaded = data.upload(manifest, store)
+        if logger:
+            logger.info(f"Data {manifest.root.name} ({len(manifest.files)} files, sha256 {manifest.sha256[:12]}): "
+                        + (f"uploaded {uploaded / 2**20:.1f} MiB" if uploaded else "already in the store"))
+    store.put_bytes(f"{call.run_prefix}/payload.pkl", call.payload)
+
+
+async def _publish_outputs(store: Any, call: PreparedCall, outcome: dict[str, Any], run_name: str) -> None:
+    """A table artifact on the task run listing what the job left in KINETIC_OUTPUT_DIR."""
+    outputs = outcome.get("outputs") or []
+    if not outputs or TaskRunContext.get() is None:
+        return
+    from prefect.artifacts import acreate_table_artifact
+
+    run_id = call.run_prefix.rsplit("/", 1)[-1]
+    rows = [{"file": rel, "url": store.url_for(f"outputs/{run_id}/{rel}")} for rel in outputs]
+    await acreate_table_artifact(rows, description=f"Outputs of kinetic job {run_name} ({outcome.get('status')})")
 
 
 def _job_variables(options: KineticOptions, call: PreparedCall, store_url: str) -> dict[str, Any]:
@@ -98,6 +143,8 @@ def _job_variables(options: KineticOptions, call: PreparedCall, store_url: str) 
         "KINETIC_PAYLOAD_SHA256": call.payload_sha256,
         "KERAS_BACKEND": os.environ.get("KERAS_BACKEND", "jax"),
         "JAX_PLATFORMS": options.accelerator.jax_platform,
+        # Keyed by the task run, not the job: a retry (a new job) resumes from the same checkpoints.
+        "KINETIC_CHECKPOINT_KEY": f"checkpoints/{call.task_run_id or call.run_prefix.rsplit('/', 1)[-1]}",
     }
     if call.code_archive is not None:
         env["KINETIC_CODE_KEY"] = call.code_archive.key
@@ -175,9 +222,7 @@ async def _submit_and_collect(options: KineticOptions, call: PreparedCall, task_
         pool = await _prefect.ensure_work_pool(client, options.work_pool or config.default_work_pool())
         store_url = _prefect.pool_default(pool, "store") or config.default_store_url()
         store = open_store(store_url)
-        if call.code_archive is not None and not store.exists(call.code_archive.key):
-            store.put_bytes(call.code_archive.key, call.code_archive.data, if_absent=True)
-        store.put_bytes(f"{call.run_prefix}/payload.pkl", call.payload)
+        await to_thread.run_sync(_upload_inputs, store, call, logger)
 
         polling = options.submission == "worker" or (
             options.submission == "auto" and await _prefect.has_online_worker(client, pool.name)
@@ -211,6 +256,7 @@ async def _submit_and_collect(options: KineticOptions, call: PreparedCall, task_
     except ObjectNotFound:
         message = state.message if state is not None else "no state"
         raise KineticJobCrashed(f"job {run_name} ended without an outcome ({state.name if state else '?'}: {message})") from None
+    await _publish_outputs(store, call, outcome, run_name)
     if outcome.get("status") == "completed":
         value = cloudpickle.loads(store.get_bytes(f"{call.run_prefix}/result.pkl"))
         store.delete(f"{call.run_prefix}/payload.pkl")  # collected: the payload is no longer needed

@@ -156,6 +156,85 @@ def _upload_outputs(store, run_id: str, output_dir: Path) -> list[str]:
     return [rel for rel, _ in pairs]
 
 
+class CheckpointSync:
+    """``KINETIC_CHECKPOINT_DIR``, kept in the store under a key of the *task run*, so a retry
+    (a new job for the same task run) starts from what the killed one saved.
+
+    On a local store the directory is the store's own folder: every write is durable at once.
+    On GCS it is restored at start, then changed files are uploaded every
+    ``KINETIC_CHECKPOINT_SYNC_SECONDS`` (default 30) and once more when the function ends.
+    """
+
+    def __init__(self, store, key: str):
+        import threading
+
+        self.store, self.key = store, key.rstrip("/")
+        self.direct = store.local_path(self.key)
+        self.dir = self.direct or Path(tempfile.mkdtemp(prefix="kinetic-checkpoint-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._synced: dict[str, tuple[int, int]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def restore(self) -> int:
+        if self.direct is not None:
+            return sum(1 for p in self.dir.rglob("*") if p.is_file())
+        count = self.store.get_tree(self.key, self.dir)
+        self._synced = self._snapshot()
+        return count
+
+    def _snapshot(self) -> dict[str, tuple[int, int]]:
+        snap = {}
+        for path in self.dir.rglob("*"):
+            if path.is_file() and not path.name.startswith(".kp-tmp"):
+                st = path.stat()
+                snap[path.relative_to(self.dir).as_posix()] = (st.st_size, st.st_mtime_ns)
+        return snap
+
+    def sync(self) -> int:
+        if self.direct is not None:
+            return 0
+        with self._lock:
+            current = self._snapshot()
+            changed = [(rel, self.dir / rel) for rel, sig in current.items() if self._synced.get(rel) != sig]
+            if changed:
+                self.store.put_tree(self.key, changed)
+            self._synced = current
+            return len(changed)
+
+    def start(self) -> None:
+        if self.direct is not None:
+            return
+        import threading
+
+        interval = float(os.environ.get("KINETIC_CHECKPOINT_SYNC_SECONDS", "30"))
+
+        def loop() -> None:
+            while not self._stop.wait(interval):
+                try:
+                    self.sync()
+                except Exception as exc:  # keep training; the final sync reports for real
+                    print(f"kinetic runner: checkpoint sync failed: {exc!r}", file=sys.stderr, flush=True)
+
+        self._thread = threading.Thread(target=loop, name="kinetic-checkpoint-sync", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.sync()
+
+
+def _localize_data(args, kwargs, store):
+    from kinetic_prefect import data
+
+    node_cache = _node_cache()
+    resolve = lambda ref: data.localize(ref, store, node_cache)  # noqa: E731
+    return data.transform(args, resolve, data.DataRef), data.transform(kwargs, resolve, data.DataRef)
+
+
 def main() -> int:
     started = time.perf_counter()
     phases = Phases()
@@ -182,12 +261,26 @@ def main() -> int:
         output_dir.mkdir(parents=True, exist_ok=True)
         os.environ["KINETIC_OUTPUT_DIR"] = str(output_dir)
         fn, args, kwargs = phases.run("unpickling the call", _unpickle_call, payload)
+        args, kwargs = phases.run("fetching the data", _localize_data, args, kwargs, store)
+        checkpoints = None
+        if os.environ.get("KINETIC_CHECKPOINT_KEY"):
+            checkpoints = CheckpointSync(store, os.environ["KINETIC_CHECKPOINT_KEY"])
+            outcome["checkpoint_files_restored"] = phases.run("restoring checkpoints", checkpoints.restore)
+            os.environ["KINETIC_CHECKPOINT_DIR"] = str(checkpoints.dir)
+            checkpoints.start()
         function_failure = None
         try:
             value = phases.run("running the function", _call, fn, args, kwargs)
         except PhaseFailed as failed:
             function_failure = failed
-        # Outputs are uploaded after a failure too: partial results and logs are what one debugs with.
+        # Checkpoints and outputs are saved after a failure too: that is when they matter most.
+        if checkpoints is not None:
+            try:
+                phases.run("saving checkpoints", checkpoints.stop)
+            except PhaseFailed as failed:
+                if function_failure is None:
+                    raise
+                print(f"kinetic runner: also failed while saving checkpoints: {failed.error!r}", file=sys.stderr)
         try:
             outcome["outputs"] = phases.run("uploading outputs", _upload_outputs, store, run_id, output_dir)
         except PhaseFailed as failed:

@@ -56,27 +56,29 @@ class LocalEnvironments:
         self.root = root or config.cache_dir() / "envs"
         self.builds = 0  # observable in tests: zero builds when nothing changed
 
-    def python_for(self, spec: ImageSpec, log: Callable[[str], None] = print) -> str:
+    def python_for(self, spec: ImageSpec, log: Callable[[str], None] = print, store_url: str = "") -> str:
         if spec.uses_caller_interpreter:
             return sys.executable
-        env_dir = self.root / spec.tag
+        # The runner needs the store's client library; it is part of the environment, not of the tag.
+        runtime = ("google-cloud-storage>=2.18",) if store_url.startswith("gs://") else ()
+        env_dir = self.root / (spec.tag + ("-gcs" if runtime else ""))
         python = env_dir / "bin" / "python"
         if not (env_dir / ".kinetic-complete").exists():
             self.root.mkdir(parents=True, exist_ok=True)
-            with open(self.root / f"{spec.tag}.lock", "w") as lock:
+            with open(self.root / f"{env_dir.name}.lock", "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per tag; the others wait, then reuse
                 if not (env_dir / ".kinetic-complete").exists():
-                    self._build(spec, env_dir, log)
+                    self._build(spec, env_dir, log, runtime)
         self._sync_runner(python)
         return str(python)
 
-    def _build(self, spec: ImageSpec, env_dir: Path, log: Callable[[str], None]) -> None:
+    def _build(self, spec: ImageSpec, env_dir: Path, log: Callable[[str], None], runtime: tuple[str, ...]) -> None:
         import cloudpickle
 
         shutil.rmtree(env_dir, ignore_errors=True)  # a half-built env from a crashed build
         uv = _uv_binary()
         log(f"Building job environment {spec.tag} ({len(spec.requirements)} requirements)")
-        requirements = [*spec.requirements, f"cloudpickle=={cloudpickle.__version__}"]
+        requirements = [*spec.requirements, *runtime, f"cloudpickle=={cloudpickle.__version__}"]
         for cmd in (
             [uv, "venv", "--quiet", "--python", spec.python, str(env_dir)],
             [uv, "pip", "install", "--quiet", "--python", str(env_dir / "bin" / "python"), *requirements],
@@ -117,7 +119,7 @@ class LocalJobLauncher:
         self.environments = environments or LocalEnvironments()
 
     def command(self, configuration: KineticLocalJobConfiguration, log: Callable[[str], None]) -> list[str]:
-        python = self.environments.python_for(configuration.image_spec, log)
+        python = self.environments.python_for(configuration.image_spec, log, configuration.env.get("KINETIC_STORE", ""))
         argv = shlex.split(configuration.command or "python -u -m kinetic_prefect.runner")
         if argv and argv[0] in ("python", "python3"):
             argv[0] = python
