@@ -220,6 +220,7 @@ async def _submit_and_collect(options: KineticOptions, call: PreparedCall, task_
     logger = get_run_logger() if ctx else None
     async with get_client() as client:
         pool = await _prefect.ensure_work_pool(client, options.work_pool or config.default_work_pool())
+        _prefect.worker_class_for(pool.type).check_accelerator(options.accelerator)
         store_url = _prefect.pool_default(pool, "store") or config.default_store_url()
         store = open_store(store_url)
         await to_thread.run_sync(_upload_inputs, store, call, logger)

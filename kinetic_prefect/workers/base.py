@@ -73,6 +73,10 @@ class KineticWorkerMixin:
     client: Any
     get_flow_run_logger: Any
 
+    @classmethod
+    def check_accelerator(cls, spec: accelerators.AcceleratorSpec) -> None:
+        """Raise before anything is uploaded if this launcher cannot run ``spec``."""
+
     async def mark_running(self, flow_run: FlowRun, message: str) -> None:
         try:
             await propose_state(self.client, Running(message=message), flow_run_id=flow_run.id)

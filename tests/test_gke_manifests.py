@@ -1,0 +1,97 @@
+"""kinetic-gke manifests: every catalog entry renders a Job that validates strictly against the
+Kubernetes schema, with the node selector, tolerations and limits GKE needs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import kubernetes_validate
+import pytest
+from prefect.client.schemas.objects import FlowRun, WorkPool
+
+from kinetic_prefect import accelerators
+from kinetic_prefect.workers.gke import KineticGKEJobConfiguration, KineticGKEWorker, UnsupportedAcceleratorError
+
+K8S_VERSION = "1.33.0"
+SINGLE_HOST = [s.name for s in accelerators.catalog() if not s.multi_host]
+MULTI_HOST = [s.name for s in accelerators.catalog() if s.multi_host]
+
+
+def render(accelerator: str, **variables) -> KineticGKEJobConfiguration:
+    template = KineticGKEWorker.get_default_base_job_template()
+    values = {"accelerator": accelerator, "image": "us-docker.pkg.dev/p/r/kinetic:py311-gpu-0123456789abcdef",
+              "store": "gs://bucket/kinetic", "env": {"KINETIC_RUN_PREFIX": "runs/abc"}, **variables}
+    configuration = asyncio.run(KineticGKEJobConfiguration.from_template_and_values(template, values, client=None))
+    flow_run = FlowRun(id=uuid.uuid4(), name="brave-otter-job1", flow_id=uuid.uuid4())
+    pool = WorkPool(name="gke-pool", type="kinetic-gke", base_job_template=template)
+    configuration.prepare_for_flow_run(flow_run, work_pool=pool, worker_name="in-process@host.example")
+    return configuration
+
+
+@pytest.mark.parametrize("name", SINGLE_HOST)
+def test_every_single_host_entry_renders_a_valid_job(name):
+    spec = accelerators.resolve(name)
+    manifest = render(name).job_manifest
+    kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+    pod = manifest["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert manifest["spec"]["backoffLimit"] == 0 and pod["restartPolicy"] == "Never"
+    assert container["command"] == ["python", "-u", "-m", "kinetic_prefect.runner"]
+    assert pod.get("nodeSelector", {}) == spec.node_selector
+    if spec.family == "cpu":
+        assert "tolerations" not in pod and "limits" not in container.get("resources", {})
+    else:
+        assert container["resources"]["limits"] == {spec.resource_name: str(spec.chips_per_host)}
+        assert {"key": spec.resource_name, "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    if spec.family == "tpu":
+        assert pod["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == spec.tpu_topology
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["KINETIC_STORE"] == "gs://bucket/kinetic" and env["KINETIC_ACCELERATOR"] == spec.name
+
+
+def test_spot_resources_shm_deadline_ttl_and_service_account():
+    manifest = render("l4x2", spot=True, cpu_request="8", memory_request="32Gi", ephemeral_storage_request="100Gi",
+                      shm_size="8Gi", active_deadline_seconds=7200, ttl_seconds_after_finished=600,
+                      service_account_name="kinetic-jobs", namespace="ml").job_manifest
+    kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+    pod = manifest["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert pod["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-l4", "cloud.google.com/gke-spot": "true"}
+    assert {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"} in pod["tolerations"]
+    assert container["resources"]["requests"] == {"cpu": "8", "memory": "32Gi", "ephemeral-storage": "100Gi"}
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}} in pod["volumes"]
+    assert manifest["spec"]["activeDeadlineSeconds"] == 7200 and manifest["spec"]["ttlSecondsAfterFinished"] == 600
+    assert pod["serviceAccountName"] == "kinetic-jobs" and manifest["metadata"]["namespace"] == "ml"
+    labels = manifest["metadata"]["labels"]
+    assert labels["kinetic.prefect.io/accelerator"] == "l4x2" and labels["kinetic.prefect.io/work-pool"] == "gke-pool"
+    assert labels["prefect.io/worker-name"] == "in-process-host.example"  # '@' is not allowed in label values
+
+
+@pytest.mark.parametrize("name", MULTI_HOST[:3] + MULTI_HOST[-2:])
+def test_multi_host_slices_fail_clearly_instead_of_a_silent_single_pod(name):
+    with pytest.raises(UnsupportedAcceleratorError, match="multi-host .* not support"):
+        render(name)
+
+
+def test_fields_added_to_the_template_in_the_ui_are_kept():
+    template = KineticGKEWorker.get_default_base_job_template()
+    template["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]["priorityClassName"] = "high"
+    template["job_configuration"]["job_manifest"]["metadata"]["annotations"] = {"team": "vision"}
+    configuration = asyncio.run(KineticGKEJobConfiguration.from_template_and_values(
+        template, {"accelerator": "a100", "image": "img:1"}, client=None))
+    configuration.prepare_for_flow_run(FlowRun(id=uuid.uuid4(), name="x", flow_id=uuid.uuid4()))
+    manifest = configuration.job_manifest
+    kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+    assert manifest["spec"]["template"]["spec"]["priorityClassName"] == "high"
+    assert manifest["metadata"]["annotations"] == {"team": "vision"}
+
+
+def test_the_template_file_is_what_the_worker_type_serves():
+    from kinetic_prefect.config import work_pools_dir
+
+    assert KineticGKEWorker.get_default_base_job_template() == json.loads(
+        (work_pools_dir() / "kinetic-gke.json").read_text())
