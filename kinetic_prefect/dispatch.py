@@ -136,7 +136,7 @@ async def _publish_outputs(store: Any, call: PreparedCall, outcome: dict[str, An
     await acreate_table_artifact(rows, description=f"Outputs of kinetic job {run_name} ({outcome.get('status')})")
 
 
-def _job_variables(options: KineticOptions, call: PreparedCall, store_url: str) -> dict[str, Any]:
+def _job_variables(options: KineticOptions, call: PreparedCall, store_url: str, pool_variables: set[str]) -> dict[str, Any]:
     env = {
         **call.env,
         "KINETIC_RUN_PREFIX": call.run_prefix,
@@ -155,9 +155,15 @@ def _job_variables(options: KineticOptions, call: PreparedCall, store_url: str) 
         "image_tag": options.image or options.image_spec.tag,
         "requirements": list(options.image_spec.requirements),
         "python_version": options.image_spec.python,
+        "base_image": options.image_spec.base_image,
         "store": store_url,
     }
     variables["env"] = {**options.job_variables.get("env", {}), **env}
+    if options.image:
+        if "image" not in pool_variables:
+            raise ValueError(f"image={options.image!r} needs a pool that runs container images (kinetic-gke); "
+                             "this pool's template has no 'image' variable.")
+        variables["image"] = options.image
     return variables
 
 
@@ -232,7 +238,8 @@ async def _submit_and_collect(options: KineticOptions, call: PreparedCall, task_
         run_name = f"{task_run.name}-job{attempt}" if task_run else f"{task_name}-job"
         flow_run = await _prefect.create_job_flow_run(
             client, flow_name=task_name, run_name=run_name, pool=pool,
-            job_variables=_job_variables(options, call, store_url),
+            job_variables=_job_variables(options, call, store_url,
+                                         set(pool.base_job_template["variables"]["properties"])),
             parent_task_run_id=task_run.id if task_run else None,
             tags=[f"accelerator:{options.accelerator.name}", "kinetic"], for_polling_worker=polling,
         )

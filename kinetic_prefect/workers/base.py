@@ -37,6 +37,7 @@ class KineticJobConfiguration(BaseJobConfiguration):
     image_tag: str | None = Field(default=None)
     requirements: list[str] = Field(default_factory=list)
     python_version: str | None = Field(default=None)
+    base_image: str | None = Field(default=None)
     store: str | None = Field(default=None)
 
     def prepare_for_flow_run(self, flow_run, deployment=None, flow=None, work_pool=None, worker_name=None, worker_id=None):
@@ -55,6 +56,7 @@ class KineticJobConfiguration(BaseJobConfiguration):
         return ImageSpec(
             requirements=tuple(self.requirements),
             family=accelerators.resolve(self.accelerator).family,
+            base_image=self.base_image,
             **kwargs,
         )
 

@@ -38,6 +38,10 @@ class UnsupportedAcceleratorError(ValueError):
     pass
 
 
+class JobGone(Exception):
+    """The Job was deleted under us (cancellation, TTL, a person with kubectl)."""
+
+
 def _label_value(value: Any) -> str:
     """Kubernetes label values: at most 63 of [A-Za-z0-9-_.], starting and ending alphanumeric."""
     text = re.sub(r"[^A-Za-z0-9_.-]", "-", str(value))[:63]
@@ -103,7 +107,9 @@ class KineticGKEJobConfiguration(KineticJobConfiguration):
         labels = {k: _label_value(v) for k, v in self.labels.items()}
         metadata = manifest.setdefault("metadata", {})
         metadata["namespace"] = self.namespace
-        metadata["generateName"] = f"kinetic-{_label_value(flow_run.name)[:40].lower().strip('-.')}-"
+        # One name per flow run: a second create for the same run (a restarted worker) gets 409, never a duplicate.
+        slug = re.sub(r"[^a-z0-9-]", "-", str(flow_run.name).lower())[:40].strip("-")
+        metadata["name"] = f"kinetic-{slug}-{flow_run.id.hex[:8]}"
         metadata["labels"] = {**(metadata.get("labels") or {}), **labels}
         job_spec = manifest.setdefault("spec", {})
         job_spec["backoffLimit"] = 0  # retries belong to Prefect: one Job is one attempt
@@ -161,8 +167,18 @@ class JobFollower:
         self.batch, self.core = client.BatchV1Api(api_client), client.CoreV1Api(api_client)
         self.namespace, self.job_name, self.on_line = namespace, job_name, on_line
         self._log_thread: threading.Thread | None = None
+        self._log_failed = False
+        self._lines_forwarded = 0
 
     def pod(self):
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.batch.read_namespaced_job(self.job_name, self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise JobGone(self.job_name) from None
+            raise
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"job-name={self.job_name}").items
         # Filter here too: some API servers (and emulators) ignore label selectors.
         mine = [p for p in pods if (p.metadata.labels or {}).get("job-name") == self.job_name]
@@ -174,10 +190,16 @@ class JobFollower:
                 if e.involved_object is not None and e.involved_object.name == name and e.type != "Normal"]
 
     def stream_logs(self, pod_name: str) -> None:
-        if self._log_thread is not None:
+        """Follow the container's log in a thread; after a broken stream, a later call reads it again
+        and skips the lines already forwarded."""
+        if self._log_thread is not None and not self._log_failed:
             return
+        if self._log_thread is not None:
+            self._log_thread.join(5)
+        self._log_failed = False
 
         def pump() -> None:
+            seen = 0
             try:
                 response = self.core.read_namespaced_pod_log(pod_name, self.namespace, container=CONTAINER,
                                                              follow=True, _preload_content=False)
@@ -186,11 +208,15 @@ class JobFollower:
                     buffer += chunk
                     *lines, buffer = buffer.split(b"\n")
                     for line in lines:
-                        self.on_line(line.decode(errors="replace"))
-                if buffer:
+                        seen += 1
+                        if seen > self._lines_forwarded:
+                            self._lines_forwarded += 1
+                            self.on_line(line.decode(errors="replace"))
+                if buffer and seen + 1 > self._lines_forwarded:
+                    self._lines_forwarded += 1
                     self.on_line(buffer.decode(errors="replace"))
-            except Exception as exc:  # logs are a convenience; the outcome record is the truth
-                self.on_line(f"(log stream ended: {exc})")
+            except Exception:  # not readable yet (or the stream broke): the next call retries
+                self._log_failed = True
 
         self._log_thread = threading.Thread(target=pump, name=f"logs-{pod_name}", daemon=True)
         self._log_thread.start()
@@ -313,7 +339,13 @@ class KineticGKEWorker(KineticWorkerMixin, BaseWorker):
         finished = False
         try:
             while True:
-                pod = await anyio.to_thread.run_sync(follower.pod)
+                try:
+                    pod = await anyio.to_thread.run_sync(follower.pod)
+                except JobGone:
+                    finished = True
+                    logger.warning(f"Job {job_name} was deleted before it finished (cancelled?)")
+                    await self._crash(flow_run, f"Job {job_name} was deleted before it finished")  # no-op if Cancelled
+                    return KineticWorkerResult(identifier=identifier, status_code=0)
                 phase = pod.status.phase if pod is not None and pod.status else None
                 if phase in (None, "Pending"):
                     problem = follower.pending_problem(pod) if pod is not None else None
@@ -321,6 +353,7 @@ class KineticGKEWorker(KineticWorkerMixin, BaseWorker):
                         problem = (f"still pending after {configuration.pending_timeout_seconds:.0f}s: "
                                    + await anyio.to_thread.run_sync(follower.diagnose_pending, pod))
                     if problem:
+                        finished = True  # _give_up deletes the Job itself
                         return await self._give_up(flow_run, follower, identifier, f"Job {job_name} cannot start: {problem}")
                 elif phase == "Running":
                     if not marked_running:
@@ -329,6 +362,8 @@ class KineticGKEWorker(KineticWorkerMixin, BaseWorker):
                         follower.stream_logs(pod.metadata.name)
                 elif phase in ("Succeeded", "Failed"):
                     follower.stream_logs(pod.metadata.name)
+                    await anyio.to_thread.run_sync(follower.finish_logs)
+                    follower.stream_logs(pod.metadata.name)  # reread if the first stream broke
                     await anyio.to_thread.run_sync(follower.finish_logs)
                     finished = True
                     exit_code, reason = self._exit(pod)
