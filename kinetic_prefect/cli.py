@@ -26,7 +26,19 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     catalog = sub.add_parser("catalog", help="print the accelerator catalog as a Markdown table")
     catalog.add_argument("--write-readme", metavar="README", help="rewrite the catalog section of this file")
+    worker = sub.add_parser("gke-worker-manifests", help="print manifests that run a kinetic-gke worker in a cluster")
+    worker.add_argument("--pool", required=True)
+    worker.add_argument("--image", required=True, help="an image with kinetic-prefect[gcp,k8s] installed")
+    worker.add_argument("--namespace", default="default")
     args = parser.parse_args(argv)
+    if args.command == "gke-worker-manifests":
+        import yaml
+
+        from kinetic_prefect.workers.gke_deploy import worker_manifests
+
+        sys.stdout.write(yaml.safe_dump_all(worker_manifests(args.pool, namespace=args.namespace, image=args.image),
+                                            sort_keys=False))
+        return 0
     if args.command == "catalog":
         if args.write_readme:
             path = Path(args.write_readme)

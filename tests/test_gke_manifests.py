@@ -95,3 +95,35 @@ def test_the_template_file_is_what_the_worker_type_serves():
 
     assert KineticGKEWorker.get_default_base_job_template() == json.loads(
         (work_pools_dir() / "kinetic-gke.json").read_text())
+
+
+def test_in_cluster_worker_manifests_are_valid_and_least_privilege():
+
+
+
+    from kinetic_prefect.workers.gke_deploy import worker_manifests
+
+    docs = worker_manifests("gpu", namespace="ml", image="us-docker.pkg.dev/p/r/worker:1")
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    kinds = [d["kind"] for d in docs]
+    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "Deployment"]
+    role = docs[1]
+    assert role["kind"] == "Role" and role["metadata"]["namespace"] == "ml"  # namespaced, not a ClusterRole
+    granted = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
+    assert ("jobs", "create") in granted and ("jobs", "delete") in granted and ("pods/log", "get") in granted
+    assert not any(v in ("*", "escalate", "bind") for _, v in granted)
+    assert not any(r in ("secrets", "*") for r, _ in granted)
+    container = docs[3]["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][:5] == ["prefect", "worker", "start", "--type", "kinetic-gke"]
+    assert docs[3]["spec"]["template"]["spec"]["serviceAccountName"] == docs[0]["metadata"]["name"]
+
+
+def test_gke_worker_manifests_cli(capsys):
+    import yaml
+
+    from kinetic_prefect.cli import main
+
+    main(["gke-worker-manifests", "--pool", "gpu", "--image", "img:1", "--namespace", "ml"])
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [d["kind"] for d in docs] == ["ServiceAccount", "Role", "RoleBinding", "Deployment"]

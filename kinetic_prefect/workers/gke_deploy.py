@@ -1,0 +1,58 @@
+"""Worker side: manifests that run a long-lived ``kinetic-gke`` worker inside the cluster.
+
+Least privilege: the worker's ServiceAccount may manage Jobs, read Pods and their logs, and read
+Events, in its own namespace only. The Prefect API URL and key come from a Secret the user creates
+(`kubectl create secret generic prefect-api --from-literal=url=... --from-literal=key=...`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+JOB_RULES = [
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get", "list", "watch", "delete", "patch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
+]
+
+
+def worker_manifests(pool: str, *, namespace: str = "default", image: str, name: str = "kinetic-gke-worker",
+                     api_secret: str = "prefect-api", replicas: int = 1) -> list[dict[str, Any]]:
+    """ServiceAccount, Role, RoleBinding and Deployment for ``prefect worker start --type kinetic-gke``.
+
+    ``image`` must contain kinetic-prefect with the ``gcp`` and ``k8s`` extras.
+    """
+    labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "kinetic-prefect"}
+    meta = {"name": name, "namespace": namespace, "labels": labels}
+    secret_env = [
+        {"name": "PREFECT_API_URL", "valueFrom": {"secretKeyRef": {"name": api_secret, "key": "url"}}},
+        {"name": "PREFECT_API_KEY", "valueFrom": {"secretKeyRef": {"name": api_secret, "key": "key", "optional": True}}},
+    ]
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta, "rules": JOB_RULES},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]},
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
+         "spec": {
+             "replicas": replicas,
+             "selector": {"matchLabels": labels},
+             "template": {
+                 "metadata": {"labels": labels},
+                 "spec": {
+                     "serviceAccountName": name,
+                     "containers": [{
+                         "name": "worker", "image": image,
+                         "args": ["prefect", "worker", "start", "--type", "kinetic-gke", "--pool", pool,
+                                  "--with-healthcheck"],
+                         "env": [*secret_env, {"name": "PREFECT_WORKER_WEBSERVER_PORT", "value": "8080"}],
+                         "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
+                         "livenessProbe": {"httpGet": {"path": "/health", "port": 8080},
+                                           "initialDelaySeconds": 30, "periodSeconds": 30},
+                     }],
+                 },
+             },
+         }},
+    ]
