@@ -23,7 +23,6 @@ import gzip
 import hashlib
 import io
 import json
-import os
 import re
 import subprocess
 import tarfile
@@ -38,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 from kinetic_prefect import __version__
 from kinetic_prefect.errors import KineticError
-from kinetic_prefect.image import ImageSpec
+from kinetic_prefect.image import ImageSpec, runner_sources
 
 if TYPE_CHECKING:  # pragma: no cover
     from google.cloud.devtools import cloudbuild_v1
@@ -49,9 +48,6 @@ __all__ = [
 ]
 
 IMAGE_NAME = "kinetic"
-# What `python -m kinetic_prefect.runner` imports from the package (see runner.py): nothing else is copied,
-# so the image never imports Prefect or the caller-side modules.
-RUNNER_MODULES = ("__init__", "runner", "storage", "errors", "accelerators", "data")
 # The job reads and writes gs:// stores through storage.GCSStore, whatever the user's requirements say.
 STORAGE_REQUIREMENT = "google-cloud-storage>=2.18"
 TPU_FIND_LINKS = "https://storage.googleapis.com/jax-releases/libtpu_releases.html"
@@ -164,17 +160,6 @@ def dockerfile(spec: ImageSpec, *, base_image: str | None = None, extra_files: I
     return "\n".join(lines) + "\n"
 
 
-def _runner_sources() -> dict[str, bytes]:
-    package_dir = Path(__file__).resolve().parent
-    sources = {}
-    for module in RUNNER_MODULES:
-        path = package_dir / f"{module}.py"
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} is missing: the job runner needs kinetic_prefect.{module} in the image")
-        sources[f"kinetic_prefect/{module}.py"] = path.read_bytes()
-    return sources
-
-
 def _extra_path(name: str) -> str:
     path = Path(name.lstrip("/"))
     if not path.parts or ".." in path.parts:
@@ -187,7 +172,7 @@ def _context_files(spec: ImageSpec, base_image: str | None, extra_files: dict[st
     files = {
         "Dockerfile": dockerfile(spec, base_image=base_image, extra_files=list(extras)).encode(),
         "requirements.txt": ("\n".join(requirements_lines(spec)) + "\n").encode(),
-        **_runner_sources(),
+        **runner_sources(),
         **extras,
     }
     return dict(sorted(files.items()))
@@ -382,7 +367,8 @@ class CloudBuildBuilder:
     def parent(self) -> str:
         return f"projects/{self.project}/locations/{self.region}"
 
-    def tag_resource(self, image: str) -> str:
+    @staticmethod
+    def tag_resource(image: str) -> str:
         """Artifact Registry's name for an image tag. A nested image path is one package whose '/' is %2F."""
         host, path, tag = _split_image(image)
         match = re.fullmatch(r"([a-z0-9-]+)-docker\.pkg\.dev", host)
@@ -446,7 +432,8 @@ class CloudBuildBuilder:
         operation = self.build_client.create_build(request=cloudbuild_v1.CreateBuildRequest(
             parent=self.parent, build=self.build_request(spec, blob.name, source_generation=blob.generation)))
         build = operation.metadata.build
-        log(f"kinetic: Cloud Build {build.id} is building {image}" + (f"; logs: {build.log_url}" if build.log_url else ""))
+        log(f"kinetic: Cloud Build {build.id} is building {image}"
+            + (f"; logs: {build.log_url}" if build.log_url else ""))
         try:
             build, tail = self._wait(build.id, log)
         except BaseException:  # interrupted or the API failed: do not leave a build running for nothing
@@ -493,7 +480,8 @@ class _LogTail:
 
     def __init__(self, storage_client, logs_url: str, build_id: str, log: Callable[[str], None]):
         bucket, _, prefix = logs_url.removeprefix("gs://").partition("/")
-        self.blob = storage_client.bucket(bucket).blob(f"{prefix}/log-{build_id}.txt" if prefix else f"log-{build_id}.txt")
+        self.bucket = storage_client.bucket(bucket)
+        self.name = f"{prefix}/log-{build_id}.txt" if prefix else f"log-{build_id}.txt"
         self.log = log
         self.offset = 0
         self.partial = b""
@@ -503,7 +491,9 @@ class _LogTail:
         from google.api_core.exceptions import NotFound, RequestRangeNotSatisfiable
 
         try:
-            data = self.blob.download_as_bytes(start=self.offset)
+            # A new Blob each time: Cloud Build rewrites the object as the log grows (a new generation each
+            # time), and a Blob that has downloaded once pins the generation it saw.
+            data = self.bucket.blob(self.name).download_as_bytes(start=self.offset)
         except (NotFound, RequestRangeNotSatisfiable):  # not written yet / nothing new
             data = b""
         self.offset += len(data)

@@ -44,7 +44,7 @@ _FORMAT = 1
 _READ_CHUNK = 1 << 20
 _BIG_FILE = 256 << 10  # hashed on the thread pool from the start (hashlib and read() release the GIL)
 _PROBE_FILES = 256  # small files hashed inline before deciding whether the disk is slow enough for threads
-_SLOW_FILE_S = 40e-6  # a page-cached small file hashes in ~6 us; slower means we wait on I/O: use threads
+_SLOW_FILE_S = 150e-6  # a page-cached small file hashes in ~6 us (~30 us on a busy machine); slower: I/O waits
 _SMALL_BATCH = 64  # small files per thread-pool task
 _MEMO_MAX = 2_000_000
 
@@ -329,6 +329,16 @@ def _hash_file(path: str, size: int) -> tuple[int, str]:
         os.close(fd)
 
 
+def _blocks_read() -> int:
+    """Blocks this thread has read from storage (Linux: page-cache misses); 0 where unknown."""
+    try:
+        import resource
+
+        return resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)).ru_inblock
+    except (ImportError, OSError, ValueError):
+        return 0
+
+
 def _hash_batch(jobs: list[tuple[int, str, int]]) -> list[tuple[int, int, str]]:
     return [(index, *_hash_file(path, size)) for index, path, size in jobs]
 
@@ -387,14 +397,14 @@ def _build_manifest(root: Path, *, workers: int, memo: bool) -> Manifest:
         if pool is not None:
             futures += [pool.submit(_hash_batch, [job]) for job in todo_big]
         # Small files: inline is fastest while the page cache serves them (threads only add GIL hand-offs); if the
-        # first ones show the disk is slow, the rest go to the pool, where the reads overlap.
-        start = time.perf_counter()
+        # first ones had to be read from disk, the rest go to the pool, where the reads overlap.
+        start, blocks = time.perf_counter(), _blocks_read()
         probe = todo_small[:_PROBE_FILES] if pool is not None else todo_small
         record(_hash_batch(probe))
         rest = todo_small[len(probe):]
         if rest:
             per_file = (time.perf_counter() - start) / max(1, len(probe))
-            if per_file > _SLOW_FILE_S and workers > 1:
+            if (_blocks_read() > blocks or per_file > _SLOW_FILE_S) and workers > 1:
                 futures += [pool.submit(_hash_batch, rest[i:i + _SMALL_BATCH])
                             for i in range(0, len(rest), _SMALL_BATCH)]
             else:
@@ -432,6 +442,8 @@ def to_ref(data: Data, manifest: Manifest | None) -> DataRef:
         return DataRef(kind=kind, name=name, sha256=None, key=None, url=data.source)
     if manifest is None:
         manifest = hash_local(data)
+    elif manifest.root != data.local_path:
+        raise ValueError(f"manifest of {manifest.root} passed with {data!r}: hash_local(data) makes the right one")
     return DataRef(kind=manifest.kind, name=data.local_path.name, sha256=manifest.sha256,
                    key=f"data/{manifest.sha256}", url=None)
 
@@ -586,7 +598,12 @@ def _localize_url(ref: DataRef, node_cache: Path) -> Path:
 
 
 def localize(ref: DataRef, store: Store, node_cache: Path) -> Path:
-    """Job side: a local path to the file or directory ``ref`` stands for (downloaded at most once per node)."""
+    """Job side: a local path to the file or directory ``ref`` stands for (downloaded at most once per node).
+
+    Uploaded data is read in place from a local store, else downloaded into ``node_cache`` and checked against
+    its content hash. gs:// data is cached per URL: an object rewritten later under the same URL is not fetched
+    again on a node that already holds it (point Data at a new URL, e.g. a versioned prefix, to change data).
+    """
     if ref.url is not None:
         return _localize_url(ref, Path(node_cache))
     if not ref.key or not ref.sha256:

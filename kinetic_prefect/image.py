@@ -94,6 +94,36 @@ def normalize_requirements(requirements: str | Path | Sequence[str] | None) -> t
     return tuple(sorted({_normalize_one(text, origin) for text, origin in entries}))
 
 
+# What `python -m kinetic_prefect.runner` imports from this package; environments and images get
+# copies of exactly these files (kinetic-prefect itself, and Prefect, stay out of job environments).
+RUNNER_MODULES = ("__init__", "runner", "storage", "errors", "accelerators", "data")
+
+
+def runner_sources() -> dict[str, bytes]:
+    """``{"kinetic_prefect/<module>.py": source}`` for the job runner."""
+    package_dir = Path(__file__).resolve().parent
+    sources = {}
+    for module in RUNNER_MODULES:
+        path = package_dir / f"{module}.py"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: the job runner needs kinetic_prefect.{module}")
+        sources[f"kinetic_prefect/{module}.py"] = path.read_bytes()
+    return sources
+
+
+def runner_digest() -> str:
+    digest = hashlib.sha256()
+    for name, source in sorted(runner_sources().items()):
+        digest.update(name.encode() + b"\0" + source)
+    return digest.hexdigest()[:16]
+
+
+def _cloudpickle_version() -> str:
+    import cloudpickle
+
+    return cloudpickle.__version__
+
+
 @dataclass(frozen=True)
 class ImageSpec:
     """Inputs that define a job environment; equal specs share one environment/image."""
@@ -131,6 +161,10 @@ class ImageSpec:
                 "family": self.family,
                 "base_image": self.base_image,
                 "kinetic_version": self.kinetic_version,
+                # Pickles written by one cloudpickle version are only promised to load with the same one.
+                "cloudpickle": _cloudpickle_version(),
+                # A built image carries a copy of the runner: a changed runner must not reuse an old image.
+                "runner": runner_digest(),
             },
             sort_keys=True,
         )

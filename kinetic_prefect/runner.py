@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import io
 import json
 import os
 import pickle
@@ -79,6 +80,24 @@ def _verify(data: bytes, expected: str, what: str) -> None:
         raise ValueError(f"{what} sha256 mismatch: expected {expected}, got {actual}; refusing to unpickle it")
 
 
+def _safe_extract(tar: tarfile.TarFile, dest: Path) -> None:
+    """Extract regular files and directories only, never outside ``dest``.
+
+    ``filter="data"`` does exactly this, but Pythons before 3.11.4 (Debian bookworm's 3.11.2,
+    a common base image) do not have it.
+    """
+    members = []
+    for member in tar.getmembers():
+        path = Path(member.name)
+        if path.is_absolute() or ".." in path.parts or not (member.isfile() or member.isdir()):
+            raise ValueError(f"unsafe entry in the project archive: {member.name!r}")
+        members.append(member)
+    try:
+        tar.extractall(dest, members=members, filter="data")
+    except TypeError:
+        tar.extractall(dest, members=members)
+
+
 def _restore_code(store, key: str, sha: str | None) -> Path:
     """Extract the project archive once per node (content-addressed directory, renamed into place)."""
     target = _node_cache() / "code" / (sha or hashlib.sha256(key.encode()).hexdigest())
@@ -89,8 +108,8 @@ def _restore_code(store, key: str, sha: str | None) -> Path:
         _verify(data, sha, "project archive")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".extract-"))
-    with tarfile.open(fileobj=__import__("io").BytesIO(data), mode="r:gz") as tar:
-        tar.extractall(staging, filter="data")
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        _safe_extract(tar, staging)
     (staging / ".kinetic-complete").write_text(sha or key)
     try:
         os.replace(staging, target)

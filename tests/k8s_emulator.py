@@ -55,7 +55,7 @@ class KubeEmulator:
         asyncio.run(main())
 
     def set_log(self, namespace: str, pod: str, text: str) -> None:
-        self._state["emulator"][f"get /api/v1/namespaces/{namespace}/pods/{pod}/log"] << kmock.text(text)
+        self._state["emulator"][f"get /api/v1/namespaces/{namespace}/pods/{pod}/log"] << text.encode()  # raw bytes: kmock would JSON-encode a str for this client
 
     def api(self) -> client.ApiClient:
         configuration = client.Configuration()

@@ -17,7 +17,7 @@ import time
 import uuid
 
 import pytest
-from docker_fixture import docker_engine, local_registry, python_base_image  # noqa: F401
+from docker_fixture import docker_engine, local_registry, proxy_files, python_base_image  # noqa: F401
 from k8s_emulator import DockerPodController, KubeEmulator
 from kubernetes import client as k8s
 from prefect import flow, get_client
@@ -39,8 +39,20 @@ def cluster(tmp_path_factory, docker_engine):  # noqa: F811
     emulator.stop()
 
 
+@pytest.fixture(scope="module")
+def job_image(local_registry, python_base_image):  # noqa: F811
+    """The image the worker will look for, built ahead with this machine's proxy CA (the worker then
+    finds the tag in the registry and skips its own build, which is what a warm repository looks like)."""
+    from kinetic_prefect.builders import DockerBuilder
+    from kinetic_prefect.image import ImageSpec
+
+    spec = ImageSpec.create(None, family="gpu", base_image=python_base_image)
+    builder = DockerBuilder(f"{local_registry}/kinetic-tests", network="host", extra_files=proxy_files())
+    return builder.ensure(spec, log=lambda line: None)
+
+
 @pytest.fixture
-def gke_pool(cluster, gcs_bucket, local_registry):  # noqa: F811
+def gke_pool(cluster, gcs_bucket, local_registry, job_image):  # noqa: F811
     emulator, _ = cluster
     template = KineticGKEWorker.get_default_base_job_template()
     defaults = {"kubeconfig_path": str(emulator.kubeconfig_path), "image_builder": "docker",
@@ -188,7 +200,7 @@ def _wait_for_running_container(controller, timeout=120):
 
 def test_cancelling_the_run_in_prefect_deletes_the_job(cluster, gke_pool, gke_worker, python_base_image):  # noqa: F811
     emulator, controller = cluster
-    start_worker, _ = gke_worker
+    start_worker, worker_log = gke_worker
     start_worker("gke-worker-cancel")
     name = f"cancel-me-{uuid.uuid4().hex[:6]}"
 
@@ -205,7 +217,7 @@ def test_cancelling_the_run_in_prefect_deletes_the_job(cluster, gke_pool, gke_wo
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(run.id, Cancelling(), force=True)
     thread.join(90)
-    assert not thread.is_alive()
+    assert not thread.is_alive(), worker_log.read_text()[-4000:]
     assert isinstance(box.get("error"), KineticJobCrashed)
     assert container not in controller.running_containers()
     assert not [j for j in _jobs(emulator) if j.metadata.labels.get("prefect.io/flow-run-id") == str(run.id)]

@@ -116,3 +116,53 @@ def test_requirements_build_a_hash_keyed_environment_once(tmp_path, capsys):
     assert (env_dir / ".kinetic-complete").stat().st_mtime_ns == built_at, "nothing changed: no rebuild"
     out = capsys.readouterr()
     assert (out.out + out.err).count("Building job environment") <= 1
+
+
+def test_cancelling_a_running_local_job_stops_its_process(polling_worker, tmp_path):
+    import threading
+
+    from prefect.states import Cancelling
+
+    from kinetic_prefect.errors import KineticJobCrashed
+
+    pool, _ = polling_worker
+    name = f"cancel-local-{uuid.uuid4().hex[:6]}"
+    pid_file = tmp_path / "job.pid"
+
+    @kinetic_task(name=name, work_pool=pool)
+    def sleepy(pid_path: str) -> int:
+        import pathlib
+        import time as t
+
+        pathlib.Path(pid_path).write_text(str(os.getpid()))
+        t.sleep(300)
+        return 1
+
+    box = {}
+
+    @flow
+    def pipeline():
+        return sleepy(str(pid_file))
+
+    def target():
+        try:
+            box["value"] = pipeline()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    deadline = time.time() + 60
+    while not pid_file.exists():
+        assert time.time() < deadline, "the job never started"
+        time.sleep(0.2)
+    job_pid = int(pid_file.read_text())
+    [run] = _runs(name)
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(run.id, Cancelling(), force=True)
+    thread.join(60)
+    assert isinstance(box.get("error"), KineticJobCrashed) and "Cancelled" in str(box["error"])
+    with pytest.raises(ProcessLookupError):
+        os.kill(job_pid, 0)
+    [run] = _runs(name)
+    assert run.state.is_cancelled()

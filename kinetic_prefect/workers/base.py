@@ -14,7 +14,7 @@ from typing import Any
 
 from prefect.client.schemas.objects import FlowRun
 from prefect.exceptions import Abort
-from prefect.states import Completed, Failed, Running
+from prefect.states import Cancelled, Completed, Failed, Running
 from prefect.utilities.engine import propose_state
 from prefect.workers.base import BaseJobConfiguration, BaseWorkerResult
 from pydantic import Field
@@ -78,6 +78,22 @@ class KineticWorkerMixin:
     @classmethod
     def check_accelerator(cls, spec: accelerators.AcceleratorSpec) -> None:
         """Raise before anything is uploaded if this launcher cannot run ``spec``."""
+
+    async def cancellation_requested(self, flow_run: FlowRun) -> bool:
+        """True when someone asked Prefect to cancel the run.
+
+        Prefect's workers only cancel runs that have not started: a started run is expected to
+        notice by itself through Prefect's flow engine, which kinetic jobs do not run. So the
+        worker watches and stops the job itself.
+        """
+        current = await self.client.read_flow_run(flow_run.id)
+        return current.state is not None and (current.state.is_cancelling() or current.state.is_cancelled())
+
+    async def mark_cancelled(self, flow_run: FlowRun, message: str) -> None:
+        try:
+            await propose_state(self.client, Cancelled(message=message), flow_run_id=flow_run.id)
+        except Abort:
+            pass
 
     async def mark_running(self, flow_run: FlowRun, message: str) -> None:
         try:

@@ -189,10 +189,11 @@ class JobFollower:
         return [f"{e.reason}: {e.message}" for e in events
                 if e.involved_object is not None and e.involved_object.name == name and e.type != "Normal"]
 
-    def stream_logs(self, pod_name: str) -> None:
-        """Follow the container's log in a thread; after a broken stream, a later call reads it again
-        and skips the lines already forwarded."""
-        if self._log_thread is not None and not self._log_failed:
+    def stream_logs(self, pod_name: str, again: bool = False) -> None:
+        """Follow the container's log in a thread. ``again`` (once the pod has ended) reads the whole
+        log once more and forwards only lines not yet forwarded: a stream that broke or ended early
+        loses nothing, and a complete one adds nothing."""
+        if self._log_thread is not None and not (again or self._log_failed):
             return
         if self._log_thread is not None:
             self._log_thread.join(5)
@@ -203,6 +204,8 @@ class JobFollower:
             try:
                 response = self.core.read_namespaced_pod_log(pod_name, self.namespace, container=CONTAINER,
                                                              follow=True, _preload_content=False)
+                if "json" in (response.headers.get("Content-Type") or ""):
+                    raise RuntimeError("not a log yet")  # an object/Status instead of text: try again later
                 buffer = b""
                 for chunk in response.stream(4096):
                     buffer += chunk
@@ -339,6 +342,12 @@ class KineticGKEWorker(KineticWorkerMixin, BaseWorker):
         finished = False
         try:
             while True:
+                if await self.cancellation_requested(flow_run):
+                    await anyio.to_thread.run_sync(follower.delete)
+                    finished = True
+                    await self.mark_cancelled(flow_run, f"Job {job_name} deleted on request")
+                    logger.info(f"Cancelled: deleted Job {job_name} and its pods")
+                    return KineticWorkerResult(identifier=identifier, status_code=0)
                 try:
                     pod = await anyio.to_thread.run_sync(follower.pod)
                 except JobGone:
@@ -363,7 +372,7 @@ class KineticGKEWorker(KineticWorkerMixin, BaseWorker):
                 elif phase in ("Succeeded", "Failed"):
                     follower.stream_logs(pod.metadata.name)
                     await anyio.to_thread.run_sync(follower.finish_logs)
-                    follower.stream_logs(pod.metadata.name)  # reread if the first stream broke
+                    follower.stream_logs(pod.metadata.name, again=True)
                     await anyio.to_thread.run_sync(follower.finish_logs)
                     finished = True
                     exit_code, reason = self._exit(pod)

@@ -25,12 +25,9 @@ from prefect.workers.base import BaseWorker
 from pydantic import Field
 
 from kinetic_prefect import config
-from kinetic_prefect.image import ImageSpec
+from kinetic_prefect.image import ImageSpec, runner_digest, runner_sources
 from kinetic_prefect.workers.base import KineticJobConfiguration, KineticWorkerMixin, KineticWorkerResult, load_template
 
-# The modules a job needs from kinetic-prefect; copied into built environments so the runner
-# imports there without installing kinetic-prefect (and Prefect) into every job environment.
-RUNNER_MODULES = ("__init__.py", "runner.py", "storage.py", "errors.py", "accelerators.py")
 
 
 class EnvironmentBuildError(RuntimeError):
@@ -94,16 +91,14 @@ class LocalEnvironments:
 
     @staticmethod
     def _sync_runner(python: Path) -> None:
-        source = Path(__file__).resolve().parent.parent
-        blobs = {name: (source / name).read_bytes() for name in RUNNER_MODULES if (source / name).exists()}
-        stamp = hashlib.sha256(b"".join(blobs.values())).hexdigest()
+        stamp = runner_digest()
         lib = next((python.parent.parent / "lib").glob("python3*/site-packages"))
         target = lib / "kinetic_prefect"
         if (target / ".stamp").exists() and (target / ".stamp").read_text() == stamp:
             return
         target.mkdir(exist_ok=True)
-        for name, blob in blobs.items():
-            (target / name).write_bytes(blob)
+        for name, blob in runner_sources().items():
+            (lib / name).write_bytes(blob)
         (target / ".stamp").write_text(stamp)
 
 
@@ -183,7 +178,26 @@ class KineticLocalWorker(KineticWorkerMixin, BaseWorker):
                 task_status.started(pid)
 
         await self.mark_running(flow_run, f"Local job for accelerator {configuration.accelerator!r}")
-        exit_code = await self.launcher.launch(configuration, logger.info, on_started)
+        cancelled = False
+        async with anyio.create_task_group() as group:
+            async def watch() -> None:
+                nonlocal cancelled
+                while not await self.cancellation_requested(flow_run):
+                    await anyio.sleep(1)
+                cancelled = True
+                group.cancel_scope.cancel()  # the launcher kills the job's process group on cancellation
+
+            async def launch() -> None:
+                nonlocal exit_code
+                exit_code = await self.launcher.launch(configuration, logger.info, on_started)
+                group.cancel_scope.cancel()
+
+            exit_code = -1
+            group.start_soon(watch)
+            group.start_soon(launch)
+        if cancelled:
+            await self.mark_cancelled(flow_run, "Local job stopped on request")
+            return KineticWorkerResult(identifier=str(started[0]) if started else "not-started", status_code=0)
         identifier = str(started[0]) if started else "not-started"
         if exit_code != 0:
             logger.error(f"Job process {identifier} exited with status {exit_code}")
