@@ -13,7 +13,6 @@ import hashlib
 import io
 import json
 import os
-import ssl
 import tarfile
 import threading
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import cloudpickle
 import pytest
-from docker_fixture import proxy_files, docker_engine, local_registry, python_base_image  # noqa: F401
+from docker_fixture import proxy_files
 
 import kinetic_prefect
 from kinetic_prefect import builders
@@ -149,7 +148,7 @@ def _make_function():
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_docker_build_push_run_then_skip(docker_engine, local_registry, python_base_image, tmp_path):  # noqa: F811
+def test_docker_build_push_run_then_skip(docker_engine, local_registry, python_base_image, tmp_path):
     from kinetic_prefect.payload import build_call_payload
     from kinetic_prefect.storage import LocalStore
 
@@ -196,7 +195,7 @@ def test_docker_build_push_run_then_skip(docker_engine, local_registry, python_b
     print(f"\nfirst build+push {first_build_s:.1f} s, second ensure {time.monotonic() - started:.2f} s")
 
 
-def test_docker_build_failure_reports_the_log_tail(docker_engine, local_registry, python_base_image,  # noqa: F811
+def test_docker_build_failure_reports_the_log_tail(docker_engine, local_registry, python_base_image,
                                                    tmp_path):
     # Python minor version mismatch: the Dockerfile's guard stops the build before any install.
     spec = ImageSpec.create(python="3.9")

@@ -17,7 +17,8 @@ import time
 import uuid
 
 import pytest
-from docker_fixture import docker_engine, local_registry, proxy_files, python_base_image  # noqa: F401
+from background import call_in_background
+from docker_fixture import proxy_files
 from k8s_emulator import DockerPodController, KubeEmulator
 from kubernetes import client as k8s
 from prefect import flow, get_client
@@ -31,7 +32,7 @@ from kinetic_prefect.workers.gke import KineticGKEWorker
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory, docker_engine):  # noqa: F811
+def cluster(tmp_path_factory, docker_engine):
     emulator = KubeEmulator(tmp_path_factory.mktemp("kube"))
     controller = DockerPodController(emulator, docker=docker_engine.cli)
     yield emulator, controller
@@ -40,7 +41,7 @@ def cluster(tmp_path_factory, docker_engine):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def job_image(local_registry, python_base_image):  # noqa: F811
+def job_image(local_registry, python_base_image):
     """The image the worker will look for, built ahead with this machine's proxy CA (the worker then
     finds the tag in the registry and skips its own build, which is what a warm repository looks like)."""
     from kinetic_prefect.builders import DockerBuilder
@@ -52,7 +53,7 @@ def job_image(local_registry, python_base_image):  # noqa: F811
 
 
 @pytest.fixture
-def gke_pool(cluster, gcs_bucket, local_registry, job_image):  # noqa: F811
+def gke_pool(cluster, gcs_bucket, local_registry, job_image):
     emulator, _ = cluster
     template = KineticGKEWorker.get_default_base_job_template()
     defaults = {"kubeconfig_path": str(emulator.kubeconfig_path), "image_builder": "docker",
@@ -79,7 +80,7 @@ def _gke_task(name, pool, base_image, **options):
     return kinetic_task(name=name, work_pool=pool, base_image=base_image, env=["STORAGE_EMULATOR_HOST"], **options)
 
 
-def test_an_l4_call_runs_as_a_job_in_the_cluster_and_returns(cluster, gke_pool, python_base_image):  # noqa: F811
+def test_an_l4_call_runs_as_a_job_in_the_cluster_and_returns(cluster, gke_pool, python_base_image):
     emulator, controller = cluster
     name = f"on-l4-{uuid.uuid4().hex[:6]}"
 
@@ -112,7 +113,7 @@ def test_an_l4_call_runs_as_a_job_in_the_cluster_and_returns(cluster, gke_pool, 
             time.sleep(0.3)
 
 
-def test_a_pod_that_cannot_be_scheduled_fails_with_the_reason(cluster, gke_pool, python_base_image):  # noqa: F811
+def test_a_pod_that_cannot_be_scheduled_fails_with_the_reason(cluster, gke_pool, python_base_image):
     emulator, controller = cluster
     controller.unschedulable.add("nvidia-h100-80gb")
 
@@ -132,7 +133,7 @@ def test_a_pod_that_cannot_be_scheduled_fails_with_the_reason(cluster, gke_pool,
         "the stuck Job is deleted"
 
 
-def test_an_image_that_cannot_be_pulled_fails_fast(cluster, gke_pool, local_registry):  # noqa: F811
+def test_an_image_that_cannot_be_pulled_fails_fast(cluster, gke_pool, local_registry):
     @kinetic_task(name=f"bad-image-{uuid.uuid4().hex[:6]}", work_pool=gke_pool, accelerator="t4",
                   image=f"{local_registry}/kinetic-tests/missing:nope", env=["STORAGE_EMULATOR_HOST"])
     def never() -> int:
@@ -170,26 +171,6 @@ def gke_worker(gke_pool, tmp_path):
             proc.wait(30)
 
 
-def _submit_in_background(task, *args):
-    import threading
-
-    box: dict = {}
-
-    @flow
-    def pipeline():
-        return task(*args)
-
-    def target():
-        try:
-            box["value"] = pipeline()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    return thread, box
-
-
 def _wait_for_running_container(controller, timeout=120):
     deadline = time.time() + timeout
     while not controller.running_containers():
@@ -198,7 +179,7 @@ def _wait_for_running_container(controller, timeout=120):
     return controller.running_containers()[0]
 
 
-def test_cancelling_the_run_in_prefect_deletes_the_job(cluster, gke_pool, gke_worker, python_base_image):  # noqa: F811
+def test_cancelling_the_run_in_prefect_deletes_the_job(cluster, gke_pool, gke_worker, python_base_image):
     emulator, controller = cluster
     start_worker, worker_log = gke_worker
     start_worker("gke-worker-cancel")
@@ -211,7 +192,7 @@ def test_cancelling_the_run_in_prefect_deletes_the_job(cluster, gke_pool, gke_wo
         t.sleep(120)
         return 1
 
-    thread, box = _submit_in_background(sleepy)
+    thread, box = call_in_background(sleepy)
     container = _wait_for_running_container(controller)
     [run] = _job_runs(name)
     with get_client(sync_client=True) as client:
@@ -223,7 +204,7 @@ def test_cancelling_the_run_in_prefect_deletes_the_job(cluster, gke_pool, gke_wo
     assert not [j for j in _jobs(emulator) if j.metadata.labels.get("prefect.io/flow-run-id") == str(run.id)]
 
 
-def test_a_restarted_worker_reattaches_without_a_duplicate_job(cluster, gke_pool, gke_worker, python_base_image):  # noqa: F811
+def test_a_restarted_worker_reattaches_without_a_duplicate_job(cluster, gke_pool, gke_worker, python_base_image):
     emulator, controller = cluster
     start_worker, worker_log = gke_worker
     first = start_worker("gke-worker-a")
@@ -237,7 +218,7 @@ def test_a_restarted_worker_reattaches_without_a_duplicate_job(cluster, gke_pool
         print("finished after the worker came back")
         return x * x
 
-    thread, box = _submit_in_background(slow_square, 9)
+    thread, box = call_in_background(slow_square, 9)
     _wait_for_running_container(controller)
     first.send_signal(signal.SIGKILL)  # the worker dies mid-job; the Job keeps running in the cluster
     first.wait(10)

@@ -12,12 +12,11 @@ import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 from prefect import flow, get_client
 from prefect.cache_policies import INPUTS
-from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterParentTaskRunId
+from prefect.client.schemas.filters import FlowFilter, FlowFilterName
 
 from kinetic_prefect import KineticTask, kinetic_task
 from kinetic_prefect.errors import PayloadError

@@ -10,7 +10,6 @@ import sys
 import threading
 
 import pytest
-from gcs_fixture import gcs_bucket, gcs_emulator  # noqa: F401  (fixtures)
 
 from kinetic_prefect import storage
 from kinetic_prefect.storage import (
@@ -126,7 +125,7 @@ def test_crashed_local_write_leaves_nothing_visible(tmp_path, monkeypatch):
     assert leftovers == []
 
 
-def test_list_paginates_past_1000_keys(gcs_bucket, tmp_path, monkeypatch):  # noqa: F811
+def test_list_paginates_past_1000_keys(gcs_bucket, tmp_path, monkeypatch):
     store = open_store(gcs_bucket).child("many")
     n = 1050
     files = []

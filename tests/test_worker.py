@@ -119,8 +119,7 @@ def test_requirements_build_a_hash_keyed_environment_once(tmp_path, capsys):
 
 
 def test_cancelling_a_running_local_job_stops_its_process(polling_worker, tmp_path):
-    import threading
-
+    from background import call_in_background
     from prefect.states import Cancelling
 
     from kinetic_prefect.errors import KineticJobCrashed
@@ -138,20 +137,7 @@ def test_cancelling_a_running_local_job_stops_its_process(polling_worker, tmp_pa
         t.sleep(300)
         return 1
 
-    box = {}
-
-    @flow
-    def pipeline():
-        return sleepy(str(pid_file))
-
-    def target():
-        try:
-            box["value"] = pipeline()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
+    thread, box = call_in_background(sleepy, str(pid_file))
     deadline = time.time() + 60
     while not pid_file.exists():
         assert time.time() < deadline, "the job never started"

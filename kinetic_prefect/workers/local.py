@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import hashlib
 import os
 import shlex
 import shutil
