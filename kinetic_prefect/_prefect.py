@@ -105,7 +105,8 @@ async def create_job_flow_run(
     )
 
 
-async def run_in_process(client: PrefectClient, pool: WorkPool, flow_run: FlowRun) -> int:
+async def run_in_process(client: PrefectClient, pool: WorkPool, flow_run: FlowRun,
+                         secret_env: dict[str, str] | None = None) -> int:
     """Run one flow run with the pool's worker class inside this process; returns the job's exit code."""
     worker_cls = worker_class_for(pool.type)
     worker = worker_cls(work_pool_name=pool.name, name=f"in-process@{socket.gethostname()}",
@@ -115,6 +116,7 @@ async def run_in_process(client: PrefectClient, pool: WorkPool, flow_run: FlowRu
     configuration = await worker_cls.job_configuration.resolve_for_flow_run(
         flow_run, client=client, work_pool=pool, worker_name=worker.name
     )
+    configuration.set_secret_env(secret_env or {})  # in memory only: never stored with the run
     result = await worker.run(flow_run=flow_run, configuration=configuration)
     if result.status_code != 0:
         await worker._propose_crashed_state(  # noqa: SLF001 - the same message a polling worker sets
@@ -167,3 +169,13 @@ def attach_result_storage(task: Any, storage: Any) -> None:
     decoration time would instead need the API at import time. Set after construction on purpose.
     """
     task.result_storage = storage
+
+
+async def store_secret_env(values: dict[str, str], name: str) -> str:
+    """Forwarded env values for a polling worker, in a Prefect Secret block it reads once and deletes."""
+    import json as _json
+
+    from prefect.blocks.system import Secret
+
+    await Secret(value=_json.dumps(values)).asave(name=name, overwrite=True)
+    return name

@@ -28,6 +28,7 @@ from prefect.utilities.asyncutils import run_coro_as_sync
 from kinetic_prefect import _prefect, accelerators, config, data
 from kinetic_prefect.errors import KineticJobCrashed, KineticJobSetupError, PayloadError, RemoteError, RemoteTraceback
 from kinetic_prefect.image import ImageSpec
+from kinetic_prefect.workers.base import ENV_BLOCK_VARIABLE
 from kinetic_prefect.payload import archive_project, build_call_payload, find_project_dir, sha256_hex
 
 SUBMISSION_MODES = ("auto", "in-process", "worker")
@@ -138,7 +139,6 @@ async def _publish_outputs(store: Any, call: PreparedCall, outcome: dict[str, An
 
 def _job_variables(options: KineticOptions, call: PreparedCall, store_url: str, pool_variables: set[str]) -> dict[str, Any]:
     env = {
-        **call.env,
         "KINETIC_RUN_PREFIX": call.run_prefix,
         "KINETIC_PAYLOAD_SHA256": call.payload_sha256,
         "KERAS_BACKEND": os.environ.get("KERAS_BACKEND", "jax"),
@@ -159,10 +159,7 @@ def _job_variables(options: KineticOptions, call: PreparedCall, store_url: str, 
         "store": store_url,
     }
     variables["env"] = {**options.job_variables.get("env", {}), **env}
-    if options.image:
-        if "image" not in pool_variables:
-            raise ValueError(f"image={options.image!r} needs a pool that runs container images (kinetic-gke); "
-                             "this pool's template has no 'image' variable.")
+    if options.image and "image" in pool_variables:
         variables["image"] = options.image
     return variables
 
@@ -227,6 +224,10 @@ async def _submit_and_collect(options: KineticOptions, call: PreparedCall, task_
     async with get_client() as client:
         pool = await _prefect.ensure_work_pool(client, options.work_pool or config.default_work_pool())
         _prefect.worker_class_for(pool.type).check_accelerator(options.accelerator)
+        pool_variables = set(pool.base_job_template["variables"]["properties"])
+        if options.image and "image" not in pool_variables:
+            raise ValueError(f"image={options.image!r} needs a pool that runs container images (kinetic-gke); "
+                             f"pool {pool.name!r} is of type {pool.type!r}.")
         store_url = _prefect.pool_default(pool, "store") or config.default_store_url()
         store = open_store(store_url)
         await to_thread.run_sync(_upload_inputs, store, call, logger)
@@ -236,10 +237,13 @@ async def _submit_and_collect(options: KineticOptions, call: PreparedCall, task_
         )
         attempt = task_run.run_count if task_run else 1
         run_name = f"{task_run.name}-job{attempt}" if task_run else f"{task_name}-job"
+        job_variables = _job_variables(options, call, store_url, pool_variables)
+        if polling and call.env:
+            block = f"kinetic-env-{call.run_prefix.rsplit('/', 1)[-1]}"
+            job_variables["env"][ENV_BLOCK_VARIABLE] = await _prefect.store_secret_env(call.env, block)
         flow_run = await _prefect.create_job_flow_run(
             client, flow_name=task_name, run_name=run_name, pool=pool,
-            job_variables=_job_variables(options, call, store_url,
-                                         set(pool.base_job_template["variables"]["properties"])),
+            job_variables=job_variables,
             parent_task_run_id=task_run.id if task_run else None,
             tags=[f"accelerator:{options.accelerator.name}", "kinetic"], for_polling_worker=polling,
         )
@@ -252,7 +256,7 @@ async def _submit_and_collect(options: KineticOptions, call: PreparedCall, task_
                     client, flow_run.id, on_log=lambda line: print(f"[{run_name}] {line}", file=sys.stderr, flush=True)
                 )
             else:
-                await _prefect.run_in_process(client, pool, flow_run)
+                await _prefect.run_in_process(client, pool, flow_run, secret_env=call.env)
                 state = (await client.read_flow_run(flow_run.id)).state
         except BaseException:
             if polling:

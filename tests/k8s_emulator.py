@@ -11,6 +11,7 @@ reactions; the controller fills those gaps. Scheduling failures are simulated on
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import subprocess
 import threading
@@ -45,7 +46,7 @@ class KubeEmulator:
     def _serve(self) -> None:
         async def main() -> None:
             emulator = kmock.KubernetesEmulator()
-            for resource in ("batch/v1/jobs", "v1/pods", "v1/events"):
+            for resource in ("batch/v1/jobs", "v1/pods", "v1/events", "v1/secrets"):
                 emulator.resources[resource] = {}
             async with kmock.Server(emulator):
                 self._state.update(emulator=emulator, url=str(emulator.url))
@@ -125,6 +126,10 @@ class DockerPodController:
         argv = [self.docker, "run", "-d", "--network", "host", "--name", f"kp-{pod_name}"]
         for env in container.get("env") or []:
             argv += ["-e", f"{env['name']}={env.get('value', '')}"]
+        for source in container.get("envFrom") or []:  # what the kubelet does with a Secret reference
+            secret = self.core.read_namespaced_secret(source["secretRef"]["name"], self.namespace)
+            values = secret.string_data or {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+            argv += [arg for key, value in values.items() for arg in ("-e", f"{key}={value}")]
         if container.get("command"):
             argv += ["--entrypoint", container["command"][0]]
         argv += [container["image"], *container.get("command", [])[1:], *container.get("args", [])]

@@ -100,6 +100,11 @@ def test_an_l4_call_runs_as_a_job_in_the_cluster_and_returns(cluster, gke_pool, 
     assert result["value"] == 42 and result["accelerator"] == "l4" and result["jax"] == "cuda"
     [job] = [j for j in _jobs(emulator) if j.metadata.labels.get("prefect.io/flow-run-name", "").startswith(name)]
     pod_spec = job.spec.template.spec
+    assert not any(e.name == "STORAGE_EMULATOR_HOST" for e in pod_spec.containers[0].env), \
+        "forwarded env values are not written into the manifest"
+    [secret_ref] = pod_spec.containers[0].env_from
+    secret = k8s.CoreV1Api(emulator.api()).read_namespaced_secret(secret_ref.secret_ref.name, "default")
+    assert secret.metadata.owner_references[0].name == job.metadata.name, "the Secret goes with its Job"
     assert pod_spec.node_selector == {"cloud.google.com/gke-accelerator": "nvidia-l4"}
     assert pod_spec.containers[0].resources.limits == {"nvidia.com/gpu": "1"}
     assert "/kinetic-tests/kinetic:py311-gpu-" in pod_spec.containers[0].image

@@ -5,6 +5,7 @@ Everything here talks to the real Prefect server started by conftest; jobs are r
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -243,6 +244,8 @@ def test_forwarded_env_reaches_the_job(monkeypatch):
         return reads_env()
 
     assert pipeline() == ("s3cret", "land-cover", "cpu")
+    [run] = job_runs(reads_env.name)
+    assert "s3cret" not in json.dumps(run.job_variables), "forwarded values are handed over in memory, not stored"
 
 
 def test_without_the_project_shipped_a_project_import_fails_in_the_job():

@@ -63,19 +63,27 @@ def test_a_polling_worker_process_runs_the_job(polling_worker):
     pool, worker_log = polling_worker
     name = f"via-worker-{uuid.uuid4().hex[:6]}"
 
-    @kinetic_task(name=name, work_pool=pool)  # submission="auto": a worker is online, so it is used
+    os.environ["KINETIC_TEST_SECRET"] = "hunter2"
+
+    @kinetic_task(name=name, work_pool=pool, env=["KINETIC_TEST_SECRET"])  # auto: a worker is online, so it is used
     def where_am_i(tag: str) -> dict:
         print(f"hello from the job for {tag}")
-        return {"tag": tag, "pid": os.getpid(), "parent": os.getppid()}
+        return {"tag": tag, "pid": os.getpid(), "secret": os.environ.get("KINETIC_TEST_SECRET")}
 
     @flow
     def pipeline():
         return where_am_i("polling")
 
     result = pipeline()
+    del os.environ["KINETIC_TEST_SECRET"]
     assert result["tag"] == "polling" and result["pid"] != os.getpid()
+    assert result["secret"] == "hunter2", "forwarded through a Secret block to the polling worker"
     [run] = _runs(name)
     assert run.state.is_completed()
+    assert "hunter2" not in json.dumps(run.job_variables)
+    with get_client(sync_client=True) as client:
+        assert not [b for b in client.read_block_documents() if b.name.startswith("kinetic-env-")], \
+            "the worker deletes the Secret block once read"
     assert run.infrastructure_pid, "the polling worker records the job's pid"
     with get_client(sync_client=True) as client:
         worker_pids = {w.name for w in client.read_workers_for_work_pool(pool)}

@@ -17,12 +17,13 @@ from prefect.exceptions import Abort
 from prefect.states import Cancelled, Completed, Failed, Running
 from prefect.utilities.engine import propose_state
 from prefect.workers.base import BaseJobConfiguration, BaseWorkerResult
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
 from kinetic_prefect import accelerators, config
 from kinetic_prefect.image import ImageSpec
 
 RUNNER_COMMAND = "python -u -m kinetic_prefect.runner"
+ENV_BLOCK_VARIABLE = "KINETIC_ENV_BLOCK"
 
 
 def load_template(worker_type: str) -> dict[str, Any]:
@@ -39,6 +40,29 @@ class KineticJobConfiguration(BaseJobConfiguration):
     python_version: str | None = Field(default=None)
     base_image: str | None = Field(default=None)
     store: str | None = Field(default=None)
+
+    # Forwarded environment values (env= of @kinetic_task). Kept out of job variables and manifests:
+    # in-process they are handed over in memory; through a polling worker they travel in a Prefect
+    # Secret block that the worker reads once and deletes (ENV_BLOCK_VARIABLE names it).
+    _secret_env: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @property
+    def secret_env(self) -> dict[str, str]:
+        return self._secret_env
+
+    def set_secret_env(self, values: dict[str, str]) -> None:
+        self._secret_env = dict(values)
+
+    async def load_secret_env(self) -> None:
+        block_name = self.env.pop(ENV_BLOCK_VARIABLE, None)
+        if not block_name:
+            return
+        from prefect.blocks.system import Secret
+
+        secret = await Secret.aload(block_name)
+        value = secret.get()  # Prefect parses JSON secrets back into objects
+        self._secret_env = value if isinstance(value, dict) else json.loads(value)
+        await Secret.adelete(block_name)
 
     def prepare_for_flow_run(self, flow_run, deployment=None, flow=None, work_pool=None, worker_name=None, worker_id=None):
         super().prepare_for_flow_run(flow_run, deployment, flow, work_pool, worker_name, worker_id)

@@ -300,6 +300,7 @@ class KineticGKEWorker(KineticWorkerMixin, BaseWorker):
     async def run(self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration,
                   task_status: anyio.abc.TaskStatus[str] | None = None) -> KineticWorkerResult:
         logger = self.get_flow_run_logger(flow_run)
+        await configuration.load_secret_env()
         api = await anyio.to_thread.run_sync(configuration.kube_client)
         job_name = await anyio.to_thread.run_sync(self._existing_job, api, configuration.namespace, flow_run)
         if job_name:
@@ -325,9 +326,28 @@ class KineticGKEWorker(KineticWorkerMixin, BaseWorker):
 
     @staticmethod
     def _create_job(api, configuration: KineticGKEJobConfiguration) -> str:
+        """Create the Job; forwarded env values go in a Secret it references, owned by the Job
+        (deleted with it), so they appear in no manifest and no Prefect record."""
         from kubernetes import client
 
-        created = client.BatchV1Api(api).create_namespaced_job(configuration.namespace, configuration.job_manifest)
+        manifest = configuration.job_manifest
+        job_name = manifest["metadata"]["name"]
+        secret_name = f"{job_name}-env"[:253]
+        core = client.CoreV1Api(api)
+        if configuration.secret_env:
+            core.create_namespaced_secret(configuration.namespace, {
+                "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                "metadata": {"name": secret_name, "namespace": configuration.namespace,
+                             "labels": {"app.kubernetes.io/managed-by": "kinetic-prefect"}},
+                "stringData": configuration.secret_env,
+            })
+            container = manifest["spec"]["template"]["spec"]["containers"][0]
+            container["envFrom"] = [*(container.get("envFrom") or []), {"secretRef": {"name": secret_name}}]
+        created = client.BatchV1Api(api).create_namespaced_job(configuration.namespace, manifest)
+        if configuration.secret_env:
+            core.patch_namespaced_secret(secret_name, configuration.namespace, {"metadata": {"ownerReferences": [{
+                "apiVersion": "batch/v1", "kind": "Job", "name": created.metadata.name,
+                "uid": created.metadata.uid or "", "blockOwnerDeletion": False}]}})
         return created.metadata.name
 
     async def follow(self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration, api,

@@ -1,7 +1,7 @@
 """Worker side: manifests that run a long-lived ``kinetic-gke`` worker inside the cluster.
 
-Least privilege: the worker's ServiceAccount may manage Jobs, read Pods and their logs, and read
-Events, in its own namespace only. The Prefect API URL and key come from a Secret the user creates
+Least privilege: the worker's ServiceAccount may manage Jobs, read Pods and their logs, read Events,
+and create (never read) the per-Job Secrets that carry forwarded env values, in its own namespace only. The Prefect API URL and key come from a Secret the user creates
 (`kubectl create secret generic prefect-api --from-literal=url=... --from-literal=key=...`).
 """
 
@@ -14,6 +14,8 @@ JOB_RULES = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
+    # Forwarded env values travel in a per-Job Secret: the worker writes them, never reads any secret.
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "patch"]},
 ]
 
 

@@ -122,7 +122,7 @@ class LocalJobLauncher:
     async def launch(self, configuration: KineticLocalJobConfiguration, on_line: Callable[[str], None],
                      on_started: Callable[[int], Any]) -> int:
         argv = await anyio.to_thread.run_sync(self.command, configuration, on_line)
-        env = {**os.environ, **{k: v for k, v in configuration.env.items() if v is not None}}
+        env = {**os.environ, **{k: v for k, v in configuration.env.items() if v is not None}, **configuration.secret_env}
         env["PYTHONUNBUFFERED"] = "1"
         process = await asyncio.create_subprocess_exec(
             *argv, cwd=configuration.working_dir or None, env=env,
@@ -169,6 +169,7 @@ class KineticLocalWorker(KineticWorkerMixin, BaseWorker):
     async def run(self, flow_run: FlowRun, configuration: KineticLocalJobConfiguration,
                   task_status: anyio.abc.TaskStatus[int] | None = None) -> KineticWorkerResult:
         logger = self.get_flow_run_logger(flow_run)
+        await configuration.load_secret_env()
         started: list[int] = []
 
         def on_started(pid: int) -> None:
