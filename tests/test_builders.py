@@ -31,7 +31,7 @@ from kinetic_prefect.builders import (
     CloudBuildBuilder, DockerBuilder, ImageBuildError, PrebuiltImage, build_context, builder_from_settings,
     context_archive, image_name,
 )
-from kinetic_prefect.image import ImageSpec
+from kinetic_prefect.image import RUNNER_MODULES, ImageSpec
 
 PACKAGE_DIR = Path(kinetic_prefect.__file__).parent
 
@@ -70,7 +70,7 @@ def test_build_context_cpu_contents(tmp_path):
                             builders.STORAGE_REQUIREMENT]
     # The runner's modules, byte for byte from this checkout; nothing else of the package.
     copied = {k.removeprefix("kinetic_prefect/"): v for k, v in files.items() if k.startswith("kinetic_prefect/")}
-    assert copied == {f"{m}.py": (PACKAGE_DIR / f"{m}.py").read_bytes() for m in builders.RUNNER_MODULES}
+    assert copied == {f"{m}.py": (PACKAGE_DIR / f"{m}.py").read_bytes() for m in RUNNER_MODULES}
     assert set(files) == {"Dockerfile", "requirements.txt", *(f"kinetic_prefect/{m}" for m in copied)}
 
 
