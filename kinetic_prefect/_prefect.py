@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import socket
+import time
 from types import SimpleNamespace
 from typing import Any, Callable
 from uuid import UUID
@@ -30,7 +31,9 @@ from prefect.workers.base import BaseWorker
 
 from kinetic_prefect import config
 
-_pool_cache: dict[tuple[str, str], WorkPool] = {}
+# Pools are read once per call site burst, not per call: a short TTL keeps edits in the UI effective.
+_POOL_TTL_SECONDS = 30.0
+_pool_cache: dict[tuple[str, str], tuple[float, WorkPool]] = {}
 
 
 class WorkPoolError(LookupError):
@@ -50,8 +53,9 @@ def worker_class_for(pool_type: str) -> type[BaseWorker]:
 async def ensure_work_pool(client: PrefectClient, name: str) -> WorkPool:
     """Read the pool; the default local pool is created on first use, other names must exist."""
     key = (str(client.api_url), name)
-    if key in _pool_cache:
-        return _pool_cache[key]
+    cached = _pool_cache.get(key)
+    if cached is not None and time.monotonic() - cached[0] < _POOL_TTL_SECONDS:
+        return cached[1]
     try:
         pool = await client.read_work_pool(name)
     except ObjectNotFound:
@@ -74,7 +78,7 @@ async def ensure_work_pool(client: PrefectClient, name: str) -> WorkPool:
         except ObjectAlreadyExists:  # another caller created it a moment ago
             pool = await client.read_work_pool(name)
     worker_class_for(pool.type)
-    _pool_cache[key] = pool
+    _pool_cache[key] = (time.monotonic(), pool)
     return pool
 
 
@@ -130,14 +134,13 @@ async def wait_for_final_state(
 ) -> State:
     """Poll until the run is final, forwarding its logs (the job's output) as they arrive."""
     since: datetime.datetime | None = None
-    seen = 0
     while True:
         flow_run = await client.read_flow_run(flow_run_id)
         if on_log is not None:
             log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
             if since is not None:
                 log_filter.timestamp = LogFilterTimestamp(after_=since)
-            logs = await client.read_logs(log_filter=log_filter, limit=200, offset=seen if since is None else 0)
+            logs = await client.read_logs(log_filter=log_filter, limit=200)  # oldest first
             for log in logs:
                 if since is None or log.timestamp > since:
                     on_log(log.message)
