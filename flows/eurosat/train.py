@@ -1,0 +1,533 @@
+"""Training on decoded uint8 arrays: numpy-fed batches, cheap augmentation, resumable per-epoch checkpoints.
+
+``train_and_evaluate`` is the whole job body: it runs the same inside a ``@kinetic_task`` job and as a
+plain function (the benchmark compares the two). It prints one line per epoch (the job's stdout streams
+into the Prefect logs), checkpoints every epoch into ``checkpoint_dir`` and resumes from the last finished
+epoch when it finds a checkpoint there, evaluates on the held-out test split, and writes the ``.keras``
+model (with its class names), plots and metrics into ``output_dir``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+import numpy as np  # noqa: E402
+
+from eurosat import dataset as ds  # noqa: E402
+from eurosat import metrics as mt  # noqa: E402
+
+CHECKPOINT_STATE = "state.json"
+MODEL_FILE = "eurosat_vit.keras"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 30
+    batch_size: int = 128
+    learning_rate: float = 1e-3
+    min_learning_rate: float = 1e-5
+    weight_decay: float = 0.05
+    warmup_epochs: int = 2
+    label_smoothing: float = 0.1
+    # augmentation (numpy, per batch): dihedral group (flips + 90-degree rotations), zoom-in + shift,
+    # brightness/contrast jitter, and MixUp/CutMix with probability ``mix_prob``
+    augment: bool = True
+    zoom: float = 0.2  # random zoom-in up to 1 + zoom
+    shift: float = 0.1  # random translation, fraction of the image
+    color_jitter: float = 0.1
+    mix_prob: float = 0.0
+    # callbacks
+    early_stopping_patience: int = 10
+    plateau_patience: int = 4
+    plateau_factor: float = 0.5
+    time_budget_s: float | None = None  # shorten the cosine schedule to fit this many seconds of training
+    tta: bool = True  # evaluate with the 8 dihedral transforms averaged
+    seed: int = 0
+    eval_batch_size: int = 512
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# ------------------------------------------------------------------------------------------- augmentation
+
+
+def dihedral(x: np.ndarray, k: int) -> np.ndarray:
+    """One of the 8 symmetries of the square (k in 0..7) applied to a batch (N, H, W, C)."""
+    if k & 4:
+        x = x.transpose(0, 2, 1, 3)
+    if k & 1:
+        x = x[:, :, ::-1]
+    if k & 2:
+        x = x[:, ::-1]
+    return x
+
+
+class Augmenter:
+    """Vectorized numpy augmentation on uint8 batches: one gather does zoom + shift + flips + rotations."""
+
+    def __init__(self, cfg: TrainConfig, size: int, num_classes: int):
+        self.cfg, self.size, self.num_classes = cfg, size, num_classes
+        self.base = np.arange(size, dtype=np.float32)
+
+    def __call__(self, x: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        cfg, n, s = self.cfg, x.shape[0], self.size
+        # zoom-in by scale z >= 1 around a random centre, then shift: sampling grids per sample
+        z = 1.0 + rng.uniform(0, cfg.zoom, n).astype(np.float32)
+        span = s / z
+        max_off = (s - span)[:, None]
+        off_r = rng.uniform(0, 1, n).astype(np.float32)[:, None] * max_off
+        off_c = rng.uniform(0, 1, n).astype(np.float32)[:, None] * max_off
+        shift = cfg.shift * s
+        off_r = off_r + rng.uniform(-shift, shift, (n, 1)).astype(np.float32)
+        off_c = off_c + rng.uniform(-shift, shift, (n, 1)).astype(np.float32)
+        rows = off_r + self.base[None, :] / z[:, None] + 0.5 / z[:, None] - 0.5
+        cols = off_c + self.base[None, :] / z[:, None] + 0.5 / z[:, None] - 0.5
+        rows = _reflect(np.rint(rows).astype(np.int32), s)
+        cols = _reflect(np.rint(cols).astype(np.int32), s)
+        # dihedral: swap rows/cols (transpose) and reverse them (flips), still one gather
+        k = rng.integers(0, 8, n)
+        flip_r, flip_c, transpose = (k & 2) > 0, (k & 1) > 0, (k & 4) > 0
+        rows = np.where(flip_r[:, None], rows[:, ::-1], rows)
+        cols = np.where(flip_c[:, None], cols[:, ::-1], cols)
+        b = np.arange(n)[:, None, None]
+        r_idx = np.where(transpose[:, None, None], cols[:, None, :], rows[:, :, None])
+        c_idx = np.where(transpose[:, None, None], rows[:, :, None], cols[:, None, :])
+        r_idx, c_idx = np.broadcast_arrays(r_idx, c_idx)
+        out = x[b, r_idx, c_idx].astype(np.float32)
+        if cfg.color_jitter:
+            j = cfg.color_jitter
+            brightness = rng.uniform(1 - j, 1 + j, (n, 1, 1, 1)).astype(np.float32)
+            contrast = rng.uniform(1 - j, 1 + j, (n, 1, 1, 1)).astype(np.float32)
+            mean = out.mean(axis=(1, 2, 3), keepdims=True)
+            out = np.clip((out - mean) * contrast + mean * brightness, 0, 255)
+        onehot = np.eye(self.num_classes, dtype=np.float32)[y]
+        if cfg.mix_prob and rng.uniform() < cfg.mix_prob:
+            out, onehot = self._mix(out, onehot, rng)
+        return out, onehot
+
+    def _mix(self, x, y, rng):
+        perm = rng.permutation(x.shape[0])
+        lam = float(rng.beta(1.0, 1.0))
+        if rng.uniform() < 0.5:  # MixUp
+            return lam * x + (1 - lam) * x[perm], lam * y + (1 - lam) * y[perm]
+        s = self.size  # CutMix: paste a box from another sample, labels by area
+        h = int(s * math.sqrt(1 - lam))
+        r, c = rng.integers(0, s - h + 1, 2)
+        x = x.copy()
+        x[:, r:r + h, c:c + h] = x[perm, r:r + h, c:c + h]
+        area = h * h / (s * s)
+        return x, (1 - area) * y + area * y[perm]
+
+
+def _reflect(idx: np.ndarray, size: int) -> np.ndarray:
+    idx = np.abs(idx)
+    return np.where(idx >= size, 2 * size - 2 - idx, idx).clip(0, size - 1)
+
+
+def make_batches(images, labels, cfg: TrainConfig, num_classes: int):
+    """A keras PyDataset over uint8 arrays; epoch e uses a permutation seeded by (seed, e), so a resumed
+    run sees exactly the batches the uninterrupted run would have."""
+    import keras
+
+    class Batches(keras.utils.PyDataset):
+        def __init__(self):
+            super().__init__(workers=1, use_multiprocessing=False)
+            self.epoch = 0
+            self._order_epoch = None
+            self.augment = Augmenter(cfg, images.shape[1], num_classes)
+
+        def __len__(self):
+            return max(1, len(labels) // cfg.batch_size)  # drop the ragged last batch: one compiled shape
+
+        def set_epoch(self, epoch: int) -> None:
+            self.epoch = epoch
+
+        def __getitem__(self, index):
+            if self._order_epoch != self.epoch:
+                self.order = np.random.default_rng([cfg.seed, self.epoch]).permutation(len(labels))
+                self._order_epoch = self.epoch
+            idx = np.sort(self.order[index * cfg.batch_size:(index + 1) * cfg.batch_size])
+            x, y = images[idx], labels[idx]
+            if cfg.augment:
+                rng = np.random.default_rng([cfg.seed, self.epoch, index, 1])
+                return self.augment(x, y, rng)
+            return x.astype(np.float32), np.eye(num_classes, dtype=np.float32)[y]
+
+    return Batches()
+
+
+# ------------------------------------------------------------------------------------------- callbacks
+
+
+def _callbacks_module():
+    import keras
+
+    class EpochSetter(keras.callbacks.Callback):
+        def __init__(self, batches):
+            super().__init__()
+            self.batches = batches
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.batches.set_epoch(epoch)
+
+    class CosineSchedule(keras.callbacks.Callback):
+        """Warmup then cosine decay, set per epoch; keeps any reduction ReduceLROnPlateau made (as a factor).
+
+        With ``time_budget_s`` the decay follows elapsed training time when that is ahead of the epoch count,
+        and training stops when the next epoch would not fit in the budget.
+        """
+
+        def __init__(self, cfg: TrainConfig, state: dict):
+            super().__init__()
+            self.cfg, self.state = cfg, state
+            self.state.setdefault("lr_factor", 1.0)
+            self.state.setdefault("planned_epochs", cfg.epochs)
+            self._last_set = None
+
+        def progress(self, epoch: int) -> float:
+            """Fraction of the schedule done at the start of ``epoch``: by epochs, or by time when a budget is
+            set and time runs out first (monotonic either way, so the learning rate never goes back up)."""
+            cfg = self.cfg
+            span = max(1, cfg.epochs - cfg.warmup_epochs)
+            by_epoch = (epoch - cfg.warmup_epochs) / span
+            if not cfg.time_budget_s:
+                return by_epoch
+            done = self.state.get("epoch_seconds", [])
+            warm = sum(done[:cfg.warmup_epochs])
+            by_time = (sum(done) - warm) / max(1e-9, cfg.time_budget_s - warm)
+            return max(by_epoch, by_time)
+
+        def lr_at(self, epoch: int) -> float:
+            cfg = self.cfg
+            if epoch < cfg.warmup_epochs:
+                return cfg.learning_rate * (epoch + 1) / (cfg.warmup_epochs + 1)
+            progress = min(1.0, max(0.0, self.progress(epoch)))
+            return cfg.min_learning_rate + 0.5 * (cfg.learning_rate - cfg.min_learning_rate) * (1 + math.cos(math.pi * progress))
+
+        def estimated_epochs(self, epoch: int) -> int:
+            cfg, done = self.cfg, self.state.get("epoch_seconds", [])
+            if not cfg.time_budget_s or not done:
+                return cfg.epochs
+            recent = done[-3:]
+            per_epoch = sum(recent) / len(recent)
+            remaining = cfg.time_budget_s - sum(done)
+            return int(min(cfg.epochs, max(epoch + 1, epoch + math.floor(remaining / per_epoch))))
+
+        def on_epoch_begin(self, epoch, logs=None):
+            opt = self.model.optimizer
+            current = float(keras.ops.convert_to_numpy(opt.learning_rate))
+            if self._last_set is not None and current < self._last_set * 0.999:  # ReduceLROnPlateau acted
+                self.state["lr_factor"] *= current / self._last_set
+            self.state["planned_epochs"] = self.estimated_epochs(epoch)
+            lr = self.lr_at(epoch) * self.state["lr_factor"]
+            opt.learning_rate = lr
+            self._last_set = lr
+
+        def on_epoch_end(self, epoch, logs=None):
+            done = self.state.get("epoch_seconds", [])  # Progress (earlier in the list) has added this epoch
+            if self.cfg.time_budget_s and done and epoch + 1 < self.cfg.epochs:
+                per_epoch = sum(done[-3:]) / len(done[-3:])
+                if sum(done) + per_epoch > self.cfg.time_budget_s:  # the next epoch would not fit
+                    self.state["stopped_by_time_budget"] = True
+                    self.model.stop_training = True
+
+    class Progress(keras.callbacks.Callback):
+        """One line per epoch on stdout (the job's stdout is the flow run's log), and the epoch's time."""
+
+        def __init__(self, cfg: TrainConfig, state: dict, steps: int, on_epoch=None):
+            super().__init__()
+            self.cfg, self.state, self.steps, self.on_epoch = cfg, state, steps, on_epoch
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._t = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            dt = time.perf_counter() - self._t
+            self.state.setdefault("epoch_seconds", []).append(round(dt, 3))
+            logs = logs if logs is not None else {}
+            logs["lr"] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+            planned = self.state.get("planned_epochs", self.cfg.epochs)
+            line = (f"epoch {epoch + 1}/{planned} loss={logs.get('loss', float('nan')):.4f} "
+                    f"acc={logs.get('accuracy', float('nan')):.4f} val_loss={logs.get('val_loss', float('nan')):.4f} "
+                    f"val_acc={logs.get('val_accuracy', float('nan')):.4f} lr={logs.get('lr', 0):.2e} "
+                    f"time={dt:.1f}s ({1000 * dt / self.steps:.0f} ms/step)")
+            print(line, flush=True)
+            if self.on_epoch is not None:
+                self.on_epoch(epoch, logs, line)
+
+    class Checkpoint(keras.callbacks.Callback):
+        """Every epoch: weights + optimizer state + callback state + history into ``directory``, atomically.
+
+        ``state.json`` is replaced last and names the weights file it belongs to, so a kill at any moment
+        leaves the previous complete checkpoint. ``kill_after_epoch`` (tests only) SIGKILLs this process
+        right after that epoch's checkpoint on the first attempt, like a preempted machine would.
+        """
+
+        def __init__(self, directory: Path, state: dict, history: dict, early, plateau, kill_after_epoch=None):
+            super().__init__()
+            self.dir, self.state, self.history = directory, state, history
+            self.early, self.plateau, self.kill_after_epoch = early, plateau, kill_after_epoch
+
+        def on_train_begin(self, logs=None):
+            saved = self.state.get("callbacks")
+            if saved:  # put back what EarlyStopping / ReduceLROnPlateau had (their on_train_begin reset it)
+                e, p = saved["early"], saved["plateau"]
+                self.early.wait, self.early.best, self.early.best_epoch = e["wait"], e["best"], e["best_epoch"]
+                best_file = self.dir / "best.weights.npz"
+                if best_file.exists():
+                    with np.load(best_file) as z:
+                        self.early.best_weights = [z[f"w{i}"] for i in range(len(z.files))]
+                self.plateau.wait, self.plateau.best, self.plateau.cooldown_counter = p["wait"], p["best"], p["cooldown"]
+
+        def on_epoch_end(self, epoch, logs=None):
+            for k, v in (logs or {}).items():
+                self.history.setdefault(k, []).append(float(v))
+            improved = self.early.best_epoch == epoch
+            if improved:
+                _save_arrays(self.dir / "best.weights.npz", self.model.get_weights())
+            name = f"epoch-{epoch + 1:04d}.npz"
+            _save_arrays(self.dir / name, self.model.get_weights() + [
+                np.asarray(keras.ops.convert_to_numpy(v)) for v in self.model.optimizer.variables])
+            self.state.update(
+                epoch=epoch + 1, weights=name, history=self.history,
+                callbacks={"early": {"wait": int(self.early.wait), "best": _num(self.early.best),
+                                     "best_epoch": int(self.early.best_epoch)},
+                           "plateau": {"wait": int(self.plateau.wait), "best": _num(self.plateau.best),
+                                       "cooldown": int(self.plateau.cooldown_counter)}},
+            )
+            ds.atomic_write_json(self.dir / CHECKPOINT_STATE, self.state)
+            for old in self.dir.glob("epoch-*.npz"):
+                if old.name != name:
+                    old.unlink(missing_ok=True)
+            if (self.kill_after_epoch is not None and epoch + 1 == self.kill_after_epoch
+                    and not self.state.get("resumed_from_epoch")):
+                print(f"kill_after_epoch={self.kill_after_epoch}: SIGKILL after checkpointing epoch {epoch + 1}",
+                      flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return EpochSetter, CosineSchedule, Progress, Checkpoint
+
+
+def _num(v):
+    if v is None:
+        return None
+    v = float(v)
+    return v if math.isfinite(v) else (1e30 if v > 0 else -1e30)
+
+
+def _save_arrays(path: Path, arrays) -> None:
+    import io
+
+    buffer = io.BytesIO()
+    np.savez(buffer, **{f"w{i}": a for i, a in enumerate(arrays)})
+    ds.atomic_write_bytes(path, buffer.getvalue())
+
+
+# ------------------------------------------------------------------------------------------- the job body
+
+
+def build_compiled_model(model_cfg, cfg: TrainConfig, mean, std):
+    import keras
+
+    from eurosat.model import build_vit
+
+    model = build_vit(model_cfg, mean=mean, std=std)
+    model.compile(
+        optimizer=keras.optimizers.AdamW(learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay,
+                                         clipnorm=1.0),
+        loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=cfg.label_smoothing),
+        metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
+    )
+    return model
+
+
+def predict_logits(model, images: np.ndarray, batch_size: int = 512, tta: bool = False) -> np.ndarray:
+    """Class probabilities; with ``tta`` averaged over the 8 dihedral transforms."""
+    import keras
+
+    transforms = range(8) if tta else (0,)
+    total = None
+    for k in transforms:
+        x = np.ascontiguousarray(dihedral(images, k)).astype(np.float32)
+        probs = keras.ops.convert_to_numpy(keras.ops.softmax(model.predict(x, batch_size=batch_size, verbose=0)))
+        total = probs if total is None else total + probs
+    return total / len(transforms)
+
+
+def train_and_evaluate(
+    dataset_dir: str | Path,
+    split_file: str | Path,
+    model_config: dict,
+    train_config: dict,
+    output_dir: str | Path | None = None,
+    checkpoint_dir: str | Path | None = None,
+    kill_after_epoch: int | None = None,
+    train_limit: int | None = None,
+) -> dict:
+    """Train the ViT on the split's train part (validation: its val part), evaluate on its test part.
+
+    Returns a JSON-able dict: history, epochs, timings, split sizes, test labels/predictions/probabilities,
+    metrics, and the names of the files written to ``output_dir`` (model, plots, metrics.json).
+    """
+    import keras
+
+    from eurosat.model import ViTConfig
+
+    t_start = time.perf_counter()
+    cfg = TrainConfig(**train_config)
+    output_dir = Path(output_dir or os.environ.get("KINETIC_OUTPUT_DIR") or "eurosat-outputs")
+    checkpoint_dir = Path(checkpoint_dir or os.environ.get("KINETIC_CHECKPOINT_DIR") or output_dir / "checkpoints")
+    output_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+
+    images, labels, meta = ds.load_decoded(dataset_dir)
+    class_names = list(meta["class_names"])
+    split = ds.load_split(split_file)
+    train_idx, val_idx, test_idx = split["train"], split["val"], split["test"]
+    if train_limit:  # for quick runs: a stratified-looking subset (the split's order is by class)
+        train_idx = np.sort(np.random.default_rng(cfg.seed).permutation(train_idx)[:train_limit])
+    x_train, y_train = images[train_idx], labels[train_idx]
+    x_val, y_val = images[val_idx].astype(np.float32), labels[val_idx]
+    x_test, y_test = images[test_idx], labels[test_idx]
+    mean = x_train.reshape(-1, 3).mean(axis=0)
+    std = x_train.reshape(-1, 3).std(axis=0) + 1e-6
+    model_cfg = ViTConfig.from_dict({**model_config, "num_classes": len(class_names)})
+    print(f"data: {len(images)} images, {len(class_names)} classes; train {len(train_idx)}, val {len(val_idx)}, "
+          f"test {len(test_idx)} (held out until the end)", flush=True)
+
+    keras.utils.set_random_seed(cfg.seed)
+    model = build_compiled_model(model_cfg, cfg, mean, std)
+    print(f"model: ViT {model_cfg.as_dict()}, {model.count_params():,} parameters, {model_cfg.tokens} tokens + [CLS]",
+          flush=True)
+
+    # ---- resume
+    state: dict = {"config": {"model": model_cfg.as_dict(), "train": cfg.as_dict()}}
+    history: dict = {}
+    initial_epoch = 0
+    state_file = checkpoint_dir / CHECKPOINT_STATE
+    if state_file.exists():
+        saved = json.loads(state_file.read_text())
+        if saved.get("config") != state["config"]:
+            print("checkpoint found but its configuration differs; starting from scratch", flush=True)
+        elif saved.get("epoch", 0) >= 1:
+            weights_file = checkpoint_dir / saved["weights"]
+            with np.load(weights_file) as z:
+                arrays = [z[f"w{i}"] for i in range(len(z.files))]
+            n_model = len(model.get_weights())
+            model.set_weights(arrays[:n_model])
+            model.optimizer.build(model.trainable_variables)
+            for var, value in zip(model.optimizer.variables, arrays[n_model:]):
+                var.assign(value)
+            state, history, initial_epoch = saved, saved.get("history", {}), saved["epoch"]
+            state["resumed_from_epoch"] = initial_epoch
+            state["resumes"] = state.get("resumes", 0) + 1
+            print(f"resuming from the checkpoint of epoch {initial_epoch} in {checkpoint_dir}", flush=True)
+    state.setdefault("resumed_from_epoch", 0)
+
+    batches = make_batches(x_train, y_train, cfg, len(class_names))
+    steps = len(batches)
+    EpochSetter, CosineSchedule, Progress, Checkpoint = _callbacks_module()
+    early = keras.callbacks.EarlyStopping(monitor="val_accuracy", mode="max", patience=cfg.early_stopping_patience,
+                                          restore_best_weights=True, verbose=0)
+    plateau = keras.callbacks.ReduceLROnPlateau(monitor="val_loss", factor=cfg.plateau_factor,
+                                                patience=cfg.plateau_patience, min_lr=cfg.min_learning_rate,
+                                                verbose=0)
+    callbacks = [EpochSetter(batches), Progress(cfg, state, steps), CosineSchedule(cfg, state), early, plateau,
+                 Checkpoint(checkpoint_dir, state, history, early, plateau, kill_after_epoch)]
+    t_train = time.perf_counter()
+    if initial_epoch < cfg.epochs and not state.get("finished"):
+        model.fit(batches, validation_data=(x_val, keras.utils.to_categorical(y_val, len(class_names))),
+                  validation_batch_size=cfg.eval_batch_size, epochs=cfg.epochs, initial_epoch=initial_epoch,
+                  callbacks=callbacks, verbose=0)
+    train_seconds = time.perf_counter() - t_train
+    if early.best_weights is not None:  # EarlyStopping restores only when it stopped; always use the best
+        model.set_weights(early.best_weights)
+    state["finished"] = True
+    ds.atomic_write_json(state_file, state)
+
+    # ---- evaluate on the held-out test split
+    t_eval = time.perf_counter()
+    probs = predict_logits(model, x_test, cfg.eval_batch_size, tta=cfg.tta)
+    y_pred = probs.argmax(axis=1)
+    eval_seconds = time.perf_counter() - t_eval
+    metrics = mt.compute_metrics(y_test, y_pred, class_names)
+    print(f"test: accuracy {metrics['accuracy']:.4f}, macro F1 {metrics['macro_f1']:.4f}, weighted F1 "
+          f"{metrics['weighted_f1']:.4f} on {len(y_test)} held-out images{' (8-way TTA)' if cfg.tta else ''}",
+          flush=True)
+
+    # ---- outputs: model with class names, plots, metrics
+    files = [MODEL_FILE, "confusion_matrix.png", "learning_curves.png", "metrics.json", "class_names.json"]
+    save_model(model, output_dir / MODEL_FILE, class_names)
+    mt.plot_confusion_matrix(metrics["confusion_matrix"], class_names, output_dir / "confusion_matrix.png")
+    mt.plot_learning_curves(history, output_dir / "learning_curves.png")
+    (output_dir / "class_names.json").write_text(json.dumps(class_names))
+    epoch_seconds = state.get("epoch_seconds", [])
+    result = {
+        "class_names": class_names,
+        "split_sizes": {"train": int(len(train_idx)), "val": int(len(val_idx)), "test": int(len(test_idx))},
+        "epochs_run": len(history.get("loss", [])),
+        "epochs_requested": cfg.epochs,
+        "best_epoch": int(early.best_epoch) + 1 if early.best_weights is not None else None,
+        "resumed_from_epoch": int(state.get("resumed_from_epoch", 0)),
+        "stopped_by_time_budget": bool(state.get("stopped_by_time_budget")),
+        "history": history,
+        "epoch_seconds": epoch_seconds,
+        "ms_per_step": round(1000 * float(np.median(epoch_seconds)) / steps, 1) if epoch_seconds else None,
+        "steps_per_epoch": steps,
+        "train_seconds": round(train_seconds, 2),
+        "eval_seconds": round(eval_seconds, 2),
+        "total_seconds": round(time.perf_counter() - t_start, 2),
+        "parameters": int(model.count_params()),
+        "model_config": model_cfg.as_dict(),
+        "train_config": cfg.as_dict(),
+        "test": {"y_true": y_test.tolist(), "y_pred": y_pred.tolist(),
+                 "probabilities": np.round(probs, 5).tolist()},
+        "metrics": metrics,
+        "output_dir": str(output_dir),
+        "files": files,
+        "run_prefix": os.environ.get("KINETIC_RUN_PREFIX"),
+    }
+    (output_dir / "metrics.json").write_text(json.dumps({k: result[k] for k in (
+        "metrics", "split_sizes", "epochs_run", "best_epoch", "resumed_from_epoch", "train_seconds",
+        "ms_per_step", "model_config", "train_config", "history")}, indent=1))
+    return result
+
+
+def save_model(model, path: Path, class_names: list[str]) -> None:
+    """``model.save`` to a temporary name, add ``class_names.json`` inside the .keras zip, rename into place."""
+    import zipfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".kp-tmp.{path.stem}.keras")
+    model.save(tmp)
+    with zipfile.ZipFile(tmp, "a") as zf:
+        zf.writestr("class_names.json", json.dumps(class_names))
+    os.replace(tmp, path)
+
+
+def load_model(path: str | Path):
+    """The model and its class names (from inside the .keras file)."""
+    import zipfile
+
+    import keras
+
+    import eurosat.model  # noqa: F401  registers the custom layer
+
+    path = Path(path)
+    with zipfile.ZipFile(path) as zf:
+        try:
+            class_names = json.loads(zf.read("class_names.json"))
+        except KeyError:
+            raise ds.DatasetError(f"{path} has no class_names.json: not a model saved by this pipeline",
+                                  str(path)) from None
+    return keras.saving.load_model(path, compile=False), class_names
