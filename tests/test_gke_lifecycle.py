@@ -23,7 +23,7 @@ from k8s_emulator import DockerPodController, KubeEmulator
 from kubernetes import client as k8s
 from prefect import flow, get_client
 from prefect.client.schemas.actions import WorkPoolCreate
-from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+from prefect.client.schemas.filters import FlowFilter, FlowFilterName, LogFilter, LogFilterFlowRunId
 from prefect.states import Cancelling
 
 from kinetic_prefect import kinetic_task
@@ -113,7 +113,7 @@ def test_an_l4_call_runs_as_a_job_in_the_cluster_and_returns(cluster, gke_pool, 
     with get_client(sync_client=True) as client:
         deadline = time.time() + 10
         while not any("hello from the pod, doubling 21" in log.message
-                      for log in client.read_logs() if log.flow_run_id == run.id):
+                      for log in client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))):
             assert time.time() < deadline, "the pod's log never reached the flow run's logs"
             time.sleep(0.3)
 

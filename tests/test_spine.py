@@ -17,7 +17,7 @@ import uuid
 import pytest
 from prefect import flow, get_client
 from prefect.cache_policies import INPUTS
-from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+from prefect.client.schemas.filters import FlowFilter, FlowFilterName, LogFilter, LogFilterFlowRunId
 
 from kinetic_prefect import KineticTask, kinetic_task
 from kinetic_prefect.errors import PayloadError
@@ -70,7 +70,7 @@ def test_value_comes_back_from_another_process_and_the_job_is_a_nested_run():
         assert "accelerator:cpu" in task_run.tags
         deadline = time.time() + 10
         while True:  # logs reach the API in batches
-            logs = client.read_logs(log_filter=None, limit=200)
+            logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
             if any("squaring 7 in the job" in log.message and log.flow_run_id == run.id for log in logs):
                 break
             assert time.time() < deadline, "the job's output never reached the flow run's logs"
