@@ -135,12 +135,10 @@ def verify_checksum(path: Path, checksum: str | None) -> str:
 
 
 def default_cache_dir() -> Path:
+    from kinetic_prefect.config import cache_dir
+
     explicit = os.environ.get("EUROSAT_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("KINETIC_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "kinetic-prefect")
-    return Path(base) / "eurosat"
+    return Path(explicit).expanduser() if explicit else cache_dir() / "eurosat"
 
 
 def source_fingerprint(source: str) -> str:

@@ -101,12 +101,10 @@ def sha256_file(path: Path) -> str:
 
 
 def default_cache_dir() -> Path:
+    from kinetic_prefect.config import cache_dir
+
     explicit = os.environ.get("GEMMA_LORA_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("KINETIC_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "kinetic-prefect")
-    return Path(base) / "gemma-lora"
+    return Path(explicit).expanduser() if explicit else cache_dir() / "gemma-lora"
 
 
 def chat(prefix_text: str, body: str, response: str | None = None) -> str:
