@@ -182,3 +182,36 @@ async def store_secret_env(values: dict[str, str], name: str) -> str:
 
     await Secret(value=_json.dumps(values)).asave(name=name, overwrite=True)
     return name
+
+
+def run_interruptibly(coro: Any) -> Any:
+    """Run ``coro`` on Prefect's run-sync loop (where its clients already live) and wait in slices.
+
+    ``run_coro_as_sync`` blocks in one C-level wait, which defers Prefect's task timeout (an
+    exception raised asynchronously into this thread) and Ctrl-C until the job has ended. Waking
+    every 0.2 s lets them land; the coroutine is then cancelled, and given time to stop the job.
+    """
+    import threading
+
+    from prefect._internal.concurrency.api import cast_to_call
+    from prefect._internal.concurrency.threads import get_run_sync_loop
+
+    finished = threading.Event()
+
+    async def tracked() -> Any:
+        try:
+            return await coro
+        finally:
+            finished.set()
+
+    call = cast_to_call(tracked)
+    get_run_sync_loop().submit(call)
+    try:
+        while not call.future.done():
+            finished.wait(0.2)
+        return call.result()
+    except BaseException:
+        if not call.future.done():
+            call.cancel()
+            finished.wait(30)
+        raise

@@ -7,15 +7,12 @@ retry, which calls it again and launches a new job.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import fnmatch
 import json
 import linecache
 import os
 import re
 import sys
-import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -282,53 +279,11 @@ async def _submit_and_collect(options: KineticOptions, call: PreparedCall, task_
     _raise_remote(outcome, blob, run_name, fn)
 
 
-_loop: asyncio.AbstractEventLoop | None = None
-_loop_lock = threading.Lock()
-
-
-def _dispatch_loop() -> asyncio.AbstractEventLoop:
-    """One event loop thread of ours for all calls in this process."""
-    global _loop
-    with _loop_lock:
-        if _loop is None or not _loop.is_running():
-            _loop = asyncio.new_event_loop()
-            threading.Thread(target=_loop.run_forever, name="kinetic-dispatch", daemon=True).start()
-        return _loop
-
-
-def _wait_interruptibly(coro: Any) -> Any:
-    """Run ``coro`` on our loop and wait in short slices.
-
-    A plain blocking wait would defer Prefect's task timeout (an exception raised asynchronously
-    into this thread) and Ctrl-C until the job ended. Waking every 0.2 s lets them land; the job's
-    coroutine is then cancelled and given time to stop the job (kill the process, delete the Job).
-    """
-    done = threading.Event()
-
-    async def tracked() -> Any:
-        try:
-            return await coro
-        finally:
-            done.set()
-
-    future = asyncio.run_coroutine_threadsafe(tracked(), _dispatch_loop())  # copies our contextvars
-    try:
-        while True:
-            try:
-                return future.result(timeout=0.2)
-            except concurrent.futures.TimeoutError:
-                continue
-    except BaseException:
-        future.cancel()
-        done.wait(30)
-        raise
-
-
 def call_remotely(options: KineticOptions, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
                   task_name: str) -> Any:
     """Package, submit, wait, and return the job's value (or raise its exception)."""
     call = prepare(options, fn, args, kwargs)  # PayloadError etc. before anything is stored
-    return _wait_interruptibly(_submit_and_collect(options, call, task_name, fn))
+    return _prefect.run_interruptibly(_submit_and_collect(options, call, task_name, fn))
 
 
 __all__ = ["KineticOptions", "PayloadError", "call_remotely"]
