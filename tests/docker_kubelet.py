@@ -1,0 +1,248 @@
+"""Test-only: a kubelet stand-in that runs the pods the real scheduler bound to the fake nodes in Docker.
+
+It does the kubelet's share of a pod's life and nothing more: resolve env from the pod spec and referenced Secrets,
+start the container (host network, so jobs reach fake-gcs-server and Prefect on 127.0.0.1), report status
+(Running, then Succeeded/Failed with the exit code; ErrImagePull when the image cannot be pulled), stop the container
+with the pod's grace period when the pod is deleted and then confirm the deletion, and serve
+``/containerLogs/<ns>/<pod>/<container>`` over HTTPS — the endpoint the API server proxies ``pods/log`` to.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import socket
+import http.server
+import ssl
+import subprocess
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+
+from kube_cluster import ControlPlane, free_port
+from kubernetes import client
+
+
+@dataclass
+class PodEntry:
+    namespace: str
+    name: str
+    container: str | None = None   # Docker container id
+    finished: bool = False
+    stopping: bool = False
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class DockerKubelet:
+    def __init__(self, plane: ControlPlane, docker: str, nodes: set[str]):
+        self.docker, self.nodes = docker, set(nodes)
+        self.core = client.CoreV1Api(plane.api())
+        self.pods: dict[str, PodEntry] = {}   # pod uid -> entry
+        self.port = free_port()
+        self._stop = threading.Event()
+        self._server = self._log_server(plane.workdir / "pki")
+        threading.Thread(target=self._server.serve_forever, name="kubelet-logs", daemon=True).start()
+        self._thread = threading.Thread(target=self._loop, name="docker-kubelet", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ pods
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._sync()
+            except Exception as exc:  # keep going: tests assert on outcomes, and the log says why
+                print(f"docker-kubelet: {exc!r}")
+            self._stop.wait(0.3)
+
+    def _sync(self) -> None:
+        seen = set()
+        for pod in self.core.list_pod_for_all_namespaces().items:
+            if pod.spec.node_name not in self.nodes:
+                continue
+            uid = pod.metadata.uid
+            seen.add(uid)
+            entry = self.pods.get(uid)
+            if entry is None:
+                entry = self.pods[uid] = PodEntry(pod.metadata.namespace, pod.metadata.name)
+                if pod.metadata.deletion_timestamp is None:
+                    self._start(pod, entry)
+            if pod.metadata.deletion_timestamp is not None and not entry.stopping:
+                entry.stopping = True
+                grace = pod.metadata.deletion_grace_period_seconds or 0
+                threading.Thread(target=self._terminate, args=(entry, grace), daemon=True).start()
+            elif entry.container and not entry.finished:
+                self._check(pod, entry)
+        for uid in set(self.pods) - seen:  # the pod is gone from the API: its container goes too
+            entry = self.pods.pop(uid)
+            if entry.container:
+                subprocess.run([self.docker, "rm", "-f", entry.container], capture_output=True)
+
+    @staticmethod
+    def _field(pod, path: str) -> str:
+        """The downward API's ``fieldRef`` paths the jobs use."""
+        annotation = re.fullmatch(r"metadata\.annotations\['(.+)'\]", path)
+        if annotation:
+            return (pod.metadata.annotations or {}).get(annotation.group(1), "")
+        return {"metadata.name": pod.metadata.name, "metadata.namespace": pod.metadata.namespace,
+                "spec.nodeName": pod.spec.node_name or "", "status.podIP": "127.0.0.1"}.get(path, "")
+
+    def _env(self, pod, container) -> list[str]:
+        namespace = pod.metadata.namespace
+        values: dict[str, str] = {}
+        for source in container.env_from or []:
+            if source.secret_ref is not None:
+                values.update(self._secret(namespace, source.secret_ref.name))
+        for env in container.env or []:
+            if env.value_from is not None and env.value_from.secret_key_ref is not None:
+                ref = env.value_from.secret_key_ref
+                secret = self._secret(namespace, ref.name, optional=bool(ref.optional))
+                if ref.key in secret:
+                    values[env.name] = secret[ref.key]
+            elif env.value_from is not None and env.value_from.field_ref is not None:
+                values[env.name] = self._field(pod, env.value_from.field_ref.field_path)
+            elif env.value_from is None:
+                values[env.name] = env.value or ""
+        return [arg for key, value in values.items() for arg in ("-e", f"{key}={value}")]
+
+    def _secret(self, namespace: str, name: str, optional: bool = False) -> dict[str, str]:
+        try:
+            secret = self.core.read_namespaced_secret(name, namespace)
+        except client.exceptions.ApiException:
+            if optional:
+                return {}
+            raise
+        return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+
+    @staticmethod
+    def _group_hosts(pod, env: list[str]) -> list[str]:
+        """What cluster DNS gives an Indexed Job's pods behind a headless Service (``<job>-<i>.<subdomain>``):
+        here every pod shares the host network, so each name is 127.0.0.1."""
+        # A pod's /etc/hosts names the pod itself (the real kubelet writes it); on the host network the container's
+        # hostname is this machine's, and libraries that resolve their own name (gloo) need it to resolve.
+        own = ["--add-host", f"{socket.gethostname()}:127.0.0.1"]
+        if not (pod.spec.subdomain and pod.spec.hostname):
+            return own
+        size = next((int(arg.split("=", 1)[1]) for arg in env if arg.startswith("KINETIC_NUM_HOSTS=")), 1)
+        base = pod.spec.hostname.rsplit("-", 1)[0]
+        return own + [arg for i in range(size) for arg in ("--add-host", f"{base}-{i}.{pod.spec.subdomain}:127.0.0.1")]
+
+    def _status(self, entry: PodEntry, phase: str, state: dict, image: str, container_name: str,
+                ready: bool = False) -> None:
+        self.core.patch_namespaced_pod_status(entry.name, entry.namespace, {"status": {
+            "phase": phase, "hostIP": "127.0.0.1", "podIP": "127.0.0.1", "startTime": _now(),
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": _now()}],
+            "containerStatuses": [{"name": container_name, "image": image, "imageID": "", "ready": ready,
+                                   "restartCount": 0, "started": ready, "state": state}]}})
+
+    def _start(self, pod, entry: PodEntry) -> None:
+        container = pod.spec.containers[0]
+        try:
+            env = self._env(pod, container)
+        except client.exceptions.ApiException as exc:
+            self._status(entry, "Pending", {"waiting": {"reason": "CreateContainerConfigError",
+                                                        "message": f"secret not found: {exc.reason}"}},
+                         container.image, container.name)
+            return
+        argv = [self.docker, "run", "-d", "--network", "host", "--label", "kinetic-test-kubelet=1",
+                "--name", f"kp-{pod.metadata.uid[:13]}", *env, *self._group_hosts(pod, env)]
+        if container.command:
+            argv += ["--entrypoint", container.command[0]]
+        argv += [container.image, *(container.command or [])[1:], *(container.args or [])]
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        if proc.returncode != 0:
+            self._status(entry, "Pending", {"waiting": {"reason": "ErrImagePull", "message": proc.stderr.strip()[-300:]}},
+                         container.image, container.name)
+            return
+        entry.container = proc.stdout.strip()
+        self._status(entry, "Running", {"running": {"startedAt": _now()}}, container.image, container.name, ready=True)
+
+    def _check(self, pod, entry: PodEntry) -> None:
+        inspect = subprocess.run([self.docker, "inspect", "-f", "{{.State.Running}} {{.State.ExitCode}}",
+                                  entry.container], capture_output=True, text=True)
+        running, _, code = inspect.stdout.strip().partition(" ")
+        if running != "false":
+            return
+        exit_code = int(code or 1)
+        container = pod.spec.containers[0]
+        entry.finished = True
+        self._status(entry, "Succeeded" if exit_code == 0 else "Failed",
+                     {"terminated": {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+                                     "finishedAt": _now()}}, container.image, container.name)
+
+    def _terminate(self, entry: PodEntry, grace: int) -> None:
+        """SIGTERM, SIGKILL after the grace period, then the kubelet's final delete (grace 0)."""
+        if entry.container:
+            subprocess.run([self.docker, "stop", "-t", str(int(grace)), entry.container], capture_output=True)
+        entry.finished = True
+        try:
+            self.core.delete_namespaced_pod(entry.name, entry.namespace, grace_period_seconds=0)
+        except client.exceptions.ApiException:
+            pass
+
+    # ------------------------------------------------------------------ logs
+    def _log_server(self, pki: Path) -> http.server.ThreadingHTTPServer:
+        kubelet = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                url = urllib.parse.urlparse(self.path)
+                parts = url.path.strip("/").split("/")
+                query = urllib.parse.parse_qs(url.query)
+                entry = next((e for e in list(kubelet.pods.values())
+                              if parts[:1] == ["containerLogs"] and [e.namespace, e.name] == parts[1:3]), None)
+                if entry is None or entry.container is None:
+                    body = b"container is not running yet"
+                    self.send_response(400)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                argv = [kubelet.docker, "logs", *(["-f"] if query.get("follow") == ["true"] else [])]
+                if query.get("tailLines"):
+                    argv += ["--tail", query["tailLines"][0]]
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                proc = subprocess.Popen([*argv, entry.container], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                try:
+                    while chunk := proc.stdout.read1(65536):
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                        self.wfile.flush()
+                    self.wfile.write(b"0\r\n\r\n")
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+                finally:
+                    proc.kill()
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(str(pki / "kubelet.crt"), str(pki / "kubelet.key"))
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        server.daemon_threads = True
+        return server
+
+    # ------------------------------------------------------------------ for tests
+    def running_containers(self) -> list[str]:
+        out = subprocess.run([self.docker, "ps", "-q", "--no-trunc", "--filter", "label=kinetic-test-kubelet=1"],
+                             capture_output=True, text=True).stdout.split()
+        return out
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._server.shutdown()
+        ids = subprocess.run([self.docker, "ps", "-aq", "--filter", "label=kinetic-test-kubelet=1"],
+                             capture_output=True, text=True).stdout.split()
+        if ids:
+            subprocess.run([self.docker, "rm", "-f", *ids], capture_output=True)

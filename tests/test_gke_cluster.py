@@ -1,0 +1,534 @@
+"""kinetic-gke against a real Kubernetes control plane (tests/kube_cluster.py) with fake GKE accelerator nodes.
+
+Real here: kube-apiserver (validation, admission, RBAC, service-account tokens), kube-scheduler (it alone decides
+where a pod goes and why it cannot), kube-controller-manager (Job status, TTL after finished, garbage collection of
+the Secret a Job owns), the official Kubernetes client, the image DockerBuilder builds and pushes to a local
+registry, the job runner in that image against fake-gcs-server, Prefect's server, and `prefect worker start` for
+cancellation and restart.  Not GKE: nodes have no kubelet; tests/docker_kubelet.py runs bound pods in Docker and
+serves their logs through the API server's pods/log proxy.  The pool is configured with a saved prefect-kubernetes
+``KubernetesClusterConfig`` block, as a Prefect user would.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from background import call_in_background
+from docker_fixture import proxy_files
+from fault_proxy import FaultProxy
+from kubernetes import client as k8s
+from prefect import flow, get_client
+from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.client.schemas.filters import FlowFilter, FlowFilterName, LogFilter, LogFilterFlowRunId
+from prefect.states import Cancelling
+from prefect_kubernetes.credentials import KubernetesClusterConfig
+
+from kinetic_prefect import kinetic_task
+from kinetic_prefect.errors import KineticJobCrashed
+from kinetic_prefect.workers.gke import KineticGKEWorker
+from kinetic_prefect.workers.gke_deploy import worker_manifests
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def job_image(local_registry, python_base_image):
+    """The image the worker will look for, built ahead with this machine's proxy CA (the worker then finds the
+    tag in the registry and skips its own build, which is what a warm repository looks like)."""
+    from kinetic_prefect.builders import DockerBuilder
+    from kinetic_prefect.image import ImageSpec
+
+    for family in ("gpu", "tpu", "cpu"):
+        spec = ImageSpec.create(None, family=family, base_image=python_base_image)
+        DockerBuilder(f"{local_registry}/kinetic-tests", network="host", extra_files=proxy_files()).ensure(
+            spec, log=lambda line: None)
+
+
+def _cluster_block(kube, token: str | None = None, server: str | None = None) -> str:
+    """A saved KubernetesClusterConfig block; returns its document id for a pool's default."""
+    name = f"kube-{uuid.uuid4().hex[:8]}"
+    block = KubernetesClusterConfig(config=kube.plane.kubeconfig_dict(token, server), context_name="kinetic-test")
+    return str(block.save(name))
+
+
+def _make_pool(cluster_block_id: str, store: str, local_registry: str, namespace: str = "default", **more) -> str:
+    template = KineticGKEWorker.get_default_base_job_template()
+    defaults = {"cluster_config": {"$ref": {"block_document_id": cluster_block_id}}, "image_builder": "docker",
+                "image_repository": f"{local_registry}/kinetic-tests", "store": store, "poll_seconds": 0.3,
+                "pod_watch_timeout_seconds": 6, "namespace": namespace, **more}
+    for key, value in defaults.items():
+        template["variables"]["properties"][key]["default"] = value
+    name = f"gke-{uuid.uuid4().hex[:6]}"
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name=name, type="kinetic-gke", base_job_template=template))
+    return name
+
+
+@pytest.fixture
+def gke_pool(kube, gcs_bucket, local_registry, job_image):
+    return _make_pool(_cluster_block(kube), f"{gcs_bucket}/gke", local_registry)
+
+
+def _jobs(kube, namespace="default"):
+    return k8s.BatchV1Api(kube.api()).list_namespaced_job(namespace).items
+
+
+def _job_for(kube, run_id, namespace="default"):
+    return [j for j in _jobs(kube, namespace) if j.metadata.labels.get("prefect.io/flow-run-id") == str(run_id)]
+
+
+def _job_runs(name: str):
+    with get_client(sync_client=True) as client:
+        return client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[name])))
+
+
+def _gke_task(name, pool, base_image, **options):
+    return kinetic_task(name=name, work_pool=pool, base_image=base_image, env=["STORAGE_EMULATOR_HOST"], **options)
+
+
+def _run_logs(run_id, wanted: str, timeout: float = 15) -> str:
+    deadline = time.time() + timeout
+    with get_client(sync_client=True) as client:
+        while True:
+            text = "\n".join(log.message for log in client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id]))))
+            if wanted in text or time.time() > deadline:
+                return text
+            time.sleep(0.3)
+
+
+def _wait(predicate, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while not (value := predicate()):
+        assert time.time() < deadline, what
+        time.sleep(0.3)
+    return value
+
+
+def _events(name: str, since: float):
+    from prefect.events.filters import EventFilter, EventNameFilter
+    from prefect.events.worker import EventsWorker
+
+    EventsWorker.drain_all()
+    with get_client(sync_client=True) as client:
+        return [e for e in client.read_events(EventFilter(event=EventNameFilter(name=[name])), limit=50).events
+                if e.occurred.timestamp() >= since - 5]
+
+
+def test_an_l4_call_is_scheduled_on_the_l4_pool_and_returns(kube, gke_pool, python_base_image):
+    name = f"on-l4-{uuid.uuid4().hex[:6]}"
+
+    @_gke_task(name, gke_pool, python_base_image, accelerator="l4")
+    def double(x: int) -> dict:
+        print(f"hello from the pod, doubling {x}")
+        return {"value": 2 * x, "accelerator": os.environ["KINETIC_ACCELERATOR"], "jax": os.environ["JAX_PLATFORMS"]}
+
+    @flow
+    def pipeline():
+        return double(21)
+
+    result = pipeline()
+    assert result == {"value": 42, "accelerator": "l4", "jax": "cuda"}
+    [run] = _job_runs(name)
+    assert run.state.is_completed()
+    job = _wait(lambda: next((j for j in _job_for(kube, run.id) if (j.status.succeeded or 0) == 1), None), 30,
+                "the Job controller never counted the pod as succeeded")
+    [pod] = k8s.CoreV1Api(kube.api()).list_namespaced_pod("default", label_selector=f"job-name={job.metadata.name}").items
+    assert pod.spec.node_name == "gke-l4-pool-1", "the real scheduler placed it on the L4 node pool"
+    container = job.spec.template.spec.containers[0]
+    assert container.resources.limits == {"nvidia.com/gpu": "1"}
+    names = {e.name for e in container.env or []}
+    assert not names & {"STORAGE_EMULATOR_HOST", "PREFECT_API_KEY", "KINETIC_PREFECT_API_KEY"}, \
+        "secret and forwarded values are not written into the manifest"
+    [secret_ref] = container.env_from
+    secret = k8s.CoreV1Api(kube.api()).read_namespaced_secret(secret_ref.secret_ref.name, "default")
+    assert secret.metadata.owner_references[0].uid == job.metadata.uid, "the Secret belongs to its Job"
+    # the pod's log came through the API server's pods/log proxy into the job run's logs
+    assert "hello from the pod, doubling 21" in _run_logs(run.id, "hello from the pod")
+
+    # Deleting the Job (as TTL or a person would) takes its Secret with it: the garbage collector, not the worker.
+    k8s.BatchV1Api(kube.api()).delete_namespaced_job(job.metadata.name, "default", propagation_policy="Background")
+    core = k8s.CoreV1Api(kube.api())
+    _wait(lambda: not [s for s in core.list_namespaced_secret("default").items
+                       if s.metadata.name == secret.metadata.name], 60, "the Job's Secret was not garbage-collected")
+
+
+def test_a_tpu_call_lands_on_the_tpu_slice(kube, gke_pool, python_base_image):
+    name = f"on-tpu-{uuid.uuid4().hex[:6]}"
+
+    @_gke_task(name, gke_pool, python_base_image, accelerator="tpu-v5litepod-1")
+    def where() -> dict:
+        return {"accelerator": os.environ["KINETIC_ACCELERATOR"], "jax": os.environ["JAX_PLATFORMS"]}
+
+    @flow
+    def pipeline():
+        return where()
+
+    assert pipeline() == {"accelerator": "tpu-v5litepod-1", "jax": "tpu"}
+    [run] = _job_runs(name)
+    [job] = _job_for(kube, run.id)
+    [pod] = k8s.CoreV1Api(kube.api()).list_namespaced_pod("default", label_selector=f"job-name={job.metadata.name}").items
+    assert pod.spec.node_name == "gke-tpu-v5e-pool-1"
+    assert pod.spec.node_selector == {"cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
+                                      "cloud.google.com/gke-tpu-topology": "1x1"}
+    assert pod.spec.containers[0].resources.limits == {"google.com/tpu": "1"}
+
+
+def test_no_node_pool_for_the_accelerator_fails_with_the_schedulers_reason(kube, gke_pool, python_base_image):
+    started = time.time()
+
+    @_gke_task(f"no-h100-{uuid.uuid4().hex[:6]}", gke_pool, python_base_image, accelerator="h100x8")
+    def big() -> int:
+        return 1
+
+    @flow
+    def pipeline():
+        return big()
+
+    # the real scheduler's words, then our hint
+    with pytest.raises(KineticJobCrashed, match=r"0/\d+ nodes are available.*didn't match Pod's node affinity/selector"):
+        pipeline()
+    assert time.time() - started < 90, "bounded by pod_watch_timeout_seconds, not forever"
+    assert not [j for j in _jobs(kube) if j.metadata.labels.get("kinetic.prefect.io/accelerator") == "h100x8"], \
+        "the stuck Job is deleted"
+    # An automation can page on it: prefect-kubernetes' diagnosis category is an event label.  The scheduler's
+    # message names the tainted GPU/TPU nodes first ("1 node(s) had untolerated taint(s), 2 node(s) didn't
+    # match Pod's node affinity/selector"), which prefect-kubernetes files under Unschedulable.Taint.
+    events = _wait(lambda: [e for e in _events("kinetic.job.diagnosis", started)
+                            if e.resource.get("kubernetes.diagnosis") in ("Unschedulable.Taint",
+                                                                          "Unschedulable.NodeAffinity")], 30,
+                   "no kinetic.job.diagnosis event with an Unschedulable category")
+    assert "no node pool has accelerator h100x8" in events[0].payload["resolution"]
+    assert _wait(lambda: _events("kinetic.job.unschedulable", started), 30, "no kinetic.job.unschedulable event")
+
+
+def test_an_image_that_cannot_be_pulled_fails_fast(kube, gke_pool, local_registry):
+    @kinetic_task(name=f"bad-image-{uuid.uuid4().hex[:6]}", work_pool=gke_pool, accelerator="l4",
+                  image=f"{local_registry}/kinetic-tests/missing:nope", env=["STORAGE_EMULATOR_HOST"])
+    def never() -> int:
+        return 1
+
+    @flow
+    def pipeline():
+        return never()
+
+    started = time.time()
+    with pytest.raises(KineticJobCrashed, match="ErrImagePull"):
+        pipeline()
+    assert time.time() - started < 60
+
+
+def test_a_finished_job_and_its_secret_expire_after_the_ttl(kube, gcs_bucket, local_registry, job_image,
+                                                            python_base_image):
+    pool = _make_pool(_cluster_block(kube), f"{gcs_bucket}/gke", local_registry, finished_job_ttl=2)
+    name = f"ttl-{uuid.uuid4().hex[:6]}"
+
+    @_gke_task(name, pool, python_base_image, accelerator="l4")
+    def quick() -> int:
+        return 7
+
+    @flow
+    def pipeline():
+        return quick()
+
+    assert pipeline() == 7
+    [run] = _job_runs(name)
+    core = k8s.CoreV1Api(kube.api())
+    secret_name = f"kinetic-{run.name}-{run.id.hex[:8]}-env"  # the Job's name (flow run name + id) + "-env"
+    _wait(lambda: not _job_for(kube, run.id), 60, "the TTL controller did not delete the finished Job")
+    _wait(lambda: secret_name not in {s.metadata.name for s in core.list_namespaced_secret("default").items}, 60,
+          f"the expired Job's Secret {secret_name} was not garbage-collected")
+
+
+def test_the_in_cluster_workers_role_is_enough_and_no_more(kube, gcs_bucket, local_registry, job_image,
+                                                           python_base_image):
+    """The worker runs with exactly the Role `kinetic-prefect gke-worker-manifests` grants, enforced by RBAC."""
+    namespace = f"ml-{uuid.uuid4().hex[:5]}"
+    admin = kube.api()
+    k8s.CoreV1Api(admin).create_namespace({"metadata": {"name": namespace}})
+    _wait(lambda: any(sa.metadata.name == "default" for sa in
+                      k8s.CoreV1Api(admin).list_namespaced_service_account(namespace).items), 30, "no default SA")
+    for manifest in worker_manifests("any-pool", namespace=namespace, image="unused"):
+        kind = manifest["kind"]
+        if kind == "ServiceAccount":
+            k8s.CoreV1Api(admin).create_namespaced_service_account(namespace, manifest)
+        elif kind == "Role":
+            k8s.RbacAuthorizationV1Api(admin).create_namespaced_role(namespace, manifest)
+        elif kind == "RoleBinding":
+            k8s.RbacAuthorizationV1Api(admin).create_namespaced_role_binding(namespace, manifest)
+    token = kube.plane.service_account_token(namespace, "kinetic-gke-worker")
+    pool = _make_pool(_cluster_block(kube, token=token), f"{gcs_bucket}/gke-rbac", local_registry, namespace=namespace)
+    name = f"least-{uuid.uuid4().hex[:6]}"
+
+    @_gke_task(name, pool, python_base_image, accelerator="l4")
+    def hello() -> str:
+        print("running under the worker's Role")
+        return "ok"
+
+    @flow
+    def pipeline():
+        return hello()
+
+    assert pipeline() == "ok"
+    [run] = _job_runs(name)
+    assert "running under the worker's Role" in _run_logs(run.id, "running under the worker's Role")
+
+    worker = kube.api(token=token)
+    refused = {
+        "read a Secret": lambda: k8s.CoreV1Api(worker).list_namespaced_secret(namespace),
+        "create Jobs in another namespace": lambda: k8s.BatchV1Api(worker).create_namespaced_job(
+            "default", {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "x"},
+                        "spec": {"template": {"spec": {"restartPolicy": "Never",
+                                                       "containers": [{"name": "c", "image": "i"}]}}}}),
+        "delete a pod": lambda: k8s.CoreV1Api(worker).delete_collection_namespaced_pod(namespace),
+        "list nodes": lambda: k8s.CoreV1Api(worker).list_node(),
+    }
+    for what, call in refused.items():
+        with pytest.raises(k8s.exceptions.ApiException) as caught:
+            call()
+        assert caught.value.status == 403, what
+
+
+def test_api_server_errors_and_dropped_connections_do_not_end_a_run(kube, gcs_bucket, local_registry, job_image,
+                                                                    python_base_image):
+    """Every 4th API request answered 503, every 7th connection dropped, from Job creation to the last log line."""
+    proxy = FaultProxy(kube.plane.port, kube.plane.workdir / "pki")
+    try:
+        pool = _make_pool(_cluster_block(kube, server=proxy.server), f"{gcs_bucket}/gke-faults", local_registry)
+        name = f"flaky-api-{uuid.uuid4().hex[:6]}"
+
+        @_gke_task(name, pool, python_base_image, accelerator="l4")
+        def steady(x: int) -> int:
+            import time as t
+
+            for step in range(3):
+                print(f"step {step}")
+                t.sleep(1)
+            return x + 1
+
+        @flow
+        def pipeline():
+            return steady(41)
+
+        assert pipeline() == 42
+        assert proxy.failed >= 3 and proxy.dropped >= 2, (proxy.requests, proxy.failed, proxy.dropped)
+        [run] = _job_runs(name)
+        assert run.state.is_completed()
+        assert len(_job_for(kube, run.id)) == 1, "a retried create made no second Job"
+    finally:
+        proxy.stop()
+
+
+@pytest.fixture
+def gke_worker(gke_pool, tmp_path):
+    log_path = tmp_path / "worker.log"
+    env = {**os.environ, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_CANCELLATION_POLL_SECONDS": "1"}
+
+    def start(name: str) -> subprocess.Popen:
+        log = open(log_path, "a")
+        proc = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--type", "kinetic-gke",
+                                 "--pool", gke_pool, "--name", name], stdout=log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.time() + 60
+        with get_client(sync_client=True) as client:
+            while not any(w.name == name and w.status.value == "ONLINE" for w in client.read_workers_for_work_pool(gke_pool)):
+                assert proc.poll() is None and time.time() < deadline, log_path.read_text()[-3000:]
+                time.sleep(0.5)
+        return proc
+
+    procs: list[subprocess.Popen] = []
+    yield lambda name: procs.append(start(name)) or procs[-1], log_path
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:  # a loaded machine: do not let teardown fail the test
+                proc.kill()
+                proc.wait(10)
+
+
+def _running_pod(kube, run_id, timeout=120):
+    core = k8s.CoreV1Api(kube.api())
+
+    def running():
+        for job in _job_for(kube, run_id):
+            for pod in core.list_namespaced_pod("default", label_selector=f"job-name={job.metadata.name}").items:
+                if pod.status.phase == "Running":
+                    return pod
+        return None
+
+    return _wait(running, timeout, "the job's pod never ran")
+
+
+def test_cancelling_the_run_in_prefect_stops_the_pod_and_deletes_the_job(kube, gke_pool, gke_worker,
+                                                                        python_base_image):
+    start_worker, worker_log = gke_worker
+    start_worker("gke-worker-cancel")
+    name = f"cancel-me-{uuid.uuid4().hex[:6]}"
+
+    @_gke_task(name, gke_pool, python_base_image, accelerator="l4")
+    def sleepy() -> int:
+        import time as t
+
+        t.sleep(120)
+        return 1
+
+    thread, box = call_in_background(sleepy)
+    run = _wait(lambda: (_job_runs(name) or [None])[0], 60, "no job run")
+    _running_pod(kube, run.id)
+    containers = kube.kubelet.running_containers()
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(run.id, Cancelling(), force=True)
+    thread.join(90)
+    assert not thread.is_alive(), worker_log.read_text()[-4000:]
+    from prefect.exceptions import CancelledRun
+
+    assert isinstance(box.get("error"), CancelledRun), box  # the task run ends Cancelled: no retry undoes it
+    [run] = _job_runs(name)
+    assert run.state.is_cancelled()
+    _wait(lambda: not _job_for(kube, run.id), 30, "the Job was not deleted")
+    _wait(lambda: not set(containers) & set(kube.kubelet.running_containers()), 60, "the pod's container still runs")
+
+
+def test_a_restarted_worker_reattaches_without_a_duplicate_job(kube, gke_pool, gke_worker, python_base_image):
+    start_worker, worker_log = gke_worker
+    first = start_worker("gke-worker-a")
+    name = f"survives-{uuid.uuid4().hex[:6]}"
+
+    @_gke_task(name, gke_pool, python_base_image, accelerator="l4")
+    def slow_square(x: int) -> int:
+        import time as t
+
+        t.sleep(8)
+        print("finished after the worker came back")
+        return x * x
+
+    thread, box = call_in_background(slow_square, 9)
+    run = _wait(lambda: (_job_runs(name) or [None])[0], 60, "no job run")
+    _running_pod(kube, run.id)
+    first.send_signal(signal.SIGKILL)  # the worker dies mid-job; the Job keeps running in the cluster
+    first.wait(10)
+    start_worker("gke-worker-b")
+    thread.join(120)
+    assert box.get("value") == 81, (box, worker_log.read_text()[-3000:])
+    assert len(_job_for(kube, run.id)) == 1, "no duplicate Job"
+    assert "Reattached to 1 running kinetic Job" in worker_log.read_text()
+
+
+# ---------------------------------------------------------------------------------------------- multi-host groups
+
+
+def _group_pods(kube, run_id):
+    [job] = _job_for(kube, run_id)
+    pods = k8s.CoreV1Api(kube.api()).list_namespaced_pod("default", label_selector=f"job-name={job.metadata.name}").items
+    return job, sorted(pods, key=lambda p: int(p.metadata.annotations["batch.kubernetes.io/job-completion-index"]))
+
+
+def test_a_multi_host_tpu_slice_runs_one_pod_per_host_and_returns_the_coordinators_value(
+        kube, gke_pool, gcs_bucket, python_base_image):
+    name = f"slice-{uuid.uuid4().hex[:6]}"
+    token = uuid.uuid4().hex[:8]
+
+    @_gke_task(name, gke_pool, python_base_image, accelerator="tpu-v5p-16")
+    def each_host(token: str) -> dict:
+        index = os.environ["KINETIC_HOST_INDEX"]
+        print(f"host {index} of {os.environ['KINETIC_NUM_HOSTS']} reporting")
+        (Path(os.environ["KINETIC_OUTPUT_DIR"]) / f"{token}.txt").write_text(index)
+        return {k: os.environ.get(k) for k in ("KINETIC_HOST_INDEX", "KINETIC_NUM_HOSTS", "TPU_WORKER_ID",
+                                               "TPU_WORKER_HOSTNAMES", "KINETIC_COORDINATOR_ADDRESS")}
+
+    @flow
+    def pipeline():
+        return each_host(token)
+
+    result = pipeline()
+    [run] = _job_runs(name)
+    job, pods = _group_pods(kube, run.id)
+    assert result["KINETIC_HOST_INDEX"] == "0" and result["TPU_WORKER_ID"] == "0", "the coordinator's value"
+    assert result["KINETIC_NUM_HOSTS"] == "2"
+    assert result["TPU_WORKER_HOSTNAMES"] == f"{job.metadata.name}-0.{job.metadata.name},{job.metadata.name}-1.{job.metadata.name}"
+    assert job.spec.completion_mode == "Indexed"
+    _wait(lambda: (_job_for(kube, run.id)[0].status.succeeded or 0) == 2, 30, "the Job controller counts 2 hosts done")
+    assert sorted(p.spec.node_name for p in pods) == ["gke-tpu-v5p-16-0", "gke-tpu-v5p-16-1"], \
+        "the scheduler put one host on each node of the slice"
+    service = k8s.CoreV1Api(kube.api()).read_namespaced_service(job.metadata.name, "default")
+    assert service.spec.cluster_ip == "None" and service.metadata.owner_references[0].uid == job.metadata.uid
+    logs = _run_logs(run.id, "[host 1] host 1 of 2 reporting")
+    assert "[host 1] host 1 of 2 reporting" in logs and "host 0 of 2 reporting" in logs, "every host's log, tagged"
+    from kinetic_prefect.storage import open_store
+
+    keys = open_store(f"{gcs_bucket}/gke").list("outputs/")
+    assert any(k.endswith(f"/hosts/1/{token}.txt") for k in keys), "host 1's outputs are kept per host"
+    assert any(k.endswith(f"/{token}.txt") and "/hosts/" not in k for k in keys), "the coordinator's outputs"
+
+
+@pytest.fixture(scope="module")
+def jax_image(local_registry, python_base_image):
+    """A job image with JAX (CPU), for a group that forms one jax.distributed group across pods."""
+    from kinetic_prefect.builders import DockerBuilder
+    from kinetic_prefect.image import ImageSpec
+
+    spec = ImageSpec.create(["jax"], family="cpu", base_image=python_base_image)
+    DockerBuilder(f"{local_registry}/kinetic-tests", network="host", extra_files=proxy_files()).ensure(
+        spec, log=lambda line: None)
+
+
+def test_a_group_of_pods_forms_one_jax_group(kube, gke_pool, python_base_image, jax_image):
+    name = f"jax-group-{uuid.uuid4().hex[:6]}"
+
+    @_gke_task(name, gke_pool, python_base_image, accelerator="cpu", requirements=["jax"],
+               job_variables={"hosts": 2})
+    def together() -> dict:
+        import jax
+        import jax.numpy as jnp
+        from jax.experimental import multihost_utils
+
+        gathered = multihost_utils.process_allgather(jnp.array([jax.process_index() + 1]))
+        return {"count": jax.process_count(), "index": jax.process_index(), "gathered": gathered.ravel().tolist(),
+                "devices": len(jax.devices())}
+
+    @flow
+    def pipeline():
+        return together()
+
+    result = pipeline()
+    assert result == {"count": 2, "index": 0, "gathered": [1, 2], "devices": 2}, result
+
+
+def test_one_host_dying_fails_the_group_and_the_retry_resumes_from_the_checkpoint(kube, gke_pool, python_base_image):
+    name = f"group-retry-{uuid.uuid4().hex[:6]}"
+
+    @_gke_task(name, gke_pool, python_base_image, accelerator="cpu", retries=1, job_variables={"hosts": 2})
+    def fragile() -> str:
+        import time as t
+
+        checkpoint = Path(os.environ["KINETIC_CHECKPOINT_DIR"]) / "progress.txt"
+        host = int(os.environ["KINETIC_HOST_INDEX"])
+        if checkpoint.exists():
+            return f"resumed from {checkpoint.read_text()}"
+        if host == 0:
+            checkpoint.write_text("epoch 1")  # uploaded when the group is stopped (the coordinator's SIGTERM)
+            t.sleep(300)
+        t.sleep(3)
+        # Host 1 dies abruptly (os._exit: in a container the runner is PID 1, which ignores its own SIGKILL).
+        # The whole group must fail, not hang.
+        os._exit(137)
+
+    @flow
+    def pipeline():
+        return fragile()
+
+    started = time.time()
+    assert pipeline() == "resumed from epoch 1"
+    assert time.time() - started < 240
+    runs = sorted(_job_runs(name), key=lambda r: r.created)
+    assert len(runs) == 2 and runs[0].state.is_crashed() and runs[1].state.is_completed(), \
+        [(r.name, r.state.name, r.state.message) for r in runs]
+    assert "host 1 of 2" in runs[0].state.message and "the group fails with it" in runs[0].state.message
