@@ -39,6 +39,15 @@ RECIPE_TRAIN = dict(epochs=40, batch_size=128, learning_rate=1e-3, min_learning_
                     mix_prob=0.0, early_stopping_patience=10, plateau_patience=4, tta=True, seed=0)
 
 
+# Today's recipe as it was before the hybrid (the `small` preset, 8-way TTA scoring), and the new one.
+TODAY_MODEL = {"preset": "small"}
+TODAY_TRAIN = dict(batch_size=128, learning_rate=1e-3, min_learning_rate=1e-5, weight_decay=0.05,
+                   warmup_fraction=0.05, label_smoothing=0.1, augment=True, zoom=0.2, shift=0.1, color_jitter=0.1,
+                   mix_prob=0.0, plateau_patience=4, tta=True, seed=0)
+NEW_MODEL = {"preset": "hybrid"}
+NEW_TRAIN = dict(TODAY_TRAIN, learning_rate=2e-3)
+
+
 def _write_json(path: Path, value: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -98,6 +107,169 @@ def cmd_full(args) -> None:
     _write_json(out, summary)
     print(json.dumps({k: summary[k] for k in ("split_sizes", "epochs_run", "wall_seconds", "test_accuracy",
                                               "macro_f1", "ms_per_step")}), flush=True)
+
+
+def _curve_at(curve: list[dict], seconds: float) -> dict | None:
+    """The last curve point at or before ``seconds`` of training clock (what the run had by then)."""
+    before = [p for p in curve if p["train_clock_s"] <= seconds]
+    return before[-1] if before else None
+
+
+def _first_reaching(curve: list[dict], accuracy: float) -> dict | None:
+    return next((p for p in curve if p["test_accuracy"] >= accuracy), None)
+
+
+def plot_time_to_accuracy(runs: dict, path: Path) -> None:
+    from eurosat.metrics import _pyplot, _save
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for label, run in runs.items():
+        curve = run.get("curve") or []
+        if curve:
+            ax.plot([p["train_clock_s"] / 60 for p in curve], [100 * p["test_accuracy"] for p in curve], marker="o",
+                    ms=3, label=label)
+    for y, style in ((90, ":"), (97, "--")):
+        ax.axhline(y, color="grey", ls=style, lw=1)
+    for x in (15, 60):
+        ax.axvline(x, color="grey", ls=":", lw=1)
+    ax.set_ylim(40, 100)
+    ax.set_xlabel("training time, minutes (2 shared CPU cores)")
+    ax.set_ylabel("test accuracy, % (single view, after each epoch)")
+    ax.set_title("EuroSAT: time to accuracy on the held-out test split")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def cmd_compare(args) -> None:
+    """Time-to-accuracy of the new recipe and today's, one after the other in one process, on the dev split.
+
+    Each run logs test accuracy / macro F1 (single view) after every epoch against its training clock (the
+    clock pauses while the curve point is computed). The new recipe trains for ``--budget-min`` minutes;
+    today's recipe is run with the same budget's schedule but stopped after ``--baseline-min`` minutes
+    (its 60-minute end point is in eurosat_run1/run2.json) unless ``--baseline-min`` equals the budget.
+    """
+    from eurosat.train import train_and_evaluate
+
+    out = RESULTS / f"{args.out}.json"
+    summary = {"benchmark": "eurosat_time_to_accuracy", "status": "running", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               "data": "EuroSAT_RGB_dev.zip (../shared/data/eurosat)", "machine": _machine(),
+               "budget_min": args.budget_min, "baseline_min": args.baseline_min, "runs": {}}
+    decoded, split_file, sizes, _ = prepare_data(Path(args.zip), args.checksum, Path(args.cache_dir))
+    summary["split_sizes"] = sizes
+    plan = {"new": (NEW_MODEL, dict(NEW_TRAIN), args.budget_min),
+            "today": (TODAY_MODEL, dict(TODAY_TRAIN), args.baseline_min)}
+    for name in args.order.split(","):
+        model, train, stop_min = plan[name]
+        train.update(time_budget_s=args.budget_min * 60, epochs=200, early_stopping_patience=1000)
+        if stop_min < args.budget_min:
+            train["stop_after_s"] = stop_min * 60
+        work = Path(tempfile.mkdtemp(prefix=f"eurosat-compare-{name}-"))
+        t = time.time()
+        print(f"== {name}: model {model}, train {train}", flush=True)
+        result = train_and_evaluate(decoded.path, split_file, model, train, output_dir=work / "out",
+                                    checkpoint_dir=work / "ckpt", test_curve=True)
+        state = json.loads((work / "ckpt" / "state.json").read_text())
+        curve = state.get("curve", [])
+        m = result["metrics"]
+        run = {"model": result["model_config"], "model_request": model, "train": result["train_config"],
+               "parameters": result["parameters"], "wall_seconds": round(time.time() - t, 1),
+               "train_seconds": result["train_seconds"], "epochs_run": result["epochs_run"],
+               "ms_per_step": result["ms_per_step"], "steps_per_epoch": result["steps_per_epoch"],
+               "final": {"scoring": m["scoring"], "accuracy": m["accuracy"], "macro_f1": m["macro_f1"],
+                         "weighted_f1": m["weighted_f1"], "single_view": m["single_view"],
+                         "scoring_ms_per_image": m["scoring_ms_per_image"], "per_class": m["per_class"],
+                         "confusion_matrix": m["confusion_matrix"]},
+               "at_15_min": _curve_at(curve, 15 * 60), "at_60_min": _curve_at(curve, 60 * 60),
+               "first_90": _first_reaching(curve, 0.90), "first_97": _first_reaching(curve, 0.97),
+               "curve": curve, "history": result["history"], "epoch_seconds": result["epoch_seconds"],
+               "load_avg_after": os.getloadavg()}
+        summary["runs"][name] = run
+        _write_json(out, summary)
+        plot_time_to_accuracy(summary["runs"], RESULTS / f"{args.out.replace('compare', 'time_to_accuracy')}.png")
+        print(json.dumps({k: run[k] for k in ("final", "at_15_min", "at_60_min", "first_90", "first_97")},
+                         default=str)[:2000], flush=True)
+    summary["status"] = "done"
+    summary["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    _write_json(out, summary)
+
+
+FIRST_COMMAND = ["uv", "run", "--extra", "ml", "python", "flows/eurosat_vit.py", "run", "--source",
+                 "../shared/data/eurosat/EuroSAT_RGB_dev.zip", "--time-budget-minutes", "1.5",
+                 "--model-size", "hybrid-mini", "--batch-size", "64", "--augment", "dihedral"]
+
+
+def cmd_first(args) -> None:
+    """The README's first command, timed from the shell's point of view (uv, Prefect's temporary server,
+    fetch/decode/split, the kinetic job, evaluation, publishing), cold: a fresh kinetic cache (so decoding and
+    the data upload are paid) and a fresh Prefect home. Appends one run to eurosat_first_command.json."""
+    import re
+
+    out = RESULTS / "eurosat_first_command.json"
+    record = json.loads(out.read_text()) if out.exists() else {"command": " ".join(FIRST_COMMAND), "runs": []}
+    record["command"] = " ".join(FIRST_COMMAND)
+    work = Path(tempfile.mkdtemp(prefix="eurosat-first-"))
+    env = {**os.environ, "KINETIC_CACHE_DIR": str(work / "kinetic-cache"), "PREFECT_HOME": str(work / "prefect-home"),
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    for key in ("PREFECT_API_URL", "KINETIC_STORE", "EUROSAT_CACHE_DIR"):
+        env.pop(key, None)
+    load_before = os.getloadavg()
+    t = time.perf_counter()
+    proc = subprocess.run(FIRST_COMMAND + ["--output-dir", str(work / "out")], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    text = proc.stdout + proc.stderr
+    (work / "log.txt").write_text(text)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the first command failed ({proc.returncode}):\n{text[-3000:]}")
+    start = text.index('{\n "accuracy"')
+    summary = json.loads(text[start:text.index("\n}", start) + 2])
+    epochs = re.findall(r"epoch (\d+)/\d+ .*?val_acc=([0-9.]+) .*?\(([0-9]+) ms/step\)", text)
+    run = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": " ".join(FIRST_COMMAND),
+           "wall_seconds": round(wall, 1),
+           "test_accuracy": summary["accuracy"], "macro_f1": summary["macro_f1"], "epochs_run": summary["epochs_run"],
+           "split_sizes": summary["split_sizes"], "ms_per_step_by_epoch": [int(e[2]) for e in epochs],
+           "printed_where_to_look": all(k in text for k in ("model:", "plots:", "metrics:", "prefect server start")),
+           "load_avg_before": [round(x, 2) for x in load_before], "load_avg_after": [round(x, 2) for x in os.getloadavg()],
+           "cpus": os.cpu_count()}
+    record["runs"].append(run)
+    _write_json(out, record)
+    print(json.dumps(run), flush=True)
+
+
+def cmd_predict_check(args) -> None:
+    """`predict` on the dev split's test images, written back as the original JPEG files, against the accuracy
+    the flow published for that model (its metrics.json): both with the model's own scoring and single view."""
+    import zipfile
+
+    import eurosat_vit
+    from eurosat import dataset as ds
+
+    decoded, split_file, sizes, _ = prepare_data(Path(args.zip), args.checksum, Path(args.cache_dir))
+    _images, labels, meta = ds.load_decoded(decoded.path)
+    folder = Path(tempfile.mkdtemp(prefix="eurosat-predict-check-"))
+    truth = {}
+    with zipfile.ZipFile(args.zip) as zf:
+        for i in ds.load_split(split_file)["test"]:
+            member = meta["files"][i]
+            (folder / member.split("/")[-1]).write_bytes(zf.read(member))
+            truth[member.split("/")[-1]] = int(labels[i])
+    published = json.loads((Path(args.model).parent / "metrics.json").read_text())["metrics"]
+    names = list(ds.CLASS_NAMES)
+    result = {"images": len(truth), "published": {"scoring": published.get("scoring"), "accuracy": published["accuracy"],
+                                                  "single_view": published.get("single_view")}, "predict": {}}
+    for label, tta in (("model's scoring (default)", None), ("--no-tta", False)):
+        t = time.perf_counter()
+        rows = eurosat_vit.predict(args.model, folder, tta=tta)
+        seconds = time.perf_counter() - t
+        accuracy = round(sum(names.index(r["class"]) == truth[r["file"]] for r in rows) / len(rows), 4)
+        result["predict"][label] = {"accuracy": accuracy, "seconds_including_decode": round(seconds, 1),
+                                    "ms_per_image": round(1000 * seconds / len(rows), 2)}
+    result["load_avg"] = [round(x, 2) for x in os.getloadavg()]
+    _write_json(RESULTS / f"{args.out}.json", result)
+    print(json.dumps(result), flush=True)
 
 
 def cmd_measure(args) -> None:
@@ -267,8 +439,23 @@ def main() -> None:
     over.add_argument("--train-limit", type=int, default=2048)
     over.add_argument("--repeats", type=int, default=2)
     over.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "eurosat-bench-cache"))
+    comp = sub.add_parser("compare")
+    comp.add_argument("--zip", default=str(DEV_ZIP))
+    comp.add_argument("--checksum", default=DEV_SHA256)
+    comp.add_argument("--budget-min", type=float, default=60.0)
+    comp.add_argument("--baseline-min", type=float, default=15.0)
+    comp.add_argument("--order", default="new,today")
+    comp.add_argument("--out", default="eurosat_compare", help="results name under bench/results (png: *_time_to_accuracy*)")
+    comp.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "eurosat-bench-cache"))
+    sub.add_parser("first")
+    pc = sub.add_parser("predict-check")
+    pc.add_argument("model", help="a .keras saved by the flow or `compare` (metrics.json beside it)")
+    pc.add_argument("--zip", default=str(DEV_ZIP))
+    pc.add_argument("--checksum", default=DEV_SHA256)
+    pc.add_argument("--out", default="eurosat_predict_check")
+    pc.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "eurosat-bench-cache"))
     args = parser.parse_args()
-    {"full": cmd_full, "measure": cmd_measure, "overhead": cmd_overhead}[args.cmd](args)
+    {"first": cmd_first, "predict-check": cmd_predict_check, "full": cmd_full, "measure": cmd_measure, "overhead": cmd_overhead, "compare": cmd_compare}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from gemma import presets  # noqa: E402
 from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.cache_policies import INPUTS, TASK_SOURCE  # noqa: E402
 
-from kinetic_prefect import Data, kinetic_task  # noqa: E402
+from kinetic_prefect import Data, JobOutputs, kinetic_task  # noqa: E402
 
 CACHE_POLICY = INPUTS + TASK_SOURCE
 
@@ -125,8 +125,7 @@ def train(data_dir: Path, preset: str | Path, config: dict, fingerprints: dict,
     from gemma.train import run
 
     result = run(Path(data_dir), preset, config, kill_after_epoch=kill_after_epoch)
-    result["store"] = os.environ.get("KINETIC_STORE")
-    result["run_prefix"] = os.environ.get("KINETIC_RUN_PREFIX")
+    result["outputs"] = JobOutputs.current()
     result["env_seen"] = sorted(name for name in (report_env or []) if os.environ.get(name))
     return result
 
@@ -142,31 +141,22 @@ def evaluate(dataset: str, trained: dict) -> dict:
     return metrics
 
 
-def _download_outputs(trained: dict, output_dir: Path, include_merged: bool) -> list[str]:
-    from kinetic_prefect.storage import open_store
+def _job_outputs(trained: dict) -> JobOutputs:
+    outputs: JobOutputs = trained["outputs"]
+    if outputs.local_dir is not None:  # the body ran as a plain call: its files are where it wrote them
+        return JobOutputs(store="", run_id="", local_dir=trained["output_dir"])
+    return outputs
 
+
+def _download_outputs(trained: dict, output_dir: Path, include_merged: bool) -> list[str]:
     output_dir.mkdir(parents=True, exist_ok=True)
+    outputs = _job_outputs(trained)
     wanted = [f for f in trained["files"] if include_merged or not f.startswith("merged_preset/")]
-    store_url, prefix = trained.get("store"), trained.get("run_prefix")
-    if not store_url or not prefix:  # called as a plain function: the files are already local
-        return [str(Path(trained["output_dir"]) / f) for f in wanted]
-    store = open_store(store_url)
-    run_id = prefix.rstrip("/").rsplit("/", 1)[-1]
-    copied = []
-    for name in wanted:
-        (output_dir / name).parent.mkdir(parents=True, exist_ok=True)
-        store.get_file(f"outputs/{run_id}/{name}", output_dir / name)
-        copied.append(str(output_dir / name))
-    return copied
+    return [str(outputs.download(name, output_dir)) for name in wanted]
 
 
 def _store_url(trained: dict, name: str) -> str:
-    from kinetic_prefect.storage import open_store
-
-    if not trained.get("store") or not trained.get("run_prefix"):
-        return str(Path(trained["output_dir"]) / name)
-    run_id = trained["run_prefix"].rstrip("/").rsplit("/", 1)[-1]
-    return open_store(trained["store"]).url_for(f"outputs/{run_id}/{name}")
+    return _job_outputs(trained).url(name)
 
 
 def _short(text: str | None, limit: int = 300) -> str:

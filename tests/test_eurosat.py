@@ -31,7 +31,7 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 
 from eurosat import dataset as ds  # noqa: E402
 
-TINY = {"model_size": "tiny", "batch_size": 64, "tta": False}
+TINY = {"model_size": "tiny", "batch_size": 64, "tta": True}
 
 
 def _flow():
@@ -113,7 +113,8 @@ def test_flow_trains_evaluates_and_publishes(first_run):
         deadline = time.time() + 15
         while True:
             logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[job.id])), limit=200)
-            lines = [log.message for log in logs]
+            # one Prefect log record may hold several lines: the worker forwards output in batches
+            lines = [line for log in logs for line in log.message.splitlines()]
             if any("epoch 2/2" in line for line in lines):
                 break
             assert time.time() < deadline, f"no per-epoch line in the job's logs: {lines[-10:]}"
@@ -313,6 +314,113 @@ def test_flow_fails_on_a_corrupt_image_before_launching_a_job(cache_dir, tmp_pat
 
 
 # --------------------------------------------------------------------------------------------- predict
+
+
+def _test_split_folder(cache_dir: Path, folder: Path) -> dict[str, int]:
+    """The flow's held-out test images of the sample, as the original JPEG files; returns file -> label."""
+    decoded = ds.prepare(ds.fetch(str(SAMPLE_ZIP), SAMPLE_SHA256, cache_dir), cache_dir)
+    split_file, _sizes = ds.save_split(decoded, 0.1, 0.1, 0, cache_dir)  # the flow's defaults: a cache hit
+    _images, labels, meta = ds.load_decoded(decoded.path)
+    truth = {}
+    with zipfile.ZipFile(SAMPLE_ZIP) as zf:
+        for i in ds.load_split(split_file)["test"]:
+            member = meta["files"][i]
+            name = member.split("/")[-1]
+            (folder / name).write_bytes(zf.read(member))
+            truth[name] = int(labels[i])
+    return truth
+
+
+def test_predict_reproduces_the_published_accuracy(first_run, cache_dir, tmp_path):
+    """One scoring path: `predict` on the test split gives exactly the accuracy the flow published, with the
+    model's own scoring (8-way TTA here) by default, and the published single-view figure with tta=False."""
+    _flow_run_id, result, _out = first_run
+    metrics = result["metrics"]
+    assert metrics["scoring"] == "8-way TTA"
+    truth = _test_split_folder(cache_dir, tmp_path)
+    assert len(truth) == metrics["num_test"] == 100
+    names = list(ds.CLASS_NAMES)
+
+    def accuracy(rows):
+        assert {row["file"] for row in rows} == set(truth)
+        return round(sum(names.index(row["class"]) == truth[row["file"]] for row in rows) / len(rows), 4)
+
+    assert accuracy(_flow().predict(result["model_path"], tmp_path)) == metrics["accuracy"]
+    assert accuracy(_flow().predict(result["model_path"], tmp_path, tta=False)) == metrics["single_view"]["accuracy"]
+
+
+def test_the_run_says_where_its_outputs_are(first_run):
+    result = first_run[1]
+    out = Path(result["model_path"]).parent
+    for api, ui in ((None, "prefect server start"),
+                    ("http://127.0.0.1:4200/api", f"http://127.0.0.1:4200/runs/flow-run/{result['flow_run_id']}")):
+        text = _flow().where_to_look(result, api_url=api)
+        for needle in (str(out / "eurosat_vit.keras"), str(out / "confusion_matrix.png"), str(out / "metrics.json"),
+                       ui, f"{100 * result['accuracy']:.2f} %"):
+            assert needle in text, (needle, text)
+
+
+# --------------------------------------------------------------------------------------------- recipe
+
+
+def test_learning_rate_schedule_adapts_to_the_number_of_epochs():
+    """Warm-up is a share of the run, so a 3-epoch run warms up, peaks and decays like a 30-epoch one."""
+    from eurosat.train import TrainConfig, lr_at, schedule_progress
+
+    steps = 143  # the dev split's steps per epoch at batch 128
+    for epochs in (1, 3, 30):
+        cfg = TrainConfig(epochs=epochs)
+        total = epochs * steps
+        lrs = [lr_at(cfg, schedule_progress(cfg, s, steps)) for s in range(total)]
+        peak = max(lrs)
+        assert peak > 0.95 * cfg.learning_rate, epochs
+        assert lrs.index(peak) < 0.1 * total, f"{epochs} epochs: still warming up after 10 % of the run"
+        assert lrs[-1] < 0.02 * cfg.learning_rate, f"{epochs} epochs: the last step is at {lrs[-1]:.2e}"
+        assert all(b <= a + 1e-12 for a, b in zip(lrs[lrs.index(peak):], lrs[lrs.index(peak) + 1:])), "not decaying"
+    # with a time budget the clock drives it: half the budget spent is half way down the same curve
+    cfg = TrainConfig(epochs=100, time_budget_s=600)
+    assert schedule_progress(cfg, 0, steps, elapsed_s=300) == 0.5
+    assert lr_at(cfg, schedule_progress(cfg, 10, steps, elapsed_s=600)) == cfg.min_learning_rate
+
+
+def test_a_short_run_ends_decayed(first_run):
+    """The flow's 2-epoch run (12 steps an epoch) ends near the floor, not at the peak of a warm-up."""
+    from eurosat.train import TrainConfig
+
+    lr = first_run[1]["history"]["lr"]
+    assert len(lr) == 2 and lr[-1] < 0.1 * TrainConfig().learning_rate, lr
+
+
+def test_auto_picks_the_larger_preset_and_mixed_precision_on_an_accelerator():
+    import keras
+
+    from eurosat.model import PRESETS, build_vit, select_precision, select_preset
+    from eurosat.train import resolve_model
+
+    assert select_preset("auto", "cpu") == "hybrid"
+    assert select_preset("auto", "gpu") == select_preset("auto", "tpu") == "hybrid-large"
+    assert select_preset("small", "gpu") == "small"
+    assert select_precision("auto", "cpu") == "float32"
+    assert select_precision("auto", "gpu") == select_precision("auto", "tpu") == "mixed_bfloat16"
+    assert select_precision("float32", "gpu") == "float32"
+    with pytest.raises(ValueError):
+        select_precision("int8", "cpu")
+    with pytest.raises(ValueError):
+        select_preset("huge", "cpu")
+    cfg, precision, platform = resolve_model({"preset": "auto", "depth": 2}, "auto", platform="gpu")
+    assert (platform, precision) == ("gpu", "mixed_bfloat16")
+    assert cfg == type(cfg).from_dict({**PRESETS["hybrid-large"].as_dict(), "depth": 2})
+    assert PRESETS["hybrid-large"].dim > PRESETS["hybrid"].dim
+    # the mixed-precision model builds: bf16 compute, float32 weights and logits
+    previous = keras.mixed_precision.dtype_policy()
+    try:
+        keras.mixed_precision.set_dtype_policy(precision)
+        model = build_vit(cfg)
+    finally:
+        keras.mixed_precision.set_dtype_policy(previous)
+    assert model.get_layer("block0_mlp1").compute_dtype == "bfloat16"
+    assert model.get_layer("block0_mlp1").kernel.dtype == "float32"
+    assert model.output.dtype == "float32"
 
 
 def test_predict_classifies_a_folder(first_run, tmp_path):

@@ -73,7 +73,8 @@ def _job_logs(flow_run_id, wanted: str, timeout: float = 15) -> list[str]:
     with get_client(sync_client=True) as client:
         while True:
             logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=200)
-            lines = [log.message for log in logs]
+            # The worker forwards a job's output in batches: one Prefect log record may hold several lines.
+            lines = [line for log in logs for line in log.message.splitlines()]
             if any(wanted in line for line in lines) or time.time() > deadline:
                 return lines
             time.sleep(0.5)

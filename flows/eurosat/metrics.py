@@ -69,16 +69,16 @@ def plot_learning_curves(history: dict, path: str | Path) -> None:
     epochs = range(1, len(history.get("loss", [])) + 1)
     for ax, key, title in ((axes[0], "loss", "loss"), (axes[1], "accuracy", "accuracy")):
         if history.get(key):
-            ax.plot(epochs, history[key], label="train")
+            ax.plot(epochs, history[key], label="train", marker="o")
         if history.get(f"val_{key}"):
-            ax.plot(epochs, history[f"val_{key}"], label="validation")
+            ax.plot(epochs, history[f"val_{key}"], label="validation", marker="o")
         ax.set_title(title)
         ax.set_xlabel("epoch")
         ax.legend()
         ax.grid(alpha=0.3)
     lr = history.get("lr") or history.get("learning_rate")
     if lr:
-        axes[2].plot(epochs, lr)
+        axes[2].plot(epochs, lr, marker="o")
         axes[2].set_yscale("log")
     axes[2].set_title("learning rate")
     axes[2].set_xlabel("epoch")

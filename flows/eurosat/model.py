@@ -31,6 +31,8 @@ class ViTConfig:
     dropout: float = 0.1
     attention_dropout: float = 0.0
     stem_channels: tuple[int, ...] = ()  # e.g. (32, 64): two 3x3 stride-2 convs before the patch conv
+    bn_momentum: float = 0.99  # stem BatchNorm; 0.9 lets the running statistics keep up in short runs
+    pool: str = "cls"  # "cls": the [CLS] token feeds the head; "gap": the mean of the patch tokens does
     num_classes: int = 10
 
     @property
@@ -62,7 +64,51 @@ PRESETS: dict[str, ViTConfig] = {
     "small": ViTConfig(patch_size=2, dim=96, depth=4, heads=4, mlp_ratio=2.0, dropout=0.0, stem_channels=(32, 64)),
     "medium": ViTConfig(patch_size=2, dim=96, depth=6, heads=4, mlp_ratio=2.0, dropout=0.0, stem_channels=(32, 64)),
     "base": ViTConfig(patch_size=2, dim=128, depth=8, heads=4, mlp_ratio=3.0, dropout=0.1, stem_channels=(48, 96)),
+    # the recipe for 2 CPU cores (bench/results/eurosat_compare.json): three stride-2 conv stages take the
+    # 64x64 tile to an 8x8x128 map (locality for free), 2x2 patches of it make 16 tokens, 4 blocks, and the
+    # mean of the patch tokens feeds the head; BatchNorm statistics that keep up in minutes-long runs
+    "hybrid": ViTConfig(patch_size=2, dim=128, depth=4, heads=4, mlp_ratio=2.0, dropout=0.0,
+                        stem_channels=(32, 64, 128), bn_momentum=0.9, pool="gap"),
+    # the same shape at a quarter of the width and half the depth: for minutes-long runs (the README's first
+    # command), where more steps matter more than capacity
+    "hybrid-mini": ViTConfig(patch_size=2, dim=64, depth=2, heads=2, mlp_ratio=2.0, dropout=0.0,
+                             stem_channels=(16, 32, 64), bn_momentum=0.9, pool="gap"),
+    # ``auto`` on a GPU/TPU (with mixed_bfloat16): a wider stem, 64 tokens, 8 wider blocks
+    "hybrid-large": ViTConfig(patch_size=1, dim=256, depth=8, heads=8, mlp_ratio=4.0, dropout=0.1,
+                              stem_channels=(64, 128, 256), bn_momentum=0.9, pool="gap"),
 }
+
+
+ACCELERATOR_PLATFORMS = ("gpu", "cuda", "rocm", "tpu")
+# ``model_size="auto"``: the recipe measured on 2 CPU cores, a larger one where an accelerator is present
+AUTO_PRESET = {"cpu": "hybrid", "accelerator": "hybrid-large"}
+
+
+def device_platform() -> str:
+    """The JAX backend the job trains on: ``cpu``, ``gpu`` or ``tpu`` (what ``auto`` choices key on)."""
+    import jax
+
+    return jax.default_backend()
+
+
+def select_preset(model_size: str, platform: str) -> str:
+    """``auto`` -> the larger preset on a GPU/TPU, the CPU recipe otherwise; a named preset is kept."""
+    if model_size == "auto":
+        return AUTO_PRESET["accelerator" if platform.lower() in ACCELERATOR_PLATFORMS else "cpu"]
+    if model_size not in PRESETS:
+        raise ValueError(f"model_size={model_size!r}: choose auto or one of {', '.join(PRESETS)}")
+    return model_size
+
+
+def select_precision(precision: str, platform: str) -> str:
+    """The Keras dtype policy: ``auto`` -> ``mixed_bfloat16`` on a GPU/TPU (bf16 matmuls, float32 weights
+    and head), ``float32`` on CPU (XLA's CPU bf16 path is no faster here); explicit policies are kept."""
+    allowed = ("float32", "mixed_bfloat16", "mixed_float16")
+    if precision == "auto":
+        return "mixed_bfloat16" if platform.lower() in ACCELERATOR_PLATFORMS else "float32"
+    if precision not in allowed:
+        raise ValueError(f"precision={precision!r}: choose auto or one of {', '.join(allowed)}")
+    return precision
 
 
 @keras.saving.register_keras_serializable(package="eurosat")
@@ -107,6 +153,8 @@ def encoder_block(x, cfg: ViTConfig, index: int):
 
 def build_vit(cfg: ViTConfig, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0)) -> keras.Model:
     """Inputs: uint8 or float images in [0, 255], shape (64, 64, 3); outputs: class logits."""
+    if cfg.pool not in ("cls", "gap"):
+        raise ValueError(f"pool={cfg.pool!r}: choose 'cls' or 'gap'")
     if cfg.dim % cfg.heads:
         raise ValueError(f"dim={cfg.dim} is not divisible by heads={cfg.heads}")
     reduced = cfg.image_size // (2 ** len(cfg.stem_channels))
@@ -117,7 +165,7 @@ def build_vit(cfg: ViTConfig, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0)) -> kera
     x = layers.Normalization(mean=[float(m) for m in mean], variance=[float(s) ** 2 for s in std], name="normalize")(x)
     for i, channels in enumerate(cfg.stem_channels):
         x = layers.Conv2D(channels, 3, strides=2, padding="same", use_bias=False, name=f"stem{i}_conv")(x)
-        x = layers.BatchNormalization(name=f"stem{i}_bn")(x)
+        x = layers.BatchNormalization(momentum=cfg.bn_momentum, name=f"stem{i}_bn")(x)
         x = layers.Activation("gelu", name=f"stem{i}_gelu")(x)
     x = layers.Conv2D(cfg.dim, cfg.patch_size, strides=cfg.patch_size, name="patch_embed")(x)
     x = layers.Reshape((cfg.tokens, cfg.dim), name="tokens")(x)
@@ -126,7 +174,12 @@ def build_vit(cfg: ViTConfig, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0)) -> kera
     for i in range(cfg.depth):
         x = encoder_block(x, cfg, i)
     x = layers.LayerNormalization(epsilon=1e-6, name="final_ln")(x)
-    cls = layers.Cropping1D((0, cfg.tokens), name="take_cls")(x)  # keeps token 0, the [CLS] token
-    cls = layers.Reshape((cfg.dim,), name="cls_token")(cls)
-    outputs = layers.Dense(cfg.num_classes, name="head")(cls)
+    if cfg.pool == "gap":
+        patches = layers.Cropping1D((1, 0), name="drop_cls")(x)
+        feat = layers.GlobalAveragePooling1D(name="token_mean")(patches)
+    else:
+        feat = layers.Cropping1D((0, cfg.tokens), name="take_cls")(x)  # keeps token 0, the [CLS] token
+        feat = layers.Reshape((cfg.dim,), name="cls_token")(feat)
+    # the head always computes in float32, so mixed precision never changes the logits' dtype
+    outputs = layers.Dense(cfg.num_classes, name="head", dtype="float32")(feat)
     return keras.Model(inputs, outputs, name="eurosat_vit")

@@ -12,12 +12,17 @@ import numpy as np  # noqa: E402
 from eurosat import dataset as ds  # noqa: E402
 
 
-def predict_folder(model_path: str | Path, folder: str | Path, batch_size: int = 256) -> list[dict]:
+def predict_folder(model_path: str | Path, folder: str | Path, batch_size: int | None = None,
+                   tta: bool | None = None) -> list[dict]:
     """One ``{"file", "class", "confidence", "probabilities"}`` per image under ``folder`` (recursively).
 
+    Scores exactly as the flow's evaluation scored the model (the same function and batch size), so the
+    accuracy it published is what this delivers: ``tta=None`` repeats the model's own scoring (stored in the
+    .keras file; the flow's default is 8-way TTA: 8 forward passes per image); ``tta=False`` is the single
+    view, 8x cheaper (the flow publishes that figure beside the other).
     An unreadable image is an error naming the file; a folder without images is an error too.
     """
-    from eurosat.train import load_model, predict_logits
+    from eurosat.train import PREDICT_BATCH_SIZE, load_model, load_scoring, predict_images
 
     folder = Path(folder)
     if not folder.is_dir():
@@ -29,7 +34,9 @@ def predict_folder(model_path: str | Path, folder: str | Path, batch_size: int =
     model, class_names = load_model(model_path)
     size = int(model.input_shape[1])
     images = np.stack([ds.decode_image(p.read_bytes(), str(p), size) for p in files])
-    probs = predict_logits(model, images, batch_size=batch_size, tta=False)
+    if tta is None:
+        tta = bool(load_scoring(model_path).get("tta", False))
+    probs = predict_images(model, images, batch_size=batch_size or PREDICT_BATCH_SIZE, tta=tta)
     rows = []
     for path, p in zip(files, probs):
         k = int(p.argmax())
