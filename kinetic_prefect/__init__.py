@@ -18,6 +18,7 @@ _LAZY = {
     "KineticJobCrashed": "kinetic_prefect.errors",
     "ImageSpec": "kinetic_prefect.image",
     "Data": "kinetic_prefect.data",
+    "JobOutputs": "kinetic_prefect.outputs",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -25,6 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from kinetic_prefect.decorator import KineticTask, kinetic_task
     from kinetic_prefect.errors import KineticJobCrashed, RemoteTraceback
     from kinetic_prefect.image import ImageSpec
+    from kinetic_prefect.outputs import JobOutputs
 
 __all__ = ["__version__", *_LAZY]
 

@@ -41,8 +41,13 @@ class WorkPoolError(LookupError):
 
 
 def worker_class_for(pool_type: str) -> type[BaseWorker]:
+    from kinetic_prefect import workers
+
+    if pool_type == "kinetic-gke" and workers.GKE_UNAVAILABLE:
+        raise WorkPoolError(f"work pool type 'kinetic-gke' needs the k8s and gcp extras ({workers.GKE_UNAVAILABLE}): "
+                            "pip install 'kinetic-prefect[gcp,k8s]' (or uv sync --extra gcp --extra k8s)")
     cls = BaseWorker.get_worker_class_from_type(pool_type)
-    if cls is None or not getattr(cls, "finish_from_outcome", None):
+    if cls is None or not getattr(cls, "launcher", None) and not hasattr(cls, "follow"):
         raise WorkPoolError(
             f"work pool type {pool_type!r} is not a kinetic worker type; use a pool of type "
             "'kinetic-local' or 'kinetic-gke' (prefect work-pool create NAME --type kinetic-local)."
@@ -103,10 +108,48 @@ async def create_job_flow_run(
     # Pending runs are invisible to polling workers, so an in-process submission cannot be
     # picked up twice; Scheduled runs are what a polling worker claims.
     state = Scheduled() if for_polling_worker else Pending()
-    return await client.create_flow_run(
+    return await with_retries(lambda: client.create_flow_run(
         flow, name=run_name, state=state, work_pool_name=pool.name, job_variables=job_variables,
         parent_task_run_id=parent_task_run_id, tags=tags,
-    )
+    ), what="creating the job's flow run")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """An API error that may pass by itself: a 5xx (e.g. SQLite busy under a fan-out), a dropped connection."""
+    import httpx
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    if isinstance(exc, PrefectHTTPStatusError):
+        return exc.response.status_code >= 500 or exc.response.status_code == 429
+    return isinstance(exc, (httpx.TransportError, ConnectionError))
+
+
+async def with_retries(make_call: Callable[[], Any], what: str, attempts: int = 6) -> Any:
+    """Await ``make_call()``, retrying transient errors with exponential backoff (0.5 s .. 8 s)."""
+    for attempt in range(attempts):
+        try:
+            return await make_call()
+        except Exception as exc:
+            if attempt == attempts - 1 or not is_transient(exc):
+                raise
+            await asyncio.sleep(min(8.0, 0.5 * 2 ** attempt))
+    raise AssertionError("unreachable")
+
+
+_in_process_slots: dict[int, asyncio.Semaphore] = {}
+
+
+def in_process_slots() -> asyncio.Semaphore:
+    """How many in-process jobs this process runs at once (``KINETIC_IN_PROCESS_CONCURRENCY``, default
+    twice the CPU count, at least 4): a ``.map()`` over hundreds of inputs queues here instead of starting
+    hundreds of processes and flooding the API. Polling workers are bounded by their pool's limits."""
+    import os
+
+    loop = asyncio.get_running_loop()
+    if id(loop) not in _in_process_slots:
+        default = max(4, 2 * (os.cpu_count() or 1))
+        _in_process_slots[id(loop)] = asyncio.Semaphore(int(os.environ.get("KINETIC_IN_PROCESS_CONCURRENCY", default)))
+    return _in_process_slots[id(loop)]
 
 
 async def run_in_process(client: PrefectClient, pool: WorkPool, flow_run: FlowRun,
@@ -121,57 +164,189 @@ async def run_in_process(client: PrefectClient, pool: WorkPool, flow_run: FlowRu
         flow_run, client=client, work_pool=pool, worker_name=worker.name
     )
     configuration.set_secret_env(secret_env or {})  # in memory only: never stored with the run
+    worker.owned_by_caller(_api_env())  # the job must not outlive this call (lifecycle.KineticWorker)
     result = await worker.run(flow_run=flow_run, configuration=configuration)
-    if result.status_code != 0:
-        await worker._propose_crashed_state(  # noqa: SLF001 - the same message a polling worker sets
-            flow_run, f"Job exited with status {result.status_code} without reporting an outcome.", client=client
-        )
     return result.status_code
+
+
+def _api_env() -> dict[str, str]:
+    """How a job owned by this process reaches Prefect to cancel its own run if the process dies."""
+    from prefect.settings import PREFECT_API_KEY, PREFECT_API_URL
+
+    from kinetic_prefect.contract import Env
+
+    env = {Env.PREFECT_API_URL: PREFECT_API_URL.value() or ""}
+    key = PREFECT_API_KEY.value()
+    if key:
+        env[Env.PREFECT_API_KEY] = key.get_secret_value() if hasattr(key, "get_secret_value") else str(key)
+    return env
 
 
 async def wait_for_final_state(
     client: PrefectClient, flow_run_id: UUID, on_log: Callable[[str], None] | None = None, poll_seconds: float = 0.25,
+    log_drain_seconds: float = 15.0,
 ) -> State:
-    """Poll until the run is final, forwarding its logs (the job's output) as they arrive."""
+    """Poll until the run is final, forwarding its logs (the job's output) in order as they arrive.
+
+    Logs reach the API in batches, so the final state can come before the last lines: after it,
+    reading goes on until the worker's end marker (``contract.LOG_END_MARKER``) or a time limit.
+    """
+    from kinetic_prefect.contract import LOG_END_MARKER
+
     since: datetime.datetime | None = None
+    seen_at_since: set[UUID] = set()  # several logs can share one timestamp
+    ended_at: float | None = None
+    final: State | None = None
     while True:
-        flow_run = await client.read_flow_run(flow_run_id)
-        if on_log is not None:
+        if final is None:
+            flow_run = await client.read_flow_run(flow_run_id)
+            if flow_run.state is not None and flow_run.state.is_final():
+                final, ended_at = flow_run.state, time.monotonic()
+        if on_log is None:
+            if final is not None:
+                return final
+            await asyncio.sleep(poll_seconds)
+            continue
+        marker_seen = False
+        while True:  # page through everything new
             log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
             if since is not None:
-                log_filter.timestamp = LogFilterTimestamp(after_=since)
-            logs = await client.read_logs(log_filter=log_filter, limit=200)  # oldest first
-            for log in logs:
-                if since is None or log.timestamp > since:
+                log_filter.timestamp = LogFilterTimestamp(after_=since - datetime.timedelta(microseconds=1))
+            logs = await client.read_logs(log_filter=log_filter, limit=LOG_PAGE)  # oldest first
+            fresh = [log for log in logs if log.id not in seen_at_since and (since is None or log.timestamp >= since)]
+            for log in fresh:
+                if log.message == LOG_END_MARKER:
+                    marker_seen = True
+                else:
                     on_log(log.message)
             if logs:
-                since = max(log.timestamp for log in logs)
-        if flow_run.state is not None and flow_run.state.is_final():
-            return flow_run.state
+                newest = max(log.timestamp for log in logs)
+                seen_at_since = {log.id for log in logs if log.timestamp == newest} | (
+                    seen_at_since if newest == since else set())
+                since = newest
+            if len(logs) < LOG_PAGE or not fresh:
+                break
+        if final is not None and (marker_seen or time.monotonic() - (ended_at or 0) > log_drain_seconds):
+            return final
         await asyncio.sleep(poll_seconds)
 
 
-async def cancel_flow_run(client: PrefectClient, flow_run_id: UUID) -> None:
-    """Ask the worker to stop the job (it watches for Cancelling and kills the infrastructure)."""
-    try:
-        await client.set_flow_run_state(flow_run_id, Cancelling(message="The calling task stopped waiting."), force=True)
-    except Exception:  # best effort while the caller is already failing
-        pass
+LOG_PAGE = 200
+
+
+async def cancel_flow_run(client: PrefectClient, flow_run_id: UUID, message: str, wait_seconds: float = 0) -> None:
+    """Ask the worker to stop the job (it watches for Cancelling, stops the job, sets Cancelled),
+    and wait up to ``wait_seconds`` for it to be done.
+
+    Shielded: it runs while the calling task is itself being cancelled (a timeout, Ctrl-C), when
+    an unshielded await would be cancelled before the request is sent. Waiting matters for the
+    truth of the UI too: Prefect mirrors a job run's state onto its parent task run, so the job
+    must be Cancelled *before* the task run records why it stopped (e.g. TimedOut).
+    """
+    import anyio
+
+    with anyio.CancelScope(shield=True):
+        try:
+            current = await client.read_flow_run(flow_run_id)
+            if current.state is not None and current.state.is_final():
+                return
+            await client.set_flow_run_state(flow_run_id, Cancelling(message=message), force=True)
+            with anyio.move_on_after(wait_seconds):
+                await wait_for_final_state(client, flow_run_id)
+        except Exception:  # best effort while the caller is already failing
+            pass
+
+
+async def finish_cancelled_parent(client: PrefectClient, task_run: Any) -> None:
+    """A flow run cancelled while it ran as a plain script has nobody to move it past Cancelling
+    (no worker or runner owns the process). The job it waited for is stopped now, so the calling
+    task, the last one left, finishes the cancellation."""
+    from prefect.states import Cancelled
+
+    if task_run is None or task_run.flow_run_id is None:
+        return
+    parent = await client.read_flow_run(task_run.flow_run_id)
+    if parent.state is not None and parent.state.is_cancelling():
+        await client.set_flow_run_state(parent.id, Cancelled(message=parent.state.message or "Cancelled"), force=True)
 
 
 async def read_flow_runs(client: PrefectClient, ids: list[UUID]) -> list[FlowRun]:
     return await client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
 
 
-def attach_result_storage(task: Any, storage: Any) -> None:
-    """Give a task an *unsaved* result-storage block.
+_signing_key_cache: dict[str, bytes | None] = {}
 
-    ``Task.__init__`` insists on blocks saved server-side so that a result's storage can be
-    looked up by id later. kinetic's results storage is derived from the store URL, so every
-    caller (on any machine) builds the same block and reads the same records; saving a block at
-    decoration time would instead need the API at import time. Set after construction on purpose.
+
+async def signing_key() -> bytes | None:
+    """The store signing key: ``KINETIC_SIGNING_KEY``, else the Secret block ``kinetic-signing-key``.
+
+    Read once per process and API. Without one, store objects are unauthenticated and a warning
+    says so once (see signing.py for what the key protects).
     """
-    task.result_storage = storage
+    import os
+    import warnings
+
+    from kinetic_prefect import signing
+
+    from_env = signing.key_from_env()
+    if from_env is not None:
+        return from_env
+    from prefect.settings import PREFECT_API_URL
+
+    cache_key = str(PREFECT_API_URL.value())
+    if cache_key not in _signing_key_cache:
+        from prefect.blocks.system import Secret
+
+        try:
+            value = (await Secret.aload(signing.SECRET_BLOCK)).get()
+            _signing_key_cache[cache_key] = str(value).encode() if value else None
+        except (ValueError, ObjectNotFound):
+            _signing_key_cache[cache_key] = None
+        if _signing_key_cache[cache_key] is None and not os.environ.get("KINETIC_UNSIGNED_OK"):
+            warnings.warn(
+                "kinetic-prefect: no signing key (KINETIC_SIGNING_KEY or the Prefect Secret block "
+                f"{signing.SECRET_BLOCK!r}): store objects are unauthenticated, so anyone who can write the "
+                "store can change results and payloads. Fine on one machine; set a key for shared stores.",
+                stacklevel=2)
+    return _signing_key_cache[cache_key]
+
+
+EPHEMERAL_STARTUP_SECONDS = 300
+
+
+def start_embedded_server() -> None:
+    """Start Prefect's ephemeral local server now, with a start-up limit that fits a first run.
+
+    With no ``PREFECT_API_URL``, Prefect starts a temporary server when a flow first needs the API,
+    and gives it 20 s. On a fresh machine the first start creates and migrates Prefect's SQLite
+    database, which takes longer than that on 2 loaded cores: the README's first command failed
+    with "Timed out while attempting to connect to ephemeral Prefect API server". Prefect reads that
+    limit from settings fixed when ``prefect`` is imported (before us), so instead the server is
+    started here, at decoration time, with a longer limit (``KINETIC_EPHEMERAL_STARTUP_SECONDS``);
+    Prefect's own later ``start()`` finds it running (it is one instance per process). Telemetry
+    is off for this server only: on an offline machine it can only print errors.
+    """
+    import os
+    import sys
+
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()
+    if server.running:
+        return
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # the subprocess reads it
+    timeout = int(os.environ.get("KINETIC_EPHEMERAL_STARTUP_SECONDS", EPHEMERAL_STARTUP_SECONDS))
+    started = time.monotonic()
+    server.start(timeout=timeout)
+    if time.monotonic() - started > 10:
+        print(f"kinetic-prefect: Prefect's local server took {time.monotonic() - started:.0f}s to start "
+              "(a first start creates its database). Run `prefect server start` in another terminal and "
+              "set PREFECT_API_URL=http://127.0.0.1:4200/api to keep one running, with its UI.",
+              file=sys.stderr, flush=True)
 
 
 async def store_secret_env(values: dict[str, str], name: str) -> str:

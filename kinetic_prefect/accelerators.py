@@ -288,5 +288,42 @@ def markdown_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+def local_platform_available(jax_platforms: str) -> bool:
+    """Whether this machine has a device for ``JAX_PLATFORMS`` (e.g. ``cuda``, ``tpu``, ``cpu``).
+
+    Cheap checks of device files, no JAX import: the local pool decides before launching whether
+    a job asking for a GPU or TPU must fall back to the CPU (with a warning) instead of crashing.
+    ``KINETIC_LOCAL_DEVICES`` (e.g. ``cuda``) overrides the detection.
+    """
+    import glob
+    import os
+
+    wanted = [p.strip() for p in (jax_platforms or "cpu").split(",") if p.strip()]
+    override = os.environ.get("KINETIC_LOCAL_DEVICES")
+    present = {"cpu"}
+    if override is not None:
+        present |= {p.strip() for p in override.split(",") if p.strip()}
+    else:
+        if glob.glob("/dev/nvidia[0-9]*"):
+            present |= {"cuda", "gpu"}
+        if glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"):
+            present.add("tpu")
+    return all(p in present for p in wanted)
+
+
 if __name__ == "__main__":
     print(markdown_table(), end="")
+
+
+def host_count(spec: AcceleratorSpec, hosts: int | None = None) -> int:
+    """How many hosts (job processes, pods) run one call: a multi-host slice's own count, else ``hosts``
+    (``@kinetic_task(hosts=N)``: N processes of one ``jax.distributed`` group), else 1."""
+    if hosts is not None and (isinstance(hosts, bool) or not isinstance(hosts, int) or hosts < 1):
+        raise ValueError(f"hosts={hosts!r}: a job runs on at least one host; leave hosts unset (1, or the "
+                         f"accelerator's own hosts) or give a whole number >= 1, e.g. hosts=2")
+    if spec.multi_host:
+        if hosts not in (None, spec.hosts):
+            raise ValueError(f"hosts={hosts}: accelerator {spec.name!r} is a slice of {spec.hosts} hosts; leave hosts "
+                             f"unset, or pick the slice shape with {hosts} hosts")
+        return spec.hosts
+    return hosts or 1

@@ -298,12 +298,17 @@ class DockerBuilder:
         if self.exists(image):
             log(f"kinetic: image {image} is in the registry; not building")
             return image
+        from kinetic_prefect.progress import line
+
         log(f"kinetic: building {image}")
+        log(line(0, 2, f"image {image}: building"))
         with tempfile.TemporaryDirectory(prefix="kinetic-build-") as tmp:
             build_context(spec, Path(tmp), base_image=self.base_image, extra_files=self.extra_files)
             network = ["--network", self.network] if self.network else []
             self._run([self.docker, "build", *network, "--tag", image, tmp], log, image)
+        log(line(1, 2, f"image {image}: pushing"))
         self._run([self.docker, "push", image], log, image)
+        log(line(2, 2, f"image {image}: pushed"))
         self.builds += 1
         return image
 
@@ -315,7 +320,9 @@ class CloudBuildBuilder:
     repository id, which then lives in ``region``. ``staging_bucket`` (``name`` or ``gs://name[/prefix]``) receives
     the build context under ``kinetic-builds/<tag>.tar.gz`` and Cloud Build's log under ``kinetic-builds/logs/``,
     where this builder reads it back while the build runs (the way ``gcloud builds submit`` streams logs), so the
-    Cloud Build service account needs write access to that bucket. Clients are created on first use unless given.
+    Cloud Build service account needs write access to that bucket. Clients are created on first use unless given,
+    with ``credentials`` (``google.auth`` credentials, e.g. ``gcp.google_credentials(block)`` for the pool's
+    ``GcpCredentials`` block) or, when None, Application Default Credentials.
     """
 
     TERMINAL = ("SUCCESS", "FAILURE", "INTERNAL_ERROR", "TIMEOUT", "CANCELLED", "EXPIRED")
@@ -323,8 +330,9 @@ class CloudBuildBuilder:
     def __init__(self, project: str, region: str, repository: str, staging_bucket: str, *,
                  base_image: str | None = None, timeout_seconds: int = 3600, machine_type: str | None = None,
                  build_client=None, registry_client=None, storage_client=None, poll_seconds: float = 3.0,
-                 extra_files: dict[str, bytes] | None = None):
+                 extra_files: dict[str, bytes] | None = None, credentials=None):
         self.project, self.region = project, region
+        self.credentials = credentials
         self.repository = (repository if "/" in repository
                            else f"{region}-docker.pkg.dev/{project}/{repository}").rstrip("/")
         bucket_url = staging_bucket.removeprefix("gs://").strip("/")
@@ -344,7 +352,7 @@ class CloudBuildBuilder:
         if self._build_client is None:
             from google.cloud.devtools import cloudbuild_v1
 
-            self._build_client = cloudbuild_v1.CloudBuildClient()
+            self._build_client = cloudbuild_v1.CloudBuildClient(credentials=self.credentials)
         return self._build_client
 
     @property
@@ -352,7 +360,7 @@ class CloudBuildBuilder:
         if self._registry_client is None:
             from google.cloud import artifactregistry_v1
 
-            self._registry_client = artifactregistry_v1.ArtifactRegistryClient()
+            self._registry_client = artifactregistry_v1.ArtifactRegistryClient(credentials=self.credentials)
         return self._registry_client
 
     @property
@@ -360,7 +368,7 @@ class CloudBuildBuilder:
         if self._storage_client is None:
             from google.cloud import storage
 
-            self._storage_client = storage.Client(project=self.project)
+            self._storage_client = storage.Client(project=self.project, credentials=self.credentials)
         return self._storage_client
 
     @property
@@ -434,6 +442,9 @@ class CloudBuildBuilder:
         build = operation.metadata.build
         log(f"kinetic: Cloud Build {build.id} is building {image}"
             + (f"; logs: {build.log_url}" if build.log_url else ""))
+        from kinetic_prefect.progress import line
+
+        log(line(0, 1, f"image {image}: Cloud Build {build.id} running"))
         try:
             build, tail = self._wait(build.id, log)
         except BaseException:  # interrupted or the API failed: do not leave a build running for nothing
@@ -451,6 +462,7 @@ class CloudBuildBuilder:
                 f"Cloud Build {build.id} for {image} ended {status}{detail}; "
                 f"full log: {build.log_url or self.logs_url}; last log lines:\n{text}",
                 build_id=build.id, log_tail=text)
+        log(line(1, 1, f"image {image}: built by Cloud Build {build.id}"))
         self.builds += 1
         return image
 

@@ -1,15 +1,43 @@
-"""``kinetic-prefect``: small helper commands (the work itself goes through Prefect's own CLI)."""
+"""``kinetic-prefect``: helper commands (the work itself goes through Prefect's own CLI).
+
+    kinetic-prefect doctor [--pool NAME] [--accelerator NAME ...] [--store URL] [--deployments] [--json]
+    kinetic-prefect accelerators [--family gpu|tpu|cpu] [--json]
+    kinetic-prefect catalog [--write-readme README.md]
+    kinetic-prefect pool-set POOL KEY=VALUE ...
+    kinetic-prefect gke-worker-image --repository REPOSITORY [--push] [--base-image IMAGE]
+    kinetic-prefect gke-worker-manifests --pool NAME (--image IMAGE | --repository REPOSITORY) [--namespace NS]
+
+Typer + rich, like Prefect's own CLI. ``main(argv)`` returns the exit status instead of exiting, so
+scripts and tests can call it in-process.
+"""
 
 from __future__ import annotations
 
-import argparse
+import json
 import re
 import sys
 from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
 from kinetic_prefect import accelerators
 
+# Typer 0.29 carries its own copy of click; its ClickException is the base of typer.BadParameter.
+ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
 CATALOG_START, CATALOG_END = "<!-- catalog:start -->", "<!-- catalog:end -->"
+
+app = typer.Typer(name="kinetic-prefect", help="Helper commands for kinetic-prefect.", no_args_is_help=True,
+                  add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+
+
+def _console() -> Console:
+    # Made per call (not at import), so it writes to whatever sys.stdout is now (pytest's capsys, pipes).
+    return Console(file=sys.stdout, soft_wrap=True, highlight=False)
 
 
 def readme_with_catalog(text: str) -> str:
@@ -21,31 +49,188 @@ def readme_with_catalog(text: str) -> str:
     return pattern.sub(lambda _: block, text)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kinetic-prefect")
-    sub = parser.add_subparsers(dest="command", required=True)
-    catalog = sub.add_parser("catalog", help="print the accelerator catalog as a Markdown table")
-    catalog.add_argument("--write-readme", metavar="README", help="rewrite the catalog section of this file")
-    worker = sub.add_parser("gke-worker-manifests", help="print manifests that run a kinetic-gke worker in a cluster")
-    worker.add_argument("--pool", required=True)
-    worker.add_argument("--image", required=True, help="an image with kinetic-prefect[gcp,k8s] installed")
-    worker.add_argument("--namespace", default="default")
-    args = parser.parse_args(argv)
-    if args.command == "gke-worker-manifests":
-        import yaml
+@app.command("catalog")
+def catalog_command(
+    write_readme: Optional[Path] = typer.Option(None, "--write-readme", metavar="README",
+                                                help="rewrite the catalog section of this file"),
+) -> None:
+    """Print the accelerator catalog as a Markdown table (or write it into the README)."""
+    if write_readme:
+        write_readme.write_text(readme_with_catalog(write_readme.read_text()))
+    else:
+        sys.stdout.write(accelerators.markdown_table())
 
-        from kinetic_prefect.workers.gke_deploy import worker_manifests
 
-        sys.stdout.write(yaml.safe_dump_all(worker_manifests(args.pool, namespace=args.namespace, image=args.image),
-                                            sort_keys=False))
-        return 0
-    if args.command == "catalog":
-        if args.write_readme:
-            path = Path(args.write_readme)
-            path.write_text(readme_with_catalog(path.read_text()))
+@app.command("accelerators")
+def accelerators_command(
+    family: Optional[str] = typer.Option(None, "--family", metavar="FAMILY", help="only this family: cpu, gpu or tpu"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
+) -> None:
+    """List the accelerator names @kinetic_task(accelerator=...) accepts, with what GKE runs them on."""
+    specs = [s for s in accelerators.catalog() if family is None or s.family == family]
+    if family is not None and not specs:
+        raise typer.BadParameter(f"{family!r}: choose cpu, gpu or tpu", param_hint="--family")
+    if as_json:
+        rows = [{"name": s.name, "family": s.family, "chips": s.chips, "hosts": s.hosts,
+                 "chips_per_host": s.chips_per_host, "gke_accelerator": s.gke_accelerator,
+                 "tpu_topology": s.tpu_topology, "machine_type": s.machine_type,
+                 "node_selector": s.node_selector} for s in specs]
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return
+    table = Table(title="kinetic accelerator catalog (any name also takes :spot)")
+    for column in ("name", "family", "chips", "hosts x chips/host", "GKE accelerator", "TPU topology", "machine type"):
+        table.add_column(column, justify="right" if column == "chips" else "left", no_wrap=True)
+    for s in specs:
+        table.add_row(s.name, s.family, str(s.chips), f"{s.hosts} x {s.chips_per_host}", s.gke_accelerator or "-",
+                      s.tpu_topology or "-", s.machine_type)
+    console = _console()
+    console.width = max(console.width, 120)
+    console.print(table)
+
+
+_SYMBOLS = {"ok": "[green]✓[/]", "fail": "[red]✗[/]", "warn": "[yellow]![/]", "skip": "[dim]-[/]"}
+
+
+@app.command("doctor")
+def doctor_command(
+    pool: Optional[str] = typer.Option(None, "--pool", metavar="NAME", help="the kinetic work pool (default: $KINETIC_WORK_POOL "
+                                                            "or kinetic-local)"),
+    accelerator: Optional[List[str]] = typer.Option(None, "--accelerator", "-a", metavar="NAME",
+                                                    help="also check a node pool for this accelerator (repeatable)"),
+    store: Optional[str] = typer.Option(None, "--store", metavar="URL", help="check this store instead of the pool's"),
+    deployments: bool = typer.Option(False, "--deployments", help="also check every deployment with an active "
+                                                                   "schedule: its pools exist, a worker polls them"),
+    as_json: bool = typer.Option(False, "--json", help="print the checks as JSON"),
+) -> None:
+    """Check that kinetic jobs can run here: Prefect API, work pool, store, and for GKE the cluster and images.
+
+    Exits 1 when any check fails; each failure prints its fix."""
+    from kinetic_prefect.doctor import run_checks
+
+    report = run_checks(pool=pool, accelerator=list(accelerator or []), store=store, deployments=deployments)
+    if as_json:
+        sys.stdout.write(json.dumps(report.as_dict(), indent=2) + "\n")
+    else:
+        console = _console()
+        console.print(f"[bold]kinetic-prefect doctor[/]: pool {escape(report.pool)!s}"
+                      f" ({escape(report.pool_type or '?')}), store {escape(report.store or '?')}")
+        width = max(len(c.name) for c in report.checks)
+        for check in report.checks:
+            console.print(f" {_SYMBOLS[check.status]} {escape(check.name.ljust(width))}  {escape(check.detail)}")
+            if check.fix and check.status in ("fail", "warn"):
+                console.print(f"   {' ' * width}  [bold]fix:[/] {escape(check.fix)}")
+        failed = sum(c.status == "fail" for c in report.checks)
+        console.print("[green]All checks passed.[/]" if not failed else f"[red]{failed} check(s) failed.[/]")
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@app.command("pool-set")
+def pool_set_command(
+    pool: str = typer.Argument(..., help="work pool name"),
+    assignments: List[str] = typer.Argument(..., metavar="KEY=VALUE...",
+                                            help="job variable defaults (JSON values parse; KEY= clears)"),
+) -> None:
+    """Set defaults of a work pool's job variables, e.g. `pool-set gpu gcp_project=my-project store=gs://b/k`."""
+    from prefect.exceptions import ObjectNotFound
+
+    from kinetic_prefect.doctor import set_pool_variables
+
+    try:
+        changed = set_pool_variables(pool, assignments)
+    except ObjectNotFound:
+        raise ClickException(f"work pool {pool!r} does not exist") from None
+    except ValueError as exc:
+        raise ClickException(str(exc)) from None
+    for key, value in changed.items():
+        sys.stdout.write(f"{pool}: {key} = {json.dumps(value)}\n")
+
+
+@app.command("gke-worker-image")
+def gke_worker_image_command(
+    repository: str = typer.Option(..., "--repository", metavar="REPOSITORY",
+                                   help="where the image goes, e.g. us-docker.pkg.dev/PROJECT/REPO (the image is "
+                                        "REPOSITORY/kinetic-gke-worker:<version>-<digest>)"),
+    push: bool = typer.Option(False, "--push", help="docker push the image after building it"),
+    base_image: Optional[str] = typer.Option(None, "--base-image", metavar="IMAGE",
+                                             help="the Dockerfile's BASE_IMAGE, Debian-based with Python >= 3.11 "
+                                                  "(default: the Dockerfile's, python:3.12-slim)"),
+    source: Optional[Path] = typer.Option(None, "--source", metavar="CHECKOUT",
+                                          help="the kinetic-prefect checkout to build (default: the one this "
+                                               "kinetic-prefect runs from)"),
+    network: Optional[str] = typer.Option(None, "--network", metavar="NETWORK",
+                                          help="passed to `docker build --network` (e.g. host)"),
+    ca_bundle: Optional[Path] = typer.Option(None, "--ca-bundle", metavar="FILE",
+                                             help="a CA bundle pip and uv trust during the build (behind a "
+                                                  "TLS-intercepting proxy); not kept in the image"),
+    docker: str = typer.Option("docker", "--docker", metavar="COMMAND", help="the docker CLI to use"),
+    print_only: bool = typer.Option(False, "--print", help="only print the image reference; build nothing"),
+) -> None:
+    """Build the in-cluster kinetic-gke worker image (docker/kinetic-gke-worker.Dockerfile) and print its reference.
+
+    The build log goes to stderr, the reference alone to stdout: IMAGE=$(kinetic-prefect gke-worker-image ...)."""
+    from kinetic_prefect.workers import gke_worker_image
+
+    base_image = base_image or gke_worker_image.DEFAULT_BASE_IMAGE
+    try:
+        if print_only:
+            image = gke_worker_image.image_reference(repository, source, base_image)
         else:
-            sys.stdout.write(accelerators.markdown_table())
-    return 0
+            extra = gke_worker_image.ca_bundle_files(ca_bundle) if ca_bundle else None
+            image = gke_worker_image.build(repository, source=source, base_image=base_image, push=push,
+                                           docker=docker, network=network, extra_files=extra)
+    except (gke_worker_image.WorkerImageError, OSError) as exc:
+        raise ClickException(str(exc)) from None
+    sys.stdout.write(image + "\n")
+
+
+@app.command("gke-worker-manifests")
+def gke_worker_manifests_command(
+    pool: str = typer.Option(..., "--pool"),
+    image: Optional[str] = typer.Option(None, "--image", help="the worker's image (default: the one "
+                                                              "`gke-worker-image --repository` builds)"),
+    repository: Optional[str] = typer.Option(None, "--repository", metavar="REPOSITORY",
+                                             help="name the image `gke-worker-image --repository REPOSITORY` "
+                                                  "builds from this checkout"),
+    base_image: Optional[str] = typer.Option(None, "--base-image", metavar="IMAGE",
+                                             help="the --base-image that image was built with"),
+    source: Optional[Path] = typer.Option(None, "--source", metavar="CHECKOUT"),
+    namespace: str = typer.Option("default", "--namespace"),
+) -> None:
+    """Print manifests that run a kinetic-gke worker in a cluster (pipe them to `kubectl apply -f -`)."""
+    import yaml
+
+    from kinetic_prefect.workers.gke_deploy import worker_manifests
+
+    if image is None:
+        if repository is None:
+            raise typer.BadParameter("give --image IMAGE, or --repository REPOSITORY for the image "
+                                     "`kinetic-prefect gke-worker-image --repository REPOSITORY` builds",
+                                     param_hint="'--image'")
+        from kinetic_prefect.workers import gke_worker_image
+
+        try:
+            image = gke_worker_image.image_reference(repository, source,
+                                                     base_image or gke_worker_image.DEFAULT_BASE_IMAGE)
+        except gke_worker_image.WorkerImageError as exc:
+            raise ClickException(f"{exc}; or give --image") from None
+    sys.stdout.write(yaml.safe_dump_all(worker_manifests(pool, namespace=namespace, image=image), sort_keys=False))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a command; returns its exit status (usage errors print their message and return 2)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        result = typer.main.get_command(app).main(args=args, prog_name="kinetic-prefect", standalone_mode=False)
+    except typer.Exit as exc:
+        return exc.exit_code
+    except ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except typer.Abort:
+        sys.stderr.write("Aborted.\n")
+        return 1
+    return result if isinstance(result, int) else 0
 
 
 if __name__ == "__main__":

@@ -452,14 +452,15 @@ def to_ref(data: Data, manifest: Manifest | None) -> DataRef:
 # Upload (caller side)
 # ---------------------------------------------------------------------------------------------------------------
 
-def upload(manifest: Manifest, store: Store, *, workers: int = 32) -> int:
+def upload(manifest: Manifest, store: Store, *, workers: int = 32, key: bytes | None = None,
+           on_file: Callable[[int], None] | None = None) -> int:
     """Put the data into ``store`` under ``data/<sha>/``; returns the bytes uploaded (0 if it is already there)."""
     prefix = f"data/{manifest.sha256}"
     marker = f"{prefix}/manifest.json"
     if store.exists(marker):
         return 0
     pairs = [(rel, manifest.path_of(rel)) for rel, _size, _sha in manifest.files]
-    uploaded = store.put_tree(f"{prefix}/files", pairs, workers=workers)
+    uploaded = store.put_tree(f"{prefix}/files", pairs, workers=workers, on_file=on_file)
     if manifest._stats:  # a file rewritten after hashing would sit under the wrong content address
         for (rel, _size, _sha), (size, mtime_ns) in zip(manifest.files, manifest._stats):
             path = manifest.path_of(rel)
@@ -470,7 +471,9 @@ def upload(manifest: Manifest, store: Store, *, workers: int = 32) -> int:
             if (st.st_size, st.st_mtime_ns) != (size, mtime_ns):
                 raise DataError(f"data file {path} changed between hashing and upload: call the task again once "
                                 "it is no longer being written")
-    store.put_bytes(marker, manifest.to_json().encode(), if_absent=True)
+    from kinetic_prefect import signing
+
+    signing.put(store, marker, manifest.to_json().encode(), key, if_absent=True)
     return uploaded
 
 
@@ -519,17 +522,25 @@ def _download_keys(store: Store, keys: list[str], base: str, dest: Path, workers
             future.result()
 
 
-def _localize_uploaded(ref: DataRef, store: Store, node_cache: Path) -> Path:
+def _localize_uploaded(ref: DataRef, store: Store, node_cache: Path, key: bytes | None = None) -> Path:
+    from kinetic_prefect import signing
+
     marker = f"{ref.key}/manifest.json"
     local = store.local_path(f"{ref.key}/files")
     if local is not None:  # the store is a directory on this machine: read the data in place
         if not store.exists(marker):
             raise _not_uploaded(ref, store)
+        if key is not None:  # authenticated stores: the data read in place must be what was signed
+            signing.get(store, marker, key)
+            got = _build_manifest(local / ref.name if ref.kind == "file" else local, workers=8, memo=True)
+            if got.sha256 != ref.sha256:
+                raise DataError(f"data {ref.name} in {store.url_for(ref.key)} does not match its content hash "
+                                f"{ref.sha256}: it was changed in the store; refusing to use it")
         return local / ref.name if ref.kind == "file" else local
 
     def fill(staging: Path) -> dict:
         try:
-            manifest = Manifest.from_json(store.get_bytes(marker), staging / "files")
+            manifest = Manifest.from_json(signing.get(store, marker, key), staging / "files")
         except ObjectNotFound:
             raise _not_uploaded(ref, store) from None
         store.get_tree(f"{ref.key}/files", staging / "files")
@@ -597,7 +608,7 @@ def _localize_url(ref: DataRef, node_cache: Path) -> Path:
     return target / "files" / ref.name if kind == "file" else target / "files"
 
 
-def localize(ref: DataRef, store: Store, node_cache: Path) -> Path:
+def localize(ref: DataRef, store: Store, node_cache: Path, key: bytes | None = None) -> Path:
     """Job side: a local path to the file or directory ``ref`` stands for (downloaded at most once per node).
 
     Uploaded data is read in place from a local store, else downloaded into ``node_cache`` and checked against
@@ -608,7 +619,7 @@ def localize(ref: DataRef, store: Store, node_cache: Path) -> Path:
         return _localize_url(ref, Path(node_cache))
     if not ref.key or not ref.sha256:
         raise DataError(f"{ref!r} has neither a gs:// URL nor a store key: it was not made by to_ref()")
-    return _localize_uploaded(ref, store, Path(node_cache))
+    return _localize_uploaded(ref, store, Path(node_cache), key)
 
 
 # ---------------------------------------------------------------------------------------------------------------

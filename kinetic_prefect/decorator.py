@@ -15,7 +15,7 @@ from kinetic_prefect.image import ImageSpec
 F = TypeVar("F", bound=Callable[..., Any])
 
 KINETIC_OPTION_NAMES = ("accelerator", "requirements", "image", "work_pool", "env", "submission", "project_dir",
-                        "ship_project", "job_variables", "base_image")
+                        "ship_project", "job_variables", "base_image", "hosts")
 
 
 def _remote_body(fn: Callable[..., Any], options: KineticOptions, task_name: str) -> Callable[..., Any]:
@@ -30,6 +30,37 @@ def _remote_body(fn: Callable[..., Any], options: KineticOptions, task_name: str
     return run_as_job
 
 
+def _no_retry_for_deterministic_failures(user_condition: Callable[..., Any] | None) -> Callable[..., Any]:
+    """Prefect's ``retry_condition_fn``: a return value that cannot be pickled fails the same way on
+    every attempt, so it is not retried; otherwise the user's own condition (if any) decides."""
+
+    def should_retry(task: Any, task_run: Any, state: Any) -> Any:
+        from kinetic_prefect.errors import ResultNotPicklable
+
+        if isinstance(getattr(state, "data", None), ResultNotPicklable):
+            return False
+        return True if user_condition is None else user_condition(task, task_run, state)
+
+    should_retry.__kinetic_user_condition__ = user_condition  # type: ignore[attr-defined]
+    return should_retry
+
+
+def _isolated(cache_policy: Any) -> Any:
+    """Identical concurrent calls of a cached kinetic task run one job: a SERIALIZABLE policy with a
+    lock in the artifact store (kinetic_prefect.locks), so the other callers wait and get the cached
+    result, on one machine or many sharing a gs:// store. A policy that already says how it isolates
+    is left as it is."""
+    from prefect.cache_policies import NO_CACHE, CachePolicy
+
+    if not isinstance(cache_policy, CachePolicy) or cache_policy is NO_CACHE or cache_policy.isolation_level is not None:
+        return cache_policy
+    from kinetic_prefect import config
+    from kinetic_prefect.locks import StoreLockManager
+
+    return cache_policy.configure(isolation_level="SERIALIZABLE",
+                                  lock_manager=StoreLockManager(config.default_store_url()))
+
+
 def _options(
     accelerator: str | accelerators.AcceleratorSpec = "cpu",
     requirements: str | Path | Sequence[str] | None = None,
@@ -41,8 +72,10 @@ def _options(
     ship_project: bool = True,
     job_variables: dict[str, Any] | None = None,
     base_image: str | None = None,
+    hosts: int | None = None,
 ) -> KineticOptions:
     spec = accelerators.resolve(accelerator)  # unknown names fail here, at decoration time
+    accelerators.host_count(spec, hosts)  # hosts=0, or hosts contradicting a slice, fail here too
     if isinstance(env, str):
         env = (env,)
     return KineticOptions(
@@ -55,6 +88,7 @@ def _options(
         project_dir=Path(project_dir) if project_dir else None,
         ship_project=ship_project,
         job_variables=dict(job_variables or {}),
+        hosts=hosts,
     )
 
 
@@ -63,10 +97,50 @@ class KineticTask(Task):
 
     kinetic: KineticOptions
     user_fn: Callable[..., Any]
+    results_follow_pool: bool = True  # False once the user passed result_storage=
+
+    def _bind_pool_results(self) -> None:
+        """Point Prefect's result storage at the store of the pool this task runs on (kinetic_prefect.results),
+        now: Prefect reads it when the task run starts, to look up the cache, before the body runs.
+
+        A pool that cannot be read, or whose GCP settings do not work, leaves Prefect's default here: the
+        call then fails inside its task run, where every pool setting is checked before anything is uploaded.
+        """
+        if not self.results_follow_pool:
+            return
+        from prefect.utilities.asyncutils import run_coro_as_sync
+
+        from kinetic_prefect import config, gcp, results
+
+        try:
+            self.result_storage = run_coro_as_sync(results.for_pool(self.kinetic.work_pool or config.default_work_pool()))
+        except (_prefect.WorkPoolError, gcp.GcpSettingError):
+            self.result_storage = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self._bind_pool_results()
+        return super().__call__(*args, **kwargs)
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        self._bind_pool_results()
+        return super().submit(*args, **kwargs)
+
+    def map(self, *args: Any, **kwargs: Any) -> Any:
+        self._bind_pool_results()
+        return super().map(*args, **kwargs)
+
+    def apply_async(self, *args: Any, **kwargs: Any) -> Any:
+        self._bind_pool_results()
+        return super().apply_async(*args, **kwargs)
 
     def with_options(self, **options: Any) -> "KineticTask":  # type: ignore[override]
         kinetic_changes = {k: options.pop(k) for k in list(options) if k in KINETIC_OPTION_NAMES}
+        if "cache_policy" in options:
+            options["cache_policy"] = _isolated(options["cache_policy"])
+        if options.get("retry_condition_fn") is not None:
+            options["retry_condition_fn"] = _no_retry_for_deterministic_failures(options["retry_condition_fn"])
         new = super().with_options(**options)
+        results_follow_pool = self.results_follow_pool and options.get("result_storage") is None
         kinetic = self.kinetic
         if kinetic_changes:
             current = {
@@ -74,13 +148,14 @@ class KineticTask(Task):
                 "image": kinetic.image, "work_pool": kinetic.work_pool, "env": kinetic.env,
                 "submission": kinetic.submission, "project_dir": kinetic.project_dir,
                 "ship_project": kinetic.ship_project, "job_variables": kinetic.job_variables,
-                "base_image": kinetic.image_spec.base_image,
+                "base_image": kinetic.image_spec.base_image, "hosts": kinetic.hosts,
             }
             kinetic = _options(**{**current, **kinetic_changes})
         # Prefect's with_options builds a plain Task around the same fn; give it ours back.
         new.__class__ = KineticTask
         new.kinetic = kinetic
         new.user_fn = self.user_fn
+        new.results_follow_pool = results_follow_pool
         new.fn = _remote_body(self.user_fn, kinetic, new.name)
         return new
 
@@ -104,6 +179,7 @@ def kinetic_task(
     ship_project: bool = True,
     job_variables: dict[str, Any] | None = None,
     base_image: str | None = None,
+    hosts: int | None = None,
     **task_options: Any,
 ):
     """Decorate a function so that each call runs its body as a job on ``accelerator``.
@@ -120,26 +196,29 @@ def kinetic_task(
         ship_project: set False to ship only the pickled function.
         job_variables: extra job variables for the pool's template.
         base_image: base of the built image (GKE), part of the environment's hash.
+        hosts: run the body on N hosts as one ``jax.distributed`` group (the runner joins it before the
+            body; ``jax.process_count() == N``); the coordinator's (host 0's) return value is the result, every
+            host's outputs are kept (``outputs/<run>/hosts/<i>/``), one failed host fails the call. Default:
+            the accelerator's own hosts (a multi-host TPU slice such as ``tpu-v5litepod-16`` is 4), else 1.
+            On kinetic-local, N local processes (on the CPU when the machine lacks the accelerator).
 
     Every other keyword is a Prefect task option (``retries``, ``cache_policy``, ``tags``...).
     """
 
     def decorate(fn: Callable[..., Any]) -> KineticTask:
+        _prefect.start_embedded_server()  # before the flow starts it with Prefect's shorter limit
         options = _options(accelerator, requirements, image, work_pool, env, submission, project_dir,
-                           ship_project, job_variables, base_image)
+                           ship_project, job_variables, base_image, hosts)
         name = task_options.pop("name", None) or fn.__name__
         tags = set(task_options.pop("tags", None) or ())
         tags.add(f"accelerator:{options.accelerator.name}")
-        shared_results = None
-        if "result_storage" not in task_options:
-            from kinetic_prefect.results import result_storage
-
-            shared_results = result_storage()  # a gs:// KINETIC_STORE: results live beside the rest
+        task_options["retry_condition_fn"] = _no_retry_for_deterministic_failures(task_options.get("retry_condition_fn"))
+        if "cache_policy" in task_options:
+            task_options["cache_policy"] = _isolated(task_options["cache_policy"])
         task = KineticTask(fn=_remote_body(fn, options, name), name=name, tags=tags, **task_options)
         task.kinetic = options
         task.user_fn = fn
-        if shared_results is not None:
-            _prefect.attach_result_storage(task, shared_results)
+        task.results_follow_pool = task.result_storage is None
         return task
 
     if __fn is not None:

@@ -24,11 +24,13 @@ from prefect import get_client
 from prefect.context import TaskRunContext
 from prefect.logging import get_run_logger
 
-from kinetic_prefect import _prefect, accelerators, config, data
-from kinetic_prefect.errors import KineticJobCrashed, KineticJobSetupError, PayloadError, RemoteError, RemoteTraceback
+from kinetic_prefect import _prefect, accelerators, config, data, gcp, signing
+from kinetic_prefect.contract import Env, Outcome, RunLayout, checkpoints_key
+from kinetic_prefect.errors import (
+    KineticJobCrashed, KineticJobInterrupted, KineticJobSetupError, PayloadError, RemoteError, RemoteTraceback,
+)
 from kinetic_prefect.image import ImageSpec
-from kinetic_prefect.workers.base import ENV_BLOCK_VARIABLE
-from kinetic_prefect.payload import archive_project, build_call_payload, find_project_dir, sha256_hex
+from kinetic_prefect.payload import build_call_payload, cached_project_archive, find_project_dir, sha256_hex
 
 SUBMISSION_MODES = ("auto", "in-process", "worker")
 
@@ -46,6 +48,7 @@ class KineticOptions:
     project_dir: Path | None = None
     ship_project: bool = True
     job_variables: dict[str, Any] = field(default_factory=dict)
+    hosts: int | None = None  # a group of N hosts (one jax.distributed group); None: the accelerator's own
 
     def __post_init__(self) -> None:
         if self.submission not in SUBMISSION_MODES:
@@ -74,7 +77,7 @@ def forwarded_environment(patterns: tuple[str, ...]) -> dict[str, str]:
 class PreparedCall:
     """Everything computed before contacting Prefect or storage; failing here stores nothing."""
 
-    run_prefix: str
+    layout: RunLayout
     payload: bytes
     payload_sha256: str
     code_archive: Any | None
@@ -104,50 +107,150 @@ def prepare(options: KineticOptions, fn: Callable[..., Any], args: tuple, kwargs
     args, kwargs, manifests = _swap_data(args, kwargs)
     payload = build_call_payload(fn, args, kwargs, project_dir)
     # Data passed as Data travels by its own content-addressed route, never inside the code archive.
-    archive = archive_project(project_dir, exclude=data_paths) if options.ship_project else None
+    archive = cached_project_archive(project_dir, exclude=data_paths) if options.ship_project else None
     env = forwarded_environment(options.env)
     return PreparedCall(
-        run_prefix=f"runs/{uuid.uuid4()}", payload=payload, payload_sha256=sha256_hex(payload),
+        layout=RunLayout(str(uuid.uuid4())), payload=payload, payload_sha256=sha256_hex(payload),
         code_archive=archive, env=env, data=manifests,
         task_run_id=str(ctx.task_run.id) if (ctx := TaskRunContext.get()) else None,
     )
 
 
-def _upload_inputs(store: Any, call: PreparedCall, logger: Any) -> None:
-    if call.code_archive is not None and not store.exists(call.code_archive.key):
-        store.put_bytes(call.code_archive.key, call.code_archive.data, if_absent=True)
+# Content-addressed objects this process has checked in each store: checked once, trusted after.
+_verified_objects: set[tuple[str, str]] = set()
+
+
+def _ensure_content_addressed(store: Any, key: str, blob: bytes, sha256: str) -> None:
+    """Upload ``blob`` under ``key`` unless the store already has exactly it.
+
+    An object that exists but fails its check (a torn copy, a disk error, someone's edit) is
+    replaced, instead of failing every later call on the job side.
+    """
+    from kinetic_prefect.storage import ObjectNotFound
+
+    marker = (store.url_for(key), key)
+    # A local object costs a file read to check, so it is checked on every call; a remote one once
+    # per process (and dropped from trust when a job reports it broken, see _forget_broken_code).
+    if marker in _verified_objects and store.local_path(key) is None:
+        return
+    try:
+        stored = store.get_bytes(key)
+    except ObjectNotFound:
+        stored = None
+    if stored is None:
+        store.put_bytes(key, blob, if_absent=True)
+    elif sha256_hex(stored) != sha256:
+        store.put_bytes(key, blob)
+    _verified_objects.add(marker)
+
+
+def _forget_broken_code(store: Any, call: PreparedCall, outcome: Outcome) -> None:
+    """The job could not verify or unpack the project archive: delete it so the next call (or
+    this task's retry) uploads a good copy instead of failing the same way forever."""
+    if call.code_archive is None or outcome.user_error or outcome.phase != "restoring the project code":
+        return
+    _verified_objects.discard((store.url_for(call.code_archive.key), call.code_archive.key))
+    try:
+        store.delete(call.code_archive.key)
+    except Exception:
+        pass
+
+
+class UploadProgress:
+    """Progress of one Data upload: a bar in the terminal (when stderr is one) and a Prefect progress
+    artifact on the task run, updated at most once a second (called from the uploading threads)."""
+
+    def __init__(self, name: str, total_bytes: int, task_run_id: str | None):
+        import threading
+
+        self.name, self.total, self.task_run_id = name, max(1, total_bytes), task_run_id
+        self.done = 0
+        self._lock = threading.Lock()
+        self._last = 0.0
+        self._artifact_id: Any = None
+        self._tty = sys.stderr.isatty()
+
+    def __call__(self, size: int) -> None:
+        import time
+
+        with self._lock:
+            self.done += size
+            now = time.monotonic()
+            if now - self._last < 1.0 and self.done < self.total:
+                return
+            self._last = now
+            self.show()
+
+    def show(self) -> None:
+        percent = 100.0 * min(self.done, self.total) / self.total
+        text = f"Data {self.name}: {self.done / 2**20:.1f} of {self.total / 2**20:.1f} MiB uploaded"
+        if self._tty:
+            bar = "#" * int(percent / 4)
+            print(f"\r[{bar:<25}] {percent:5.1f}% {text}", end="\n" if self.done >= self.total else "",
+                  file=sys.stderr, flush=True)
+        if self.task_run_id is None:
+            return
+        from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate
+
+        try:
+            with get_client(sync_client=True) as client:
+                if self._artifact_id is None:
+                    self._artifact_id = client.create_artifact(ArtifactCreate(
+                        type="progress", data=percent, description=text, task_run_id=self.task_run_id)).id
+                else:
+                    client.update_artifact(self._artifact_id, ArtifactUpdate(data=percent, description=text))
+        except Exception:  # progress never fails an upload
+            pass
+
+
+def _upload_inputs(store: Any, call: PreparedCall, logger: Any, key: bytes | None = None) -> None:
+    if call.code_archive is not None:
+        _ensure_content_addressed(store, call.code_archive.key, call.code_archive.data, call.code_archive.sha256)
     for manifest in call.data:
-        uploaded = data.upload(manifest, store)
+        total = sum(size for _rel, size, _sha in manifest.files)
+        uploaded = data.upload(manifest, store, key=key,
+                               on_file=UploadProgress(manifest.root.name, total, call.task_run_id))
         if logger:
             logger.info(f"Data {manifest.root.name} ({len(manifest.files)} files, sha256 {manifest.sha256[:12]}): "
                         + (f"uploaded {uploaded / 2**20:.1f} MiB" if uploaded else "already in the store"))
-    store.put_bytes(f"{call.run_prefix}/payload.pkl", call.payload)
+    signing.put(store, call.layout.payload, call.payload, key)
 
 
-async def _publish_outputs(store: Any, call: PreparedCall, outcome: dict[str, Any], run_name: str) -> None:
+async def _publish_outputs(store: Any, call: PreparedCall, outcome: Outcome, run_name: str) -> None:
     """A table artifact on the task run listing what the job left in KINETIC_OUTPUT_DIR."""
-    outputs = outcome.get("outputs") or []
-    if not outputs or TaskRunContext.get() is None:
+    if not outcome.outputs or TaskRunContext.get() is None:
         return
     from prefect.artifacts import acreate_table_artifact
 
-    run_id = call.run_prefix.rsplit("/", 1)[-1]
-    rows = [{"file": rel, "url": store.url_for(f"outputs/{run_id}/{rel}")} for rel in outputs]
-    await acreate_table_artifact(rows, description=f"Outputs of kinetic job {run_name} ({outcome.get('status')})")
+    rows = [{"file": rel, "url": store.url_for(call.layout.output(rel))} for rel in outcome.outputs]
+    await acreate_table_artifact(rows, description=f"Outputs of kinetic job {run_name} ({outcome.status})")
+
+
+def check_hosts(options: KineticOptions, pool_name: str, pool_type: str, pool_variables: set[str]) -> None:
+    """Before anything is uploaded: a group of hosts needs a pool whose job template takes ``hosts`` (both
+    kinetic pool types ship it; a pool created from an older template lacks it and would run one process)."""
+    hosts = options.job_variables.get("hosts", options.hosts)
+    count = accelerators.host_count(options.accelerator, hosts)
+    if hosts is not None and count > 1 and "hosts" not in pool_variables:
+        raise ValueError(
+            f"hosts={hosts}: pool {pool_name!r} (type {pool_type!r}) cannot run a group of hosts: its base job template "
+            f"has no `hosts` variable (made before multi-host groups). Update the template, e.g. `prefect work-pool "
+            f"update {pool_name} --base-job-template work_pools/{pool_type}.json`, or drop hosts= to run on one host.")
 
 
 def _job_variables(options: KineticOptions, call: PreparedCall, store_url: str, pool_variables: set[str]) -> dict[str, Any]:
     env = {
-        "KINETIC_RUN_PREFIX": call.run_prefix,
-        "KINETIC_PAYLOAD_SHA256": call.payload_sha256,
+        Env.RUN_ID: call.layout.run_id,
+        "KINETIC_RUN_PREFIX": call.layout.prefix,  # the name jobs of kinetic-prefect 0.1 read
+        Env.PAYLOAD_SHA256: call.payload_sha256,
         "KERAS_BACKEND": os.environ.get("KERAS_BACKEND", "jax"),
         "JAX_PLATFORMS": options.accelerator.jax_platform,
         # Keyed by the task run, not the job: a retry (a new job) resumes from the same checkpoints.
-        "KINETIC_CHECKPOINT_KEY": f"checkpoints/{call.task_run_id or call.run_prefix.rsplit('/', 1)[-1]}",
+        Env.CHECKPOINT_KEY: checkpoints_key(call.task_run_id or call.layout.run_id),
     }
     if call.code_archive is not None:
-        env["KINETIC_CODE_KEY"] = call.code_archive.key
-        env["KINETIC_CODE_SHA256"] = call.code_archive.sha256
+        env[Env.CODE_KEY] = call.code_archive.key
+        env[Env.CODE_SHA256] = call.code_archive.sha256
     variables: dict[str, Any] = {
         **options.job_variables,
         "accelerator": options.accelerator.name + (":spot" if options.accelerator.spot else ""),
@@ -157,6 +260,8 @@ def _job_variables(options: KineticOptions, call: PreparedCall, store_url: str, 
         "base_image": options.image_spec.base_image,
         "store": store_url,
     }
+    if options.hosts is not None and "hosts" in pool_variables:
+        variables["hosts"] = options.hosts
     variables["env"] = {**options.job_variables.get("env", {}), **env}
     if options.image and "image" in pool_variables:
         variables["image"] = options.image
@@ -192,22 +297,38 @@ def readable_traceback(traceback_text: str, fn: Callable[..., Any]) -> str:
     return _DYNAMIC_FRAME.sub(replace, traceback_text)
 
 
-def _raise_remote(outcome: dict[str, Any], result_blob: bytes | None, run_name: str, fn: Callable[..., Any]) -> None:
-    traceback_text = readable_traceback(outcome.get("traceback", ""), fn)
-    if not outcome.get("user_error"):
-        raise KineticJobSetupError(outcome.get("phase", "?"), f"{outcome.get('error_type')}: {outcome.get('message')}") \
+def rebuild_exception(exc_type: type, exc_args: tuple, exc_state: dict[str, Any]) -> BaseException:
+    """The remote exception, rebuilt without calling its own ``__init__`` (see
+    runner._pickle_exception), but with its built-in base's ``__init__``: that is what sets
+    ``SystemExit.code``, ``OSError.errno`` and the like from ``args``."""
+    exc = exc_type.__new__(exc_type)
+    builtin = next(c for c in exc_type.__mro__ if c.__module__ == "builtins")
+    try:
+        builtin.__init__(exc, *exc_args)
+    except Exception:
+        pass
+    exc.args = exc_args
+    exc.__dict__.update(exc_state)
+    return exc
+
+
+def _raise_remote(outcome: Outcome, result_blob: bytes | None, run_name: str, fn: Callable[..., Any]) -> None:
+    traceback_text = readable_traceback(outcome.traceback, fn)
+    if not outcome.user_error:
+        raise KineticJobSetupError(outcome.phase or "?", f"{outcome.error_type}: {outcome.message}") \
             from RemoteTraceback(traceback_text)
     exc: BaseException | None = None
     if result_blob is not None:
         try:
             _tag, exc_type, exc_args, exc_state = cloudpickle.loads(result_blob)
-            exc = exc_type.__new__(exc_type)  # not __init__: see runner._pickle_exception
-            exc.args = exc_args
-            exc.__dict__.update(exc_state)
+            exc = rebuild_exception(exc_type, exc_args, exc_state)
         except Exception:  # the type exists remotely only (e.g. a module the caller lacks)
             exc = None
+    if isinstance(exc, KeyboardInterrupt) or (exc is None and outcome.error_type == "builtins.KeyboardInterrupt"):
+        # Raised as is, it would look like Ctrl-C in the caller and crash the flow instead of failing the task.
+        exc = KineticJobInterrupted(f"the job's function raised KeyboardInterrupt {outcome.message!r}".rstrip())
     if not isinstance(exc, BaseException):
-        exc = RemoteError(outcome.get("error_type", "Exception"), outcome.get("message", ""))
+        exc = RemoteError(outcome.error_type or "Exception", outcome.message)
     exc.add_note(f"(raised in kinetic job {run_name}; the remote traceback is shown above)")
     exc.remote_traceback = traceback_text  # type: ignore[attr-defined]
     raise exc.with_traceback(None) from RemoteTraceback(traceback_text)
@@ -215,21 +336,27 @@ def _raise_remote(outcome: dict[str, Any], result_blob: bytes | None, run_name: 
 
 async def _submit_and_collect(options: KineticOptions, call: PreparedCall, task_name: str,
                               fn: Callable[..., Any]) -> Any:
-    from kinetic_prefect.storage import ObjectNotFound, open_store
+    from kinetic_prefect.storage import ObjectNotFound
 
     ctx = TaskRunContext.get()
     task_run = ctx.task_run if ctx else None
     logger = get_run_logger() if ctx else None
     async with get_client() as client:
         pool = await _prefect.ensure_work_pool(client, options.work_pool or config.default_work_pool())
-        _prefect.worker_class_for(pool.type).check_accelerator(options.accelerator)
+        worker_class = _prefect.worker_class_for(pool.type)
+        worker_class.check_accelerator(options.accelerator)
         pool_variables = set(pool.base_job_template["variables"]["properties"])
+        worker_class.check_pool_settings(
+            pool.name, {name: _prefect.pool_default(pool, name) for name in pool_variables},
+            {**options.job_variables, **({"image": options.image} if options.image else {})})
+        check_hosts(options, pool.name, pool.type, pool_variables)
         if options.image and "image" not in pool_variables:
             raise ValueError(f"image={options.image!r} needs a pool that runs container images (kinetic-gke); "
                              f"pool {pool.name!r} is of type {pool.type!r}.")
-        store_url = _prefect.pool_default(pool, "store") or config.default_store_url()
-        store = open_store(store_url)
-        await to_thread.run_sync(_upload_inputs, store, call, logger)
+        store_url = gcp.store_url(pool)
+        store = gcp.open_store(store_url, await gcp.pool_credentials(pool))  # a bad gcp_credentials fails here
+        key = await _prefect.signing_key()
+        await to_thread.run_sync(_upload_inputs, store, call, logger, key)
 
         polling = options.submission == "worker" or (
             options.submission == "auto" and await _prefect.has_online_worker(client, pool.name)
@@ -237,9 +364,11 @@ async def _submit_and_collect(options: KineticOptions, call: PreparedCall, task_
         attempt = task_run.run_count if task_run else 1
         run_name = f"{task_run.name}-job{attempt}" if task_run else f"{task_name}-job"
         job_variables = _job_variables(options, call, store_url, pool_variables)
+        if key is not None:  # not the key: only that the job must insist on signatures
+            job_variables["env"][signing.REQUIRED_ENV] = "1"
         if polling and call.env:
-            block = f"kinetic-env-{call.run_prefix.rsplit('/', 1)[-1]}"
-            job_variables["env"][ENV_BLOCK_VARIABLE] = await _prefect.store_secret_env(call.env, block)
+            block = f"kinetic-env-{call.layout.run_id}"
+            job_variables["env"][Env.ENV_BLOCK] = await _prefect.store_secret_env(call.env, block)
         flow_run = await _prefect.create_job_flow_run(
             client, flow_name=task_name, run_name=run_name, pool=pool,
             job_variables=job_variables,
@@ -252,31 +381,78 @@ async def _submit_and_collect(options: KineticOptions, call: PreparedCall, task_
         try:
             if polling:
                 state = await _prefect.wait_for_final_state(
-                    client, flow_run.id, on_log=lambda line: print(f"[{run_name}] {line}", file=sys.stderr, flush=True)
+                    client, flow_run.id, on_log=lambda text: _print_job_output(run_name, text)
                 )
             else:
-                await _prefect.run_in_process(client, pool, flow_run, secret_env=call.env)
+                async with _prefect.in_process_slots():
+                    await _prefect.run_in_process(client, pool, flow_run, secret_env=call.env)
                 state = (await client.read_flow_run(flow_run.id)).state
         except BaseException:
-            if polling:
-                await _prefect.cancel_flow_run(client, flow_run.id)
+            if polling:  # the worker stops the job; shielded: this task is being cancelled itself
+                await _prefect.cancel_flow_run(client, flow_run.id, "The calling task stopped waiting "
+                                                                   "(timeout, interrupt or error in the caller)",
+                                               wait_seconds=20)
             raise
+        if state is not None and state.is_cancelled():
+            await to_thread.run_sync(_discard_run, store, call)
+            return await _cancelled_result(client, task_run, run_name, state)
 
     try:
-        outcome = json.loads(store.get_bytes(f"{call.run_prefix}/outcome.json"))
+        outcome = Outcome.from_json(_read_signed(store, call.layout.outcome, key))
     except ObjectNotFound:
         message = state.message if state is not None else "no state"
         raise KineticJobCrashed(f"job {run_name} ended without an outcome ({state.name if state else '?'}: {message})") from None
     await _publish_outputs(store, call, outcome, run_name)
-    if outcome.get("status") == "completed":
-        value = cloudpickle.loads(store.get_bytes(f"{call.run_prefix}/result.pkl"))
-        store.delete(f"{call.run_prefix}/payload.pkl")  # collected: the payload is no longer needed
-        return value
     try:
-        blob = store.get_bytes(f"{call.run_prefix}/result.pkl")
-    except ObjectNotFound:
-        blob = None
-    _raise_remote(outcome, blob, run_name, fn)
+        if outcome.completed:
+            return cloudpickle.loads(_read_signed(store, call.layout.result, key))
+        try:
+            blob = _read_signed(store, call.layout.result, key)
+        except ObjectNotFound:
+            blob = None
+        await to_thread.run_sync(_forget_broken_code, store, call, outcome)
+        _raise_remote(outcome, blob, run_name, fn)
+    finally:
+        await to_thread.run_sync(_discard_run, store, call)
+
+
+def _read_signed(store: Any, object_key: str, key: bytes | None) -> bytes:
+    """Read a store object the job wrote, verified before anything unpickles it."""
+    from kinetic_prefect.errors import StoreTampered
+
+    try:
+        return signing.get(store, object_key, key)
+    except signing.TamperedObject as exc:
+        raise StoreTampered(str(exc)) from None
+
+
+def _print_job_output(run_name: str, text: str) -> None:
+    print("\n".join(f"[{run_name}] {line}" for line in text.splitlines()), file=sys.stderr, flush=True)
+
+
+def _discard_run(store: Any, call: PreparedCall) -> None:
+    """Collected (or cancelled): the payload and the pickled result are not needed any more. The
+    small outcome record stays as the job's receipt; outputs and checkpoints stay too."""
+    for object_key in (call.layout.payload, call.layout.result):
+        signing.delete(store, object_key)  # never raises: cleanup must not turn a result into a failure
+
+
+async def _cancelled_result(client: Any, task_run: Any, run_name: str, state: Any) -> Any:
+    """A cancelled job ends its task run Cancelled (returned as a state: Prefect does not retry it,
+    so a cancel is never undone by ``retries=``). Without a task run, it raises."""
+    from prefect.states import Cancelled
+    from prefect.transactions import get_transaction
+
+    from kinetic_prefect.errors import KineticJobCancelled
+
+    message = f"Job {run_name} was cancelled: {state.message or 'on request'}"
+    if task_run is None:
+        raise KineticJobCancelled(message)
+    transaction = get_transaction()
+    if transaction is not None:
+        transaction.write_on_commit = False  # a cancelled call must not become a cache hit
+    await _prefect.finish_cancelled_parent(client, task_run)
+    return Cancelled(message=message)
 
 
 def call_remotely(options: KineticOptions, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any],

@@ -40,3 +40,20 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return "\n\n" + self.traceback_text.rstrip() + "\n"
+
+
+class ResultNotPicklable(KineticError, TypeError):
+    """The function's return value cannot travel back to the caller (a generator, a lock, an open
+    file...): the function's error, not the infrastructure's, so it is not retried."""
+
+
+class KineticJobInterrupted(KineticError, RuntimeError):
+    """The job's function raised KeyboardInterrupt: a failure of the job, not an interrupt of the caller."""
+
+
+class KineticJobCancelled(KineticError, RuntimeError):
+    """The job's run was cancelled (in the UI, by the CLI, or with its parent flow run)."""
+
+
+class StoreTampered(KineticError, RuntimeError):
+    """A store object failed its signature check; it was not used (see kinetic_prefect.signing)."""

@@ -4,18 +4,22 @@ It imports only the stdlib, cloudpickle and the storage leaf (no Prefect: start-
 part of every call's latency). Each step has a name; whatever fails, the outcome record says
 which step it was. The contract with the worker and the caller:
 
-* inputs come from environment variables (``KINETIC_STORE``, ``KINETIC_RUN_PREFIX``,
-  ``KINETIC_PAYLOAD_SHA256``, ``KINETIC_CODE_KEY``, ``KINETIC_CODE_SHA256``);
-* ``<run prefix>/result.pkl`` holds the pickled return value or exception, then
-  ``<run prefix>/outcome.json`` is written last: its presence means the outcome is complete;
-* exit status 0 means an outcome was recorded (even for a failing function); anything else
-  means the job crashed and the worker reports the run as Crashed.
+* inputs come from the ``contract.Env`` variables (store, run id, payload and code digests);
+* ``RunLayout.result`` holds the pickled return value or exception, then ``RunLayout.outcome``
+  (a ``contract.Outcome``) is written last: its presence means the outcome is complete;
+* exit status ``EXIT_OUTCOME_RECORDED`` means an outcome was recorded (even for a failing
+  function); anything else means the job crashed and the worker reports the run as Crashed;
+* SIGTERM (a cancel, a deleted pod) unwinds the function like Ctrl-C would, so checkpoints and
+  outputs are still saved before the process ends.
 """
 
 from __future__ import annotations
 
 import hashlib
 import inspect
+import signal
+import shutil
+import threading
 import io
 import json
 import os
@@ -29,8 +33,16 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-EXIT_NO_OUTCOME = 3
+from kinetic_prefect.contract import (
+    COMPLETED, EXIT_HOST_FAILED, EXIT_NO_OUTCOME, EXIT_OUTCOME_RECORDED, FAILED, PHASE_FUNCTION, PHASE_PICKLE_RESULT,
+    Env, Group, Outcome, RunLayout,
+)
 
+
+class JobTerminated(BaseException):
+    """Raised in the function's thread on SIGTERM: the job was cancelled or its pod deleted."""
+from kinetic_prefect import signing
+from kinetic_prefect.errors import ResultNotPicklable
 
 class PhaseFailed(Exception):
     def __init__(self, phase: str, error: BaseException):
@@ -143,7 +155,14 @@ def _call(fn, args, kwargs):
 def _pickle_value(value: Any) -> bytes:
     import cloudpickle
 
-    return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    try:
+        return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        kind = f"{type(value).__module__}.{type(value).__qualname__}"
+        raise ResultNotPicklable(
+            f"the function returned a {kind}, which cannot be pickled back to the caller ({exc}); "
+            "return plain data (e.g. list(...) instead of a generator) or write it to KINETIC_OUTPUT_DIR"
+        ) from exc
 
 
 def _pickle_exception(exc: BaseException) -> bytes | None:
@@ -166,13 +185,30 @@ def _pickle_exception(exc: BaseException) -> bytes | None:
     return None
 
 
-def _upload_outputs(store, run_id: str, output_dir: Path) -> list[str]:
+def _upload_outputs(store, layout: RunLayout, output_dir: Path, host: int = 0) -> list[str]:
     files = [p for p in sorted(output_dir.rglob("*")) if p.is_file()]
     if not files:
         return []
     pairs = [(p.relative_to(output_dir).as_posix(), p) for p in files]
-    store.put_tree(f"outputs/{run_id}", pairs)
+    store.put_tree(layout.host_outputs(host), pairs)
     return [rel for rel, _ in pairs]
+
+
+def _join_group(group: Group) -> None:
+    """Form the multi-host group before the function runs: ``jax.distributed`` needs every host to call
+    ``initialize`` with the same coordinator before any computation.  Without JAX in the environment the
+    variables are still there for other frameworks (KINETIC_NUM_HOSTS, KINETIC_HOST_INDEX, the coordinator)."""
+    try:
+        import jax
+    except ImportError:
+        return
+    if not group.coordinator:
+        raise RuntimeError(f"a group of {group.size} hosts needs {Env.COORDINATOR_ADDRESS}")
+    if os.environ.get("JAX_PLATFORMS", "").split(",")[0] in ("", "cpu"):
+        # CPU devices of several processes talk through gloo; the default has no cross-process collectives.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=group.coordinator, num_processes=group.size,
+                               process_id=group.index)
 
 
 class CheckpointSync:
@@ -184,11 +220,13 @@ class CheckpointSync:
     ``KINETIC_CHECKPOINT_SYNC_SECONDS`` (default 30) and once more when the function ends.
     """
 
-    def __init__(self, store, key: str):
+    def __init__(self, store, key: str, upload: bool = True):
         import threading
 
-        self.store, self.key = store, key.rstrip("/")
-        self.direct = store.local_path(self.key)
+        self.store, self.key, self.upload = store, key.rstrip("/"), upload  # only a group's coordinator uploads
+        # The other hosts of a group work on a private copy, on a local store too: every host starts from the
+        # shared checkpoint, only the coordinator's writes are kept, and no two processes write the same file.
+        self.direct = store.local_path(self.key) if upload else None
         self.dir = self.direct or Path(tempfile.mkdtemp(prefix="kinetic-checkpoint-"))
         self.dir.mkdir(parents=True, exist_ok=True)
         self._synced: dict[str, tuple[int, int]] = {}
@@ -212,7 +250,7 @@ class CheckpointSync:
         return snap
 
     def sync(self) -> int:
-        if self.direct is not None:
+        if self.direct is not None or not self.upload:
             return 0
         with self._lock:
             current = self._snapshot()
@@ -223,7 +261,7 @@ class CheckpointSync:
             return len(changed)
 
     def start(self) -> None:
-        if self.direct is not None:
+        if self.direct is not None or not self.upload:
             return
         import threading
 
@@ -245,97 +283,220 @@ class CheckpointSync:
             self._thread.join()
         self.sync()
 
+    def remove_local_copy(self) -> None:
+        """The temporary copy of a remote store's checkpoints; the store keeps them."""
+        if self.direct is None:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
-def _localize_data(args, kwargs, store):
+
+def _localize_data(args, kwargs, store, key):
     from kinetic_prefect import data
 
     node_cache = _node_cache()
-    resolve = lambda ref: data.localize(ref, store, node_cache)  # noqa: E731
+    resolve = lambda ref: data.localize(ref, store, node_cache, key)  # noqa: E731
     return data.transform(args, resolve, data.DataRef), data.transform(kwargs, resolve, data.DataRef)
 
 
+def _on_sigterm(signum, frame) -> None:
+    raise JobTerminated(f"the job received signal {signum} (cancelled, or its pod was deleted)")
+
+
+def _cancel_own_run(reason: str) -> None:
+    """Mark this job's flow run Cancelled through Prefect's REST API (stdlib only: no Prefect here)."""
+    import urllib.request
+
+    api, run = os.environ.get(Env.PREFECT_API_URL), os.environ.get(Env.FLOW_RUN_ID)
+    if not api or not run:
+        return
+    body = json.dumps({"state": {"type": "CANCELLED", "name": "Cancelled", "message": reason}, "force": True})
+    request = urllib.request.Request(f"{api.rstrip('/')}/flow_runs/{run}/set_state", data=body.encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    if os.environ.get(Env.PREFECT_API_KEY):
+        request.add_header("Authorization", f"Bearer {os.environ[Env.PREFECT_API_KEY]}")
+    try:
+        urllib.request.urlopen(request, timeout=10).close()
+    except Exception as exc:  # the run then stays for a sweep; the job still stops
+        print(f"kinetic runner: could not cancel run {run}: {exc!r}", file=sys.stderr, flush=True)
+
+
+def _watch_owner(owner_pid: int) -> None:
+    """In-process submission: the calling process is the only one that will collect the result.
+    If it dies (kill -9, OOM), stop the job and cancel its run instead of running for nobody."""
+
+    def owner_alive() -> bool:
+        if os.getppid() != owner_pid:
+            return False
+        try:
+            os.kill(owner_pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+    def watch() -> None:
+        while owner_alive():
+            time.sleep(0.5)
+        reason = f"The calling process (pid {owner_pid}) died; nobody can collect this job's result."
+        print(f"kinetic runner: {reason} Stopping.", file=sys.stderr, flush=True)
+        _cancel_own_run(reason)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="kinetic-owner-watch", daemon=True).start()
+
+
+def _describe_failure(failed: PhaseFailed, outcome: Outcome) -> None:
+    exc = failed.error
+    outcome.status = FAILED
+    outcome.phase = failed.phase
+    outcome.error_type = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    outcome.message = str(exc)
+    outcome.traceback = "".join(traceback.format_exception(exc))
+    # The function's own exceptions, and a return value that cannot travel, are the user's to fix:
+    # retrying the same code on new infrastructure would fail the same way.
+    outcome.user_error = failed.phase in (PHASE_FUNCTION, PHASE_PICKLE_RESULT) and not isinstance(exc, JobTerminated)
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        outcome.exit_code = code if isinstance(code, int) else (0 if code is None else 1)
+
+
+def _signing_key() -> bytes | None:
+    key = signing.key_from_env()
+    if key is None and os.environ.get(signing.REQUIRED_ENV):
+        raise RuntimeError(f"the caller signed this job's payload but the job has no {signing.KEY_ENV}: give the "
+                           f"worker the key (environment variable {signing.KEY_ENV} or the Prefect Secret block "
+                           f"{signing.SECRET_BLOCK!r}); it hands it to the job")
+    return key
+
+
+def _run_id() -> str:
+    explicit = os.environ.get(Env.RUN_ID)
+    if explicit:
+        return explicit
+    return _env("KINETIC_RUN_PREFIX").rstrip("/").rsplit("/", 1)[-1]
+
+
 def main() -> int:
+    global _GROUP_FAILED
     started = time.perf_counter()
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    if os.environ.get(Env.OWNER_PID):
+        _watch_owner(int(os.environ[Env.OWNER_PID]))
     phases = Phases()
-    outcome: dict[str, Any] = {"pid": os.getpid(), "hostname": socket.gethostname()}
+    outcome = Outcome(status=FAILED, pid=os.getpid(), hostname=socket.gethostname())
+    group = Group()
     result_blob: bytes | None = None
     store = None
-    prefix = None
+    layout: RunLayout | None = None
+    temporary_output_dir: Path | None = None
+    checkpoints = None
     try:
-        from kinetic_prefect.storage import open_store
-
-        store_url = phases.run("reading the job environment", _env, "KINETIC_STORE")
-        prefix = _env("KINETIC_RUN_PREFIX").rstrip("/")
-        run_id = prefix.rsplit("/", 1)[-1]
-        store = phases.run("opening the store", open_store, store_url)
-        payload = phases.run("fetching the payload", _fetch, store, f"{prefix}/payload.pkl")
-        phases.run("verifying the payload", _verify, payload, _env("KINETIC_PAYLOAD_SHA256"), "payload")
-        code_key = os.environ.get("KINETIC_CODE_KEY")
-        if code_key:
-            code_dir = phases.run("restoring the project code", _restore_code, store, code_key,
-                                  os.environ.get("KINETIC_CODE_SHA256"))
-            os.chdir(code_dir)
-            sys.path.insert(0, str(code_dir))
-        output_dir = Path(os.environ.get("KINETIC_OUTPUT_DIR") or tempfile.mkdtemp(prefix="kinetic-outputs-"))
-        output_dir.mkdir(parents=True, exist_ok=True)
-        os.environ["KINETIC_OUTPUT_DIR"] = str(output_dir)
-        fn, args, kwargs = phases.run("unpickling the call", _unpickle_call, payload)
-        args, kwargs = phases.run("fetching the data", _localize_data, args, kwargs, store)
-        checkpoints = None
-        if os.environ.get("KINETIC_CHECKPOINT_KEY"):
-            checkpoints = CheckpointSync(store, os.environ["KINETIC_CHECKPOINT_KEY"])
-            outcome["checkpoint_files_restored"] = phases.run("restoring checkpoints", checkpoints.restore)
-            os.environ["KINETIC_CHECKPOINT_DIR"] = str(checkpoints.dir)
-            checkpoints.start()
-        function_failure = None
         try:
-            value = phases.run("running the function", _call, fn, args, kwargs)
-        except PhaseFailed as failed:
-            function_failure = failed
-        # Checkpoints and outputs are saved after a failure too: that is when they matter most.
-        if checkpoints is not None:
+            from kinetic_prefect.storage import open_store
+
+            group = phases.run("reading the job environment", Group.from_env)
+            outcome.host_index, outcome.num_hosts = group.index, group.size
+            store_url = phases.run("reading the job environment", _env, Env.STORE)
+            layout = RunLayout(_run_id())
+            store = phases.run("opening the store", open_store, store_url)
+            signing_key = phases.run("reading the job environment", _signing_key)
+            payload = phases.run("fetching the payload", _fetch, store, layout.payload)
+            phases.run("verifying the payload", _verify, payload, _env(Env.PAYLOAD_SHA256), "payload")
+            phases.run("verifying the payload", signing.verify, store, layout.payload, payload, signing_key)
+            code_key = os.environ.get(Env.CODE_KEY)
+            if code_key:
+                code_dir = phases.run("restoring the project code", _restore_code, store, code_key,
+                                      os.environ.get(Env.CODE_SHA256))
+                os.chdir(code_dir)
+                sys.path.insert(0, str(code_dir))
+            if os.environ.get(Env.OUTPUT_DIR):
+                output_dir = Path(os.environ[Env.OUTPUT_DIR])
+            else:
+                output_dir = temporary_output_dir = Path(tempfile.mkdtemp(prefix="kinetic-outputs-"))
+            output_dir.mkdir(parents=True, exist_ok=True)
+            os.environ[Env.OUTPUT_DIR] = str(output_dir)
+            fn, args, kwargs = phases.run("unpickling the call", _unpickle_call, payload)
+            args, kwargs = phases.run("fetching the data", _localize_data, args, kwargs, store, signing_key)
+            if os.environ.get(Env.CHECKPOINT_KEY):
+                checkpoints = CheckpointSync(store, os.environ[Env.CHECKPOINT_KEY], upload=group.is_coordinator)
+                outcome.checkpoint_files_restored = phases.run("restoring checkpoints", checkpoints.restore)
+                os.environ[Env.CHECKPOINT_DIR] = str(checkpoints.dir)
+                checkpoints.start()
+            if group.size > 1:
+                phases.run(f"joining the group of {group.size} hosts as host {group.index}", _join_group, group)
+            function_failure = None
             try:
-                phases.run("saving checkpoints", checkpoints.stop)
+                value = phases.run(PHASE_FUNCTION, _call, fn, args, kwargs)
+            except PhaseFailed as failed:
+                function_failure = failed
+            # Checkpoints and outputs are saved after a failure too: that is when they matter most.
+            if checkpoints is not None:
+                try:
+                    phases.run("saving checkpoints", checkpoints.stop)
+                except PhaseFailed as failed:
+                    if function_failure is None:
+                        raise
+                    print(f"kinetic runner: also failed while saving checkpoints: {failed.error!r}", file=sys.stderr)
+            try:
+                outcome.outputs = phases.run("uploading outputs", _upload_outputs, store, layout, output_dir,
+                                             group.index)
             except PhaseFailed as failed:
                 if function_failure is None:
                     raise
-                print(f"kinetic runner: also failed while saving checkpoints: {failed.error!r}", file=sys.stderr)
-        try:
-            outcome["outputs"] = phases.run("uploading outputs", _upload_outputs, store, run_id, output_dir)
+                print(f"kinetic runner: also failed while uploading outputs: {failed.error!r}", file=sys.stderr)
+            if function_failure is not None:
+                raise function_failure
+            result_blob = phases.run(PHASE_PICKLE_RESULT, _pickle_value, value)
+            outcome.status = COMPLETED
         except PhaseFailed as failed:
-            if function_failure is None:
-                raise
-            print(f"kinetic runner: also failed while uploading outputs: {failed.error!r}", file=sys.stderr)
-        if function_failure is not None:
-            raise function_failure
-        result_blob = phases.run("pickling the result", _pickle_value, value)
-        outcome["status"] = "completed"
-    except PhaseFailed as failed:
-        exc = failed.error
-        outcome.update(
-            status="failed",
-            phase=failed.phase,
-            error_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
-            message=str(exc),
-            traceback="".join(traceback.format_exception(exc)),
-            user_error=failed.phase == "running the function",
-        )
-        result_blob = _pickle_exception(exc)
-        # Printed so the failure is in the job's log even if the outcome cannot be stored.
-        print(f"kinetic runner: failed while {failed.phase}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-    outcome["timings"] = phases.timings
-    outcome["duration_s"] = round(time.perf_counter() - started, 4)
-    if store is None or prefix is None:
-        return EXIT_NO_OUTCOME
-    try:
-        if result_blob is not None:
-            store.put_bytes(f"{prefix}/result.pkl", result_blob)
-        store.put_bytes(f"{prefix}/outcome.json", json.dumps(outcome).encode())  # the marker: written last
-    except Exception as exc:
-        print(f"kinetic runner: failed while writing the outcome: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_NO_OUTCOME
-    return 0
+            _describe_failure(failed, outcome)
+            result_blob = _pickle_exception(failed.error)
+            # Printed so the failure is in the job's log even if the outcome cannot be stored.
+            print(f"kinetic runner: failed while {failed.phase}: {type(failed.error).__name__}: {failed.error}",
+                  file=sys.stderr, flush=True)
+        if group.size > 1 and not outcome.completed:
+            _GROUP_FAILED = True
+        outcome.timings = phases.timings
+        outcome.duration_s = round(time.perf_counter() - started, 4)
+        if store is None or layout is None:
+            return EXIT_NO_OUTCOME
+        try:
+            key = signing.key_from_env()
+            if not group.is_coordinator:
+                # Only the coordinator's value comes back; another host records how it ended, and its failure
+                # fails the whole group (all or nothing: the task's retry starts a new group).
+                signing.put(store, layout.host_outcome(group.index), outcome.to_json(), key)
+                return EXIT_OUTCOME_RECORDED if outcome.completed else EXIT_HOST_FAILED
+            if result_blob is not None:
+                signing.put(store, layout.result, result_blob, key)
+            signing.put(store, layout.outcome, outcome.to_json(), key)  # the marker: written last
+        except Exception as exc:
+            print(f"kinetic runner: failed while writing the outcome: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return EXIT_NO_OUTCOME
+        return EXIT_OUTCOME_RECORDED
+    finally:
+        # Nothing left behind on the node: the store has the outputs and checkpoints now.
+        if temporary_output_dir is not None:
+            shutil.rmtree(temporary_output_dir, ignore_errors=True)
+        if checkpoints is not None:
+            checkpoints.remove_local_copy()
+
+
+def _exit(code: int) -> None:
+    """A host of a group whose function failed leaves at once: JAX's exit handler (``jax.distributed.shutdown``)
+    waits at a barrier for every host, and the others may be blocked in a collective waiting for this one, so
+    a normal exit would hang until the coordination service times out (minutes). The worker then stops the
+    rest of the group (all or nothing). A host that completed exits normally: the barrier is where all meet."""
+    if code != EXIT_OUTCOME_RECORDED or _GROUP_FAILED:
+        if int(os.environ.get(Env.NUM_HOSTS) or 1) > 1:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    sys.exit(code)
+
+
+_GROUP_FAILED = False  # set by main() when this host's function (or a later step) failed in a group
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())

@@ -115,14 +115,18 @@ class Store(abc.ABC):
         _run_parallel(self.delete, keys, workers=32)
         return len(keys)
 
-    def put_tree(self, prefix: str, files: list[tuple[str, str | os.PathLike]], *, workers: int = 32) -> int:
-        """Upload (relative_key, local_path) pairs under ``prefix`` in parallel; returns the bytes uploaded."""
+    def put_tree(self, prefix: str, files: list[tuple[str, str | os.PathLike]], *, workers: int = 32,
+                 on_file: Callable[[int], None] | None = None) -> int:
+        """Upload (relative_key, local_path) pairs under ``prefix`` in parallel; returns the bytes uploaded.
+        ``on_file(size)`` is called after each file (from the uploading threads): progress reporting."""
         base = _check_prefix(prefix)
         jobs = [(base + _check_key(rel), os.fspath(path)) for rel, path in files]
 
         def upload(job: tuple[str, str]) -> int:
             size = os.path.getsize(job[1])
             self.put_file(job[0], job[1])
+            if on_file is not None:
+                on_file(size)
             return size
 
         return sum(_run_parallel(upload, jobs, workers=workers))
@@ -277,14 +281,28 @@ _client_lock = threading.Lock()
 _client_cache: dict[tuple, object] = {}
 
 
+def _widen_connection_pool(client) -> None:
+    """The default pool keeps 10 connections; put_tree's threads would otherwise open and drop
+    connections per request, which dominates the time for thousands of small files."""
+    import requests.adapters
+
+    adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=_GCS_POOL_SIZE)
+    client._http.mount("https://", adapter)
+    client._http.mount("http://", adapter)
+
+
 def _gcs_client():
-    """One client per process (and per emulator setting); its HTTP session is shared by all threads."""
+    """One client per process (and per emulator setting); its HTTP session is shared by all threads.
+
+    Credentials: anonymous against an emulator (``STORAGE_EMULATOR_HOST``), else Application Default
+    Credentials. A caller holding other credentials (a Prefect ``GcpCredentials`` block) passes its
+    own client to :func:`open_store` instead.
+    """
     emulator = os.environ.get("STORAGE_EMULATOR_HOST")
     cache_key = (os.getpid(), emulator)  # after a fork the parent's sockets must not be reused
     with _client_lock:
         client = _client_cache.get(cache_key)
         if client is None:
-            import requests.adapters
             from google.cloud import storage
 
             try:
@@ -299,19 +317,19 @@ def _gcs_client():
                 raise StoreError(f"cannot create a GCS client: {exc} "
                                  "(run `gcloud auth application-default login` or set "
                                  "GOOGLE_APPLICATION_CREDENTIALS)") from exc
-            # The default pool keeps 10 connections; put_tree's threads would otherwise open and drop
-            # connections per request, which dominates the time for thousands of small files.
-            adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=_GCS_POOL_SIZE)
-            client._http.mount("https://", adapter)
-            client._http.mount("http://", adapter)
+            _widen_connection_pool(client)
             _client_cache[cache_key] = client
         return client
 
 
 class GCSStore(Store):
-    """``gs://bucket[/prefix]``."""
+    """``gs://bucket[/prefix]``.
 
-    def __init__(self, url: str):
+    ``client``: a ``google.cloud.storage.Client`` to use instead of the process's default one (see
+    :func:`_gcs_client`); it is not pickled: a copy in another process uses that process's default.
+    """
+
+    def __init__(self, url: str, client=None):
         parsed = urllib.parse.urlsplit(url)
         bucket, prefix = parsed.netloc, parsed.path.strip("/")
         if parsed.scheme != "gs" or not bucket or parsed.query or parsed.fragment:
@@ -320,6 +338,13 @@ class GCSStore(Store):
             _check_key(prefix)
         self.bucket_name, self.prefix = bucket, prefix
         self.url = f"gs://{bucket}/{prefix}" if prefix else f"gs://{bucket}"
+        if client is not None:
+            _widen_connection_pool(client)
+        self._client = client
+
+    @property
+    def client(self):
+        return self._client if self._client is not None else _gcs_client()
 
     def __reduce__(self):
         return (GCSStore, (self.url,))
@@ -330,7 +355,7 @@ class GCSStore(Store):
     def _blob(self, key: str, *, upload: bool = False):
         # chunk_size only for uploads: on a download it would switch to ranged chunk requests, which skip
         # the whole-object checksum check (and trip fake-gcs-server on empty objects).
-        return _gcs_client().bucket(self.bucket_name).blob(self._name(key),
+        return self.client.bucket(self.bucket_name).blob(self._name(key),
                                                            chunk_size=_GCS_CHUNK_SIZE if upload else None)
 
     @contextlib.contextmanager
@@ -349,11 +374,16 @@ class GCSStore(Store):
 
     def _put(self, key: str, upload: Callable, if_absent: bool) -> bool:
         from google.api_core.exceptions import PreconditionFailed
+        from google.cloud.storage.retry import DEFAULT_RETRY
 
         with self._errors(key, reading=False):
             try:
-                # Generation 0 means "only if no live object": the server arbitrates the race.
-                upload(self._blob(key, upload=True), if_generation_match=0 if if_absent else None)
+                # Generation 0 means "only if no live object": the server arbitrates the race. Every write is a
+                # whole object, so repeating it is harmless: transient errors (429, 5xx, a dropped connection)
+                # are retried with exponential backoff also without a precondition (the library's default
+                # retries only conditional writes). Reads, lists and deletes are retried by the library.
+                upload(self._blob(key, upload=True), if_generation_match=0 if if_absent else None,
+                       retry=DEFAULT_RETRY)
             except PreconditionFailed:
                 # Also seen if a retried upload had in fact landed the first time: we then report False
                 # although our bytes won, which is harmless to a first-writer-wins reader (it reads ours).
@@ -390,7 +420,7 @@ class GCSStore(Store):
         base = _check_prefix(prefix)
         root = self.prefix + "/" if self.prefix else ""
         with self._errors(base, reading=False):
-            blobs = _gcs_client().list_blobs(self.bucket_name, prefix=root + base, page_size=_GCS_LIST_PAGE_SIZE,
+            blobs = self.client.list_blobs(self.bucket_name, prefix=root + base, page_size=_GCS_LIST_PAGE_SIZE,
                                              fields="items(name),nextPageToken")
             return sorted(blob.name[len(root):] for blob in blobs)  # the iterator follows every page
 
@@ -404,7 +434,7 @@ class GCSStore(Store):
                 pass
 
     def child(self, prefix: str) -> GCSStore:
-        return GCSStore(f"gs://{self.bucket_name}/{self._name(prefix.rstrip('/'))}")
+        return GCSStore(f"gs://{self.bucket_name}/{self._name(prefix.rstrip('/'))}", self._client)
 
     def url_for(self, key: str) -> str:
         return f"gs://{self.bucket_name}/{_join(self.prefix, key)}"
@@ -412,11 +442,14 @@ class GCSStore(Store):
 
 # ---------------------------------------------------------------------------------------------------------------
 
-def open_store(url: str | os.PathLike) -> Store:
-    """``gs://bucket[/prefix]`` → GCSStore; ``file:///dir``, ``/dir``, ``~/dir`` or a relative path → LocalStore."""
+def open_store(url: str | os.PathLike, *, gcs_client=None) -> Store:
+    """``gs://bucket[/prefix]`` → GCSStore; ``file:///dir``, ``/dir``, ``~/dir`` or a relative path → LocalStore.
+
+    ``gcs_client``: the ``google.cloud.storage.Client`` a GCS store uses (default: see ``_gcs_client``).
+    """
     text = os.fspath(url)
     if text.startswith("gs://"):
-        return GCSStore(text)
+        return GCSStore(text, gcs_client)
     if text.startswith("file://"):
         parsed = urllib.parse.urlsplit(text)
         if parsed.netloc not in ("", "localhost") or not parsed.path:

@@ -79,9 +79,26 @@ def _start(binary: pathlib.Path, log_path: pathlib.Path) -> tuple[subprocess.Pop
     return proc, endpoint
 
 
+def _application_default_credentials(folder: pathlib.Path) -> pathlib.Path:
+    """Application Default Credentials that need no network: a user login whose access token never expires.
+
+    What `gcloud auth application-default login` leaves on a developer's machine, minus the refresh: the
+    code paths that look credentials up (prefect-gcp's ``GcpCredentials()``, the results block) run for real,
+    and the emulator ignores the token. Our own store client stays anonymous on an emulator.
+    """
+    path = folder / "application_default_credentials.json"
+    path.write_text(json.dumps({
+        "type": "authorized_user", "client_id": "kinetic-tests", "client_secret": "unused",
+        "refresh_token": "unused", "token": "emulator-token", "expiry": "2099-01-01T00:00:00Z",
+        "quota_project_id": "test",
+    }))
+    return path
+
+
 @pytest.fixture(scope="session")
 def gcs_emulator(tmp_path_factory):
-    """Start fake-gcs-server (memory backend); yields its endpoint with STORAGE_EMULATOR_HOST set to it."""
+    """Start fake-gcs-server (memory backend); yields its endpoint with STORAGE_EMULATOR_HOST set to it, and
+    GOOGLE_APPLICATION_CREDENTIALS set to offline credentials (see _application_default_credentials)."""
     binary = fake_gcs_server_binary()
     if not binary.is_file():
         pytest.fail(f"fake-gcs-server binary missing at {binary}: {_INSTALL_HINT}", pytrace=False)
@@ -95,9 +112,11 @@ def gcs_emulator(tmp_path_factory):
     else:
         pytest.fail(f"fake-gcs-server did not start; log:\n{log_path.read_text(errors='replace')}", pytrace=False)
 
-    saved = {name: os.environ.get(name) for name in ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")}
+    saved = {name: os.environ.get(name) for name in ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
+                                                     "GOOGLE_APPLICATION_CREDENTIALS")}
     os.environ["STORAGE_EMULATOR_HOST"] = endpoint
     os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"  # else gcsfs hangs 40-70 s per call on emulators
+    os.environ["GOOGLE_APPLICATION_CREDENTIALS"] = str(_application_default_credentials(log_path.parent))
     try:
         yield endpoint
     finally:

@@ -355,6 +355,10 @@ def test_cloud_build_builds_a_missing_tag_then_skips(google_apis):
     assert sent == builder.build_request(spec, source, source_generation=blob.generation)
 
     # The log was streamed line by line, each line once, in order.
+    from kinetic_prefect.contract import PROGRESS_PREFIX
+
+    assert any(line.startswith(PROGRESS_PREFIX) and "built by Cloud Build" in line for line in lines)
+    lines = [line for line in lines if not line.startswith(PROGRESS_PREFIX)]  # the build's own log, then ours
     assert lines[-len(fake.log_lines):] == fake.log_lines, (lines, fake.requests)
     assert "build-1" in next(line for line in lines if "Cloud Build" in line)
 

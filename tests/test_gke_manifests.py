@@ -12,7 +12,7 @@ import pytest
 from prefect.client.schemas.objects import FlowRun, WorkPool
 
 from kinetic_prefect import accelerators
-from kinetic_prefect.workers.gke import KineticGKEJobConfiguration, KineticGKEWorker, UnsupportedAcceleratorError
+from kinetic_prefect.workers.gke import KineticGKEJobConfiguration, KineticGKEWorker
 
 K8S_VERSION = "1.33.0"
 SINGLE_HOST = [s.name for s in accelerators.catalog() if not s.multi_host]
@@ -53,7 +53,8 @@ def test_every_single_host_entry_renders_a_valid_job(name):
 
 def test_spot_resources_shm_deadline_ttl_and_service_account():
     manifest = render("l4x2", spot=True, cpu_request="8", memory_request="32Gi", ephemeral_storage_request="100Gi",
-                      shm_size="8Gi", active_deadline_seconds=7200, ttl_seconds_after_finished=600,
+                      shm_size="8Gi", job_watch_timeout_seconds=7200, finished_job_ttl=600, cpu_limit="16",
+                          memory_limit="64Gi", image_pull_policy="Always", annotations={"team": "vision"},
                       service_account_name="kinetic-jobs", namespace="ml").job_manifest
     kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
     pod = manifest["spec"]["template"]["spec"]
@@ -61,7 +62,8 @@ def test_spot_resources_shm_deadline_ttl_and_service_account():
     assert pod["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-l4", "cloud.google.com/gke-spot": "true"}
     assert {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"} in pod["tolerations"]
     assert container["resources"]["requests"] == {"cpu": "8", "memory": "32Gi", "ephemeral-storage": "100Gi"}
-    assert container["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "2", "cpu": "16", "memory": "64Gi"}
+    assert container["imagePullPolicy"] == "Always" and manifest["metadata"]["annotations"] == {"team": "vision"}
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}} in pod["volumes"]
     assert manifest["spec"]["activeDeadlineSeconds"] == 7200 and manifest["spec"]["ttlSecondsAfterFinished"] == 600
@@ -71,10 +73,43 @@ def test_spot_resources_shm_deadline_ttl_and_service_account():
     assert labels["prefect.io/worker-name"] == "in-process-host.example"  # '@' is not allowed in label values
 
 
-@pytest.mark.parametrize("name", MULTI_HOST[:3] + MULTI_HOST[-2:])
-def test_multi_host_slices_fail_clearly_instead_of_a_silent_single_pod(name):
-    with pytest.raises(UnsupportedAcceleratorError, match="multi-host .* not support"):
-        render(name)
+@pytest.mark.parametrize("name", MULTI_HOST)
+def test_every_multi_host_slice_renders_one_indexed_job_and_its_headless_service(name):
+    spec = accelerators.resolve(name)
+    configuration = render(name)
+    manifest = configuration.job_manifest
+    kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+    job = manifest["spec"]
+    assert (job["completions"], job["parallelism"], job["completionMode"], job["backoffLimit"]) == \
+        (spec.hosts, spec.hosts, "Indexed", 0), "one pod per host, all or nothing"
+    pod = job["template"]["spec"]
+    container = pod["containers"][0]
+    assert pod["nodeSelector"] == spec.node_selector
+    assert container["resources"]["limits"] == {"google.com/tpu": str(spec.chips_per_host)}
+    name_ = manifest["metadata"]["name"]
+    assert pod["subdomain"] == name_
+    env = {e["name"]: e for e in container["env"]}
+    hostnames = [f"{name_}-{i}.{name_}" for i in range(spec.hosts)]
+    assert env["KINETIC_NUM_HOSTS"]["value"] == str(spec.hosts)
+    assert env["KINETIC_COORDINATOR_ADDRESS"]["value"] == f"{hostnames[0]}:8476"
+    assert env["TPU_WORKER_HOSTNAMES"]["value"] == ",".join(hostnames)
+    index = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert env["TPU_WORKER_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == index
+    assert env["KINETIC_HOST_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == index
+    service = configuration.service_manifest(owner_uid="0000-uid")
+    kubernetes_validate.validate(service, K8S_VERSION, strict=True)
+    assert service["metadata"]["name"] == name_ and service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == {"job-name": name_}
+    assert service["metadata"]["ownerReferences"][0]["uid"] == "0000-uid", "deleted with its Job"
+
+
+def test_a_cpu_group_of_hosts_and_a_contradicting_host_count():
+    manifest = render("cpu", hosts=3).job_manifest
+    kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+    assert manifest["spec"]["completions"] == 3 and "TPU_WORKER_ID" not in json.dumps(manifest)
+    assert render("l4").service_manifest() is None, "a single pod needs no Service"
+    with pytest.raises(ValueError, match="slice of 4 hosts; hosts=2 contradicts it"):
+        render("tpu-v5litepod-16", hosts=2)
 
 
 def test_fields_added_to_the_template_in_the_ui_are_kept():
@@ -128,3 +163,20 @@ def test_gke_worker_manifests_cli(capsys):
     main(["gke-worker-manifests", "--pool", "gpu", "--image", "img:1", "--namespace", "ml"])
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     assert [d["kind"] for d in docs] == ["ServiceAccount", "Role", "RoleBinding", "Deployment"]
+
+
+def test_the_pool_form_is_prefect_kubernetes_form_plus_the_kinetic_variables():
+    """A prefect-kubernetes user finds every setting they know (cluster config block, namespace, image pull policy,
+    finished-job TTL, limits...) under the same name; backoff_limit alone is left out: one Job is one attempt, and
+    retries belong to Prefect."""
+    from prefect_kubernetes.worker import KubernetesWorker, KubernetesWorkerJobConfiguration
+
+    from kinetic_prefect.workers.gke import KineticGKEJobConfiguration, KineticGKEWorker
+
+    ours = KineticGKEWorker.get_default_base_job_template()["variables"]
+    theirs = KubernetesWorker.get_default_base_job_template()["variables"]
+    assert set(theirs["properties"]) - set(ours["properties"]) == {"backoff_limit"}
+    assert ours["properties"]["cluster_config"]["anyOf"][0] == {"$ref": "#/definitions/KubernetesClusterConfig"}
+    assert ours["definitions"]["KubernetesClusterConfig"]["block_type_slug"] == "kubernetes-cluster-config"
+    assert {"accelerator", "spot", "image_builder", "store", "shm_size"} <= set(ours["properties"])
+    assert issubclass(KineticGKEJobConfiguration, KubernetesWorkerJobConfiguration)

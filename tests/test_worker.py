@@ -39,26 +39,6 @@ def test_worker_type_is_registered_through_the_entry_point():
     assert {"accelerator", "requirements", "store", "env"} <= set(template["variables"]["properties"])
 
 
-@pytest.fixture
-def polling_worker(tmp_path):
-    pool = f"polling-{uuid.uuid4().hex[:6]}"
-    _cli("work-pool", "create", pool, "--type", "kinetic-local")
-    log = open(tmp_path / "worker.log", "w")
-    env = {**os.environ, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_HEARTBEAT_SECONDS": "5"}
-    proc = subprocess.Popen([*PREFECT, "worker", "start", "--type", "kinetic-local", "--pool", pool,
-                             "--name", f"{pool}-worker"], stdout=log, stderr=subprocess.STDOUT, env=env)
-    deadline = time.time() + 60
-    with get_client(sync_client=True) as client:
-        while not any(w.status.value == "ONLINE" for w in client.read_workers_for_work_pool(pool)):
-            assert proc.poll() is None, (tmp_path / "worker.log").read_text()
-            assert time.time() < deadline, "worker never came online"
-            time.sleep(0.5)
-    yield pool, tmp_path / "worker.log"
-    proc.terminate()
-    proc.wait(30)
-    log.close()
-
-
 def test_a_polling_worker_process_runs_the_job(polling_worker):
     pool, worker_log = polling_worker
     name = f"via-worker-{uuid.uuid4().hex[:6]}"
@@ -124,39 +104,46 @@ def test_requirements_build_a_hash_keyed_environment_once(tmp_path, capsys):
     assert (env_dir / ".kinetic-complete").stat().st_mtime_ns == built_at, "nothing changed: no rebuild"
     out = capsys.readouterr()
     assert (out.out + out.err).count("Building job environment") <= 1
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        builds = [a for run in _runs(name) for a in client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[run.id]))) if a.type == "progress"]
+    assert len(builds) == 1 and builds[0].data == 100.0 and "ready" in builds[0].description, builds
 
 
-def test_cancelling_a_running_local_job_stops_its_process(polling_worker, tmp_path):
-    from background import call_in_background
-    from prefect.states import Cancelling
+def test_a_gpu_task_on_the_local_pool_runs_on_the_cpu_with_one_warning(caplog):
+    """`accelerator="l4"` on kinetic-local (e.g. the shipped weekly schedule) must not crash JAX."""
+    name = f"l4-local-{uuid.uuid4().hex[:6]}"
 
-    from kinetic_prefect.errors import KineticJobCrashed
+    @kinetic_task(name=name, accelerator="l4")
+    def which_device() -> str:
+        import jax
+
+        return jax.devices()[0].platform
+
+    @flow
+    def pipeline():
+        return which_device()
+
+    with caplog.at_level("INFO"):
+        assert pipeline() == "cpu"
+    warnings = [r.getMessage() for r in caplog.records if "accelerator 'l4' is not on this machine" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+
+
+def test_a_kinetic_pool_refuses_a_flow_run_that_is_not_a_job(polling_worker):
+    """A deployment's flow run sent to a kinetic pool fails at once, saying which pool type runs flows."""
+    from types import SimpleNamespace
+
+    from prefect.states import Scheduled
 
     pool, _ = polling_worker
-    name = f"cancel-local-{uuid.uuid4().hex[:6]}"
-    pid_file = tmp_path / "job.pid"
-
-    @kinetic_task(name=name, work_pool=pool)
-    def sleepy(pid_path: str) -> int:
-        import pathlib
-        import time as t
-
-        pathlib.Path(pid_path).write_text(str(os.getpid()))
-        t.sleep(300)
-        return 1
-
-    thread, box = call_in_background(sleepy, str(pid_file))
-    deadline = time.time() + 60
-    while not pid_file.exists():
-        assert time.time() < deadline, "the job never started"
-        time.sleep(0.2)
-    job_pid = int(pid_file.read_text())
-    [run] = _runs(name)
+    flow_record = SimpleNamespace(name=f"a-flow-{uuid.uuid4().hex[:6]}", version=None, retries=0, retry_delay_seconds=0)
     with get_client(sync_client=True) as client:
-        client.set_flow_run_state(run.id, Cancelling(), force=True)
-    thread.join(60)
-    assert isinstance(box.get("error"), KineticJobCrashed) and "Cancelled" in str(box["error"])
-    with pytest.raises(ProcessLookupError):
-        os.kill(job_pid, 0)
-    [run] = _runs(name)
-    assert run.state.is_cancelled()
+        run = client.create_flow_run(flow_record, state=Scheduled(), work_pool_name=pool)
+        deadline = time.time() + 60
+        while not (state := client.read_flow_run(run.id).state).is_final():
+            assert time.time() < deadline, "the kinetic worker never answered"
+            time.sleep(0.5)
+    assert state.is_failed() and "not flows" in state.message and "--type process" in state.message, state

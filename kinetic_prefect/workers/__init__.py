@@ -2,9 +2,18 @@
 
 Importing a BaseWorker subclass registers it by its ``type``; Prefect imports this module
 when it loads collections, so ``prefect worker start --type kinetic-local`` finds it.
+``kinetic-gke`` is built on prefect-kubernetes, which only the ``k8s`` extra installs: without it
+the type is not registered, and a kinetic-gke pool is refused with the install command.
 """
 
-from kinetic_prefect.workers.gke import KineticGKEWorker
 from kinetic_prefect.workers.local import KineticLocalWorker
 
-__all__ = ["KineticGKEWorker", "KineticLocalWorker"]
+try:
+    from kinetic_prefect.workers.gke import KineticGKEWorker
+except ModuleNotFoundError as missing:  # no prefect-kubernetes / kubernetes: a local-only install
+    KineticGKEWorker = None  # type: ignore[assignment,misc]
+    GKE_UNAVAILABLE = f"{missing.name} is not installed"
+else:
+    GKE_UNAVAILABLE = None
+
+__all__ = ["GKE_UNAVAILABLE", "KineticGKEWorker", "KineticLocalWorker"]

@@ -1,29 +1,19 @@
-"""Worker side: what every kinetic launcher shares.
-
-A kinetic job does not run Prefect's flow engine: the job runner only writes an outcome record
-to the artifact store. So the worker owns the child flow run's states: Running when the job
-starts, then Completed or Failed from the outcome record. A job that exits without an outcome
-returns a non-zero status and Prefect's BaseWorker reports the run as Crashed, which the caller
-turns into a retry with a new job.
-"""
+"""Worker side: the job configuration every kinetic launcher shares (the lifecycle is in
+``lifecycle.py``)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from prefect.client.schemas.objects import FlowRun
-from prefect.exceptions import Abort
-from prefect.states import Cancelled, Completed, Failed, Running
-from prefect.utilities.engine import propose_state
-from prefect.workers.base import BaseJobConfiguration, BaseWorkerResult
+from prefect.workers.base import BaseJobConfiguration
 from pydantic import Field, PrivateAttr
 
 from kinetic_prefect import accelerators, config
+from kinetic_prefect.contract import RUNNER_COMMAND, Env
 from kinetic_prefect.image import ImageSpec
 
-RUNNER_COMMAND = "python -u -m kinetic_prefect.runner"
-ENV_BLOCK_VARIABLE = "KINETIC_ENV_BLOCK"
+ENV_BLOCK_VARIABLE = Env.ENV_BLOCK
 
 
 def load_template(worker_type: str) -> dict[str, Any]:
@@ -40,6 +30,7 @@ class KineticJobConfiguration(BaseJobConfiguration):
     python_version: str | None = Field(default=None)
     base_image: str | None = Field(default=None)
     store: str | None = Field(default=None)
+    gcp_credentials: str | None = Field(default=None)  # a saved prefect-gcp GcpCredentials block's name
 
     # Forwarded environment values (env= of @kinetic_task). Kept out of job variables and manifests:
     # in-process they are handed over in memory; through a polling worker they travel in a Prefect
@@ -68,10 +59,12 @@ class KineticJobConfiguration(BaseJobConfiguration):
         super().prepare_for_flow_run(flow_run, deployment, flow, work_pool, worker_name, worker_id)
         if self.command == self._base_flow_run_command():
             self.command = RUNNER_COMMAND
-        self.env["KINETIC_STORE"] = self.store or config.default_store_url()
-        self.env.setdefault("KINETIC_RUN_PREFIX", f"runs/{flow_run.id}")
+        self.env[Env.STORE] = self.store or config.default_store_url()
+        self.env.setdefault(Env.RUN_ID, str(flow_run.id))
+        self.env.setdefault("KINETIC_RUN_PREFIX", f"runs/{self.env[Env.RUN_ID]}")  # older jobs' name for it
+        self.env[Env.FLOW_RUN_ID] = str(flow_run.id)
         spec = accelerators.resolve(self.accelerator)
-        self.env.setdefault("KINETIC_ACCELERATOR", spec.name)
+        self.env.setdefault(Env.ACCELERATOR, spec.name)
         self.labels["kinetic.accelerator"] = spec.name
 
     @property
@@ -83,71 +76,3 @@ class KineticJobConfiguration(BaseJobConfiguration):
             base_image=self.base_image,
             **kwargs,
         )
-
-
-class KineticWorkerResult(BaseWorkerResult):
-    """``status_code`` 0: an outcome was recorded and the run's final state was set."""
-
-
-class KineticWorkerMixin:
-    """Shared outcome handling, mixed into each launcher's BaseWorker subclass.
-
-    A mixin rather than a BaseWorker subclass: Prefect registers every BaseWorker subclass as
-    a worker type, and this is not one.
-    """
-
-    client: Any
-    get_flow_run_logger: Any
-
-    @classmethod
-    def check_accelerator(cls, spec: accelerators.AcceleratorSpec) -> None:
-        """Raise before anything is uploaded if this launcher cannot run ``spec``."""
-
-    async def cancellation_requested(self, flow_run: FlowRun) -> bool:
-        """True when someone asked Prefect to cancel the run.
-
-        Prefect's workers only cancel runs that have not started: a started run is expected to
-        notice by itself through Prefect's flow engine, which kinetic jobs do not run. So the
-        worker watches and stops the job itself.
-        """
-        current = await self.client.read_flow_run(flow_run.id)
-        return current.state is not None and (current.state.is_cancelling() or current.state.is_cancelled())
-
-    async def mark_cancelled(self, flow_run: FlowRun, message: str) -> None:
-        try:
-            await propose_state(self.client, Cancelled(message=message), flow_run_id=flow_run.id)
-        except Abort:
-            pass
-
-    async def mark_running(self, flow_run: FlowRun, message: str) -> None:
-        try:
-            await propose_state(self.client, Running(message=message), flow_run_id=flow_run.id)
-        except Abort:
-            pass
-
-    async def finish_from_outcome(self, flow_run: FlowRun, configuration: KineticJobConfiguration,
-                                  exit_code: int, identifier: str) -> KineticWorkerResult:
-        """Set Completed/Failed from the job's outcome record; non-zero means 'crashed, no outcome'."""
-        logger = self.get_flow_run_logger(flow_run)
-        if exit_code != 0:
-            return KineticWorkerResult(identifier=identifier, status_code=exit_code)
-        from kinetic_prefect.storage import ObjectNotFound, open_store
-
-        store = open_store(configuration.env["KINETIC_STORE"])
-        try:
-            outcome = json.loads(store.get_bytes(f"{configuration.env['KINETIC_RUN_PREFIX']}/outcome.json"))
-        except ObjectNotFound:
-            logger.error("The job exited 0 but wrote no outcome record; reporting it as crashed.")
-            return KineticWorkerResult(identifier=identifier, status_code=1)
-        if outcome.get("status") == "completed":
-            state = Completed(message=f"Job finished in {outcome.get('duration_s', 0):.2f}s")
-        else:
-            state = Failed(message=f"Failed while {outcome.get('phase')}: {outcome.get('error_type')}: "
-                                   f"{outcome.get('message', '')[:500]}")
-        try:
-            await propose_state(self.client, state, flow_run_id=flow_run.id)
-        except Abort:
-            pass
-        return KineticWorkerResult(identifier=identifier, status_code=0)
-
-

@@ -1,15 +1,18 @@
 """Worker side, ``kinetic-gke``: the job is a Kubernetes Job on a GKE node with the named accelerator.
 
-Same shape as prefect-kubernetes: the pool's base job template (``work_pools/kinetic-gke.json``)
-holds a Job manifest with ``{{ placeholders }}``; Prefect fills them from job variables; then
-:meth:`KineticGKEJobConfiguration.prepare_for_flow_run` adds what the accelerator catalog decides
-(node selector, tolerations, accelerator limits, /dev/shm) and leaves the rendered manifest in
-``job_manifest``. Fields users add to the template in the UI are kept.
+Built on prefect-kubernetes: the job configuration *is* its ``KubernetesWorkerJobConfiguration`` (cluster
+config block, namespace, annotations, ``job_manifest`` validated by it, labels and env filled by it) plus
+the kinetic fields; the pool's form is prefect-kubernetes' form plus the kinetic variables
+(``work_pools/kinetic-gke.json``). :meth:`KineticGKEJobConfiguration.prepare_for_flow_run` then adds
+what the accelerator catalog decides (node selector, tolerations, accelerator limits, /dev/shm) and
+moves secret values (forwarded env, the Prefect API key) out of the manifest into a Secret owned by
+the Job. Pending pods are diagnosed with prefect-kubernetes' diagnosis vocabulary. What
+prefect-kubernetes lacks and this worker keeps: following a Job to its end from any worker
+(reattach after a restart), the kinetic outcome record, and cancellation that deletes the Job.
 """
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import re
 import threading
@@ -18,20 +21,47 @@ from typing import Any, Callable
 
 import anyio
 from prefect.client.schemas.objects import FlowRun
-from prefect.exceptions import Abort, InfrastructureNotFound
-from prefect.states import Crashed
-from prefect.utilities.engine import propose_state
+from prefect.exceptions import InfrastructureNotFound
 from prefect.workers.base import BaseWorker
+from prefect_kubernetes.credentials import KubernetesClusterConfig
+from prefect_kubernetes.diagnostics import diagnose_k8s_pod
+from prefect_kubernetes.worker import KubernetesWorkerJobConfiguration
 from pydantic import Field
 
 from kinetic_prefect import accelerators
-from kinetic_prefect.workers.base import KineticJobConfiguration, KineticWorkerMixin, KineticWorkerResult, load_template
+from kinetic_prefect.contract import JAX_COORDINATOR_PORT, RUNNER_ARGV, Env
+from kinetic_prefect.workers.base import KineticJobConfiguration, load_template
+from kinetic_prefect.workers.lifecycle import JobLauncher, JobStatus, KineticWorker
 
 FLOW_RUN_LABEL = "prefect.io/flow-run-id"
 POOL_LABEL = "kinetic.prefect.io/work-pool"
-CONTAINER = "kinetic-job"
+GROUP_STOP_SECONDS = 60.0  # how long the other hosts of a failed group get to stop (and save) before it is over
+INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"  # set by the Job controller on each pod
+CONTAINER = "prefect-job"  # prefect-kubernetes' manifest validation requires its container name
+# Never written into a manifest (anyone who can read Jobs could read them): they go in the Job's Secret.
+SECRET_ENV_NAMES = frozenset({"PREFECT_API_KEY", "PREFECT_API_AUTH_STRING", Env.PREFECT_API_KEY})
 IMAGE_PULL_ERRORS = {"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull"}
 CONFIG_ERRORS = {"CreateContainerConfigError", "CreateContainerError"}
+
+
+def is_transient_kube_error(exc: BaseException) -> bool:
+    """A Kubernetes API error that may pass by itself: 429, a 5xx, a dropped or refused connection."""
+    import urllib3
+    from kubernetes.client.exceptions import ApiException
+
+    if isinstance(exc, ApiException):
+        return exc.status in (0, 429, 500, 502, 503, 504)
+    return isinstance(exc, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError))
+
+
+def kube_retry(call: Callable[..., Any]) -> Callable[..., Any]:
+    """``call`` retried through transient API errors with exponential backoff (0.5 s .. 8 s, two minutes in all);
+    a decided answer (403, 404, 409, 422) is raised at once."""
+    import tenacity
+
+    return tenacity.retry(retry=tenacity.retry_if_exception(is_transient_kube_error),
+                          wait=tenacity.wait_exponential(multiplier=0.5, max=8),
+                          stop=tenacity.stop_after_delay(120), reraise=True)(call)
 
 
 class UnsupportedAcceleratorError(ValueError):
@@ -59,17 +89,35 @@ def _prune(value: Any) -> Any:
 
 
 def check_accelerator(spec: accelerators.AcceleratorSpec) -> None:
-    if spec.multi_host:
-        raise UnsupportedAcceleratorError(
-            f"accelerator {spec.name!r} is a multi-host TPU slice ({spec.hosts} hosts x {spec.chips_per_host} chips); "
-            "kinetic-gke runs single-pod Jobs and does not support multi-host slices yet. Use a single-host shape "
-            f"such as {', '.join(n for n in accelerators.names() if n.startswith(spec.name.rsplit('-', 1)[0]))[:80]}..."
-        )
+    """Every catalog shape runs on kinetic-gke: a multi-host slice as one Indexed Job (one pod per host)."""
 
 
-class KineticGKEJobConfiguration(KineticJobConfiguration):
-    job_manifest: dict[str, Any] = Field(default_factory=dict)
-    namespace: str = Field(default="default")
+def _minimal_manifest() -> dict[str, Any]:
+    """What prefect-kubernetes' validation accepts; the pool's template replaces it for real jobs."""
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"annotations": {}, "labels": {}},
+            "spec": {"template": {"spec": {"parallelism": 1, "completions": 1, "restartPolicy": "Never",
+                                           "containers": [{"name": CONTAINER}]}}}}
+
+
+def kube_client(cluster_config: KubernetesClusterConfig | None = None, kubeconfig_path: str | None = None,
+                kube_context: str | None = None):
+    """A (blocking) Kubernetes API client: the pool's KubernetesClusterConfig block, else a kubeconfig
+    path, else in-cluster credentials (the in-cluster worker), else ~/.kube/config."""
+    from kubernetes import client, config
+
+    if cluster_config is not None:
+        return config.new_client_from_config_dict(cluster_config.config, context=cluster_config.context_name)
+    if kubeconfig_path:
+        return config.new_client_from_config(config_file=kubeconfig_path, context=kube_context)
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config(context=kube_context)
+    return client.ApiClient()
+
+
+class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobConfiguration):
+    job_manifest: dict[str, Any] = Field(default_factory=_minimal_manifest)
     image: str | None = Field(default=None)
     spot: bool = Field(default=False)
     service_account_name: str | None = Field(default=None)
@@ -77,7 +125,8 @@ class KineticGKEJobConfiguration(KineticJobConfiguration):
     memory_request: str | None = Field(default=None)
     ephemeral_storage_request: str | None = Field(default=None)
     shm_size: str | None = Field(default=None)
-    pending_timeout_seconds: float = Field(default=600)
+    hosts: int | None = Field(default=None)  # a group of N pods; a multi-host TPU slice sets its own count
+    pod_watch_timeout_seconds: int = Field(default=600)
     poll_seconds: float = Field(default=2.0)
     kubeconfig_path: str | None = Field(default=None)
     kube_context: str | None = Field(default=None)
@@ -86,7 +135,17 @@ class KineticGKEJobConfiguration(KineticJobConfiguration):
     gcp_project: str | None = Field(default=None)
     gcp_region: str | None = Field(default=None)
     build_staging_bucket: str | None = Field(default=None)
-    stream_output: bool = Field(default=True)
+
+    @property
+    def host_count(self) -> int:
+        """Pods in the group: the slice's hosts for a multi-host TPU, else ``hosts`` (1 by default)."""
+        spec = self.accelerator_spec
+        if spec.multi_host:
+            if self.hosts not in (None, spec.hosts):
+                raise ValueError(f"accelerator {spec.name!r} is a slice of {spec.hosts} hosts; hosts={self.hosts} "
+                                 f"contradicts it: leave hosts unset, or pick the slice with {self.hosts} hosts")
+            return spec.hosts
+        return self.hosts or 1
 
     @property
     def accelerator_spec(self) -> accelerators.AcceleratorSpec:
@@ -110,12 +169,15 @@ class KineticGKEJobConfiguration(KineticJobConfiguration):
         # One name per flow run: a second create for the same run (a restarted worker) gets 409, never a duplicate.
         slug = re.sub(r"[^a-z0-9-]", "-", str(flow_run.name).lower())[:40].strip("-")
         metadata["name"] = f"kinetic-{slug}-{flow_run.id.hex[:8]}"
+        metadata.pop("generateName", None)
         metadata["labels"] = {**(metadata.get("labels") or {}), **labels}
         job_spec = manifest.setdefault("spec", {})
         job_spec["backoffLimit"] = 0  # retries belong to Prefect: one Job is one attempt
         template = job_spec.setdefault("template", {})
         template.setdefault("metadata", {})["labels"] = {**(template["metadata"].get("labels") or {}), **labels}
         pod = template.setdefault("spec", {})
+        for key in ("parallelism", "completions"):  # only for prefect-kubernetes' validation: not PodSpec fields
+            pod.pop(key, None)
         pod["restartPolicy"] = "Never"
         pod["nodeSelector"] = {**(pod.get("nodeSelector") or {}), **spec.node_selector}
         tolerations = list(pod.get("tolerations") or [])
@@ -129,10 +191,16 @@ class KineticGKEJobConfiguration(KineticJobConfiguration):
         container = containers[0]
         container.setdefault("name", CONTAINER)
         container["image"] = self.image or container.get("image")
-        container["command"] = ["python", "-u", "-m", "kinetic_prefect.runner"]
+        container["command"] = list(RUNNER_ARGV)
+        container.pop("args", None)  # prefect-kubernetes puts the flow-run command there; the runner takes none
         existing_env = {e["name"]: e for e in container.get("env") or [] if isinstance(e, dict)}
         for key, value in self.env.items():
-            existing_env[key] = {"name": key, "value": str(value)}
+            if value is not None:
+                existing_env[key] = {"name": key, "value": str(value)}
+        secrets = {name: existing_env.pop(name)["value"] for name in list(existing_env)
+                   if name in SECRET_ENV_NAMES and "value" in existing_env[name]}
+        if secrets:
+            self.set_secret_env({**secrets, **self.secret_env})
         container["env"] = list(existing_env.values())
         requests = {k: v for k, v in {"cpu": self.cpu_request, "memory": self.memory_request,
                                       "ephemeral-storage": self.ephemeral_storage_request}.items() if v}
@@ -144,18 +212,52 @@ class KineticGKEJobConfiguration(KineticJobConfiguration):
             pod["volumes"] = [*(pod.get("volumes") or []),
                               {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": self.shm_size}}]
             container["volumeMounts"] = [*(container.get("volumeMounts") or []), {"name": "dshm", "mountPath": "/dev/shm"}]
+        if self.host_count > 1:
+            self._render_group(manifest, spec)
         return _prune(manifest)
 
-    def kube_client(self):
-        from kubernetes import client, config
+    def _render_group(self, manifest: dict[str, Any], spec: accelerators.AcceleratorSpec) -> None:
+        """One Indexed Job for the group: pod i is host i, reachable as ``<job>-<i>.<job>`` through the headless
+        Service of the Job's name; host 0 is the coordinator.  ``backoffLimit: 0`` makes it all or nothing: one
+        failed pod fails the Job, the Job controller stops the others, and the task's retry starts a new group."""
+        hosts, name = self.host_count, manifest["metadata"]["name"]
+        job_spec = manifest["spec"]
+        job_spec.update(completions=hosts, parallelism=hosts, completionMode="Indexed", backoffLimit=0)
+        pod = job_spec["template"]["spec"]
+        pod["subdomain"] = name
+        hostnames = [f"{name}-{i}.{name}" for i in range(hosts)]
+        index = {"valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}}
+        env = [{"name": Env.NUM_HOSTS, "value": str(hosts)}, {"name": Env.HOST_INDEX, **index},
+               {"name": Env.COORDINATOR_ADDRESS, "value": f"{hostnames[0]}:{JAX_COORDINATOR_PORT}"}]
+        if spec.family == "tpu":  # what GKE's TPU webhook sets for a multi-host slice
+            env += [{"name": "TPU_WORKER_ID", **index}, {"name": "TPU_WORKER_HOSTNAMES", "value": ",".join(hostnames)}]
+        container = pod["containers"][0]
+        names = {e["name"] for e in env}
+        container["env"] = [e for e in container.get("env") or [] if e.get("name") not in names] + env
+        container["ports"] = [{"name": "coordinator", "containerPort": JAX_COORDINATOR_PORT}]
 
-        if self.kubeconfig_path:
-            return config.new_client_from_config(config_file=self.kubeconfig_path, context=self.kube_context)
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config(context=self.kube_context)
-        return client.ApiClient()
+    def service_manifest(self, owner_uid: str | None = None) -> dict[str, Any] | None:
+        """The headless Service that names a group's pods (None for a single pod); owned by the Job."""
+        if self.host_count <= 1:
+            return None
+        name = self.job_manifest["metadata"]["name"]
+        metadata: dict[str, Any] = {"name": name, "namespace": self.namespace,
+                                    "labels": dict(self.job_manifest["metadata"].get("labels") or {})}
+        if owner_uid:
+            metadata["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": owner_uid,
+                                            "blockOwnerDeletion": False}]
+        return {"apiVersion": "v1", "kind": "Service", "metadata": metadata,
+                "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {"job-name": name},
+                         "ports": [{"name": "coordinator", "port": JAX_COORDINATOR_PORT}]}}
+
+    def kube_client(self):
+        return kube_client(self.cluster_config, self.kubeconfig_path, self.kube_context)
+
+    @property
+    def cluster_key(self) -> str:
+        if self.cluster_config is not None:
+            return f"{self.cluster_config.context_name}:{hash(repr(sorted(self.cluster_config.config.items())))}"
+        return f"{self.kubeconfig_path}:{self.kube_context}"
 
 
 class JobFollower:
@@ -170,7 +272,8 @@ class JobFollower:
         self._log_failed = False
         self._lines_forwarded = 0
 
-    def pod(self):
+    def _job_pods(self) -> list[Any]:
+        """The Job's pods, oldest first; JobGone when the Job itself was deleted."""
         from kubernetes.client.exceptions import ApiException
 
         try:
@@ -182,7 +285,19 @@ class JobFollower:
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"job-name={self.job_name}").items
         # Filter here too: some API servers (and emulators) ignore label selectors.
         mine = [p for p in pods if (p.metadata.labels or {}).get("job-name") == self.job_name]
-        return max(mine, key=lambda p: p.metadata.creation_timestamp or 0, default=None) if mine else None
+        return sorted(mine, key=lambda p: p.metadata.creation_timestamp or 0)
+
+    def pod(self):
+        """A single-pod Job's newest pod (None before the Job controller made one)."""
+        pods = self._job_pods()
+        return pods[-1] if pods else None
+
+    def pods(self) -> dict[int, Any]:
+        """A group's pods by host index (the newest pod of each index)."""
+        by_index: dict[int, Any] = {}
+        for pod in self._job_pods():
+            by_index[int((pod.metadata.annotations or {}).get(INDEX_ANNOTATION, 0))] = pod
+        return by_index
 
     def events_for(self, name: str) -> list[str]:
         events = self.core.list_namespaced_event(self.namespace).items
@@ -256,17 +371,228 @@ class JobFollower:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            self.batch.delete_namespaced_job(self.job_name, self.namespace, propagation_policy="Background")
+            kube_retry(self.batch.delete_namespaced_job)(self.job_name, self.namespace,
+                                                         propagation_policy="Background")
         except ApiException as exc:
             if exc.status != 404:
                 raise
 
 
-class KineticGKEWorker(KineticWorkerMixin, BaseWorker):
+class GKEJobLauncher(JobLauncher):
+    """A kinetic job as one Kubernetes Job (one pod, ``backoffLimit: 0``); identifiers are ``namespace:name``."""
+
+    def __init__(self) -> None:
+        self._followers: dict[str, JobFollower] = {}
+        self._emitters: dict[str, Callable[[str], None]] = {}
+        self._pending_since: dict[str, float] = {}
+        self._group_failed_at: dict[str, float] = {}
+        self._api: dict[str, Any] = {}
+
+    def api(self, configuration: KineticGKEJobConfiguration):
+        key = configuration.cluster_key
+        if key not in self._api:
+            self._api[key] = configuration.kube_client()
+        return self._api[key]
+
+    def follower(self, identifier: str, configuration: KineticGKEJobConfiguration) -> JobFollower:
+        if identifier not in self._followers:
+            namespace, _, job_name = identifier.partition(":")
+            emit = self._emitters.get(identifier, lambda line: None)
+            self._followers[identifier] = JobFollower(self.api(configuration), namespace, job_name,
+                                                      lambda line: self._emitters.get(identifier, emit)(line))
+        return self._followers[identifier]
+
+    async def submit(self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration,
+                     log: Callable[[str], None]) -> str:
+        image = await anyio.to_thread.run_sync(KineticGKEWorker.ensure_image, configuration, log)
+        configuration.image = image
+        configuration.job_manifest["spec"]["template"]["spec"]["containers"][0]["image"] = image
+        api = await anyio.to_thread.run_sync(self.api, configuration)
+        job_name = await anyio.to_thread.run_sync(KineticGKEWorker._create_job, api, configuration)
+        log(f"Created Job {configuration.namespace}/{job_name} for accelerator {configuration.accelerator}")
+        return f"{configuration.namespace}:{job_name}"
+
+    async def find(self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration) -> str | None:
+        api = await anyio.to_thread.run_sync(self.api, configuration)
+        name = await anyio.to_thread.run_sync(KineticGKEWorker._existing_job, api, configuration.namespace, flow_run)
+        return f"{configuration.namespace}:{name}" if name else None
+
+    def host_follower(self, identifier: str, index: int, configuration: KineticGKEJobConfiguration) -> JobFollower:
+        """Host 0's follower is the Job's own; each other host's lines are forwarded tagged ``[host i]``."""
+        if index == 0:
+            return self.follower(identifier, configuration)
+        key = f"{identifier}#{index}"
+        if key not in self._followers:
+            namespace, _, job_name = identifier.partition(":")
+            self._followers[key] = JobFollower(self.api(configuration), namespace, job_name,
+                                               lambda line: self._emitters.get(identifier, lambda _: None)(
+                                                   f"[host {index}] {line}"))
+        return self._followers[key]
+
+    async def group_status(self, identifier: str, configuration: KineticGKEJobConfiguration) -> JobStatus:
+        """A group is all or nothing: it has exited when any host failed, or when every host has finished."""
+        hosts = configuration.host_count
+        try:
+            pods = await anyio.to_thread.run_sync(self.follower(identifier, configuration).pods)
+        except JobGone:
+            return JobStatus("gone", detail="the Job was deleted")
+        phases = {i: (pod.status.phase if pod.status else None) for i, pod in pods.items()}
+        for i, pod in sorted(pods.items()):
+            if phases[i] in ("Running", "Succeeded", "Failed"):
+                self.host_follower(identifier, i, configuration).stream_logs(pod.metadata.name)
+        failed = [i for i, phase in sorted(phases.items()) if phase == "Failed"]
+        finished = len(pods) == hosts and all(phase in ("Succeeded", "Failed") for phase in phases.values())
+        if failed and not finished:
+            # The Job controller stops the other hosts; wait for them (bounded), so that the coordinator's last
+            # checkpoint is in the store before the task's retry starts a new group that resumes from it.
+            since = self._group_failed_at.setdefault(identifier, time.monotonic())
+            still = [i for i, phase in phases.items() if phase in ("Pending", "Running", None)]
+            if still and time.monotonic() - since < GROUP_STOP_SECONDS:
+                return JobStatus("running", detail=f"host {failed[0]} failed; stopping hosts {still}")
+            finished = True
+        if failed or finished:
+            await self._drain_logs(identifier, pods, configuration)
+            if failed:
+                pod = pods[failed[0]]
+                code, reason = KineticGKEWorker._exit(pod)
+                return JobStatus("exited", exit_code=code or 1, diagnosis=self.diagnose(pod, configuration),
+                                 failed_host=failed[0] or None,
+                                 detail=f"host {failed[0]} of {hosts} (pod {pod.metadata.name}) failed: {reason}; "
+                                        "the group fails with it")
+            code, reason = KineticGKEWorker._exit(pods[0])
+            return JobStatus("exited", exit_code=code, detail=f"all {hosts} hosts finished (host 0: {reason})")
+        waiting = [i for i in range(hosts) if phases.get(i) in (None, "Pending")]
+        if waiting:
+            pod = pods.get(waiting[0])
+            diagnosis = self.diagnose(pod, configuration)
+            since = self._pending_since.setdefault(identifier, time.monotonic())
+            problem = JobFollower.pending_problem(pod) if pod is not None else None
+            if problem:
+                return JobStatus("pending", detail=f"host {waiting[0]}: {problem}", fatal=True, diagnosis=diagnosis)
+            waited = time.monotonic() - since
+            if waited > configuration.pod_watch_timeout_seconds:
+                text = await anyio.to_thread.run_sync(self.follower(identifier, configuration).diagnose_pending, pod)
+                return JobStatus("pending", fatal=True, diagnosis=diagnosis,
+                                 detail=f"host {waiting[0]} of {hosts} still pending after {waited:.0f}s: {text}")
+            return JobStatus("pending", diagnosis=diagnosis,
+                             detail=f"{hosts - len(waiting)} of {hosts} hosts scheduled")
+        nodes = ", ".join(sorted({pod.spec.node_name or "?" for pod in pods.values()}))
+        return JobStatus("running", detail=f"{hosts} hosts running on {nodes}")
+
+    async def _drain_logs(self, identifier: str, pods: dict[int, Any], configuration) -> None:
+        """Every host's last lines, the hosts side by side (one after another costs a round trip per host)."""
+        async def drain(index: int, pod: Any) -> None:
+            follower = self.host_follower(identifier, index, configuration)
+            follower.stream_logs(pod.metadata.name)
+            await anyio.to_thread.run_sync(follower.finish_logs)
+            follower.stream_logs(pod.metadata.name, again=True)  # whatever a broken stream missed
+            await anyio.to_thread.run_sync(follower.finish_logs)
+
+        async with anyio.create_task_group() as group:
+            for index, pod in sorted(pods.items()):
+                group.start_soon(drain, index, pod)
+
+    async def status(self, identifier: str, configuration: KineticGKEJobConfiguration) -> JobStatus:
+        if configuration.host_count > 1:
+            return await self.group_status(identifier, configuration)
+        follower = self.follower(identifier, configuration)
+        try:
+            pod = await anyio.to_thread.run_sync(follower.pod)
+        except JobGone:
+            return JobStatus("gone", detail="the Job was deleted")
+        phase = pod.status.phase if pod is not None and pod.status else None
+        diagnosis = self.diagnose(pod, configuration)
+        if phase in (None, "Pending"):
+            since = self._pending_since.setdefault(identifier, time.monotonic())
+            problem = follower.pending_problem(pod) if pod is not None else None
+            if problem:
+                return JobStatus("pending", detail=problem, fatal=True, diagnosis=diagnosis)
+            waited = time.monotonic() - since
+            if waited > configuration.pod_watch_timeout_seconds:
+                text = await anyio.to_thread.run_sync(follower.diagnose_pending, pod)
+                return JobStatus("pending", detail=f"still pending after {waited:.0f}s: {text}", fatal=True,
+                                 diagnosis=diagnosis)
+            return JobStatus("pending", diagnosis=diagnosis)
+        if phase == "Running":
+            follower.stream_logs(pod.metadata.name)
+            return JobStatus("running", detail=f"Pod {pod.metadata.name} running on {pod.spec.node_name or '?'}")
+        follower.stream_logs(pod.metadata.name)
+        await anyio.to_thread.run_sync(follower.finish_logs)
+        follower.stream_logs(pod.metadata.name, again=True)  # whatever a broken stream missed
+        await anyio.to_thread.run_sync(follower.finish_logs)
+        exit_code, reason = KineticGKEWorker._exit(pod)
+        return JobStatus("exited", exit_code=exit_code, detail=f"pod {pod.metadata.name} {phase}: {reason}",
+                         diagnosis=diagnosis)
+
+    def diagnose(self, pod, configuration: KineticGKEJobConfiguration) -> dict[str, str] | None:
+        """prefect-kubernetes' diagnosis of the pod (its categories are what automations match on), with
+        the accelerator named where the cause is a missing node pool."""
+        if pod is None or pod.status is None:
+            return None
+        from kubernetes.client import ApiClient
+
+        found = diagnose_k8s_pod(ApiClient().sanitize_for_serialization(pod.status))
+        if found is None:
+            return None
+        resolution = found.resolution
+        spec = configuration.accelerator_spec
+        if found.category.value in ("Unschedulable.NodeAffinity", "Unschedulable.Taint") and spec.node_selector:
+            labels = ", ".join(f"{k}={v}" for k, v in spec.node_selector.items())
+            resolution = (f"no node pool has accelerator {spec.name} ({labels}): create one, or enable node "
+                          f"auto-provisioning. {resolution}")
+        elif found.category.value == "Unschedulable.InsufficientResources" and spec.resource_name:
+            resolution = (f"every {spec.name} node is busy or the quota is used up: try spot, another zone, or "
+                          f"wait. {resolution}")
+        return {"category": found.category.value, "level": found.level.value, "summary": found.summary,
+                "detail": found.detail, "resolution": resolution}
+
+    async def forward_logs(self, identifier: str, configuration: KineticGKEJobConfiguration,
+                           emit: Callable[[str], None], final: bool = False) -> None:
+        # Each pod's log is streamed by a thread (JobFollower.stream_logs) straight into ``emit``.
+        self._emitters[identifier] = emit
+        if final:
+            for key, follower in list(self._followers.items()):
+                if key == identifier or key.startswith(f"{identifier}#"):
+                    await anyio.to_thread.run_sync(follower.finish_logs)
+
+    async def cancel(self, identifier: str, configuration: KineticGKEJobConfiguration, grace_seconds: float) -> None:
+        follower = self.follower(identifier, configuration)
+        await anyio.to_thread.run_sync(follower.delete)
+
+    async def cleanup(self, identifier: str, configuration: KineticGKEJobConfiguration) -> None:
+        for table in (self._followers, self._emitters, self._pending_since, self._group_failed_at):
+            table.pop(identifier, None)
+        for key in [k for k in self._followers if k.startswith(f"{identifier}#")]:
+            self._followers.pop(key, None)
+
+    async def unfinished_jobs(self, worker: Any) -> list[tuple[str, str]]:
+        from kubernetes import client
+
+        # The pool's own settings (cluster config block included), as a run with no overrides would get them.
+        base = await KineticGKEJobConfiguration.from_template_and_values(worker.work_pool.base_job_template, {})
+        namespace = base.namespace or "default"
+        api = await anyio.to_thread.run_sync(self.api, base)
+        pool_label = _label_value(worker.work_pool.name)
+        jobs = await anyio.to_thread.run_sync(lambda: client.BatchV1Api(api).list_namespaced_job(
+            namespace, label_selector=f"{POOL_LABEL}={pool_label}").items)
+        found = []
+        for job in jobs:
+            labels = job.metadata.labels or {}
+            # finished Jobs too: one that ended while no worker watched still has an outcome to collect
+            if labels.get(POOL_LABEL) == pool_label and labels.get(FLOW_RUN_LABEL):
+                found.append((labels[FLOW_RUN_LABEL], f"{namespace}:{job.metadata.name}"))
+        return found
+
+
+class KineticGKEWorker(KineticWorker, BaseWorker):
     type = "kinetic-gke"
     job_configuration = KineticGKEJobConfiguration
     _description = "Runs @kinetic_task jobs as Kubernetes Jobs on GKE GPU/TPU node pools."
     _documentation_url = "https://github.com/kinetic-prefect/kinetic-prefect"
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.launcher = GKEJobLauncher()
 
     @classmethod
     def get_default_base_job_template(cls) -> dict[str, Any]:
@@ -275,6 +601,29 @@ class KineticGKEWorker(KineticWorkerMixin, BaseWorker):
     @classmethod
     def check_accelerator(cls, spec: accelerators.AcceleratorSpec) -> None:
         check_accelerator(spec)
+
+    @classmethod
+    def check_pool_settings(cls, pool_name: str, defaults: dict[str, Any], job_variables: dict[str, Any]) -> None:
+        """Image settings must be complete before a payload is uploaded: an unset project used to build
+        ``projects/None/locations/None``, an unset bucket failed with an AttributeError mid-build."""
+        settings = {**defaults, **{k: v for k, v in job_variables.items() if v is not None}}
+        if settings.get("image"):
+            return
+        builder = settings.get("image_builder") or "none"
+        needed = {"cloud-build": ("image_repository", "gcp_project", "gcp_region", "build_staging_bucket"),
+                  "docker": ("image_repository",)}.get(builder)
+        if needed is None:
+            raise ValueError(
+                f"work pool {pool_name!r} (kinetic-gke) has no image and image_builder={builder!r}: pass image= to "
+                f"@kinetic_task, or set the pool's builder, e.g. `kinetic-prefect pool-set {pool_name} "
+                "image_builder=cloud-build image_repository=us-docker.pkg.dev/PROJECT/REPO gcp_project=PROJECT "
+                "gcp_region=REGION build_staging_bucket=BUCKET`")
+        missing = [name for name in needed if not settings.get(name)]
+        if missing:
+            raise ValueError(
+                f"work pool {pool_name!r} builds images with {builder} but {', '.join(missing)} "
+                f"{'is' if len(missing) == 1 else 'are'} not set: `kinetic-prefect pool-set {pool_name} "
+                + " ".join(f"{name}=..." for name in missing) + "` (or pass image= to @kinetic_task)")
 
     # ------------------------------------------------------------------ images
     @staticmethod
@@ -287,34 +636,23 @@ class KineticGKEWorker(KineticWorkerMixin, BaseWorker):
         if configuration.image_builder == "docker" and configuration.image_repository:
             return builders.DockerBuilder(configuration.image_repository).ensure(spec, log)
         if configuration.image_builder == "cloud-build" and configuration.image_repository:
+            from kinetic_prefect import gcp
+
+            credentials = None
+            if configuration.gcp_credentials:
+                from prefect_gcp import GcpCredentials
+
+                name = gcp.block_name("kinetic-gke", configuration.gcp_credentials)
+                credentials = gcp.google_credentials(GcpCredentials.load(name, _sync=True))
             return builders.CloudBuildBuilder(
                 project=configuration.gcp_project, region=configuration.gcp_region,
                 repository=configuration.image_repository, staging_bucket=configuration.build_staging_bucket,
+                credentials=credentials,
             ).ensure(spec, log)
         raise ValueError(
             "kinetic-gke needs an image: pass image= to @kinetic_task, or set the pool's image_builder "
             "('cloud-build' or 'docker') and image_repository (e.g. us-docker.pkg.dev/PROJECT/REPO)."
         )
-
-    # ------------------------------------------------------------------ running
-    async def run(self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration,
-                  task_status: anyio.abc.TaskStatus[str] | None = None) -> KineticWorkerResult:
-        logger = self.get_flow_run_logger(flow_run)
-        await configuration.load_secret_env()
-        api = await anyio.to_thread.run_sync(configuration.kube_client)
-        job_name = await anyio.to_thread.run_sync(self._existing_job, api, configuration.namespace, flow_run)
-        if job_name:
-            logger.info(f"Reattaching to existing Job {job_name} (no duplicate is launched)")
-        else:
-            image = await anyio.to_thread.run_sync(self.ensure_image, configuration, logger.info)
-            configuration.image = image
-            configuration.job_manifest["spec"]["template"]["spec"]["containers"][0]["image"] = image
-            job_name = await anyio.to_thread.run_sync(self._create_job, api, configuration)
-            logger.info(f"Created Job {configuration.namespace}/{job_name} for accelerator {configuration.accelerator}")
-        identifier = f"{configuration.namespace}:{job_name}"
-        if task_status is not None:
-            task_status.started(identifier)
-        return await self.follow(flow_run, configuration, api, job_name)
 
     @staticmethod
     def _existing_job(api, namespace: str, flow_run: FlowRun) -> str | None:
@@ -326,86 +664,52 @@ class KineticGKEWorker(KineticWorkerMixin, BaseWorker):
 
     @staticmethod
     def _create_job(api, configuration: KineticGKEJobConfiguration) -> str:
-        """Create the Job; forwarded env values go in a Secret it references, owned by the Job
-        (deleted with it), so they appear in no manifest and no Prefect record."""
+        """Create the Job; secret values go in a Secret it references, owned by the Job (deleted with it),
+        so they appear in no manifest and no Prefect record.  Every call is retried through transient errors,
+        and each is idempotent: a retried create that finds what an earlier (lost) response made goes on."""
         from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
 
         manifest = configuration.job_manifest
         job_name = manifest["metadata"]["name"]
         secret_name = f"{job_name}-env"[:253]
-        core = client.CoreV1Api(api)
+        core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
+        namespace = configuration.namespace
         if configuration.secret_env:
-            core.create_namespaced_secret(configuration.namespace, {
-                "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                "metadata": {"name": secret_name, "namespace": configuration.namespace,
-                             "labels": {"app.kubernetes.io/managed-by": "kinetic-prefect"}},
-                "stringData": configuration.secret_env,
-            })
+            body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                    "metadata": {"name": secret_name, "namespace": namespace,
+                                 "labels": {"app.kubernetes.io/managed-by": "kinetic-prefect"}},
+                    "stringData": configuration.secret_env}
+            try:
+                kube_retry(core.create_namespaced_secret)(namespace, body)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                # the worker may write Secrets but never read them (its Role): overwrite what is there
+                kube_retry(core.patch_namespaced_secret)(secret_name, namespace, {"stringData": body["stringData"]})
             container = manifest["spec"]["template"]["spec"]["containers"][0]
             container["envFrom"] = [*(container.get("envFrom") or []), {"secretRef": {"name": secret_name}}]
-        created = client.BatchV1Api(api).create_namespaced_job(configuration.namespace, manifest)
+        try:
+            created = kube_retry(batch.create_namespaced_job)(namespace, manifest)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            created = kube_retry(batch.read_namespaced_job)(job_name, namespace)
+            mine = (created.metadata.labels or {}).get(FLOW_RUN_LABEL) == manifest["metadata"]["labels"].get(FLOW_RUN_LABEL)
+            if not mine:
+                raise
+        service = configuration.service_manifest(created.metadata.uid)
+        if service is not None:
+            try:
+                kube_retry(core.create_namespaced_service)(namespace, service)
+            except ApiException as exc:
+                if exc.status != 409:  # 409: an earlier attempt made it
+                    raise
         if configuration.secret_env:
-            core.patch_namespaced_secret(secret_name, configuration.namespace, {"metadata": {"ownerReferences": [{
+            kube_retry(core.patch_namespaced_secret)(secret_name, namespace, {"metadata": {"ownerReferences": [{
                 "apiVersion": "batch/v1", "kind": "Job", "name": created.metadata.name,
                 "uid": created.metadata.uid or "", "blockOwnerDeletion": False}]}})
         return created.metadata.name
-
-    async def follow(self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration, api,
-                     job_name: str) -> KineticWorkerResult:
-        """Wait for the Job's pod to end; fail fast on problems that will not fix themselves."""
-        logger = self.get_flow_run_logger(flow_run)
-        follower = JobFollower(api, configuration.namespace, job_name,
-                               logger.info if configuration.stream_output else (lambda line: None))
-        identifier = f"{configuration.namespace}:{job_name}"
-        pending_since = time.monotonic()
-        marked_running = False
-        finished = False
-        try:
-            while True:
-                if await self.cancellation_requested(flow_run):
-                    await anyio.to_thread.run_sync(follower.delete)
-                    finished = True
-                    await self.mark_cancelled(flow_run, f"Job {job_name} deleted on request")
-                    logger.info(f"Cancelled: deleted Job {job_name} and its pods")
-                    return KineticWorkerResult(identifier=identifier, status_code=0)
-                try:
-                    pod = await anyio.to_thread.run_sync(follower.pod)
-                except JobGone:
-                    finished = True
-                    logger.warning(f"Job {job_name} was deleted before it finished (cancelled?)")
-                    await self._crash(flow_run, f"Job {job_name} was deleted before it finished")  # no-op if Cancelled
-                    return KineticWorkerResult(identifier=identifier, status_code=0)
-                phase = pod.status.phase if pod is not None and pod.status else None
-                if phase in (None, "Pending"):
-                    problem = follower.pending_problem(pod) if pod is not None else None
-                    if problem is None and time.monotonic() - pending_since > configuration.pending_timeout_seconds:
-                        problem = (f"still pending after {configuration.pending_timeout_seconds:.0f}s: "
-                                   + await anyio.to_thread.run_sync(follower.diagnose_pending, pod))
-                    if problem:
-                        finished = True  # _give_up deletes the Job itself
-                        return await self._give_up(flow_run, follower, identifier, f"Job {job_name} cannot start: {problem}")
-                elif phase == "Running":
-                    if not marked_running:
-                        marked_running = True
-                        await self.mark_running(flow_run, f"Pod {pod.metadata.name} running on {pod.spec.node_name or '?'}")
-                        follower.stream_logs(pod.metadata.name)
-                elif phase in ("Succeeded", "Failed"):
-                    follower.stream_logs(pod.metadata.name)
-                    await anyio.to_thread.run_sync(follower.finish_logs)
-                    follower.stream_logs(pod.metadata.name, again=True)
-                    await anyio.to_thread.run_sync(follower.finish_logs)
-                    finished = True
-                    exit_code, reason = self._exit(pod)
-                    if exit_code != 0:
-                        logger.error(f"Pod {pod.metadata.name} ended {phase} with exit code {exit_code} ({reason})")
-                        await self._crash(flow_run, f"Job {job_name} exited with code {exit_code} ({reason}); "
-                                                    "no outcome was recorded")
-                    return await self.finish_from_outcome(flow_run, configuration, exit_code, identifier)
-                await asyncio.sleep(configuration.poll_seconds)
-        finally:
-            if not finished:  # cancelled or crashed while following: the Job must not outlive us
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(follower.delete)
 
     @staticmethod
     def _exit(pod) -> tuple[int, str]:
@@ -415,58 +719,18 @@ class KineticGKEWorker(KineticWorkerMixin, BaseWorker):
                 return int(terminated.exit_code), terminated.reason or "terminated"
         return (0, "Succeeded") if pod.status.phase == "Succeeded" else (1, pod.status.reason or "Failed")
 
-    async def _crash(self, flow_run: FlowRun, message: str) -> None:
-        try:
-            await propose_state(self.client, Crashed(message=message), flow_run_id=flow_run.id)
-        except Abort:
-            pass
-
-    async def _give_up(self, flow_run, follower: JobFollower, identifier: str, message: str) -> KineticWorkerResult:
-        self.get_flow_run_logger(flow_run).error(message)
-        await anyio.to_thread.run_sync(follower.delete)
-        await self._crash(flow_run, message)
-        return KineticWorkerResult(identifier=identifier, status_code=1)
-
     async def kill_infrastructure(self, infrastructure_pid: str, configuration: KineticGKEJobConfiguration,
                                   grace_seconds: int = 30) -> None:
         namespace, _, job_name = infrastructure_pid.partition(":")
         if not job_name:
             raise InfrastructureNotFound(f"not a kinetic-gke job id: {infrastructure_pid!r}")
-        api = await anyio.to_thread.run_sync(configuration.kube_client)
-        await anyio.to_thread.run_sync(JobFollower(api, namespace, job_name, print).delete)
-
-    # ------------------------------------------------------------------ restarts
-    async def reattach_running_jobs(self) -> int:
-        """After a restart: follow the Jobs this pool launched whose runs are not final yet."""
-        from kubernetes import client
-
-        template_defaults = {k: v.get("default") for k, v in
-                             self.work_pool.base_job_template["variables"]["properties"].items()}
-        namespace = template_defaults.get("namespace") or "default"
-        base = KineticGKEJobConfiguration(**{k: v for k, v in template_defaults.items()
-                                             if k in ("kubeconfig_path", "kube_context") and v})
-        api = await anyio.to_thread.run_sync(base.kube_client)
-        jobs = await anyio.to_thread.run_sync(
-            lambda: client.BatchV1Api(api).list_namespaced_job(namespace, label_selector=f"{POOL_LABEL}={self.work_pool.name}").items)
-        count = 0
-        for job in jobs:
-            labels = job.metadata.labels or {}
-            if labels.get(POOL_LABEL) != _label_value(self.work_pool.name) or not labels.get(FLOW_RUN_LABEL):
-                continue
-            flow_run = await self.client.read_flow_run(labels[FLOW_RUN_LABEL])
-            if flow_run.state is None or flow_run.state.is_final():
-                continue
-            configuration = await self.job_configuration.resolve_for_flow_run(
-                flow_run, client=self.client, work_pool=self.work_pool, worker_name=self.name)
-            self._runs_task_group.start_soon(self.follow, flow_run, configuration, api, job.metadata.name)
-            count += 1
-        return count
+        await self.launcher.cancel(infrastructure_pid, configuration, grace_seconds)
 
     async def setup(self) -> None:
         await super().setup()
         if self._work_pool is not None:
             try:
-                count = await self.reattach_running_jobs()
+                count = await self.reattach(self._runs_task_group.start_soon)
                 if count:
                     self._logger.info(f"Reattached to {count} running kinetic Job(s)")
             except Exception as exc:  # a cluster hiccup must not stop the worker from polling

@@ -14,6 +14,8 @@ JOB_RULES = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
+    # A multi-host group's pods find each other through a headless Service owned by its Job.
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["create"]},
     # Forwarded env values travel in a per-Job Secret: the worker writes them, never reads any secret.
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "patch"]},
 ]
@@ -23,7 +25,8 @@ def worker_manifests(pool: str, *, namespace: str = "default", image: str, name:
                      api_secret: str = "prefect-api", replicas: int = 1) -> list[dict[str, Any]]:
     """ServiceAccount, Role, RoleBinding and Deployment for ``prefect worker start --type kinetic-gke``.
 
-    ``image`` must contain kinetic-prefect with the ``gcp`` and ``k8s`` extras.
+    ``image`` must contain kinetic-prefect with the ``gcp`` and ``k8s`` extras: the image
+    ``kinetic-prefect gke-worker-image`` builds (``docker/kinetic-gke-worker.Dockerfile``, see ``gke_worker_image``).
     """
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "kinetic-prefect"}
     meta = {"name": name, "namespace": namespace, "labels": labels}

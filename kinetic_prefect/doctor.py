@@ -1,0 +1,542 @@
+"""``kinetic-prefect doctor``: is this machine ready to run kinetic jobs, and if not, what to do.
+
+Each check talks to the real thing (the Prefect API, the pool, the store, the cluster) and, when it
+fails, says how to fix it. The checks, in order:
+
+- the Prefect API answers;
+- the kinetic work pool exists, is a kinetic type, is not paused (workers online are reported);
+- the artifact store is readable and writable (a tiny object written, read back and deleted), and for
+  ``gs://`` stores, credentials are present (Application Default Credentials or an emulator);
+- for ``kinetic-gke`` pools: the store is ``gs://``, the kube context loads, the cluster has a node with
+  the GKE accelerator label of each accelerator the deployments use (plus ``--accelerator``), and the
+  image settings are complete (``image``, or ``image_builder`` with what it needs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import socket
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kinetic_prefect import accelerators, config
+
+OK, FAIL, WARN, SKIP = "ok", "fail", "warn", "skip"
+KINETIC_TYPES = ("kinetic-local", "kinetic-gke")
+CLOUD_BUILD_SETTINGS = {
+    "gcp_project": "YOUR_PROJECT",
+    "gcp_region": "us-central1",
+    "build_staging_bucket": "YOUR_BUCKET",
+    "image_repository": "us-central1-docker.pkg.dev/YOUR_PROJECT/kinetic",
+}
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+@dataclass
+class Report:
+    pool: str
+    pool_type: str | None = None
+    store: str | None = None
+    accelerators: list[str] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not any(c.status == FAIL for c in self.checks)
+
+    def add(self, name: str, status: str, detail: str, fix: str = "") -> Check:
+        check = Check(name, status, detail, fix)
+        self.checks.append(check)
+        return check
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "pool": self.pool, "pool_type": self.pool_type, "store": self.store,
+                "accelerators": self.accelerators, "checks": [asdict(c) for c in self.checks]}
+
+
+def _q(value: str) -> str:
+    return shlex.quote(str(value))
+
+
+def _pool_set(pool: str, **settings: str) -> str:
+    return "kinetic-prefect pool-set " + _q(pool) + " " + " ".join(f"{k}={_q(v)}" for k, v in settings.items())
+
+
+def _error(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:400]
+
+
+# --------------------------------------------------------------------------------------------- Prefect
+
+
+def _api_url() -> str | None:
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value()
+
+
+def check_api(report: Report, client) -> bool:
+    url = _api_url()
+    where = url or "a temporary server started for this command (no PREFECT_API_URL)"
+    problem = client.api_healthcheck()
+    if problem is not None:
+        report.add("Prefect API", FAIL, f"{where} does not answer: {_error(problem)}",
+                   "start a server with `prefect server start` and point clients and workers at it: "
+                   "`prefect config set PREFECT_API_URL=http://HOST:4200/api` (or `prefect cloud login`)")
+        return False
+    try:
+        version = client.api_version()
+    except Exception:  # noqa: BLE001 - the version is only informative
+        version = "?"
+    detail = f"{where} is healthy (server {version})"
+    if url is None:
+        detail += "; workers on other machines need a shared server: `prefect server start` and PREFECT_API_URL"
+    report.add("Prefect API", OK, detail)
+    return True
+
+
+def check_pool(report: Report, client):
+    """The pool (or None when it is missing and cannot be created on first use)."""
+    from prefect.client.schemas.objects import WorkerStatus
+    from prefect.exceptions import ObjectNotFound
+    from prefect.workers.base import BaseWorker
+
+    name = report.pool
+    try:
+        pool = client.read_work_pool(name)
+    except ObjectNotFound:
+        if name == config.DEFAULT_WORK_POOL:
+            report.pool_type = "kinetic-local"
+            report.add("Work pool", OK, f"{name!r} does not exist yet; kinetic-prefect creates it (type kinetic-local) "
+                                        "on first use")
+            return None
+        report.add("Work pool", FAIL, f"{name!r} does not exist on this Prefect server",
+                   f"create it: `prefect work-pool create {_q(name)} --type kinetic-local` (jobs as local processes) "
+                   f"or `--type kinetic-gke` (Kubernetes Jobs on GKE); or point KINETIC_WORK_POOL / --pool at an "
+                   "existing kinetic pool")
+        return None
+    report.pool_type = pool.type
+    if pool.type not in KINETIC_TYPES:
+        report.add("Work pool", FAIL, f"{name!r} is of type {pool.type!r}, not a kinetic worker type",
+                   "kinetic tasks need a pool of type kinetic-local or kinetic-gke: point KINETIC_WORK_POOL at one, "
+                   f"or create one: `prefect work-pool create NAME --type kinetic-local`")
+        return pool
+    if BaseWorker.get_worker_class_from_type(pool.type) is None:
+        report.add("Work pool", FAIL, f"{name!r} is of type {pool.type!r}, but that worker type is not installed here",
+                   "install kinetic-prefect in this environment (its `prefect.collections` entry point registers "
+                   "the worker types): `pip install kinetic-prefect`")
+        return pool
+    if pool.is_paused:
+        report.add("Work pool", FAIL, f"{name!r} ({pool.type}) is paused: polling workers get no runs",
+                   f"`prefect work-pool resume {_q(name)}`")
+        return pool
+    try:
+        online = [w.name for w in client.read_workers_for_work_pool(name) if w.status == WorkerStatus.ONLINE]
+    except Exception:  # noqa: BLE001 - informative only
+        online = []
+    if online:
+        workers = f"{len(online)} worker(s) online ({', '.join(online[:3])})"
+    else:
+        workers = "no worker online: each call runs the pool's worker in-process"
+    report.add("Work pool", OK, f"{name!r} is of type {pool.type}; {workers}")
+    return pool
+
+
+def _variable(pool, name: str) -> Any:
+    if pool is None:
+        return None
+    return pool.base_job_template.get("variables", {}).get("properties", {}).get(name, {}).get("default")
+
+
+# --------------------------------------------------------------------------------------------- storage
+
+
+def check_gcs_credentials(report: Report) -> bool:
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+    try:
+        import google.auth  # noqa: F401
+        from google.cloud import storage  # noqa: F401
+    except ImportError:
+        report.add("GCS credentials", FAIL, "the Google Cloud libraries are not installed",
+                   "install the gcp extra: `pip install 'kinetic-prefect[gcp]'`")
+        return False
+    if emulator:
+        report.add("GCS credentials", OK, f"STORAGE_EMULATOR_HOST={emulator}: a GCS emulator, no credentials needed")
+        return True
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
+
+    try:
+        credentials, project = google.auth.default()
+    except DefaultCredentialsError as exc:
+        report.add("GCS credentials", FAIL, f"no Application Default Credentials: {_error(exc)}",
+                   "on a workstation: `gcloud auth application-default login`; elsewhere: "
+                   "GOOGLE_APPLICATION_CREDENTIALS=/path/key.json, or Workload Identity for pods in GKE")
+        return False
+    report.add("GCS credentials", OK, f"Application Default Credentials ({type(credentials).__name__}"
+                                      f"{', project ' + project if project else ''})")
+    return True
+
+
+def check_store(report: Report, url: str) -> None:
+    from kinetic_prefect.storage import LocalStore, open_store
+
+    is_gcs = url.startswith("gs://")
+    if is_gcs and not check_gcs_credentials(report):
+        report.add("Store", SKIP, f"{url}: not tried without credentials")
+        return
+    key = f"doctor/{socket.gethostname()}-{uuid.uuid4().hex[:12]}.txt"
+    token = f"kinetic-prefect doctor {uuid.uuid4()}".encode()
+    step = "opening"
+    store = None
+    try:
+        store = open_store(url)
+        step = "writing"
+        store.put_bytes(key, token)
+        step = "reading back"
+        if store.get_bytes(key) != token:
+            raise OSError("the object read back differs from the one written")
+        step = "deleting"
+        store.delete(key)
+        if store.exists(key):
+            raise OSError("the object is still there after delete")
+    except Exception as exc:  # noqa: BLE001 - every failure is reported with its fix
+        if is_gcs:
+            fix = ("give this identity (and the job pods' service account) read/write on the bucket, e.g. "
+                   f"`gcloud storage buckets add-iam-policy-binding gs://{url[5:].split('/')[0]} "
+                   "--member=serviceAccount:SA --role=roles/storage.objectAdmin`; check the bucket exists")
+        else:
+            fix = (f"make {url} a directory this user can write (mkdir -p / chmod u+rwx / chown), or choose another "
+                   "store: the pool's `store` variable (`kinetic-prefect pool-set POOL store=/writable/dir`) or "
+                   "KINETIC_STORE")
+        report.add("Store", FAIL, f"{url}: failed while {step} a test object: {_error(exc)}", fix)
+        return
+    finally:
+        if isinstance(store, LocalStore):
+            try:
+                os.rmdir(store.root / "doctor")
+            except OSError:
+                pass
+    report.add("Store", OK, f"{url}: wrote, read back and deleted a test object")
+
+
+# --------------------------------------------------------------------------------------------- GKE
+
+
+def deployment_accelerators(client, pool_name: str) -> dict[str, list[str]]:
+    """Accelerator name -> deployments whose flow runs send their kinetic tasks to ``pool_name``
+    (``KINETIC_WORK_POOL`` in the deployment's job variables) with an ``accelerator`` parameter."""
+    found: dict[str, list[str]] = {}
+    try:
+        deployments = client.read_deployments()
+    except Exception:  # noqa: BLE001 - then only --accelerator counts
+        return found
+    flows = {}
+    for deployment in deployments:
+        env = (deployment.job_variables or {}).get("env") or {}
+        if env.get("KINETIC_WORK_POOL") != pool_name:
+            continue
+        accelerator = (deployment.parameters or {}).get("accelerator")
+        if not isinstance(accelerator, str) or not accelerator:
+            continue
+        if deployment.flow_id not in flows:
+            try:
+                flows[deployment.flow_id] = client.read_flow(deployment.flow_id).name
+            except Exception:  # noqa: BLE001
+                flows[deployment.flow_id] = "?"
+        found.setdefault(accelerator, []).append(f"{flows[deployment.flow_id]}/{deployment.name}")
+    return found
+
+
+def _node_pool_fix(spec: accelerators.AcceleratorSpec) -> str:
+    name = f"kinetic-{spec.name.replace(':', '-')}"[:40]
+    command = (f"gcloud container node-pools create {name} --cluster CLUSTER --location LOCATION "
+               f"--machine-type {spec.machine_type}")
+    if spec.family == "gpu":
+        command += f" --accelerator type={spec.gke_accelerator},count={spec.chips_per_host},gpu-driver-version=latest"
+    elif spec.tpu_topology:
+        command += f" --tpu-topology {spec.tpu_topology}"
+    if spec.spot:
+        command += " --spot"
+    command += " --num-nodes 1 --enable-autoscaling --min-nodes 0 --max-nodes 2"
+    return (f"`{command}` (or enable node auto-provisioning). A node pool scaled to zero has no nodes to see: "
+            "this check needs one node up (or skip it by not naming this accelerator)")
+
+
+def check_gke(report: Report, client, pool, extra_accelerators: list[str]) -> None:
+    store = report.store or ""
+    if not store.startswith("gs://"):
+        report.add("Store for GKE", FAIL, f"{store or '(none)'} is not a gs:// store: job pods cannot reach a "
+                                          "directory on this machine",
+                   _pool_set(report.pool, store="gs://YOUR_BUCKET/kinetic"))
+    check_image_settings(report, pool)
+
+    wanted: dict[str, list[str]] = {}
+    for name in extra_accelerators:
+        wanted.setdefault(name, []).append("--accelerator")
+    for name, sources in deployment_accelerators(client, report.pool).items():
+        wanted.setdefault(name, []).extend(sources)
+    report.accelerators = sorted(wanted)
+
+    try:
+        from kubernetes import client as k8s
+    except ImportError:
+        report.add("Kubernetes", FAIL, "the kubernetes client is not installed",
+                   "install the k8s extra: `pip install 'kinetic-prefect[k8s]'`")
+        return
+    from kinetic_prefect.workers.gke import kube_client
+
+    kubeconfig, context = _variable(pool, "kubeconfig_path"), _variable(pool, "kube_context")
+    cluster_ref = _variable(pool, "cluster_config")
+    where = f"kubeconfig {kubeconfig or '~/.kube/config (or in-cluster)'}" + (f", context {context}" if context else "")
+    try:
+        cluster_config = None
+        if isinstance(cluster_ref, dict) and "$ref" in cluster_ref:
+            from prefect_kubernetes.credentials import KubernetesClusterConfig
+
+            cluster_config = KubernetesClusterConfig.load_from_ref(cluster_ref["$ref"])
+            where = f"KubernetesClusterConfig block {cluster_ref['$ref']}, context {cluster_config.context_name}"
+        api = kube_client(cluster_config, kubeconfig, context)
+        nodes = k8s.CoreV1Api(api).list_node(_request_timeout=15).items
+    except Exception as exc:  # noqa: BLE001
+        status = getattr(exc, "status", None)
+        if status == 403:
+            report.add("Kubernetes", WARN, f"{where}: connected, but this identity may not list nodes, so node "
+                                           "pools were not checked", "run doctor with an identity that can "
+                                                                     "`kubectl get nodes`")
+            return
+        unchecked = f"; node pools for {', '.join(sorted(wanted))} not checked" if wanted else ""
+        report.add("Kubernetes", FAIL, f"{where}: cannot reach the cluster: {_error(exc)}{unchecked}",
+                   "`gcloud container clusters get-credentials CLUSTER --location LOCATION`, save it as a "
+                   "KubernetesClusterConfig block (prefect-kubernetes) and pick it as the pool's cluster_config in the "
+                   "UI, or set the pool's kubeconfig_path / kube_context: "
+                   + _pool_set(report.pool, kubeconfig_path="/path/kubeconfig", kube_context="CONTEXT"))
+        return
+    report.add("Kubernetes", OK, f"{where}: {len(nodes)} node(s)")
+    if not wanted:
+        report.add("Node pools", SKIP, "no accelerator to check: no deployment sends its tasks to this pool "
+                                       "(KINETIC_WORK_POOL in its job variables); name some with --accelerator")
+        return
+    labels = [node.metadata.labels or {} for node in nodes]
+    for name, sources in sorted(wanted.items()):
+        title = f"Node pool for {name}"
+        try:
+            spec = accelerators.resolve(name)
+        except ValueError as exc:
+            report.add(title, FAIL, f"{_error(exc)} (used by {', '.join(sources)})",
+                       "use a catalog name: `kinetic-prefect accelerators`")
+            continue
+        if spec.multi_host:
+            report.add(title, FAIL, f"{spec.name} is a multi-host TPU slice ({spec.hosts} hosts); kinetic-gke runs "
+                                    "single-pod Jobs", "use a single-host shape (`kinetic-prefect accelerators`)")
+            continue
+        selector = spec.node_selector
+        if not selector:
+            report.add(title, OK, f"{spec.name} needs no accelerator node ({len(nodes)} node(s))")
+            continue
+        matching = sum(all(node.get(k) == v for k, v in selector.items()) for node in labels)
+        shown = ", ".join(f"{k}={v}" for k, v in selector.items())
+        if matching:
+            report.add(title, OK, f"{matching} node(s) with {shown}")
+        else:
+            report.add(title, FAIL, f"no node with {shown} (used by {', '.join(sources)})", _node_pool_fix(spec))
+
+
+def check_image_settings(report: Report, pool) -> None:
+    name = report.pool
+    image = _variable(pool, "image")
+    builder = _variable(pool, "image_builder") or "none"
+    if image:
+        report.add("Job image", OK, f"prebuilt image {image} (nothing is built)")
+        return
+    if builder == "none":
+        report.add("Job image", FAIL, "no image and image_builder=none: the worker cannot get an image for a job",
+                   "let the worker build images: " + _pool_set(name, image_builder="cloud-build", **CLOUD_BUILD_SETTINGS)
+                   + " (or a prebuilt one: " + _pool_set(name, image="REGISTRY/IMAGE:TAG") + ")")
+        return
+    if builder == "docker":
+        problems = []
+        if not _variable(pool, "image_repository"):
+            problems.append(("image_repository", "REGISTRY/PATH"))
+        for setting, example in problems:
+            report.add(f"Docker builder: {setting}", FAIL, f"image_builder=docker needs {setting}",
+                       _pool_set(name, **{setting: example}))
+        if shutil.which("docker") is None:
+            report.add("Docker builder", FAIL, "no `docker` command on this machine's PATH (the worker builds here)",
+                       "install Docker Engine where the kinetic-gke worker runs, or use image_builder=cloud-build")
+        elif not problems:
+            report.add("Job image", OK, f"built with Docker and pushed to {_variable(pool, 'image_repository')}")
+        return
+    if builder == "cloud-build":
+        missing = [s for s in CLOUD_BUILD_SETTINGS if not _variable(pool, s)]
+        for setting in missing:
+            report.add(f"Cloud Build: {setting}", FAIL, f"image_builder=cloud-build needs the pool's {setting} variable",
+                       _pool_set(name, **{setting: CLOUD_BUILD_SETTINGS[setting]}))
+        try:
+            import google.cloud.artifactregistry_v1  # noqa: F401
+            import google.cloud.devtools.cloudbuild_v1  # noqa: F401
+        except ImportError:
+            report.add("Cloud Build", FAIL, "the Cloud Build / Artifact Registry clients are not installed",
+                       "install the gcp extra: `pip install 'kinetic-prefect[gcp]'`")
+            return
+        if not missing:
+            report.add("Job image", OK, "built with Cloud Build in project "
+                                        f"{_variable(pool, 'gcp_project')} ({_variable(pool, 'gcp_region')}), pushed "
+                                        f"to {_variable(pool, 'image_repository')}")
+        return
+    report.add("Job image", FAIL, f"unknown image_builder {builder!r}", _pool_set(name, image_builder="cloud-build"))
+
+
+# --------------------------------------------------------------------------------------------- deployments
+
+
+def check_deployments(report: Report, client) -> None:
+    """Every deployment with an active schedule: can its runs start (the flows' pool exists, a worker
+    polls it), and does the kinetic pool it names (``job_variables.env.KINETIC_WORK_POOL``) exist?"""
+    from prefect.client.schemas.objects import WorkerStatus
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        deployments = client.read_deployments()
+    except Exception as exc:  # noqa: BLE001
+        report.add("Deployments", FAIL, f"cannot read deployments: {_error(exc)}")
+        return
+    pools: dict[str, Any] = {}
+
+    def pool_state(name: str) -> tuple[Any, int]:
+        if name not in pools:
+            try:
+                found = client.read_work_pool(name)
+                online = sum(w.status == WorkerStatus.ONLINE for w in client.read_workers_for_work_pool(name))
+            except ObjectNotFound:
+                found, online = None, 0
+            pools[name] = (found, online)
+        return pools[name]
+
+    flows: dict[Any, str] = {}
+    scheduled = [d for d in deployments if any(s.active for s in (d.schedules or []))]
+    for deployment in scheduled:
+        if deployment.flow_id not in flows:
+            try:
+                flows[deployment.flow_id] = client.read_flow(deployment.flow_id).name
+            except Exception:  # noqa: BLE001
+                flows[deployment.flow_id] = "?"
+        title = f"Deployment {flows[deployment.flow_id]}/{deployment.name}"
+        flows_pool = deployment.work_pool_name
+        problems: list[tuple[str, str, str]] = []  # (status, detail, fix)
+        if not flows_pool:
+            problems.append((FAIL, "has an active schedule but no work pool", "redeploy it with a work pool"))
+        else:
+            found, online = pool_state(flows_pool)
+            if found is None:
+                problems.append((FAIL, f"its flows' pool {flows_pool!r} does not exist: scheduled runs never start",
+                                 f"`prefect work-pool create {_q(flows_pool)} --type process`"))
+            elif not online:
+                problems.append((WARN, f"no worker polls its flows' pool {flows_pool!r}: scheduled runs will be Late",
+                                 f"`prefect worker start --pool {_q(flows_pool)}` where KINETIC_PROJECT_DIR names "
+                                 "a checkout (see prefect.yaml)"))
+        kinetic_pool = ((deployment.job_variables or {}).get("env") or {}).get("KINETIC_WORK_POOL")
+        if kinetic_pool:
+            found, _online = pool_state(kinetic_pool)
+            if found is None:
+                problems.append((FAIL, f"its kinetic tasks go to pool {kinetic_pool!r}, which does not exist",
+                                 f"`prefect work-pool create {_q(kinetic_pool)} --type kinetic-gke` (or "
+                                 "kinetic-local), then `kinetic-prefect doctor --pool " + _q(kinetic_pool) + "`"))
+            elif found.type not in KINETIC_TYPES:
+                problems.append((FAIL, f"its kinetic tasks go to pool {kinetic_pool!r} of type {found.type!r}",
+                                 "KINETIC_WORK_POOL must name a kinetic-local or kinetic-gke pool"))
+        accelerator = (deployment.parameters or {}).get("accelerator")
+        if isinstance(accelerator, str) and accelerator:
+            try:
+                accelerators.resolve(accelerator)
+            except ValueError as exc:
+                problems.append((FAIL, _error(exc), "`kinetic-prefect accelerators` lists the names"))
+        if not problems:
+            report.add(title, OK, f"flows on {flows_pool!r} ({pools[flows_pool][1]} worker(s) online)"
+                                  + (f", kinetic tasks on {kinetic_pool!r}" if kinetic_pool else ""))
+        for status, detail, fix in problems:
+            report.add(title, status, detail, fix)
+    if not scheduled:
+        report.add("Deployments", SKIP, "no deployment has an active schedule (`prefect deploy --all` creates them)")
+
+
+# --------------------------------------------------------------------------------------------- all
+
+
+def run_checks(pool: str | None = None, accelerator: list[str] | None = None, store: str | None = None,
+               deployments: bool = False) -> Report:
+    import contextlib
+
+    from prefect import get_client
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    report = Report(pool=pool or config.default_work_pool())
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0}))
+        try:
+            client = stack.enter_context(get_client(sync_client=True))
+        except Exception as exc:  # noqa: BLE001 - e.g. the ephemeral server did not start in time
+            client = None
+            report.add("Prefect API", FAIL, f"{_api_url() or 'the ephemeral server'} is not available: {_error(exc)}",
+                       "run a server (`prefect server start`) and `prefect config set PREFECT_API_URL=http://HOST:4200/api`"
+                       "; without one, a slow machine may need PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=90")
+        api_ok = client is not None and check_api(report, client)
+        pool_obj = check_pool(report, client) if api_ok else None
+        if not api_ok:
+            report.add("Work pool", SKIP, f"{report.pool!r}: not checked without the Prefect API")
+        report.store = store or _variable(pool_obj, "store") or config.default_store_url()
+        check_store(report, report.store)
+        if report.pool_type == "kinetic-gke":
+            check_gke(report, client, pool_obj, list(accelerator or []))
+        elif accelerator:
+            for name in accelerator:
+                try:
+                    spec = accelerators.resolve(name)
+                    report.add(f"Accelerator {name}", OK, f"{spec.name} ({spec.family}); a kinetic-local job runs on "
+                                                          "this machine whatever the name")
+                except ValueError as exc:
+                    report.add(f"Accelerator {name}", FAIL, _error(exc), "`kinetic-prefect accelerators` lists the names")
+        if deployments and api_ok:
+            check_deployments(report, client)
+    return report
+
+
+def set_pool_variables(pool_name: str, assignments: list[str]) -> dict[str, Any]:
+    """Set defaults of a pool's job variables (``key=value``; JSON values parse, anything else is a string)."""
+    from prefect import get_client
+    from prefect.client.schemas.actions import WorkPoolUpdate
+
+    with get_client(sync_client=True) as client:
+        pool = client.read_work_pool(pool_name)
+        template = json.loads(json.dumps(pool.base_job_template))
+        properties = template.setdefault("variables", {}).setdefault("properties", {})
+        changed: dict[str, Any] = {}
+        for item in assignments:
+            key, sep, raw = item.partition("=")
+            if not sep or not key:
+                raise ValueError(f"{item!r}: expected KEY=VALUE")
+            if key not in properties:
+                raise ValueError(f"pool {pool_name!r} ({pool.type}) has no variable {key!r}; "
+                                 f"it has: {', '.join(sorted(properties))}")
+            try:
+                value = json.loads(raw)
+            except ValueError:
+                value = raw
+            if raw == "":
+                value = None
+            properties[key]["default"] = value
+            changed[key] = value
+        client.update_work_pool(pool_name, WorkPoolUpdate(base_job_template=template))
+    return changed

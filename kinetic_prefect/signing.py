@@ -1,0 +1,72 @@
+"""Authenticated store objects: HMAC-SHA256 over what crosses the store (stdlib only; ships with the runner).
+
+The store is a trust boundary: whoever can write it could otherwise replace a pickled result and
+run code in the caller when it is unpickled, or replace a payload and run code in the job. With a
+signing key configured, every object that is unpickled or trusted on the other side (payload,
+result, outcome record, Data manifests) is written with a ``<key>.sig`` beside it, an HMAC of the
+object's store key and bytes (so a valid object cannot be moved to another run), and is verified
+before it is used. A store writer without the key can then only destroy, not forge.
+
+Where the key comes from: ``KINETIC_SIGNING_KEY`` in the environment, else the Prefect Secret block
+``kinetic-signing-key`` (read by the caller and the worker, which hands it to the job in memory:
+in-process as a variable, on GKE through the Job-owned Kubernetes Secret, never in a manifest or a
+Prefect record). Without a key everything still works, unauthenticated, and the caller says so once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+
+KEY_ENV = "KINETIC_SIGNING_KEY"
+REQUIRED_ENV = "KINETIC_SIGNED"  # set (not secret) on jobs whose caller signed: the job then insists
+SECRET_BLOCK = "kinetic-signing-key"
+SUFFIX = ".sig"
+
+
+class TamperedObject(Exception):
+    """A store object's signature is missing or wrong: it was not written by a holder of the key."""
+
+
+def _mac(key: bytes, object_key: str, data: bytes) -> str:
+    return hmac.new(key, object_key.encode() + b"\0" + data, hashlib.sha256).hexdigest()
+
+
+def key_from_env() -> bytes | None:
+    value = os.environ.get(KEY_ENV)
+    return value.encode() if value else None
+
+
+def put(store, object_key: str, data: bytes, key: bytes | None, **kwargs) -> None:
+    """Write ``data`` (and, with a key, its signature first: the object is the marker that it is complete)."""
+    if key is not None:
+        store.put_bytes(object_key + SUFFIX, _mac(key, object_key, data).encode())
+    store.put_bytes(object_key, data, **kwargs)
+
+
+def verify(store, object_key: str, data: bytes, key: bytes | None) -> bytes:
+    """``data`` if its signature checks out (or no key is in use); raises TamperedObject otherwise."""
+    if key is None:
+        return data
+    try:
+        signature = store.get_bytes(object_key + SUFFIX).decode()
+    except Exception as exc:  # missing or unreadable: unsigned
+        raise TamperedObject(f"{store.url_for(object_key)} has no signature ({type(exc).__name__}); it was not "
+                             "written by a holder of the signing key: refusing to use it") from None
+    if not hmac.compare_digest(signature, _mac(key, object_key, data)):
+        raise TamperedObject(f"{store.url_for(object_key)} does not match its signature: it was changed in the "
+                             "store after it was written; refusing to use it")
+    return data
+
+
+def get(store, object_key: str, key: bytes | None) -> bytes:
+    return verify(store, object_key, store.get_bytes(object_key), key)
+
+
+def delete(store, object_key: str) -> None:
+    for name in (object_key, object_key + SUFFIX):
+        try:
+            store.delete(name)
+        except Exception:
+            pass

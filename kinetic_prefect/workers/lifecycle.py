@@ -1,0 +1,551 @@
+"""Worker side: one lifecycle for every kinetic launcher.
+
+A kinetic job does not run Prefect's flow engine (the runner imports no Prefect), so the worker
+owns the job's flow run from start to end, and this module is the only place that moves it:
+
+    Pending ──submit──▶ Running ──outcome──▶ Completed | Failed
+                           │ no outcome (killed, OOM, pod lost, cannot schedule) ──▶ Crashed
+                           │ cancel asked (the run, its parent flow run, or the caller gone) ──▶ Cancelled
+
+A launcher (``LocalJobLauncher``, ``GKEJobLauncher``) only knows how to submit, find, inspect,
+stream, stop and clean up *its* kind of job; it never sets a state. ``KineticWorker.run``
+returns status 0 once it has set a final state itself, so Prefect's BaseWorker never adds a
+second Crashed of its own.
+
+Who stops a job, on every way out:
+
+* the run (or its parent flow run) is cancelled in Prefect: the worker following it stops the
+  job and marks the run Cancelled;
+* the caller stops waiting (task timeout, Ctrl-C, SIGTERM): in-process, the follow loop is
+  cancelled and stops the job itself; with a polling worker the caller asks for cancellation and
+  the worker does the rest;
+* the calling process dies (in-process on kinetic-local): the job notices its owner is gone,
+  cancels its own run and stops (runner ``_watch_owner``);
+* the polling worker dies: the job goes on; a restarted worker reattaches (``reattach``).
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import anyio
+from prefect.client.schemas.objects import FlowRun
+from prefect.exceptions import Abort, ObjectNotFound
+from prefect.states import Cancelled, Completed, Crashed, Failed, Running
+from prefect.utilities.engine import propose_state
+from prefect.workers.base import BaseWorkerResult
+
+from kinetic_prefect import accelerators
+from kinetic_prefect.contract import LOG_END_MARKER, Env, Outcome, RunLayout
+
+# A read that fails for a reason that may pass (a 5xx, a dropped connection) is retried for this
+# long before the job is given up as crashed: an API hiccup must not end a ten-hour run.
+TRANSIENT_ERROR_BUDGET_SECONDS = 300.0
+# The job's own process is checked every poll; Prefect (a cancel of the run, of its parent) less often:
+# those reads are API calls, and a fan-out of many jobs would otherwise spend the API on them.
+RUN_CHECK_SECONDS = 1.0
+PARENT_CHECK_SECONDS = 2.0
+CANCEL_GRACE_SECONDS = 10.0
+
+
+class KineticWorkerResult(BaseWorkerResult):
+    """``status_code`` 0: the worker set the run's final state itself."""
+
+
+@dataclass
+class JobStatus:
+    """What a launcher sees of one job."""
+
+    phase: str  # "pending" | "running" | "exited" | "gone"
+    exit_code: int | None = None
+    detail: str = ""  # where it runs; why it is pending; how it ended
+    fatal: bool = False  # pending for a reason that will not fix itself (bad image, no node pool...)
+    # Why a pod is stuck, in prefect-kubernetes' diagnosis vocabulary (category such as
+    # "Unschedulable.NodeAffinity", summary, detail, resolution): emitted as an event automations match on.
+    diagnosis: dict[str, str] | None = None
+    # A multi-host group ended because this host (not the coordinator) exited non-zero: the group's failure is its.
+    failed_host: int | None = None
+
+
+class JobLauncher(abc.ABC):
+    """How one kind of infrastructure runs a kinetic job. Blocking work belongs in threads."""
+
+    @abc.abstractmethod
+    async def submit(self, flow_run: FlowRun, configuration: Any, log: Callable[[str], None]) -> str:
+        """Start the job; return its identifier."""
+
+    @abc.abstractmethod
+    async def find(self, flow_run: FlowRun, configuration: Any) -> str | None:
+        """The identifier of a job already started for this run (a restarted worker), else None."""
+
+    @abc.abstractmethod
+    async def status(self, identifier: str, configuration: Any) -> JobStatus: ...
+
+    @abc.abstractmethod
+    async def forward_logs(self, identifier: str, configuration: Any, emit: Callable[[str], None],
+                           final: bool = False) -> None:
+        """Hand new output to ``emit`` (batched); ``final``: the job has ended, drain everything."""
+
+    @abc.abstractmethod
+    async def cancel(self, identifier: str, configuration: Any, grace_seconds: float) -> None:
+        """Stop the job and return once it is gone."""
+
+    async def cleanup(self, identifier: str, configuration: Any) -> None:
+        """Remove what the launcher keeps for a job whose run is final."""
+
+    async def unfinished_jobs(self, worker: Any) -> list[tuple[str, str]]:
+        """``(flow_run_id, identifier)`` of the jobs this pool started that may still run."""
+        return []
+
+
+class ProgressArtifact:
+    """Turns the job's progress lines into one Prefect progress artifact on the job's run.
+
+    ``wrap`` filters the lines as they are forwarded (a progress line becomes a readable log line);
+    ``publish`` creates or updates the artifact with the latest value, from the follow loop.
+    """
+
+    def __init__(self, client: Any, flow_run: FlowRun, publish_from_threads: bool = False):
+        self.client, self.flow_run = client, flow_run
+        self.latest: dict | None = None
+        self.published: dict | None = None
+        self.artifact_id: Any = None
+        # Environment and image builds run in worker threads for minutes: publish from there as they go.
+        self.publish_from_threads = publish_from_threads
+
+    def wrap(self, emit: Callable[[str], None]) -> Callable[[str], None]:
+        from kinetic_prefect.progress import parse
+
+        def filtered(text: str) -> None:
+            kept = []
+            for line in text.split("\n"):
+                record = parse(line)
+                if record is None:
+                    kept.append(line)
+                    continue
+                self.latest = record
+                kept.append(f"progress {record['percent']:.0f}%" + (f": {record['message']}" if record["message"] else ""))
+                if self.publish_from_threads:
+                    try:
+                        anyio.from_thread.run(self.publish)
+                    except RuntimeError:  # on the event loop's own thread: published after the step
+                        pass
+            emit("\n".join(kept))
+
+        return filtered
+
+    async def publish(self) -> None:
+        if self.latest is None or self.latest is self.published:
+            return
+        from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate
+
+        record = self.latest
+        description = record["message"] or f"{record['done']:g} of {record['total']:g}"
+        try:
+            if self.artifact_id is None:
+                artifact = await self.client.create_artifact(ArtifactCreate(
+                    type="progress", data=record["percent"], description=description, flow_run_id=self.flow_run.id))
+                self.artifact_id = artifact.id
+            else:
+                await self.client.update_artifact(self.artifact_id,
+                                                  ArtifactUpdate(data=record["percent"], description=description))
+            self.published = record
+        except Exception:  # progress is a nicety: it never fails a job
+            pass
+
+
+class CancelRequested(Exception):
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class KineticWorker:
+    """The lifecycle, mixed into each launcher's BaseWorker subclass.
+
+    A mixin rather than a BaseWorker subclass: Prefect registers every BaseWorker subclass as a
+    worker type, and this is not one. ``owner_is_caller`` is True when the calling process runs
+    the worker for its own call (in-process submission): then the job must not outlive it.
+    """
+
+    client: Any
+    get_flow_run_logger: Any
+    launcher: JobLauncher
+    owner_is_caller: bool = False
+
+    def owned_by_caller(self, api_env: dict[str, str]) -> None:
+        """In-process submission: this worker runs the calling process's own job, which must not
+        outlive the call. ``api_env`` lets a launcher's job reach Prefect if the caller dies."""
+        self.owner_is_caller = True
+
+    @classmethod
+    def check_accelerator(cls, spec: accelerators.AcceleratorSpec) -> None:
+        """Raise before anything is uploaded if this launcher cannot run ``spec``."""
+
+    @classmethod
+    def check_pool_settings(cls, pool_name: str, defaults: dict[str, Any], job_variables: dict[str, Any]) -> None:
+        """Raise before anything is uploaded or built if the pool's settings cannot work, naming the fix."""
+
+    # ------------------------------------------------------------------ states (the only place)
+    async def _propose(self, flow_run: FlowRun, state: Any) -> None:
+        from kinetic_prefect._prefect import with_retries
+
+        try:
+            await with_retries(lambda: propose_state(self.client, state.model_copy(), flow_run_id=flow_run.id),
+                               what=f"setting the job's run {state.name}")
+        except Abort:  # already final (e.g. Cancelled by someone else): the first word stands
+            pass
+
+    async def mark_running(self, flow_run: FlowRun, message: str) -> None:
+        await self._propose(flow_run, Running(message=message))
+
+    async def mark_cancelled(self, flow_run: FlowRun, message: str) -> None:
+        await self._propose(flow_run, Cancelled(message=message))
+
+    async def mark_crashed(self, flow_run: FlowRun, message: str) -> None:
+        self.get_flow_run_logger(flow_run).error(message)
+        await self._propose(flow_run, Crashed(message=message))
+
+    async def mark_from_outcome(self, flow_run: FlowRun, outcome: Outcome) -> None:
+        state = Completed(message=outcome.summary()) if outcome.completed else Failed(message=outcome.summary())
+        await self._propose(flow_run, state)
+
+    # ------------------------------------------------------------------ events
+    def emit_job_event(self, flow_run: FlowRun, phase: str, configuration: Any, labels: dict[str, str] | None = None,
+                       **payload: Any) -> None:
+        """``kinetic.job.<phase>`` (pending, running, unschedulable, exited, cancelled, crashed) on the job's
+        run, so an automation can react, e.g. page on "kinetic.job.unschedulable" for tpu-v6e-8."""
+        try:
+            from prefect.events import emit_event
+
+            accelerator = str(getattr(configuration, "accelerator", "") or "")
+            pool = getattr(self, "_work_pool", None)
+            emit_event(
+                event=f"kinetic.job.{phase}",
+                resource={"prefect.resource.id": f"prefect.flow-run.{flow_run.id}",
+                          "prefect.resource.name": flow_run.name, "kinetic.accelerator": accelerator,
+                          **(labels or {})},
+                related=[{"prefect.resource.id": f"prefect.work-pool.{pool.id}", "prefect.resource.role": "work-pool",
+                          "prefect.resource.name": pool.name}] if pool is not None else None,
+                payload={k: v for k, v in payload.items() if v is not None},
+            )
+        except Exception:  # events are for automations; they never fail a job
+            pass
+
+    # ------------------------------------------------------------------ cancellation sources
+    async def stop_reason(self, flow_run: FlowRun, check_parents: bool) -> str | None:
+        """Why the job should stop now, or None. Prefect's workers only cancel runs that have not
+        started; a started kinetic job has no flow engine to notice, so the worker watches."""
+        current = await self.client.read_flow_run(flow_run.id)
+        state = current.state
+        if state is not None and (state.is_cancelling() or state.is_cancelled()):
+            return state.message or "Cancelled on request"
+        if state is not None and state.is_final():
+            return f"The run is already {state.name}"
+        if not check_parents or current.parent_task_run_id is None:
+            return None
+        try:
+            task_run = await self.client.read_task_run(current.parent_task_run_id)
+        except ObjectNotFound:
+            return None
+        if task_run.state is not None and task_run.state.is_final():
+            return f"The task run waiting for this job ended ({task_run.state.name})"
+        if task_run.flow_run_id is not None:
+            parent = await self.client.read_flow_run(task_run.flow_run_id)
+            if parent.state is not None and (parent.state.is_cancelling() or parent.state.is_cancelled()):
+                return f"The parent flow run {parent.name} was cancelled"
+        return None
+
+    # ------------------------------------------------------------------ the lifecycle
+    def refuse_non_job(self, configuration: Any) -> str | None:
+        if configuration.env.get(Env.PAYLOAD_SHA256):
+            return None
+        return (f"A {getattr(self, 'type', 'kinetic')} pool runs @kinetic_task jobs, not flows: this flow run has no "
+                "kinetic payload (a deployment's flow run?). Deploy flows to a pool whose worker runs flows "
+                "(`prefect work-pool create pipelines --type process`, or kubernetes); their @kinetic_task steps "
+                "then come to this pool by themselves.")
+
+    async def run(self, flow_run: FlowRun, configuration: Any,
+                  task_status: anyio.abc.TaskStatus[str] | None = None) -> KineticWorkerResult:
+        logger = self.get_flow_run_logger(flow_run)
+
+        def ended_before_start(identifier: str) -> KineticWorkerResult:
+            if task_status is not None:
+                task_status.started(identifier)
+            return KineticWorkerResult(identifier=identifier, status_code=0)
+
+        refusal = self.refuse_non_job(configuration)
+        if refusal:
+            logger.error(refusal)
+            await self._propose(flow_run, Failed(message=refusal))
+            return ended_before_start("refused")
+        await configuration.load_secret_env()
+        if not await self._hand_over_signing_key(flow_run, configuration):
+            return ended_before_start("refused")
+        identifier = await self.launcher.find(flow_run, configuration)
+        if identifier:
+            logger.info(f"Reattaching to job {identifier} (no duplicate is launched)")
+        else:
+            build_progress = ProgressArtifact(self.client, flow_run, publish_from_threads=True)
+            try:
+                identifier = await self.launcher.submit(flow_run, configuration, build_progress.wrap(logger.info))
+                await build_progress.publish()
+            except Exception as exc:
+                await self.mark_crashed(flow_run, f"The job could not be started: {type(exc).__name__}: {exc}")
+                return ended_before_start("not-started")
+        if task_status is not None:
+            task_status.started(identifier)
+        return await self.follow(flow_run, configuration, identifier)
+
+    async def _hand_over_signing_key(self, flow_run: FlowRun, configuration: Any) -> bool:
+        """The job gets the worker's signing key in memory (never in job variables or a manifest)."""
+        from kinetic_prefect import _prefect, signing
+
+        key = await _prefect.signing_key()
+        if key is not None:
+            configuration.secret_env[signing.KEY_ENV] = key.decode()
+            return True
+        if configuration.env.get(signing.REQUIRED_ENV):
+            await self.mark_crashed(flow_run, f"The caller signs its store objects but this worker has no signing key: "
+                                              f"set {signing.KEY_ENV} or the Prefect Secret block "
+                                              f"{signing.SECRET_BLOCK!r} where the worker runs.")
+            return False
+        return True
+
+    async def follow(self, flow_run: FlowRun, configuration: Any, identifier: str) -> KineticWorkerResult:
+        """Follow one job to its end and set the run's final state."""
+        logger = self.get_flow_run_logger(flow_run)
+        progress = ProgressArtifact(self.client, flow_run)
+        emit = progress.wrap(logger.info if getattr(configuration, "stream_output", True) else (lambda text: None))
+        poll = float(getattr(configuration, "poll_seconds", 0.5) or 0.5)
+        last_parent_check = last_run_check = 0.0
+        first_error_at: float | None = None
+        marked_running = False
+        last_phase: str | None = None
+        last_diagnosis: str | None = None
+        result = KineticWorkerResult(identifier=identifier, status_code=0)
+        try:
+            while True:
+                try:
+                    await self.launcher.forward_logs(identifier, configuration, emit)
+                    await progress.publish()
+                    now = time.monotonic()
+                    if now - last_run_check >= RUN_CHECK_SECONDS:
+                        check_parents = now - last_parent_check >= PARENT_CHECK_SECONDS
+                        reason = await self.stop_reason(flow_run, check_parents)
+                        last_run_check = now
+                        if check_parents:
+                            last_parent_check = now
+                        if reason:
+                            raise CancelRequested(reason)
+                    status = await self.launcher.status(identifier, configuration)
+                    first_error_at = None
+                except CancelRequested:
+                    raise
+                except Exception as exc:  # transient until proven otherwise
+                    first_error_at = first_error_at or time.monotonic()
+                    if time.monotonic() - first_error_at > TRANSIENT_ERROR_BUDGET_SECONDS:
+                        raise
+                    logger.warning(f"Could not read the job's state ({type(exc).__name__}: {exc}); retrying")
+                    await anyio.sleep(min(30.0, poll * 4))
+                    continue
+                if status.diagnosis and status.diagnosis.get("category") != last_diagnosis:
+                    # as soon as the cluster says why (not only at the timeout): an automation can page now
+                    last_diagnosis = status.diagnosis.get("category")
+                    logger.warning(f"{status.diagnosis.get('summary')}: {status.diagnosis.get('detail')} "
+                                   f"({status.diagnosis.get('resolution')})")
+                    self.emit_job_event(flow_run, "diagnosis", configuration, identifier=identifier,
+                                        labels={"kubernetes.diagnosis": last_diagnosis}, **status.diagnosis)
+                if status.phase != last_phase and status.phase in ("pending", "running"):
+                    last_phase = status.phase
+                    self.emit_job_event(flow_run, status.phase, configuration, identifier=identifier, detail=status.detail)
+                if status.phase == "running" and not marked_running:
+                    marked_running = True
+                    await self.mark_running(flow_run, status.detail or "Job running")
+                elif status.phase == "pending" and status.fatal:
+                    self.emit_job_event(flow_run, "unschedulable", configuration, identifier=identifier,
+                                        diagnosis=status.detail,
+                                        labels={"kubernetes.diagnosis": (status.diagnosis or {}).get("category", "")})
+                    await self.launcher.cancel(identifier, configuration, 0)
+                    await self.mark_crashed(flow_run, f"Job {identifier} cannot start: {status.detail}")
+                    return result
+                elif status.phase == "exited":
+                    await self.launcher.forward_logs(identifier, configuration, emit, final=True)
+                    await progress.publish()
+                    self._end_of_output(logger)
+                    self.emit_job_event(flow_run, "exited", configuration, identifier=identifier,
+                                        exit_code=status.exit_code, detail=status.detail)
+                    await self.finish(flow_run, configuration, identifier, status)
+                    return result
+                elif status.phase == "gone":
+                    await self.mark_crashed(flow_run, f"Job {identifier} disappeared before it finished "
+                                                      f"({status.detail or 'deleted'})")
+                    return result
+                await anyio.sleep(poll)
+        except CancelRequested as request:
+            with anyio.CancelScope(shield=True):
+                await self.launcher.cancel(identifier, configuration, CANCEL_GRACE_SECONDS)
+                await self.launcher.forward_logs(identifier, configuration, emit, final=True)
+                self._end_of_output(logger)
+                await self.mark_cancelled(flow_run, request.reason)
+            logger.info(f"Stopped job {identifier}: {request.reason}")
+            return result
+        except BaseException as exc:
+            # The follow loop itself was stopped: the caller's task timed out or was interrupted
+            # (in-process), or the worker is shutting down.
+            if self.owner_is_caller:
+                with anyio.CancelScope(shield=True):
+                    reason = "The calling task stopped waiting (timeout, interrupt or error in the caller)"
+                    await self.launcher.cancel(identifier, configuration, CANCEL_GRACE_SECONDS)
+                    await self.mark_cancelled(flow_run, reason)
+            elif not isinstance(exc, Exception):
+                logger.warning(f"Worker stopping: job {identifier} keeps running; a restarted worker reattaches")
+            else:
+                with anyio.CancelScope(shield=True):
+                    await self.launcher.cancel(identifier, configuration, CANCEL_GRACE_SECONDS)
+                    await self.mark_crashed(flow_run, f"The worker lost the job: {type(exc).__name__}: {exc}")
+                return result
+            raise
+        finally:
+            with anyio.CancelScope(shield=True):
+                current = await _read_state(self.client, flow_run)
+                if current is not None and current.is_final():
+                    await self.launcher.cleanup(identifier, configuration)
+
+    def _end_of_output(self, logger: Any) -> None:
+        """The marker a polling caller reads up to (in-process, the caller already has every line)."""
+        if not self.owner_is_caller:
+            logger.info(LOG_END_MARKER)
+
+    async def open_pool_store(self, configuration: Any) -> Any:
+        """The job's store, read with the pool's ``gcp_credentials`` block when it names one (else the
+        default client: Application Default Credentials, Workload Identity for an in-cluster worker)."""
+        from kinetic_prefect import gcp
+        from kinetic_prefect.storage import open_store
+
+        url = configuration.env[Env.STORE]
+        name = getattr(configuration, "gcp_credentials", None)
+        if not (url.startswith("gs://") and name):
+            return open_store(url)
+        from prefect_gcp import GcpCredentials
+
+        return gcp.open_store(url, await GcpCredentials.aload(gcp.block_name("worker", name)))
+
+    async def finish(self, flow_run: FlowRun, configuration: Any, identifier: str, status: JobStatus) -> None:
+        """Completed/Failed from the outcome record; no record means the job crashed."""
+        from kinetic_prefect import signing
+        from kinetic_prefect.storage import ObjectNotFound as NoObject
+
+        outcome: Outcome | None = None
+        store = await self.open_pool_store(configuration)
+        layout = RunLayout(configuration.env[Env.RUN_ID])
+        from kinetic_prefect import _prefect
+
+        key = await _prefect.signing_key()
+        for attempt in range(5):
+            try:
+                outcome = Outcome.from_json(await anyio.to_thread.run_sync(signing.get, store, layout.outcome, key))
+                break
+            except signing.TamperedObject as exc:
+                await self.mark_crashed(flow_run, f"Job {identifier}: {exc}")
+                return
+            except NoObject:
+                break
+            except Exception:  # a store hiccup: the outcome is there or it is not, ask again
+                await anyio.sleep(2 ** attempt)
+        hosts = outcome.num_hosts if outcome is not None else int(getattr(configuration, "host_count", 1) or 1)
+        coordinator_failed = outcome is None or not outcome.completed
+        if hosts > 1 and coordinator_failed and (status.failed_host or outcome is None or _stopped(outcome)):
+            if await self._report_group_failure(flow_run, identifier, status, store, layout, key, hosts):
+                return
+        if outcome is None:
+            code = status.exit_code
+            await self.mark_crashed(flow_run, f"Job {identifier} ended without reporting an outcome "
+                                              f"(exit status {code if code is not None else 'unknown'}"
+                                              f"{'; ' + status.detail if status.detail else ''})")
+            return
+        await self.mark_from_outcome(flow_run, outcome)
+
+    async def _report_group_failure(self, flow_run: FlowRun, identifier: str, status: JobStatus, store: Any,
+                                    layout: RunLayout, key: bytes | None, hosts: int) -> bool:
+        """A group is all or nothing, and its failure is the failure of the host that ended it. The coordinator then
+        only followed: stopped (JobTerminated), killed while blocked in a collective (no outcome), or failed in a
+        collective whose peer died ("Connection reset by peer"). ``status.failed_host`` names that host when the
+        launcher saw it; otherwise (a stopped or silent coordinator) the other hosts' records are searched. A host
+        whose function raised recorded its own outcome: it becomes the run's (the caller raises that host's error,
+        its remote traceback attached). A host that ended without one (killed, OOM) makes the group crashed: the
+        coordinator's record is removed and the run is Crashed, naming the host. Either way the task's retry starts
+        a new group. False: no other host is to blame (the coordinator's own outcome stands)."""
+        from kinetic_prefect import signing
+        from kinetic_prefect.storage import ObjectNotFound as NoObject
+
+        recorded: dict[int, Outcome] = {}
+        for index in range(1, hosts):
+            try:
+                blob = await anyio.to_thread.run_sync(signing.get, store, layout.host_outcome(index), key)
+                recorded[index] = Outcome.from_json(blob)
+            except NoObject:
+                continue
+            except Exception:  # unreadable or tampered: not a cause we can name
+                continue
+        failed = [i for i, o in sorted(recorded.items()) if not o.completed and not _stopped(o)]
+        missing = [i for i in range(1, hosts) if i not in recorded]
+        if status.failed_host:  # the launcher saw which host ended the group: its failure explains the others'
+            cause = status.failed_host
+            failed = [cause] if cause in failed else []
+            missing = [cause] if cause not in recorded else []
+        if failed:
+            index = failed[0]
+            host = recorded[index]
+            host.message = f"host {index} of {hosts}: {host.message}"
+            await anyio.to_thread.run_sync(signing.delete, store, layout.result)
+            await anyio.to_thread.run_sync(signing.put, store, layout.outcome, host.to_json(), key)
+            self.get_flow_run_logger(flow_run).error(
+                f"Host {index} of {hosts} failed while {host.phase}: {host.error_type}: "
+                f"{host.message}; the group fails with it")
+            await self.mark_from_outcome(flow_run, host)
+            return True
+        if missing:
+            for object_key in (layout.result, layout.outcome):
+                await anyio.to_thread.run_sync(signing.delete, store, object_key)
+            await self.mark_crashed(flow_run, f"Job {identifier}: host {missing[0]} of {hosts} ended "
+                                              f"without reporting an outcome ({status.detail or 'killed?'}); the "
+                                              "group was stopped (all or nothing)")
+            return True
+        return False
+
+    # ------------------------------------------------------------------ worker restarts
+    async def reattach(self, start_soon: Callable[..., Any]) -> int:
+        """After a restart: follow the jobs this pool started whose runs are not final yet."""
+        count = 0
+        for flow_run_id, identifier in await self.launcher.unfinished_jobs(self):
+            try:
+                flow_run = await self.client.read_flow_run(flow_run_id)
+            except ObjectNotFound:
+                continue
+            if flow_run.state is None or flow_run.state.is_final():
+                continue
+            configuration = await self.job_configuration.resolve_for_flow_run(  # type: ignore[attr-defined]
+                flow_run, client=self.client, work_pool=self.work_pool, worker_name=self.name)  # type: ignore[attr-defined]
+            configuration.env.pop(Env.ENV_BLOCK, None)  # read and deleted by the first worker; the job has it
+            start_soon(self.follow, flow_run, configuration, identifier)
+            count += 1
+        return count
+
+
+def _stopped(outcome: Outcome) -> bool:
+    """The host did not fail by itself: it was stopped (SIGTERM from a cancel, or because another host failed)."""
+    return (outcome.error_type or "").endswith(".JobTerminated")
+
+
+async def _read_state(client: Any, flow_run: FlowRun) -> Any:
+    try:
+        return (await client.read_flow_run(flow_run.id)).state
+    except Exception:
+        return None
+
+
+__all__ = ["JobLauncher", "JobStatus", "KineticWorker", "KineticWorkerResult"]

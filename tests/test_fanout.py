@@ -1,0 +1,42 @@
+"""Fan-out: `.map()` runs jobs concurrently, bounded by Prefect's own tag concurrency limits."""
+
+from __future__ import annotations
+
+import uuid
+
+from prefect import flow, get_client
+
+from kinetic_prefect import kinetic_task
+
+
+def _max_overlap(spans: list[tuple[float, float]]) -> int:
+    events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def test_map_runs_jobs_concurrently_within_a_tag_concurrency_limit():
+    tag = f"fanout-{uuid.uuid4().hex[:6]}"
+    with get_client(sync_client=True) as client:
+        client.create_concurrency_limit(tag=tag, concurrency_limit=2)
+
+    @kinetic_task(name=f"span-{tag}", tags=[tag])
+    def span(i: int) -> tuple:
+        import time as _time
+
+        start = _time.time()
+        _time.sleep(2)
+        return start, _time.time()
+
+    @flow
+    def pipeline():
+        return span.map(range(6)).result()
+
+    spans = pipeline()
+    assert len(spans) == 6
+    # Concurrent (a loop would give 1), and bounded by Prefect's tag slots well below the 6 inputs. Prefect
+    # grants slots through leases and was seen to let a third job start as one was finishing: not exact.
+    assert 2 <= _max_overlap(spans) <= 3, spans

@@ -1,0 +1,183 @@
+"""A job's output: never slows the job, reaches the caller and the Prefect run in order, and a
+flood is bounded with a note of what was left out (the whole log is kept with the outputs)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from prefect import flow, get_client
+from prefect.client.schemas.filters import FlowFilter, FlowFilterName, LogFilter, LogFilterFlowRunId
+
+from kinetic_prefect import kinetic_task
+from worker_fixture import new_pool
+
+
+def job_run(name: str):
+    with get_client(sync_client=True) as client:
+        [run] = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[name])))
+        return run
+
+
+def api_lines(run_id) -> list[str]:
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=30)  # in-process, this process sends the job's lines in background batches
+    lines: list[str] = []
+    with get_client(sync_client=True) as client:
+        offset = 0
+        while True:
+            page = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])),
+                                    limit=200, offset=offset)
+            for log in page:
+                lines.extend(log.message.splitlines())
+            if len(page) < 200:
+                return lines
+            offset += len(page)
+
+
+def numbered(lines: list[str], prefix: str = "") -> list[int]:
+    return [int(line[len(prefix):].split()[1]) for line in lines if line[len(prefix):].startswith("line ")]
+
+
+@pytest.fixture(params=["in-process", "worker"])
+def route(request, worker_factory):
+    if request.param == "worker":
+        return worker_factory().start().pool, "worker"
+    return new_pool("inproc"), "in-process"
+
+
+def test_every_line_arrives_in_order_on_both_paths(route, capfd):
+    pool, submission = route
+    name = f"chatty-{uuid.uuid4().hex[:6]}"
+
+    @kinetic_task(name=name, work_pool=pool, submission=submission)
+    def chatty(n: int) -> int:
+        for i in range(n):
+            print(f"line {i} of the job")
+        return n
+
+    @flow
+    def pipeline():
+        return chatty(5000)
+
+    assert pipeline() == 5000
+    run = job_run(name)
+    assert numbered(api_lines(run.id)) == list(range(5000)), "the Prefect run lacks lines or has them out of order"
+    if submission == "worker":  # the caller prints what it reads from the API
+        err = capfd.readouterr().err
+        prefix = f"[{run.name}] "
+        assert numbered([l for l in err.splitlines() if l.startswith(prefix)], prefix) == list(range(5000))
+
+
+def test_a_flood_is_bounded_with_a_note_and_the_whole_log_is_kept(store_dir):
+    name = f"flood-{uuid.uuid4().hex[:6]}"
+
+    @kinetic_task(name=name)
+    def flood(n: int) -> int:
+        for i in range(n):
+            print(f"line {i}")
+        return n
+
+    @flow
+    def pipeline():
+        return flood(100_000)
+
+    assert pipeline() == 100_000
+    run = job_run(name)
+    lines = api_lines(run.id)
+    expected, forwarded, left_out = 0, 0, 0
+    for line in lines:  # every line in order; each gap announced, where it is, with its size
+        if "lines of output left out here" in line:
+            gap = int(line.split()[1].replace(",", ""))
+            expected += gap
+            left_out += gap
+        elif line.startswith("line "):
+            assert int(line.split()[1]) == expected, line
+            expected += 1
+            forwarded += 1
+    assert expected == 100_000 and left_out > 0 and forwarded >= 1000, (forwarded, left_out)
+    kept = (store_dir / "outputs" / run.job_variables["env"]["KINETIC_RUN_ID"] / "job.log").read_text().splitlines()
+    assert numbered(kept) == list(range(100_000))
+
+
+def test_job_progress_becomes_a_progress_artifact_on_the_job_run():
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    name = f"progress-{uuid.uuid4().hex[:6]}"
+
+    @kinetic_task(name=name)
+    def epochs(n: int) -> int:
+        import time as _time
+
+        from kinetic_prefect.progress import report
+
+        for epoch in range(n):
+            _time.sleep(0.3)
+            report(epoch + 1, n, f"epoch {epoch + 1}/{n}")
+        return n
+
+    @flow
+    def pipeline():
+        return epochs(4)
+
+    assert pipeline() == 4
+    run = job_run(name)
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+    [progress] = [a for a in artifacts if a.type == "progress"]
+    assert progress.data == 100.0 and progress.description == "epoch 4/4"
+    lines = api_lines(run.id)
+    assert "progress 50%: epoch 2/4" in lines and not any(l.startswith("[kinetic:progress]") for l in lines)
+
+
+def test_a_job_sees_the_same_environment_on_both_paths(route, monkeypatch):
+    """The pool's variables plus what env= forwards (and the machine basics), never the caller's others."""
+    pool, submission = route
+    monkeypatch.setenv("CALLER_ONLY_SETTING", "leaks")
+    monkeypatch.setenv("FORWARDED_SETTING", "ok")
+    name = f"env-{uuid.uuid4().hex[:6]}"
+
+    @kinetic_task(name=name, work_pool=pool, submission=submission, env=["FORWARDED_SETTING"],
+                  job_variables={"env": {"POOL_SETTING": "from-the-pool"}})
+    def sees() -> dict:
+        import os as _os
+
+        return {k: _os.environ.get(k) for k in ("CALLER_ONLY_SETTING", "FORWARDED_SETTING", "POOL_SETTING", "PATH")}
+
+    @flow
+    def pipeline():
+        return sees()
+
+    seen = pipeline()
+    assert seen["CALLER_ONLY_SETTING"] is None
+    assert seen["FORWARDED_SETTING"] == "ok" and seen["POOL_SETTING"] == "from-the-pool" and seen["PATH"]
+
+
+def test_data_uploads_and_environment_builds_show_progress(tmp_path):
+    """Progress artifacts where people expect them: the Data upload on the task run, the build on the job run."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterTaskRunId
+
+    from kinetic_prefect import Data
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i in range(20):
+        (folder / f"{i}.bin").write_bytes(bytes([i]) * 50_000)
+    name = f"upload-{uuid.uuid4().hex[:6]}"
+
+    @kinetic_task(name=name)
+    def count(images) -> int:
+        return len(list(images.iterdir()))
+
+    @flow
+    def pipeline():
+        return count(Data(folder))
+
+    assert pipeline() == 20
+    run = job_run(name)
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(task_run_id=ArtifactFilterTaskRunId(any_=[run.parent_task_run_id])))
+    [upload] = [a for a in artifacts if a.type == "progress"]
+    assert upload.data == 100.0 and "of 1.0 MiB uploaded" in upload.description

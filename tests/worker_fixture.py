@@ -1,0 +1,87 @@
+"""Polling ``prefect worker start --type kinetic-local`` processes for tests (a pytest plugin)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from prefect import get_client
+
+PREFECT = [sys.executable, "-m", "prefect"]
+
+
+def prefect_cli(*args: str) -> str:
+    proc = subprocess.run([*PREFECT, *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def new_pool(prefix: str = "pool", worker_type: str = "kinetic-local") -> str:
+    pool = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    prefect_cli("work-pool", "create", pool, "--type", worker_type)
+    return pool
+
+
+class WorkerProcess:
+    """One polling worker process on ``pool``; ``start`` again after ``kill`` is a restarted worker."""
+
+    def __init__(self, pool: str, log_path: Path):
+        self.pool, self.log_path = pool, log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, wait_online: bool = True) -> "WorkerProcess":
+        log = open(self.log_path, "a")
+        env = {**os.environ, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_HEARTBEAT_SECONDS": "5"}
+        self.proc = subprocess.Popen([*PREFECT, "worker", "start", "--type", "kinetic-local", "--pool", self.pool,
+                                      "--name", f"{self.pool}-worker"], stdout=log, stderr=subprocess.STDOUT, env=env)
+        log.close()
+        if wait_online:
+            started = time.time()
+            with get_client(sync_client=True) as client:
+                while True:
+                    workers = client.read_workers_for_work_pool(self.pool)
+                    if any(w.status.value == "ONLINE" and w.last_heartbeat_time and
+                           w.last_heartbeat_time.timestamp() >= started - 1 for w in workers):
+                        break
+                    assert self.proc.poll() is None, self.log_path.read_text()[-3000:]
+                    assert time.time() - started < 90, "worker never came online"
+                    time.sleep(0.3)
+        return self
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+@pytest.fixture
+def worker_factory(tmp_path):
+    started: list[WorkerProcess] = []
+
+    def make(pool: str | None = None) -> WorkerProcess:
+        worker = WorkerProcess(pool or new_pool("polling"), tmp_path / f"worker-{len(started)}.log")
+        started.append(worker)
+        return worker
+
+    yield make
+    for worker in started:
+        worker.stop()
+
+
+@pytest.fixture
+def polling_worker(worker_factory):
+    worker = worker_factory().start()
+    return worker.pool, worker.log_path
