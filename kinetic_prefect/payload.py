@@ -87,10 +87,20 @@ def sha256_hex(data: bytes) -> str:
 # --------------------------------------------------------------------------- the call payload
 
 
-@functools.lru_cache(maxsize=1)
+# Python 3.11's sysconfig fills its config-vars dict on first use without a lock: a second thread
+# reading it meanwhile fails with "dictionary changed size during iteration" (seen in CI when a
+# .map() fanned out its first calls). The first computation is serialised here.
+_library_roots_lock = threading.Lock()
+_library_roots_value: tuple[Path, ...] | None = None
+
+
 def _library_roots() -> tuple[Path, ...]:
-    paths = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib", "platstdlib")}
-    return tuple(Path(p).resolve() for p in paths if p)
+    global _library_roots_value
+    with _library_roots_lock:
+        if _library_roots_value is None:
+            paths = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib", "platstdlib")}
+            _library_roots_value = tuple(Path(p).resolve() for p in paths if p)
+        return _library_roots_value
 
 
 def _is_under(path: Path, root: Path) -> bool:

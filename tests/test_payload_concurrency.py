@@ -95,3 +95,70 @@ def test_registration_made_by_the_user_is_left_alone():
         assert "json" in cloudpickle.list_registry_pickle_by_value()
     finally:
         cloudpickle.unregister_pickle_by_value(json)
+
+
+FIRST_USE_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import sysconfig
+    import threading
+    import time
+
+    sys.path.insert(0, sys.argv[1])
+    import helpers  # a project module: its file is checked against the library roots
+
+    import kinetic_prefect.payload as payload
+
+    # Python 3.11's sysconfig.get_paths() fills a shared dict on first use without a lock, so it must never
+    # run in two threads at once. Count how many threads are inside it; the sleep stands in for the first
+    # use's read of the platform's _sysconfigdata module, which is what leaves the window open.
+    inside, most_inside, lock = {}, 0, threading.Lock()  # thread -> depth (get_paths may call itself)
+    _get_paths = sysconfig.get_paths
+
+    def counting_get_paths(*args, **kwargs):
+        global most_inside
+        me = threading.get_ident()
+        with lock:
+            inside[me] = inside.get(me, 0) + 1
+            most_inside = max(most_inside, len(inside))
+        try:
+            time.sleep(0.05)
+            return _get_paths(*args, **kwargs)
+        finally:
+            with lock:
+                inside[me] -= 1
+                if not inside[me]:
+                    del inside[me]
+
+    sysconfig.get_paths = counting_get_paths
+    barrier = threading.Barrier(8)
+    errors = []
+
+    def first_call():
+        try:
+            barrier.wait()
+            assert payload.project_module_names(sys.argv[1]) == ["helpers"]
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=first_call) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert most_inside == 1, f"sysconfig.get_paths ran in {most_inside} threads at once"
+    print("OK")
+    """
+)
+
+
+def test_the_first_calls_of_a_fan_out_do_not_race_on_sysconfig(tmp_path):
+    """CI failure: the first payloads of a .map() asked sysconfig for the library paths from many threads at
+    once, and Python 3.11 fills those lazily without a lock ("dictionary changed size during iteration")."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname='proj'\n")
+    (tmp_path / "helpers.py").write_text("def scale(x):\n    return 2 * x\n")
+    (tmp_path / "first_use.py").write_text(FIRST_USE_SCRIPT)
+    proc = subprocess.run([sys.executable, str(tmp_path / "first_use.py"), str(tmp_path)], capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
