@@ -136,8 +136,16 @@ def start_script(tmp_path: Path, name: str, pool: str, submission: str, mode: st
     script.write_text(SCRIPT)
     pid_file = tmp_path / f"{name}.pid"
     proc = subprocess.Popen([sys.executable, str(script), name, pool, submission, str(pid_file), mode],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_as_from_a_terminal)
     return proc, pid_file
+
+
+def _as_from_a_terminal() -> None:
+    """Ctrl-C reaches the script as it does from a terminal, even when the test suite itself was started in the
+    background (`cmd &` in a non-interactive shell ignores SIGINT, the ignore is inherited, and Python then
+    installs no KeyboardInterrupt handler: the script would sleep through the signal and exit 0)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def in_thread(fn, *args):
