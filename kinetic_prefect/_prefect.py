@@ -128,6 +128,25 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, (httpx.TransportError, ConnectionError))
 
 
+_no_retry_settings: dict[int, tuple[Any, Any]] = {}  # id(settings) -> (settings, the same with retries off)
+
+
+def _client_retries_off() -> Any:
+    """A settings context like the current one with Prefect's client retries off (``temporary_settings``
+    builds a new Settings object each time, ≈ 25 ms; this one is built once per settings object)."""
+    import prefect.context
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES
+
+    context = prefect.context.get_settings_context()
+    cached = _no_retry_settings.get(id(context.settings))
+    if cached is None or cached[0] is not context.settings:
+        cached = (context.settings, context.settings.copy_with_update(updates={PREFECT_CLIENT_MAX_RETRIES: 0}))
+        if len(_no_retry_settings) >= 8:  # settings objects come and go with temporary_settings: keep a few
+            _no_retry_settings.clear()
+        _no_retry_settings[id(context.settings)] = cached
+    return prefect.context.SettingsContext(profile=context.profile, settings=cached[1])
+
+
 async def with_retries(make_call: Callable[[], Any], what: str, attempts: int = 20) -> Any:
     """Await ``make_call()``, retrying transient errors quickly, with jitter (50 ms doubling to 4 s; ≈ 1 min in all).
 
@@ -139,11 +158,9 @@ async def with_retries(make_call: Callable[[], Any], what: str, attempts: int = 
     """
     import random
 
-    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
-
     for attempt in range(attempts):
         try:
-            with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 0}):
+            with _client_retries_off():
                 return await make_call()
         except Exception as exc:
             if attempt == attempts - 1 or not is_transient(exc):
