@@ -30,9 +30,9 @@ from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.states import Cancelling, Pending, Scheduled, State
 from prefect.workers.base import BaseWorker
 
-logger = logging.getLogger("kinetic_prefect.api")
-
 from kinetic_prefect import config
+
+logger = logging.getLogger("kinetic_prefect.api")
 
 # Pools are read once per call site burst, not per call: a short TTL keeps edits in the UI effective.
 _POOL_TTL_SECONDS = 30.0
@@ -111,7 +111,6 @@ async def create_job_flow_run(
     # Pending runs are invisible to polling workers, so an in-process submission cannot be
     # picked up twice; Scheduled runs are what a polling worker claims.
     state = Scheduled() if for_polling_worker else Pending()
-
     return await with_retries(lambda: client.create_flow_run(
         flow, name=run_name, state=state, work_pool_name=pool.name, job_variables=job_variables,
         parent_task_run_id=parent_task_run_id, tags=tags,
@@ -128,22 +127,21 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, (httpx.TransportError, ConnectionError))
 
 
-_no_retry_settings: dict[int, tuple[Any, Any]] = {}  # id(settings) -> (settings, the same with retries off)
+_no_retry_settings: tuple[Any, Any] | None = None  # (settings, the same with the client's retries off)
 
 
 def _client_retries_off() -> Any:
     """A settings context like the current one with Prefect's client retries off (``temporary_settings``
-    builds a new Settings object each time, ≈ 25 ms; this one is built once per settings object)."""
+    builds a new Settings object each time, ≈ 25 ms; this one is rebuilt only when the settings change)."""
+    global _no_retry_settings
     import prefect.context
     from prefect.settings import PREFECT_CLIENT_MAX_RETRIES
 
     context = prefect.context.get_settings_context()
-    cached = _no_retry_settings.get(id(context.settings))
+    cached = _no_retry_settings
     if cached is None or cached[0] is not context.settings:
         cached = (context.settings, context.settings.copy_with_update(updates={PREFECT_CLIENT_MAX_RETRIES: 0}))
-        if len(_no_retry_settings) >= 8:  # settings objects come and go with temporary_settings: keep a few
-            _no_retry_settings.clear()
-        _no_retry_settings[id(context.settings)] = cached
+        _no_retry_settings = cached
     return prefect.context.SettingsContext(profile=context.profile, settings=cached[1])
 
 
