@@ -4,8 +4,8 @@ kinetic-prefect submits a job as a *flow run in a work pool* without a deploymen
 calls this ad-hoc submission). Prefect's own path for that (``bind_flow_to_infrastructure`` →
 ``BaseWorker.submit``) is experimental and costly for us: it freezes dependencies with
 ``uv pip freeze``, pickles the worker class into a bundle and adds a parent task run. We use
-only stable client calls (create a flow run with ``work_pool_name``/``job_variables``/
-``parent_task_run_id``, read states and logs) plus, for in-process submission, a worker
+only stable client calls (create a tracking task run and a flow run with ``work_pool_name``/
+``job_variables``/``parent_task_run_id``, read states and logs) plus, for in-process submission, a worker
 instance that is given a client and its pool instead of going through ``setup()``
 (heartbeats, websockets), which a one-shot submission does not need. If Prefect changes any
 of this, this module is what changes.
@@ -20,12 +20,12 @@ import socket
 import time
 from types import SimpleNamespace
 from typing import Any, Callable
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from prefect.client.orchestration import PrefectClient
 from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId, LogFilterTimestamp
-from prefect.client.schemas.objects import FlowRun, WorkerStatus, WorkPool
+from prefect.client.schemas.objects import FlowRun, TaskRun, TaskRunResult, WorkerStatus, WorkPool
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.states import Cancelling, Pending, Scheduled, State
 from prefect.workers.base import BaseWorker
@@ -104,17 +104,51 @@ async def has_online_worker(client: PrefectClient, pool_name: str) -> bool:
 
 async def create_job_flow_run(
     client: PrefectClient, *, flow_name: str, run_name: str, pool: WorkPool, job_variables: dict[str, Any],
-    parent_task_run_id: UUID | None, tags: list[str], for_polling_worker: bool,
+    caller: TaskRun | None, tags: list[str], for_polling_worker: bool,
 ) -> FlowRun:
+    """The job's flow run, drawn as Prefect draws a subflow called inside a task: under a tracking task
+    run of its own (named like the job, in the caller's flow run, ``__parents__`` = the calling task run).
+
+    Not under the calling task run itself: Prefect's server mirrors a subflow's every state onto its
+    parent task run (``UpdateSubflowParentTask``), and the first of those (the job's Pending) takes the
+    calling task out of Running, which releases its tag-concurrency slot while the job has not even
+    started: a ``.map()`` under a limit of 2 ran 4 jobs at once. The calling task's state stays its own.
+    """
     # A flow record is all the API needs; no Flow object (and no bundle) is built.
     flow = SimpleNamespace(name=flow_name, version=None, retries=0, retry_delay_seconds=0)
+    tracker_id = None
+    if caller is not None:
+        tracker = await with_retries(lambda: client.create_task_run(
+            _tracking_task(flow_name), flow_run_id=caller.flow_run_id, dynamic_key=uuid4().hex, name=run_name,
+            extra_tags=["kinetic"], state=Pending(), task_inputs={"__parents__": [TaskRunResult(id=caller.id)]},
+        ), what="creating the job's tracking task run")
+        tracker_id = tracker.id
     # Pending runs are invisible to polling workers, so an in-process submission cannot be
     # picked up twice; Scheduled runs are what a polling worker claims.
     state = Scheduled() if for_polling_worker else Pending()
     return await with_retries(lambda: client.create_flow_run(
         flow, name=run_name, state=state, work_pool_name=pool.name, job_variables=job_variables,
-        parent_task_run_id=parent_task_run_id, tags=tags,
+        parent_task_run_id=tracker_id, tags=tags,
     ), what="creating the job's flow run")
+
+
+def _tracking_task(flow_name: str) -> Any:
+    """What ``create_task_run`` reads of a task, for a job's tracking task run: no tags (a user's tag
+    limits must not count the job twice), no retries (a retry is the calling task's, with a new job)."""
+    return SimpleNamespace(name=flow_name, task_key=f"kinetic-job-{flow_name}", version=None, tags=(),
+                           retries=0, retry_delay_seconds=0, retry_jitter_factor=None)
+
+
+async def calling_task_run(client: PrefectClient, job: FlowRun) -> TaskRun | None:
+    """The task run that waits for ``job`` (the ``__parents__`` of its tracking task run), or None."""
+    if job.parent_task_run_id is None:
+        return None
+    try:
+        tracker = await client.read_task_run(job.parent_task_run_id)
+        parents = tracker.task_inputs.get("__parents__") or []
+        return await client.read_task_run(parents[0].id) if parents else None
+    except ObjectNotFound:
+        return None
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -372,7 +372,7 @@ async def _submit_and_collect(options: KineticOptions, call: PreparedCall, task_
         flow_run = await _prefect.create_job_flow_run(
             client, flow_name=task_name, run_name=run_name, pool=pool,
             job_variables=job_variables,
-            parent_task_run_id=task_run.id if task_run else None,
+            caller=task_run,
             tags=[f"accelerator:{options.accelerator.name}", "kinetic"], for_polling_worker=polling,
         )
         if logger:

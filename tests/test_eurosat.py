@@ -17,6 +17,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from job_runs import jobs_of, task_runs_of
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
@@ -41,21 +42,11 @@ def _flow():
 
 
 def _task_runs(flow_run_id):
-    from prefect import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    with get_client(sync_client=True) as client:
-        return client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return task_runs_of(flow_run_id)
 
 
 def _child_flow_runs(task_run_id):
-    from prefect import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentTaskRunId
-
-    with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(parent_task_run_id=FlowRunFilterParentTaskRunId(any_=[task_run_id])))
-    return sorted(runs, key=lambda r: r.created)
+    return jobs_of(task_run_id)
 
 
 def _run_flow(**params):

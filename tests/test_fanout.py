@@ -37,6 +37,7 @@ def test_map_runs_jobs_concurrently_within_a_tag_concurrency_limit():
 
     spans = pipeline()
     assert len(spans) == 6
-    # Concurrent (a loop would give 1), and bounded by Prefect's tag slots well below the 6 inputs. Prefect
-    # grants slots through leases and was seen to let a third job start as one was finishing: not exact.
-    assert 2 <= _max_overlap(spans) <= 3, spans
+    # Concurrent (a loop would give 1), and never more than the limit. (It once let 3 or 4 run: the job's run hung
+    # under the task run itself, whose states Prefect's server then mirrored from the job; the job's Pending took the
+    # task out of Running and gave its slot away.)
+    assert _max_overlap(spans) == 2, spans

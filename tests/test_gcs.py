@@ -20,6 +20,7 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterTaskRun
 from kinetic_prefect import Data, kinetic_task
 from kinetic_prefect.storage import open_store
 from kinetic_prefect.workers.base import load_template
+from job_runs import calling_task_run
 
 
 @dataclass
@@ -99,7 +100,7 @@ def test_a_gcs_pool_runs_with_nested_data_outputs_and_artifacts(gcs_pool, tmp_pa
     assert not [k for k in store.list("runs") if k.endswith("payload.pkl")], "payload removed after collection"
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(
-            artifact_filter=ArtifactFilter(task_run_id=ArtifactFilterTaskRunId(any_=[job.parent_task_run_id])))
+            artifact_filter=ArtifactFilter(task_run_id=ArtifactFilterTaskRunId(any_=[calling_task_run(job).id])))
     tables = [a for a in artifacts if a.type == "table"]
     assert tables and "report.txt" in json.dumps(tables[0].data)
 

@@ -24,6 +24,7 @@ from prefect.client.schemas.filters import FlowFilter, FlowFilterName
 from prefect.states import Cancelling
 
 from kinetic_prefect import kinetic_task
+from job_runs import calling_task_run
 from worker_fixture import new_pool
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,8 +75,7 @@ def final_job_run(task_name: str, timeout: float = 30.0):
 
 
 def task_run_of(job_run):
-    with get_client(sync_client=True) as client:
-        return client.read_task_run(job_run.parent_task_run_id)
+    return calling_task_run(job_run)
 
 
 def read_pid(path: Path, timeout: float = 90.0) -> int:

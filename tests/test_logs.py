@@ -10,6 +10,7 @@ from prefect import flow, get_client
 from prefect.client.schemas.filters import FlowFilter, FlowFilterName, LogFilter, LogFilterFlowRunId
 
 from kinetic_prefect import kinetic_task
+from job_runs import calling_task_run
 from worker_fixture import new_pool
 
 
@@ -178,6 +179,6 @@ def test_data_uploads_and_environment_builds_show_progress(tmp_path):
     run = job_run(name)
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(
-            artifact_filter=ArtifactFilter(task_run_id=ArtifactFilterTaskRunId(any_=[run.parent_task_run_id])))
+            artifact_filter=ArtifactFilter(task_run_id=ArtifactFilterTaskRunId(any_=[calling_task_run(run).id])))
     [upload] = [a for a in artifacts if a.type == "progress"]
     assert upload.data == 100.0 and "of 1.0 MiB uploaded" in upload.description

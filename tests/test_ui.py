@@ -51,7 +51,9 @@ def test_ui_talks_to_this_server(ui):
 
 
 def test_flow_run_page_shows_task_runs_and_the_nested_job(ui):
-    assert ui.job["parent_task_run_id"] == ui.train["id"], "the job's run is not nested under its task run"
+    tracker = ui.facts["job_tracker"]
+    assert [p["id"] for p in tracker["task_inputs"]["__parents__"]] == [ui.train["id"]], \
+        "the job's run is not nested (through its tracking task run) under its task run"
     ui.flow_run_page()
     assert {"flow-run.png", "flow-run-task-runs.png", "flow-run-subflows.png"} <= set(ui.report["screenshots"])
 

@@ -245,11 +245,12 @@ class KineticWorker:
             return state.message or "Cancelled on request"
         if state is not None and state.is_final():
             return f"The run is already {state.name}"
-        if not check_parents or current.parent_task_run_id is None:
+        if not check_parents:
             return None
-        try:
-            task_run = await self.client.read_task_run(current.parent_task_run_id)
-        except ObjectNotFound:
+        from kinetic_prefect import _prefect
+
+        task_run = await _prefect.calling_task_run(self.client, current)
+        if task_run is None:
             return None
         if task_run.state is not None and task_run.state.is_final():
             return f"The task run waiting for this job ended ({task_run.state.name})"
