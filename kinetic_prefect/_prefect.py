@@ -31,6 +31,7 @@ from prefect.states import Cancelling, Pending, Scheduled, State
 from prefect.workers.base import BaseWorker
 
 from kinetic_prefect import config
+from kinetic_prefect.contract import TRACKING_TASK_KEY_PREFIX
 
 logger = logging.getLogger("kinetic_prefect.api")
 
@@ -135,18 +136,26 @@ async def create_job_flow_run(
 def _tracking_task(flow_name: str) -> Any:
     """What ``create_task_run`` reads of a task, for a job's tracking task run: no tags (a user's tag
     limits must not count the job twice), no retries (a retry is the calling task's, with a new job)."""
-    return SimpleNamespace(name=flow_name, task_key=f"kinetic-job-{flow_name}", version=None, tags=(),
+    return SimpleNamespace(name=flow_name, task_key=f"{TRACKING_TASK_KEY_PREFIX}{flow_name}", version=None, tags=(),
                            retries=0, retry_delay_seconds=0, retry_jitter_factor=None)
 
 
-async def calling_task_run(client: PrefectClient, job: FlowRun) -> TaskRun | None:
-    """The task run that waits for ``job`` (the ``__parents__`` of its tracking task run), or None."""
+async def calling_task_run_id(client: PrefectClient, job: FlowRun) -> UUID | None:
+    """The id of the task run that waits for ``job`` (the ``__parents__`` of its tracking task run),
+    or None. It never changes for a job, so a caller that asks often may keep it."""
     if job.parent_task_run_id is None:
         return None
     try:
         tracker = await client.read_task_run(job.parent_task_run_id)
-        parents = tracker.task_inputs.get("__parents__") or []
-        return await client.read_task_run(parents[0].id) if parents else None
+    except ObjectNotFound:
+        return None
+    parents = tracker.task_inputs.get("__parents__") or []
+    return parents[0].id if parents else None
+
+
+async def read_task_run_or_none(client: PrefectClient, task_run_id: UUID) -> TaskRun | None:
+    try:
+        return await client.read_task_run(task_run_id)
     except ObjectNotFound:
         return None
 

@@ -34,6 +34,10 @@ LOG_END_MARKER = "[kinetic] end of job output"
 # Prefect progress artifact on the job's run (the job itself cannot import Prefect).
 PROGRESS_PREFIX = "[kinetic:progress] "
 
+# A job's flow run hangs under a tracking task run in the caller's flow run (Prefect's shape for a
+# subflow called inside a task); its task key starts with this, so tools can tell it from user tasks.
+TRACKING_TASK_KEY_PREFIX = "kinetic-job-"
+
 # --------------------------------------------------------------------------- environment variables
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 from prefect import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentTaskRunId
 
+from kinetic_prefect.contract import TRACKING_TASK_KEY_PREFIX
+
 
 def calling_task_run(job):
     """The task run that launched ``job`` (a job's flow run)."""
@@ -32,7 +34,7 @@ def jobs_of(task_run_id) -> list:
 
 
 def is_job_tracker(task_run) -> bool:
-    return task_run.task_key.startswith("kinetic-job-")
+    return task_run.task_key.startswith(TRACKING_TASK_KEY_PREFIX)
 
 
 def task_runs_of(flow_run_id) -> list:

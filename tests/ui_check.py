@@ -27,6 +27,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from kinetic_prefect.contract import TRACKING_TASK_KEY_PREFIX
+
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_ZIP = ROOT.parent / "shared" / "data" / "eurosat" / "EuroSAT_RGB_sample.zip"
 SCREEN = (1400, 1000)
@@ -329,7 +331,7 @@ def run_facts(api_url: str, flow_run_id: str) -> dict:
     task_runs = post_json(f"{api_url}/task_runs/filter",
                           {"flow_runs": {"id": {"any_": [flow_run_id]}}, "limit": 200})
     # A job hangs under a tracking task run of its own (named like the job), whose parent is the task.
-    train = [t for t in task_runs if t["name"].startswith("eurosat-train") and not t["task_key"].startswith("kinetic-job-")]
+    train = [t for t in task_runs if t["name"].startswith("eurosat-train") and not t["task_key"].startswith(TRACKING_TASK_KEY_PREFIX)]
     assert train, f"no eurosat-train task run in {[t['name'] for t in task_runs]}"
     train_ids = {t["id"] for t in train}
     trackers = [t for t in task_runs if {p["id"] for p in t["task_inputs"].get("__parents__", [])} & train_ids]

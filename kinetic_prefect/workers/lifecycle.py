@@ -30,6 +30,7 @@ import abc
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
+from uuid import UUID
 
 import anyio
 from prefect.client.schemas.objects import FlowRun
@@ -176,6 +177,11 @@ class KineticWorker:
     launcher: JobLauncher
     owner_is_caller: bool = False
 
+    @property
+    def _calling_task_ids(self) -> dict[UUID, UUID | None]:
+        """Per followed job, the task run that waits for it: found once, as it never changes."""
+        return self.__dict__.setdefault("_calling_task_id_cache", {})
+
     def owned_by_caller(self, api_env: dict[str, str]) -> None:
         """In-process submission: this worker runs the calling process's own job, which must not
         outlive the call. ``api_env`` lets a launcher's job reach Prefect if the caller dies."""
@@ -249,7 +255,11 @@ class KineticWorker:
             return None
         from kinetic_prefect import _prefect
 
-        task_run = await _prefect.calling_task_run(self.client, current)
+        # the tracking task run is read once per job: its __parents__ never change
+        if flow_run.id not in self._calling_task_ids:
+            self._calling_task_ids[flow_run.id] = await _prefect.calling_task_run_id(self.client, current)
+        task_run_id = self._calling_task_ids[flow_run.id]
+        task_run = await _prefect.read_task_run_or_none(self.client, task_run_id) if task_run_id else None
         if task_run is None:
             return None
         if task_run.state is not None and task_run.state.is_final():
@@ -411,6 +421,7 @@ class KineticWorker:
                 return result
             raise
         finally:
+            self._calling_task_ids.pop(flow_run.id, None)
             with anyio.CancelScope(shield=True):
                 current = await _read_state(self.client, flow_run)
                 if current is not None and current.is_final():
