@@ -159,7 +159,7 @@ def cmd_compare(args) -> None:
                "budget_min": args.budget_min, "baseline_min": args.baseline_min, "runs": {}}
     decoded, split_file, sizes, _ = prepare_data(Path(args.zip), args.checksum, Path(args.cache_dir))
     summary["split_sizes"] = sizes
-    plan = {"new": (NEW_MODEL, dict(NEW_TRAIN), args.budget_min),
+    plan = {"new": (args.new_model or NEW_MODEL, dict(NEW_TRAIN), args.budget_min),
             "today": (TODAY_MODEL, dict(TODAY_TRAIN), args.baseline_min)}
     for name in args.order.split(","):
         model, train, stop_min = plan[name]
@@ -445,6 +445,8 @@ def main() -> None:
     comp.add_argument("--budget-min", type=float, default=60.0)
     comp.add_argument("--baseline-min", type=float, default=15.0)
     comp.add_argument("--order", default="new,today")
+    comp.add_argument("--new-model", type=json.loads, default=None,
+                      help='JSON model options for the new recipe (a trial), e.g. \'{"preset": "hybrid", "depth": 6}\'')
     comp.add_argument("--out", default="eurosat_compare", help="results name under bench/results (png: *_time_to_accuracy*)")
     comp.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "eurosat-bench-cache"))
     sub.add_parser("first")
