@@ -49,7 +49,10 @@ class TrainConfig:
     mix_prob: float = 0.0
     # callbacks
     early_stopping_patience: int = 10
-    plateau_patience: int = 4
+    # ReduceLROnPlateau on top of the cosine (0: off, the default). It multiplies into the schedule: with
+    # patience 4 a 60-minute run had its rate halved 5 times (32x below the cosine from mid-run on) and
+    # stopped improving there (bench/results/eurosat_compare_trial_noplateau.json)
+    plateau_patience: int = 0
     plateau_factor: float = 0.5
     time_budget_s: float | None = None  # training stops after this many seconds; the schedule follows the clock
     stop_after_s: float | None = None  # benchmarks: stop at this training time, schedule unchanged (a curve prefix)
@@ -368,13 +371,14 @@ def _callbacks_module():
         def on_train_begin(self, logs=None):
             saved = self.state.get("callbacks")
             if saved:  # put back what EarlyStopping / ReduceLROnPlateau had (their on_train_begin reset it)
-                e, p = saved["early"], saved["plateau"]
+                e, p = saved["early"], saved.get("plateau")
                 self.early.wait, self.early.best, self.early.best_epoch = e["wait"], e["best"], e["best_epoch"]
                 best_file = self.dir / "best.weights.npz"
                 if best_file.exists():
                     with np.load(best_file) as z:
                         self.early.best_weights = [z[f"w{i}"] for i in range(len(z.files))]
-                self.plateau.wait, self.plateau.best, self.plateau.cooldown_counter = p["wait"], p["best"], p["cooldown"]
+                if self.plateau is not None and p:
+                    self.plateau.wait, self.plateau.best, self.plateau.cooldown_counter = p["wait"], p["best"], p["cooldown"]
 
         def on_epoch_end(self, epoch, logs=None):
             for k, v in (logs or {}).items():
@@ -385,13 +389,12 @@ def _callbacks_module():
             name = f"epoch-{epoch + 1:04d}.npz"
             _save_arrays(self.dir / name, self.model.get_weights() + [
                 np.asarray(keras.ops.convert_to_numpy(v)) for v in self.model.optimizer.variables])
-            self.state.update(
-                epoch=epoch + 1, weights=name, history=self.history,
-                callbacks={"early": {"wait": int(self.early.wait), "best": _num(self.early.best),
-                                     "best_epoch": int(self.early.best_epoch)},
-                           "plateau": {"wait": int(self.plateau.wait), "best": _num(self.plateau.best),
-                                       "cooldown": int(self.plateau.cooldown_counter)}},
-            )
+            callbacks = {"early": {"wait": int(self.early.wait), "best": _num(self.early.best),
+                                   "best_epoch": int(self.early.best_epoch)}}
+            if self.plateau is not None:
+                callbacks["plateau"] = {"wait": int(self.plateau.wait), "best": _num(self.plateau.best),
+                                        "cooldown": int(self.plateau.cooldown_counter)}
+            self.state.update(epoch=epoch + 1, weights=name, history=self.history, callbacks=callbacks)
             ds.atomic_write_json(self.dir / CHECKPOINT_STATE, self.state)
             for old in self.dir.glob("epoch-*.npz"):
                 if old.name != name:
@@ -580,11 +583,11 @@ def train_and_evaluate(
                                           restore_best_weights=True, verbose=0)
     plateau = keras.callbacks.ReduceLROnPlateau(monitor="val_loss", factor=cfg.plateau_factor,
                                                 patience=cfg.plateau_patience, min_lr=cfg.min_learning_rate,
-                                                verbose=0)
+                                                verbose=0) if cfg.plateau_patience > 0 else None
     schedule = Schedule(cfg, state, steps)
     curve = [Curve(state, schedule, x_test, y_test, class_names, PREDICT_BATCH_SIZE)] if test_curve and hosts == 1 else []
-    callbacks = [EpochSetter(batches), Progress(cfg, state, steps), *curve, schedule, early, plateau,
-                 Checkpoint(checkpoint_dir, state, history, early, plateau, kill_after_epoch)]
+    callbacks = [EpochSetter(batches), Progress(cfg, state, steps), *curve, schedule, early,
+                 *([plateau] if plateau is not None else []), Checkpoint(checkpoint_dir, state, history, early, plateau, kill_after_epoch)]
     t_train = time.perf_counter()
     if initial_epoch < cfg.epochs and not state.get("finished"):
         model.fit(batches, validation_data=(x_val, keras.utils.to_categorical(y_val, len(class_names))),
