@@ -413,6 +413,7 @@ def start_embedded_server() -> None:
     server = SubprocessASGIServer()
     if server.running:
         return
+    _check_prefect_home()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # the subprocess reads it
     timeout = int(os.environ.get("KINETIC_EPHEMERAL_STARTUP_SECONDS", EPHEMERAL_STARTUP_SECONDS))
     started = time.monotonic()
@@ -422,6 +423,32 @@ def start_embedded_server() -> None:
               "(a first start creates its database). Run `prefect server start` in another terminal and "
               "set PREFECT_API_URL=http://127.0.0.1:4200/api to keep one running, with its UI.",
               file=sys.stderr, flush=True)
+
+
+def _check_prefect_home() -> None:
+    """The local server keeps its SQLite database in PREFECT_HOME. Where that folder cannot be made or
+    written (HOME missing or read-only, as in some containers), the server exits at start-up and
+    Prefect waits out its whole start-up limit before a "Timed out ... ephemeral Prefect API server"
+    that names nothing: say which folder and what to do, at once."""
+    import os
+    from pathlib import Path
+
+    from prefect.settings import PREFECT_HOME
+
+    from kinetic_prefect.errors import KineticError
+
+    home = Path(PREFECT_HOME.value()).expanduser()
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        writable = os.access(home, os.W_OK)
+        reason = "it is not writable"
+    except OSError as exc:
+        writable, reason = False, f"it cannot be created ({exc.strerror or exc})"
+    if not writable:
+        raise KineticError(
+            f"Prefect's local server keeps its database in PREFECT_HOME={home}, but {reason}. "
+            "Set PREFECT_HOME to a writable folder (or HOME to an existing, writable one), or point "
+            "PREFECT_API_URL at a running server (`prefect server start`).")
 
 
 async def store_secret_env(values: dict[str, str], name: str) -> str:

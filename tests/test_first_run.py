@@ -11,14 +11,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_a_kinetic_script_runs_on_a_fresh_machine(tmp_path):
-    home = tmp_path / "home"
-    home.mkdir()
+def _bare_env(home: Path) -> dict[str, str]:
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(home),
@@ -28,6 +27,13 @@ def test_a_kinetic_script_runs_on_a_fresh_machine(tmp_path):
     for name in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):  # machine quirks, not configuration
         if name in os.environ:
             env[name] = os.environ[name]
+    return env
+
+
+def test_a_kinetic_script_runs_on_a_fresh_machine(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    env = _bare_env(home)
     proc = subprocess.run([sys.executable, "flows/hello_kinetic.py"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     output = proc.stdout + proc.stderr
@@ -37,3 +43,21 @@ def test_a_kinetic_script_runs_on_a_fresh_machine(tmp_path):
     errors = [line for line in output.splitlines() if "| ERROR" in line or line.startswith("ERROR")]
     assert not errors, errors
     assert (home / ".prefect").is_dir() and (home / ".cache" / "kinetic-prefect" / "store").is_dir()
+
+
+def test_a_home_prefect_cannot_write_is_named_at_once(tmp_path):
+    """HOME under a plain file (so not even root can make ~/.prefect): the local server cannot create its
+    database and exits. Prefect would wait out the whole start-up limit (5 minutes here) and then report
+    a time-out naming nothing; the run must stop at once, naming PREFECT_HOME and the fix."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    env = _bare_env(blocker / "home")
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "flows/hello_kinetic.py"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output[-4000:]
+    assert f"PREFECT_HOME={blocker / 'home' / '.prefect'}" in output, output[-4000:]
+    assert "Set PREFECT_HOME to a writable folder" in output, output[-4000:]
+    assert "Timed out" not in output, output[-4000:]
+    assert time.monotonic() - started < 120, "it waited for a server that had already exited"
