@@ -298,8 +298,10 @@ def local_platform_available(jax_platforms: str) -> bool:
     import glob
     import os
 
+    from kinetic_prefect.contract import Env  # here: the module's own imports stay stdlib
+
     wanted = [p.strip() for p in (jax_platforms or "cpu").split(",") if p.strip()]
-    override = os.environ.get("KINETIC_LOCAL_DEVICES")
+    override = os.environ.get(Env.LOCAL_DEVICES)
     present = {"cpu"}
     if override is not None:
         present |= {p.strip() for p in override.split(",") if p.strip()}

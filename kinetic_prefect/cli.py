@@ -25,6 +25,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kinetic_prefect import accelerators
+from kinetic_prefect.contract import Env
 
 # Typer 0.29 carries its own copy of click; its ClickException is the base of typer.BadParameter.
 ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
@@ -93,7 +94,7 @@ _SYMBOLS = {"ok": "[green]✓[/]", "fail": "[red]✗[/]", "warn": "[yellow]![/]"
 
 @app.command("doctor")
 def doctor_command(
-    pool: Optional[str] = typer.Option(None, "--pool", metavar="NAME", help="the kinetic work pool (default: $KINETIC_WORK_POOL "
+    pool: Optional[str] = typer.Option(None, "--pool", metavar="NAME", help=f"the kinetic work pool (default: ${Env.WORK_POOL} "
                                                             "or kinetic-local)"),
     accelerator: Optional[List[str]] = typer.Option(None, "--accelerator", "-a", metavar="NAME",
                                                     help="also check a node pool for this accelerator (repeatable)"),

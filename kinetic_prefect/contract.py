@@ -69,6 +69,23 @@ class Env:
     NUM_HOSTS = "KINETIC_NUM_HOSTS"
     HOST_INDEX = "KINETIC_HOST_INDEX"            # on GKE an Indexed Job's JOB_COMPLETION_INDEX stands in
     COORDINATOR_ADDRESS = "KINETIC_COORDINATOR_ADDRESS"  # host:port of host 0 (jax.distributed's coordinator)
+    # The run's prefix in the store (``runs/<id>``): the name jobs of kinetic-prefect 0.1 read instead of RUN_ID.
+    RUN_PREFIX = "KINETIC_RUN_PREFIX"
+    # Store signing (signing.py): the key, and the flag that tells a job its caller signed (so it insists).
+    SIGNING_KEY = "KINETIC_SIGNING_KEY"
+    SIGNED = "KINETIC_SIGNED"
+    # Read on the caller's machine:
+    UNSIGNED_OK = "KINETIC_UNSIGNED_OK"                  # no warning about an unsigned store
+    WORK_POOL = "KINETIC_WORK_POOL"                      # the default work pool
+    CACHE_DIR = "KINETIC_CACHE_DIR"                      # kinetic-prefect's cache (environments, the local store)
+    IN_PROCESS_CONCURRENCY = "KINETIC_IN_PROCESS_CONCURRENCY"
+    EPHEMERAL_STARTUP_SECONDS = "KINETIC_EPHEMERAL_STARTUP_SECONDS"
+    PAYLOAD_CACHE = "KINETIC_PAYLOAD_CACHE"              # 0 turns the payload cache off
+    PAYLOAD_WARN_BYTES = "KINETIC_PAYLOAD_WARN_BYTES"
+    # On the worker's machine: the project checkout a deployment's pull step changes into (steps.py).
+    PROJECT_DIR = "KINETIC_PROJECT_DIR"
+    # On a kinetic-local machine: the devices a job may use (e.g. ``cuda``), instead of the detected ones.
+    LOCAL_DEVICES = "KINETIC_LOCAL_DEVICES"
 
 
 JAX_COORDINATOR_PORT = 8476  # the port GKE's TPU tooling and jax.distributed use by default
@@ -146,16 +163,50 @@ def checkpoints_key(task_run_or_run_id: str) -> str:
 
 
 def code_key(sha256: str) -> str:
+    """The project archive, stored once per content hash and shared by every run that ships it."""
     return f"code/{sha256}.tar.gz"
+
+
+def data_key(sha256: str) -> str:
+    """An uploaded ``Data`` argument (a file or folder), stored once per content hash."""
+    return f"data/{sha256}"
+
+
+def lock_key(name: str) -> str:
+    """A cache-isolation lock (locks.py); ``name`` is already safe as a key."""
+    return f"locks/{name}.json"
+
+
+def results_prefix(store_prefix: str) -> str:
+    """Where Prefect's result storage keeps task results, under the store's own prefix."""
+    return f"{store_prefix}/results" if store_prefix else "results"
 
 
 # --------------------------------------------------------------------------- the outcome record
 
 COMPLETED, FAILED = "completed", "failed"
 
-# Phases of the runner; the outcome names the one that failed.
+# Phases of the runner, in order; the outcome names the one that failed.
+PHASE_READ_ENV = "reading the job environment"
+PHASE_OPEN_STORE = "opening the store"
+PHASE_FETCH_PAYLOAD = "fetching the payload"
+PHASE_VERIFY_PAYLOAD = "verifying the payload"
+PHASE_RESTORE_CODE = "restoring the project code"
+PHASE_UNPICKLE_CALL = "unpickling the call"
+PHASE_FETCH_DATA = "fetching the data"
+PHASE_RESTORE_CHECKPOINTS = "restoring checkpoints"
+PHASE_JOIN_GROUP = "joining the group of {size} hosts as host {index}"  # str.format(size=..., index=...)
 PHASE_FUNCTION = "running the function"
+PHASE_SAVE_CHECKPOINTS = "saving checkpoints"
+PHASE_UPLOAD_OUTPUTS = "uploading outputs"
 PHASE_PICKLE_RESULT = "pickling the result"
+
+# The version of the pickled call (payload.py writes it, the runner refuses any other).
+PAYLOAD_FORMAT = 1
+
+# The runner's exception for a job stopped by a signal (cancelled, its pod deleted); an outcome whose
+# error type ends with it was stopped, not failed.
+JOB_TERMINATED_TYPE = "JobTerminated"
 
 
 @dataclass
@@ -182,6 +233,11 @@ class Outcome:
     @property
     def completed(self) -> bool:
         return self.status == COMPLETED
+
+    @property
+    def terminated(self) -> bool:
+        """The job was stopped by a signal (the runner's module is ``__main__`` or its import name)."""
+        return (self.error_type or "").rsplit(".", 1)[-1] == JOB_TERMINATED_TYPE
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self)).encode()

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from kinetic_prefect.contract import data_key
 from kinetic_prefect.storage import ObjectNotFound, Store, open_store
 
 __all__ = ["Data", "DataError", "DataRef", "Manifest", "find", "hash_local", "localize", "to_ref", "transform",
@@ -445,7 +446,7 @@ def to_ref(data: Data, manifest: Manifest | None) -> DataRef:
     elif manifest.root != data.local_path:
         raise ValueError(f"manifest of {manifest.root} passed with {data!r}: hash_local(data) makes the right one")
     return DataRef(kind=manifest.kind, name=data.local_path.name, sha256=manifest.sha256,
-                   key=f"data/{manifest.sha256}", url=None)
+                   key=data_key(manifest.sha256), url=None)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -455,7 +456,7 @@ def to_ref(data: Data, manifest: Manifest | None) -> DataRef:
 def upload(manifest: Manifest, store: Store, *, workers: int = 32, key: bytes | None = None,
            on_file: Callable[[int], None] | None = None) -> int:
     """Put the data into ``store`` under ``data/<sha>/``; returns the bytes uploaded (0 if it is already there)."""
-    prefix = f"data/{manifest.sha256}"
+    prefix = data_key(manifest.sha256)
     marker = f"{prefix}/manifest.json"
     if store.exists(marker):
         return 0

@@ -8,7 +8,6 @@ retry, which calls it again and launches a new job.
 from __future__ import annotations
 
 import fnmatch
-import json
 import linecache
 import os
 import re
@@ -26,6 +25,7 @@ from prefect.logging import get_run_logger
 
 from kinetic_prefect import _prefect, accelerators, config, data, gcp, signing
 from kinetic_prefect.contract import Env, Outcome, RunLayout, checkpoints_key
+from kinetic_prefect.contract import PHASE_RESTORE_CODE
 from kinetic_prefect.errors import (
     KineticJobCrashed, KineticJobInterrupted, KineticJobSetupError, PayloadError, RemoteError, RemoteTraceback,
 )
@@ -147,7 +147,7 @@ def _ensure_content_addressed(store: Any, key: str, blob: bytes, sha256: str) ->
 def _forget_broken_code(store: Any, call: PreparedCall, outcome: Outcome) -> None:
     """The job could not verify or unpack the project archive: delete it so the next call (or
     this task's retry) uploads a good copy instead of failing the same way forever."""
-    if call.code_archive is None or outcome.user_error or outcome.phase != "restoring the project code":
+    if call.code_archive is None or outcome.user_error or outcome.phase != PHASE_RESTORE_CODE:
         return
     _verified_objects.discard((store.url_for(call.code_archive.key), call.code_archive.key))
     try:
@@ -241,7 +241,7 @@ def check_hosts(options: KineticOptions, pool_name: str, pool_type: str, pool_va
 def _job_variables(options: KineticOptions, call: PreparedCall, store_url: str, pool_variables: set[str]) -> dict[str, Any]:
     env = {
         Env.RUN_ID: call.layout.run_id,
-        "KINETIC_RUN_PREFIX": call.layout.prefix,  # the name jobs of kinetic-prefect 0.1 read
+        Env.RUN_PREFIX: call.layout.prefix,  # the name jobs of kinetic-prefect 0.1 read
         Env.PAYLOAD_SHA256: call.payload_sha256,
         "KERAS_BACKEND": os.environ.get("KERAS_BACKEND", "jax"),
         "JAX_PLATFORMS": options.accelerator.jax_platform,
@@ -344,7 +344,6 @@ async def _submit_and_collect(options: KineticOptions, call: PreparedCall, task_
     async with get_client() as client:
         pool = await _prefect.ensure_work_pool(client, options.work_pool or config.default_work_pool())
         worker_class = _prefect.worker_class_for(pool.type)
-        worker_class.check_accelerator(options.accelerator)
         pool_variables = set(pool.base_job_template["variables"]["properties"])
         worker_class.check_pool_settings(
             pool.name, {name: _prefect.pool_default(pool, name) for name in pool_variables},

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kinetic_prefect import accelerators, config
+from kinetic_prefect.contract import Env
 
 OK, FAIL, WARN, SKIP = "ok", "fail", "warn", "skip"
 KINETIC_TYPES = ("kinetic-local", "kinetic-gke")
@@ -124,13 +125,13 @@ def check_pool(report: Report, client):
             return None
         report.add("Work pool", FAIL, f"{name!r} does not exist on this Prefect server",
                    f"create it: `prefect work-pool create {_q(name)} --type kinetic-local` (jobs as local processes) "
-                   f"or `--type kinetic-gke` (Kubernetes Jobs on GKE); or point KINETIC_WORK_POOL / --pool at an "
+                   f"or `--type kinetic-gke` (Kubernetes Jobs on GKE); or point {Env.WORK_POOL} / --pool at an "
                    "existing kinetic pool")
         return None
     report.pool_type = pool.type
     if pool.type not in KINETIC_TYPES:
         report.add("Work pool", FAIL, f"{name!r} is of type {pool.type!r}, not a kinetic worker type",
-                   "kinetic tasks need a pool of type kinetic-local or kinetic-gke: point KINETIC_WORK_POOL at one, "
+                   f"kinetic tasks need a pool of type kinetic-local or kinetic-gke: point {Env.WORK_POOL} at one, "
                    f"or create one: `prefect work-pool create NAME --type kinetic-local`")
         return pool
     if BaseWorker.get_worker_class_from_type(pool.type) is None:
@@ -220,7 +221,7 @@ def check_store(report: Report, url: str) -> None:
         else:
             fix = (f"make {url} a directory this user can write (mkdir -p / chmod u+rwx / chown), or choose another "
                    "store: the pool's `store` variable (`kinetic-prefect pool-set POOL store=/writable/dir`) or "
-                   "KINETIC_STORE")
+                   f"{Env.STORE}")
         report.add("Store", FAIL, f"{url}: failed while {step} a test object: {_error(exc)}", fix)
         return
     finally:
@@ -246,7 +247,7 @@ def deployment_accelerators(client, pool_name: str) -> dict[str, list[str]]:
     flows = {}
     for deployment in deployments:
         env = (deployment.job_variables or {}).get("env") or {}
-        if env.get("KINETIC_WORK_POOL") != pool_name:
+        if env.get(Env.WORK_POOL) != pool_name:
             continue
         accelerator = (deployment.parameters or {}).get("accelerator")
         if not isinstance(accelerator, str) or not accelerator:
@@ -327,7 +328,7 @@ def check_gke(report: Report, client, pool, extra_accelerators: list[str]) -> No
     report.add("Kubernetes", OK, f"{where}: {len(nodes)} node(s)")
     if not wanted:
         report.add("Node pools", SKIP, "no accelerator to check: no deployment sends its tasks to this pool "
-                                       "(KINETIC_WORK_POOL in its job variables); name some with --accelerator")
+                                       f"({Env.WORK_POOL} in its job variables); name some with --accelerator")
         return
     labels = [node.metadata.labels or {} for node in nodes]
     for name, sources in sorted(wanted.items()):
@@ -445,9 +446,9 @@ def check_deployments(report: Report, client) -> None:
                                  f"`prefect work-pool create {_q(flows_pool)} --type process`"))
             elif not online:
                 problems.append((WARN, f"no worker polls its flows' pool {flows_pool!r}: scheduled runs will be Late",
-                                 f"`prefect worker start --pool {_q(flows_pool)}` where KINETIC_PROJECT_DIR names "
+                                 f"`prefect worker start --pool {_q(flows_pool)}` where {Env.PROJECT_DIR} names "
                                  "a checkout (see prefect.yaml)"))
-        kinetic_pool = ((deployment.job_variables or {}).get("env") or {}).get("KINETIC_WORK_POOL")
+        kinetic_pool = ((deployment.job_variables or {}).get("env") or {}).get(Env.WORK_POOL)
         if kinetic_pool:
             found, _online = pool_state(kinetic_pool)
             if found is None:
@@ -456,7 +457,7 @@ def check_deployments(report: Report, client) -> None:
                                  "kinetic-local), then `kinetic-prefect doctor --pool " + _q(kinetic_pool) + "`"))
             elif found.type not in KINETIC_TYPES:
                 problems.append((FAIL, f"its kinetic tasks go to pool {kinetic_pool!r} of type {found.type!r}",
-                                 "KINETIC_WORK_POOL must name a kinetic-local or kinetic-gke pool"))
+                                 f"{Env.WORK_POOL} must name a kinetic-local or kinetic-gke pool"))
         accelerator = (deployment.parameters or {}).get("accelerator")
         if isinstance(accelerator, str) and accelerator:
             try:

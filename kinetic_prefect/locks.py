@@ -18,6 +18,7 @@ from typing import Optional
 
 from prefect.locking.protocol import LockManager
 
+from kinetic_prefect.contract import lock_key
 from kinetic_prefect.storage import ObjectNotFound, Store, open_store
 
 POLL_SECONDS = 0.2
@@ -42,7 +43,7 @@ class StoreLockManager(LockManager):
     @staticmethod
     def _key(key: str) -> str:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
-        return f"locks/{safe}.json"
+        return lock_key(safe)
 
     def _read(self, key: str) -> dict | None:
         try:

@@ -60,11 +60,11 @@ from typing import Any, Callable, Iterable, Iterator
 import cloudpickle
 import pathspec
 
+from kinetic_prefect.contract import PAYLOAD_FORMAT, Env, code_key
 from kinetic_prefect.errors import PayloadError
 
 logger = logging.getLogger("kinetic_prefect.payload")
 
-PAYLOAD_FORMAT = 1
 
 # Never shipped, whatever the ignore files say: VCS data, environments and caches.
 ALWAYS_IGNORED = [
@@ -319,7 +319,7 @@ def _flow_run_scope() -> str | None:
 
 
 def _function_cache_enabled() -> bool:
-    return os.environ.get("KINETIC_PAYLOAD_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
+    return os.environ.get(Env.PAYLOAD_CACHE, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def forget_function(fn: Callable[..., Any] | None = None) -> None:
@@ -416,13 +416,13 @@ class PayloadSizeWarning(UserWarning):
 
 def payload_warn_bytes() -> int:
     """The size over which a payload warns: KINETIC_PAYLOAD_WARN_BYTES (bytes; 0 turns it off)."""
-    raw = os.environ.get("KINETIC_PAYLOAD_WARN_BYTES", "").strip().replace("_", "")
+    raw = os.environ.get(Env.PAYLOAD_WARN_BYTES, "").strip().replace("_", "")
     if not raw:
         return PAYLOAD_WARN_BYTES
     try:
         return max(int(raw), 0)
     except ValueError:
-        logger.warning(f"KINETIC_PAYLOAD_WARN_BYTES={raw!r} is not a number of bytes; using {PAYLOAD_WARN_BYTES}")
+        logger.warning(f"{Env.PAYLOAD_WARN_BYTES}={raw!r} is not a number of bytes; using {PAYLOAD_WARN_BYTES}")
         return PAYLOAD_WARN_BYTES
 
 
@@ -500,7 +500,7 @@ def _warn_large_payload(
             parts.append((len(fn_bytes), f"the pickled function itself ({_mib(len(fn_bytes))})"))
     large = sorted((p for p in parts if p[0] >= total // 10), reverse=True)[:4] or sorted(parts, reverse=True)[:3]
     warnings.warn(
-        f"kinetic-prefect: a call of {name}() ships a {_mib(total)} payload (KINETIC_PAYLOAD_WARN_BYTES is "
+        f"kinetic-prefect: a call of {name}() ships a {_mib(total)} payload ({Env.PAYLOAD_WARN_BYTES} is "
         f"{threshold}, 0 turns this warning off): {'; '.join(d for _, d in large)}. Every call uploads it "
         "and its job downloads it. Pass large inputs as kinetic_prefect.Data('path/to/file-or-folder') "
         "(uploaded once, content-addressed, cached on the node) or load them inside the task. "
@@ -638,7 +638,7 @@ class ProjectArchive:
 
     @property
     def key(self) -> str:
-        return f"code/{self.sha256}.tar.gz"
+        return code_key(self.sha256)
 
 
 _archive_memo: dict[tuple, ProjectArchive] = {}
@@ -811,11 +811,3 @@ def cached_project_archive(project_dir: Path, exclude: Iterable[Path] = ()) -> P
         while len(_archive_cache) > _ARCHIVE_CACHE_ENTRIES:
             _archive_cache.popitem(last=False)
         return archive
-
-
-def clear_payload_caches() -> None:
-    """Forget every cached function pickle and project archive (tests; after in-place mutations)."""
-    forget_function(None)
-    with _archive_lock:
-        _archive_cache.clear()
-    _archive_memo.clear()

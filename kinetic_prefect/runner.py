@@ -41,7 +41,7 @@ from kinetic_prefect.contract import (
 
 class JobTerminated(BaseException):
     """Raised in the function's thread on SIGTERM: the job was cancelled or its pod deleted."""
-from kinetic_prefect import signing
+from kinetic_prefect import contract, signing
 from kinetic_prefect.errors import ResultNotPicklable
 
 class PhaseFailed(Exception):
@@ -75,7 +75,7 @@ def _env(name: str, required: bool = True) -> str | None:
 
 
 def _node_cache() -> Path:
-    explicit = os.environ.get("KINETIC_NODE_CACHE")
+    explicit = os.environ.get(Env.NODE_CACHE)
     if explicit:
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
@@ -136,7 +136,7 @@ def _unpickle_call(payload: bytes):
     import cloudpickle
 
     envelope = pickle.loads(payload)
-    if envelope.get("format") != 1:
+    if envelope.get("format") != contract.PAYLOAD_FORMAT:
         raise ValueError(f"unknown payload format {envelope.get('format')!r}; upgrade kinetic-prefect on the job side")
     fn = cloudpickle.loads(envelope["function"])
     arguments = {name: cloudpickle.loads(blob) for name, blob in envelope["arguments"].items()}
@@ -161,7 +161,7 @@ def _pickle_value(value: Any) -> bytes:
         kind = f"{type(value).__module__}.{type(value).__qualname__}"
         raise ResultNotPicklable(
             f"the function returned a {kind}, which cannot be pickled back to the caller ({exc}); "
-            "return plain data (e.g. list(...) instead of a generator) or write it to KINETIC_OUTPUT_DIR"
+            f"return plain data (e.g. list(...) instead of a generator) or write it to {Env.OUTPUT_DIR}"
         ) from exc
 
 
@@ -265,7 +265,7 @@ class CheckpointSync:
             return
         import threading
 
-        interval = float(os.environ.get("KINETIC_CHECKPOINT_SYNC_SECONDS", "30"))
+        interval = float(os.environ.get(Env.CHECKPOINT_SYNC_SECONDS, "30"))
 
         def loop() -> None:
             while not self._stop.wait(interval):
@@ -373,7 +373,7 @@ def _run_id() -> str:
     explicit = os.environ.get(Env.RUN_ID)
     if explicit:
         return explicit
-    return _env("KINETIC_RUN_PREFIX").rstrip("/").rsplit("/", 1)[-1]
+    return _env(Env.RUN_PREFIX).rstrip("/").rsplit("/", 1)[-1]
 
 
 def main() -> int:
@@ -394,18 +394,18 @@ def main() -> int:
         try:
             from kinetic_prefect.storage import open_store
 
-            group = phases.run("reading the job environment", Group.from_env)
+            group = phases.run(contract.PHASE_READ_ENV, Group.from_env)
             outcome.host_index, outcome.num_hosts = group.index, group.size
-            store_url = phases.run("reading the job environment", _env, Env.STORE)
+            store_url = phases.run(contract.PHASE_READ_ENV, _env, Env.STORE)
             layout = RunLayout(_run_id())
-            store = phases.run("opening the store", open_store, store_url)
-            signing_key = phases.run("reading the job environment", _signing_key)
-            payload = phases.run("fetching the payload", _fetch, store, layout.payload)
-            phases.run("verifying the payload", _verify, payload, _env(Env.PAYLOAD_SHA256), "payload")
-            phases.run("verifying the payload", signing.verify, store, layout.payload, payload, signing_key)
+            store = phases.run(contract.PHASE_OPEN_STORE, open_store, store_url)
+            signing_key = phases.run(contract.PHASE_READ_ENV, _signing_key)
+            payload = phases.run(contract.PHASE_FETCH_PAYLOAD, _fetch, store, layout.payload)
+            phases.run(contract.PHASE_VERIFY_PAYLOAD, _verify, payload, _env(Env.PAYLOAD_SHA256), "payload")
+            phases.run(contract.PHASE_VERIFY_PAYLOAD, signing.verify, store, layout.payload, payload, signing_key)
             code_key = os.environ.get(Env.CODE_KEY)
             if code_key:
-                code_dir = phases.run("restoring the project code", _restore_code, store, code_key,
+                code_dir = phases.run(contract.PHASE_RESTORE_CODE, _restore_code, store, code_key,
                                       os.environ.get(Env.CODE_SHA256))
                 os.chdir(code_dir)
                 sys.path.insert(0, str(code_dir))
@@ -415,15 +415,15 @@ def main() -> int:
                 output_dir = temporary_output_dir = Path(tempfile.mkdtemp(prefix="kinetic-outputs-"))
             output_dir.mkdir(parents=True, exist_ok=True)
             os.environ[Env.OUTPUT_DIR] = str(output_dir)
-            fn, args, kwargs = phases.run("unpickling the call", _unpickle_call, payload)
-            args, kwargs = phases.run("fetching the data", _localize_data, args, kwargs, store, signing_key)
+            fn, args, kwargs = phases.run(contract.PHASE_UNPICKLE_CALL, _unpickle_call, payload)
+            args, kwargs = phases.run(contract.PHASE_FETCH_DATA, _localize_data, args, kwargs, store, signing_key)
             if os.environ.get(Env.CHECKPOINT_KEY):
                 checkpoints = CheckpointSync(store, os.environ[Env.CHECKPOINT_KEY], upload=group.is_coordinator)
-                outcome.checkpoint_files_restored = phases.run("restoring checkpoints", checkpoints.restore)
+                outcome.checkpoint_files_restored = phases.run(contract.PHASE_RESTORE_CHECKPOINTS, checkpoints.restore)
                 os.environ[Env.CHECKPOINT_DIR] = str(checkpoints.dir)
                 checkpoints.start()
             if group.size > 1:
-                phases.run(f"joining the group of {group.size} hosts as host {group.index}", _join_group, group)
+                phases.run(contract.PHASE_JOIN_GROUP.format(size=group.size, index=group.index), _join_group, group)
             function_failure = None
             try:
                 value = phases.run(PHASE_FUNCTION, _call, fn, args, kwargs)
@@ -432,13 +432,13 @@ def main() -> int:
             # Checkpoints and outputs are saved after a failure too: that is when they matter most.
             if checkpoints is not None:
                 try:
-                    phases.run("saving checkpoints", checkpoints.stop)
+                    phases.run(contract.PHASE_SAVE_CHECKPOINTS, checkpoints.stop)
                 except PhaseFailed as failed:
                     if function_failure is None:
                         raise
                     print(f"kinetic runner: also failed while saving checkpoints: {failed.error!r}", file=sys.stderr)
             try:
-                outcome.outputs = phases.run("uploading outputs", _upload_outputs, store, layout, output_dir,
+                outcome.outputs = phases.run(contract.PHASE_UPLOAD_OUTPUTS, _upload_outputs, store, layout, output_dir,
                                              group.index)
             except PhaseFailed as failed:
                 if function_failure is None:

@@ -19,8 +19,10 @@ import hashlib
 import hmac
 import os
 
-KEY_ENV = "KINETIC_SIGNING_KEY"
-REQUIRED_ENV = "KINETIC_SIGNED"  # set (not secret) on jobs whose caller signed: the job then insists
+from kinetic_prefect.contract import Env
+
+KEY_ENV = Env.SIGNING_KEY
+REQUIRED_ENV = Env.SIGNED  # set (not secret) on jobs whose caller signed: the job then insists
 SECRET_BLOCK = "kinetic-signing-key"
 SUFFIX = ".sig"
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-PROJECT_DIR_VARIABLE = "KINETIC_PROJECT_DIR"
+from kinetic_prefect.contract import Env
+
+PROJECT_DIR_VARIABLE = Env.PROJECT_DIR
 
 
 def set_project_directory(directory: str | None = None, must_contain: str | None = None) -> dict[str, str]:

@@ -61,7 +61,7 @@ class KineticJobConfiguration(BaseJobConfiguration):
             self.command = RUNNER_COMMAND
         self.env[Env.STORE] = self.store or config.default_store_url()
         self.env.setdefault(Env.RUN_ID, str(flow_run.id))
-        self.env.setdefault("KINETIC_RUN_PREFIX", f"runs/{self.env[Env.RUN_ID]}")  # older jobs' name for it
+        self.env.setdefault(Env.RUN_PREFIX, f"runs/{self.env[Env.RUN_ID]}")  # older jobs' name for it
         self.env[Env.FLOW_RUN_ID] = str(flow_run.id)
         spec = accelerators.resolve(self.accelerator)
         self.env.setdefault(Env.ACCELERATOR, spec.name)

@@ -1,0 +1,77 @@
+"""The contract is complete: every ``KINETIC_*`` name, runner phase, marker and envelope version lives in
+``contract.py``; the other modules use its names (the tests may spell them)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import kinetic_prefect
+from kinetic_prefect import contract
+
+PACKAGE_DIR = Path(kinetic_prefect.__file__).parent
+
+
+def _docstring_nodes(tree: ast.AST) -> set[int]:
+    """The ids of docstring constants: documentation may name a variable; code must use the contract's name."""
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def kinetic_literals(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    docstrings = _docstring_nodes(tree)
+    return [f"{path.name}:{node.lineno}: {node.value!r}" for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and "KINETIC_" in node.value
+            and id(node) not in docstrings]
+
+
+def test_no_kinetic_literal_outside_the_contract() -> None:
+    offenders = [f"{path.parent.name}/{hit}" for path in sorted(PACKAGE_DIR.rglob("*.py"))
+                 if path.name != "contract.py" for hit in kinetic_literals(path)]
+    assert not offenders, "KINETIC_ names spelled outside contract.py (use contract.Env):\n" + "\n".join(offenders)
+
+
+def test_the_scan_sees_code_strings_and_f_strings_but_not_docstrings(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text('"""Reads KINETIC_STORE."""\nX = "KINETIC_A"\ndef f(v):\n    """KINETIC_B"""\n'
+                      '    return f"KINETIC_C={v}"\n')
+    hits = kinetic_literals(sample)
+    assert [hit.rsplit(": ", 1)[1] for hit in hits] == ["'KINETIC_A'", "'KINETIC_C='"]
+
+
+def test_every_env_name_is_a_kinetic_name_and_unique() -> None:
+    names = {k: v for k, v in vars(contract.Env).items() if not k.startswith("_")}
+    assert all(v.startswith("KINETIC_") for v in names.values()), names
+    assert len(set(names.values())) == len(names)
+
+
+def test_the_runner_reports_its_phases_and_markers_by_the_contract_names() -> None:
+    from kinetic_prefect import runner
+
+    assert runner.JobTerminated.__name__ == contract.JOB_TERMINATED_TYPE
+    stopped = contract.Outcome(status=contract.FAILED, error_type=f"__main__.{contract.JOB_TERMINATED_TYPE}")
+    assert stopped.terminated and not contract.Outcome(status=contract.FAILED, error_type="builtins.KeyError").terminated
+    source = (PACKAGE_DIR / "runner.py").read_text()
+    phases = [v for k, v in vars(contract).items() if k.startswith("PHASE_")]
+    # Every phase the runner names is the contract's (a phase spelled in the runner would not be in this list).
+    calls = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+             and isinstance(node.func, ast.Attribute) and node.func.attr == "run" and node.args]
+    assert calls
+    for call in calls:
+        assert not isinstance(call.args[0], ast.Constant), f"runner.py:{call.lineno} names a phase as a literal"
+    assert len(set(phases)) == len(phases)
+
+
+def test_the_payload_envelope_version_is_the_contracts() -> None:
+    import pickle
+
+    from kinetic_prefect.payload import build_call_payload
+
+    envelope = pickle.loads(build_call_payload(len, ((),), {}, None))
+    assert envelope["format"] == contract.PAYLOAD_FORMAT
