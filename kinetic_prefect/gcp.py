@@ -40,7 +40,7 @@ def _api_url() -> str:
 
 def store_url(pool: Any) -> str:
     """The pool's ``store`` variable, else ``KINETIC_STORE``, else the local default."""
-    from kinetic_prefect._prefect import pool_default
+    from kinetic_prefect.job_variables import pool_default
 
     return pool_default(pool, "store") or config.default_store_url()
 
@@ -71,7 +71,7 @@ async def pool_credentials(pool: Any) -> Any:
     Raises :class:`GcpSettingError` when the name is malformed, no such block exists, or the block's
     credentials do not load; called before anything is uploaded or built.
     """
-    from kinetic_prefect._prefect import pool_default
+    from kinetic_prefect.job_variables import pool_default
 
     value = pool_default(pool, POOL_VARIABLE)
     name = block_name(pool.name, value)

@@ -21,6 +21,7 @@ import urllib.parse
 from typing import Any
 
 from kinetic_prefect import gcp
+from kinetic_prefect.contract import results_prefix
 
 BLOCK_PREFIX = "kinetic-results-"
 _TTL_SECONDS = 30.0
@@ -35,7 +36,7 @@ def block_name(store_url: str) -> str:
 def _bucket_and_folder(store_url: str) -> tuple[str, str]:
     parsed = urllib.parse.urlsplit(store_url)
     prefix = parsed.path.strip("/")
-    return parsed.netloc, f"{prefix}/results" if prefix else "results"
+    return parsed.netloc, results_prefix(prefix)
 
 
 def _same(block: Any, bucket: str, folder: str, credentials: Any) -> bool:
@@ -90,10 +91,10 @@ async def for_pool(pool_name: str) -> Any:
     """The result storage of a kinetic task that runs on ``pool_name`` (None: Prefect's default)."""
     from prefect import get_client
 
-    from kinetic_prefect import _prefect
+    from kinetic_prefect.pools import ensure_work_pool
 
     async with get_client() as client:
-        pool = await _prefect.ensure_work_pool(client, pool_name)
+        pool = await ensure_work_pool(client, pool_name)
     url = gcp.store_url(pool)
     if not url.startswith("gs://"):
         return None

@@ -64,10 +64,6 @@ def kube_retry(call: Callable[..., Any]) -> Callable[..., Any]:
                           stop=tenacity.stop_after_delay(120), reraise=True)(call)
 
 
-class UnsupportedAcceleratorError(ValueError):
-    pass
-
-
 class JobGone(Exception):
     """The Job was deleted under us (cancellation, TTL, a person with kubectl)."""
 
@@ -86,10 +82,6 @@ def _prune(value: Any) -> Any:
     if isinstance(value, list):
         return [_prune(v) for v in value if v is not None]
     return value
-
-
-def check_accelerator(spec: accelerators.AcceleratorSpec) -> None:
-    """Every catalog shape runs on kinetic-gke: a multi-host slice as one Indexed Job (one pod per host)."""
 
 
 def _minimal_manifest() -> dict[str, Any]:
@@ -155,7 +147,6 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
     def prepare_for_flow_run(self, flow_run, deployment=None, flow=None, work_pool=None, worker_name=None, worker_id=None):
         super().prepare_for_flow_run(flow_run, deployment, flow, work_pool, worker_name, worker_id)
         spec = self.accelerator_spec
-        check_accelerator(spec)
         if work_pool is not None:
             self.labels[POOL_LABEL] = work_pool.name
         self.labels["kinetic.prefect.io/accelerator"] = spec.name
@@ -404,17 +395,17 @@ class GKEJobLauncher(JobLauncher):
 
     async def submit(self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration,
                      log: Callable[[str], None]) -> str:
-        image = await anyio.to_thread.run_sync(KineticGKEWorker.ensure_image, configuration, log)
+        image = await anyio.to_thread.run_sync(self.ensure_image, configuration, log)
         configuration.image = image
         configuration.job_manifest["spec"]["template"]["spec"]["containers"][0]["image"] = image
         api = await anyio.to_thread.run_sync(self.api, configuration)
-        job_name = await anyio.to_thread.run_sync(KineticGKEWorker._create_job, api, configuration)
+        job_name = await anyio.to_thread.run_sync(self._create_job, api, configuration)
         log(f"Created Job {configuration.namespace}/{job_name} for accelerator {configuration.accelerator}")
         return f"{configuration.namespace}:{job_name}"
 
     async def find(self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration) -> str | None:
         api = await anyio.to_thread.run_sync(self.api, configuration)
-        name = await anyio.to_thread.run_sync(KineticGKEWorker._existing_job, api, configuration.namespace, flow_run)
+        name = await anyio.to_thread.run_sync(self._existing_job, api, configuration.namespace, flow_run)
         return f"{configuration.namespace}:{name}" if name else None
 
     def host_follower(self, identifier: str, index: int, configuration: KineticGKEJobConfiguration) -> JobFollower:
@@ -454,12 +445,12 @@ class GKEJobLauncher(JobLauncher):
             await self._drain_logs(identifier, pods, configuration)
             if failed:
                 pod = pods[failed[0]]
-                code, reason = KineticGKEWorker._exit(pod)
+                code, reason = self._exit(pod)
                 return JobStatus("exited", exit_code=code or 1, diagnosis=self.diagnose(pod, configuration),
                                  failed_host=failed[0] or None,
                                  detail=f"host {failed[0]} of {hosts} (pod {pod.metadata.name}) failed: {reason}; "
                                         "the group fails with it")
-            code, reason = KineticGKEWorker._exit(pods[0])
+            code, reason = self._exit(pods[0])
             return JobStatus("exited", exit_code=code, detail=f"all {hosts} hosts finished (host 0: {reason})")
         waiting = [i for i in range(hosts) if phases.get(i) in (None, "Pending")]
         if waiting:
@@ -520,7 +511,7 @@ class GKEJobLauncher(JobLauncher):
         await anyio.to_thread.run_sync(follower.finish_logs)
         follower.stream_logs(pod.metadata.name, again=True)  # whatever a broken stream missed
         await anyio.to_thread.run_sync(follower.finish_logs)
-        exit_code, reason = KineticGKEWorker._exit(pod)
+        exit_code, reason = self._exit(pod)
         return JobStatus("exited", exit_code=exit_code, detail=f"pod {pod.metadata.name} {phase}: {reason}",
                          diagnosis=diagnosis)
 
@@ -565,14 +556,14 @@ class GKEJobLauncher(JobLauncher):
         for key in [k for k in self._followers if k.startswith(f"{identifier}#")]:
             self._followers.pop(key, None)
 
-    async def unfinished_jobs(self, worker: Any) -> list[tuple[str, str]]:
+    async def unfinished_jobs(self, work_pool: Any) -> list[tuple[str, str]]:
         from kubernetes import client
 
         # The pool's own settings (cluster config block included), as a run with no overrides would get them.
-        base = await KineticGKEJobConfiguration.from_template_and_values(worker.work_pool.base_job_template, {})
+        base = await KineticGKEJobConfiguration.from_template_and_values(work_pool.base_job_template, {})
         namespace = base.namespace or "default"
         api = await anyio.to_thread.run_sync(self.api, base)
-        pool_label = _label_value(worker.work_pool.name)
+        pool_label = _label_value(work_pool.name)
         jobs = await anyio.to_thread.run_sync(lambda: client.BatchV1Api(api).list_namespaced_job(
             namespace, label_selector=f"{POOL_LABEL}={pool_label}").items)
         found = []
@@ -582,48 +573,6 @@ class GKEJobLauncher(JobLauncher):
             if labels.get(POOL_LABEL) == pool_label and labels.get(FLOW_RUN_LABEL):
                 found.append((labels[FLOW_RUN_LABEL], f"{namespace}:{job.metadata.name}"))
         return found
-
-
-class KineticGKEWorker(KineticWorker, BaseWorker):
-    type = "kinetic-gke"
-    job_configuration = KineticGKEJobConfiguration
-    _description = "Runs @kinetic_task jobs as Kubernetes Jobs on GKE GPU/TPU node pools."
-    _documentation_url = "https://github.com/kinetic-prefect/kinetic-prefect"
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.launcher = GKEJobLauncher()
-
-    @classmethod
-    def get_default_base_job_template(cls) -> dict[str, Any]:
-        return load_template(cls.type)
-
-    @classmethod
-    def check_accelerator(cls, spec: accelerators.AcceleratorSpec) -> None:
-        check_accelerator(spec)
-
-    @classmethod
-    def check_pool_settings(cls, pool_name: str, defaults: dict[str, Any], job_variables: dict[str, Any]) -> None:
-        """Image settings must be complete before a payload is uploaded: an unset project used to build
-        ``projects/None/locations/None``, an unset bucket failed with an AttributeError mid-build."""
-        settings = {**defaults, **{k: v for k, v in job_variables.items() if v is not None}}
-        if settings.get("image"):
-            return
-        builder = settings.get("image_builder") or "none"
-        needed = {"cloud-build": ("image_repository", "gcp_project", "gcp_region", "build_staging_bucket"),
-                  "docker": ("image_repository",)}.get(builder)
-        if needed is None:
-            raise ValueError(
-                f"work pool {pool_name!r} (kinetic-gke) has no image and image_builder={builder!r}: pass image= to "
-                f"@kinetic_task, or set the pool's builder, e.g. `kinetic-prefect pool-set {pool_name} "
-                "image_builder=cloud-build image_repository=us-docker.pkg.dev/PROJECT/REPO gcp_project=PROJECT "
-                "gcp_region=REGION build_staging_bucket=BUCKET`")
-        missing = [name for name in needed if not settings.get(name)]
-        if missing:
-            raise ValueError(
-                f"work pool {pool_name!r} builds images with {builder} but {', '.join(missing)} "
-                f"{'is' if len(missing) == 1 else 'are'} not set: `kinetic-prefect pool-set {pool_name} "
-                + " ".join(f"{name}=..." for name in missing) + "` (or pass image= to @kinetic_task)")
 
     # ------------------------------------------------------------------ images
     @staticmethod
@@ -718,6 +667,44 @@ class KineticGKEWorker(KineticWorker, BaseWorker):
             if terminated is not None:
                 return int(terminated.exit_code), terminated.reason or "terminated"
         return (0, "Succeeded") if pod.status.phase == "Succeeded" else (1, pod.status.reason or "Failed")
+
+
+class KineticGKEWorker(KineticWorker, BaseWorker):
+    type = "kinetic-gke"
+    job_configuration = KineticGKEJobConfiguration
+    _description = "Runs @kinetic_task jobs as Kubernetes Jobs on GKE GPU/TPU node pools."
+    _documentation_url = "https://github.com/kinetic-prefect/kinetic-prefect"
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.launcher = GKEJobLauncher()
+
+    @classmethod
+    def get_default_base_job_template(cls) -> dict[str, Any]:
+        return load_template(cls.type)
+
+    @classmethod
+    def check_pool_settings(cls, pool_name: str, defaults: dict[str, Any], job_variables: dict[str, Any]) -> None:
+        """Image settings must be complete before a payload is uploaded: an unset project used to build
+        ``projects/None/locations/None``, an unset bucket failed with an AttributeError mid-build."""
+        settings = {**defaults, **{k: v for k, v in job_variables.items() if v is not None}}
+        if settings.get("image"):
+            return
+        builder = settings.get("image_builder") or "none"
+        needed = {"cloud-build": ("image_repository", "gcp_project", "gcp_region", "build_staging_bucket"),
+                  "docker": ("image_repository",)}.get(builder)
+        if needed is None:
+            raise ValueError(
+                f"work pool {pool_name!r} (kinetic-gke) has no image and image_builder={builder!r}: pass image= to "
+                f"@kinetic_task, or set the pool's builder, e.g. `kinetic-prefect pool-set {pool_name} "
+                "image_builder=cloud-build image_repository=us-docker.pkg.dev/PROJECT/REPO gcp_project=PROJECT "
+                "gcp_region=REGION build_staging_bucket=BUCKET`")
+        missing = [name for name in needed if not settings.get(name)]
+        if missing:
+            raise ValueError(
+                f"work pool {pool_name!r} builds images with {builder} but {', '.join(missing)} "
+                f"{'is' if len(missing) == 1 else 'are'} not set: `kinetic-prefect pool-set {pool_name} "
+                + " ".join(f"{name}=..." for name in missing) + "` (or pass image= to @kinetic_task)")
 
     async def kill_infrastructure(self, infrastructure_pid: str, configuration: KineticGKEJobConfiguration,
                                   grace_seconds: int = 30) -> None:

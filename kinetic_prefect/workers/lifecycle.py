@@ -39,7 +39,7 @@ from prefect.states import Cancelled, Completed, Crashed, Failed, Running
 from prefect.utilities.engine import propose_state
 from prefect.workers.base import BaseWorkerResult
 
-from kinetic_prefect import accelerators
+from kinetic_prefect import prefect_runs, secret_blocks
 from kinetic_prefect.contract import LOG_END_MARKER, Env, Outcome, RunLayout
 
 # A read that fails for a reason that may pass (a 5xx, a dropped connection) is retried for this
@@ -97,8 +97,8 @@ class JobLauncher(abc.ABC):
     async def cleanup(self, identifier: str, configuration: Any) -> None:
         """Remove what the launcher keeps for a job whose run is final."""
 
-    async def unfinished_jobs(self, worker: Any) -> list[tuple[str, str]]:
-        """``(flow_run_id, identifier)`` of the jobs this pool started that may still run."""
+    async def unfinished_jobs(self, work_pool: Any) -> list[tuple[str, str]]:
+        """``(flow_run_id, identifier)`` of the jobs ``work_pool`` started that may still run."""
         return []
 
 
@@ -188,20 +188,15 @@ class KineticWorker:
         self.owner_is_caller = True
 
     @classmethod
-    def check_accelerator(cls, spec: accelerators.AcceleratorSpec) -> None:
-        """Raise before anything is uploaded if this launcher cannot run ``spec``."""
-
-    @classmethod
     def check_pool_settings(cls, pool_name: str, defaults: dict[str, Any], job_variables: dict[str, Any]) -> None:
         """Raise before anything is uploaded or built if the pool's settings cannot work, naming the fix."""
 
     # ------------------------------------------------------------------ states (the only place)
     async def _propose(self, flow_run: FlowRun, state: Any) -> None:
-        from kinetic_prefect._prefect import with_retries
-
         try:
-            await with_retries(lambda: propose_state(self.client, state.model_copy(), flow_run_id=flow_run.id),
-                               what=f"setting the job's run {state.name}")
+            await prefect_runs.with_retries(
+                lambda: propose_state(self.client, state.model_copy(), flow_run_id=flow_run.id),
+                what=f"setting the job's run {state.name}")
         except Abort:  # already final (e.g. Cancelled by someone else): the first word stands
             pass
 
@@ -253,13 +248,11 @@ class KineticWorker:
             return f"The run is already {state.name}"
         if not check_parents:
             return None
-        from kinetic_prefect import _prefect
-
         # the tracking task run is read once per job: its __parents__ never change
         if flow_run.id not in self._calling_task_ids:
-            self._calling_task_ids[flow_run.id] = await _prefect.calling_task_run_id(self.client, current)
+            self._calling_task_ids[flow_run.id] = await prefect_runs.calling_task_run_id(self.client, current)
         task_run_id = self._calling_task_ids[flow_run.id]
-        task_run = await _prefect.read_task_run_or_none(self.client, task_run_id) if task_run_id else None
+        task_run = await prefect_runs.read_task_run_or_none(self.client, task_run_id) if task_run_id else None
         if task_run is None:
             return None
         if task_run.state is not None and task_run.state.is_final():
@@ -313,9 +306,9 @@ class KineticWorker:
 
     async def _hand_over_signing_key(self, flow_run: FlowRun, configuration: Any) -> bool:
         """The job gets the worker's signing key in memory (never in job variables or a manifest)."""
-        from kinetic_prefect import _prefect, signing
+        from kinetic_prefect import signing
 
-        key = await _prefect.signing_key()
+        key = await secret_blocks.signing_key()
         if key is not None:
             configuration.secret_env[signing.KEY_ENV] = key.decode()
             return True
@@ -454,9 +447,7 @@ class KineticWorker:
         outcome: Outcome | None = None
         store = await self.open_pool_store(configuration)
         layout = RunLayout(configuration.env[Env.RUN_ID])
-        from kinetic_prefect import _prefect
-
-        key = await _prefect.signing_key()
+        key = await secret_blocks.signing_key()
         for attempt in range(5):
             try:
                 outcome = Outcome.from_json(await anyio.to_thread.run_sync(signing.get, store, layout.outcome, key))
@@ -533,7 +524,7 @@ class KineticWorker:
     async def reattach(self, start_soon: Callable[..., Any]) -> int:
         """After a restart: follow the jobs this pool started whose runs are not final yet."""
         count = 0
-        for flow_run_id, identifier in await self.launcher.unfinished_jobs(self):
+        for flow_run_id, identifier in await self.launcher.unfinished_jobs(self.work_pool):
             try:
                 flow_run = await self.client.read_flow_run(flow_run_id)
             except ObjectNotFound:
@@ -550,7 +541,7 @@ class KineticWorker:
 
 def _stopped(outcome: Outcome) -> bool:
     """The host did not fail by itself: it was stopped (SIGTERM from a cancel, or because another host failed)."""
-    return (outcome.error_type or "").endswith(".JobTerminated")
+    return outcome.terminated
 
 
 async def _read_state(client: Any, flow_run: FlowRun) -> Any:

@@ -124,8 +124,8 @@ MACHINE_ENV = (
     "XDG_*", "PYTHONPATH", "VIRTUAL_ENV", "*_PROXY", "*_proxy", "SSL_CERT_*", "REQUESTS_CA_BUNDLE",
     "CURL_CA_BUNDLE", "CUDA_VISIBLE_DEVICES", "NVIDIA_*", "TPU_*", "OPENBLAS_*", "OMP_NUM_THREADS",
     "MKL_NUM_THREADS", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_*",
-    "STORAGE_EMULATOR_HOST", "GCSFS_*", "KINETIC_CACHE_DIR", "KINETIC_NODE_CACHE", "KINETIC_CHECKPOINT_SYNC_SECONDS",
-    "KINETIC_LOCAL_DEVICES",
+    "STORAGE_EMULATOR_HOST", "GCSFS_*", Env.CACHE_DIR, Env.NODE_CACHE, Env.CHECKPOINT_SYNC_SECONDS,
+    Env.LOCAL_DEVICES,
 )
 
 
@@ -484,13 +484,13 @@ class LocalJobLauncher(JobLauncher):
                     pass
         shutil.rmtree(job_dir, ignore_errors=True)
 
-    async def unfinished_jobs(self, worker: Any) -> list[tuple[str, str]]:
+    async def unfinished_jobs(self, work_pool: Any) -> list[tuple[str, str]]:
         found = []
         if not self.jobs_dir.is_dir():
             return found
         for job_dir in self.jobs_dir.iterdir():
             record = self._record(job_dir.name)
-            if record and record.get("owner") == "worker" and record.get("pool") in (None, worker.work_pool.name):
+            if record and record.get("owner") == "worker" and record.get("pool") in (None, work_pool.name):
                 found.append((record["flow_run_id"], job_dir.name))
         return found
 

@@ -1,0 +1,248 @@
+"""Run plumbing: a job's flow run created, followed, cancelled and waited for through stable client calls.
+
+kinetic-prefect submits a job as a *flow run in a work pool* without a deployment (Prefect
+calls this ad-hoc submission). Prefect's own path for that (``bind_flow_to_infrastructure`` →
+``BaseWorker.submit``) is experimental and costly for us: it freezes dependencies with
+``uv pip freeze``, pickles the worker class into a bundle and adds a parent task run. We use
+only stable client calls (create a tracking task run and a flow run with ``work_pool_name``/
+``job_variables``/``parent_task_run_id``, read states and logs). Used by the caller and the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import random
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any, Callable
+from uuid import UUID, uuid4
+
+import anyio
+import httpx
+import prefect.context
+from prefect.client.orchestration import PrefectClient
+from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterTimestamp
+from prefect.client.schemas.objects import FlowRun, TaskRun, TaskRunResult, WorkPool
+from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
+from prefect.settings import PREFECT_CLIENT_MAX_RETRIES
+from prefect.states import Cancelled, Cancelling, Pending, Scheduled, State
+
+from kinetic_prefect.contract import LOG_END_MARKER, TRACKING_TASK_KEY_PREFIX
+
+logger = logging.getLogger("kinetic_prefect.api")
+
+
+async def create_job_flow_run(
+    client: PrefectClient, *, flow_name: str, run_name: str, pool: WorkPool, job_variables: dict[str, Any],
+    caller: TaskRun | None, tags: list[str], for_polling_worker: bool,
+) -> FlowRun:
+    """The job's flow run, drawn as Prefect draws a subflow called inside a task: under a tracking task
+    run of its own (named like the job, in the caller's flow run, ``__parents__`` = the calling task run).
+
+    Not under the calling task run itself: Prefect's server mirrors a subflow's every state onto its
+    parent task run (``UpdateSubflowParentTask``), and the first of those (the job's Pending) takes the
+    calling task out of Running, which releases its tag-concurrency slot while the job has not even
+    started: a ``.map()`` under a limit of 2 ran 4 jobs at once. The calling task's state stays its own.
+    """
+    # A flow record is all the API needs; no Flow object (and no bundle) is built.
+    flow = SimpleNamespace(name=flow_name, version=None, retries=0, retry_delay_seconds=0)
+    tracker_id = None
+    if caller is not None:
+        tracker = await with_retries(lambda: client.create_task_run(
+            _tracking_task(flow_name), flow_run_id=caller.flow_run_id, dynamic_key=uuid4().hex, name=run_name,
+            extra_tags=["kinetic"], state=Pending(), task_inputs={"__parents__": [TaskRunResult(id=caller.id)]},
+        ), what="creating the job's tracking task run")
+        tracker_id = tracker.id
+    # Pending runs are invisible to polling workers, so an in-process submission cannot be
+    # picked up twice; Scheduled runs are what a polling worker claims.
+    state = Scheduled() if for_polling_worker else Pending()
+    return await with_retries(lambda: client.create_flow_run(
+        flow, name=run_name, state=state, work_pool_name=pool.name, job_variables=job_variables,
+        parent_task_run_id=tracker_id, tags=tags,
+    ), what="creating the job's flow run")
+
+
+def _tracking_task(flow_name: str) -> Any:
+    """What ``create_task_run`` reads of a task, for a job's tracking task run: no tags (a user's tag
+    limits must not count the job twice), no retries (a retry is the calling task's, with a new job)."""
+    return SimpleNamespace(name=flow_name, task_key=f"{TRACKING_TASK_KEY_PREFIX}{flow_name}", version=None, tags=(),
+                           retries=0, retry_delay_seconds=0, retry_jitter_factor=None)
+
+
+async def calling_task_run_id(client: PrefectClient, job: FlowRun) -> UUID | None:
+    """The id of the task run that waits for ``job`` (the ``__parents__`` of its tracking task run),
+    or None. It never changes for a job, so a caller that asks often may keep it."""
+    if job.parent_task_run_id is None:
+        return None
+    try:
+        tracker = await client.read_task_run(job.parent_task_run_id)
+    except ObjectNotFound:
+        return None
+    parents = tracker.task_inputs.get("__parents__") or []
+    return parents[0].id if parents else None
+
+
+async def read_task_run_or_none(client: PrefectClient, task_run_id: UUID) -> TaskRun | None:
+    try:
+        return await client.read_task_run(task_run_id)
+    except ObjectNotFound:
+        return None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """An API error that may pass by itself: a 5xx (e.g. SQLite busy under a fan-out), a dropped connection."""
+    if isinstance(exc, PrefectHTTPStatusError):
+        return exc.response.status_code >= 500 or exc.response.status_code == 429
+    return isinstance(exc, (httpx.TransportError, ConnectionError))
+
+
+_no_retry_settings: tuple[Any, Any] | None = None  # (settings, the same with the client's retries off)
+
+
+def _client_retries_off() -> Any:
+    """A settings context like the current one with Prefect's client retries off (``temporary_settings``
+    builds a new Settings object each time, ≈ 25 ms; this one is rebuilt only when the settings change)."""
+    global _no_retry_settings
+    context = prefect.context.get_settings_context()
+    cached = _no_retry_settings
+    if cached is None or cached[0] is not context.settings:
+        cached = (context.settings, context.settings.copy_with_update(updates={PREFECT_CLIENT_MAX_RETRIES: 0}))
+        _no_retry_settings = cached
+    return prefect.context.SettingsContext(profile=context.profile, settings=cached[1])
+
+
+async def with_retries(make_call: Callable[[], Any], what: str, attempts: int = 20) -> Any:
+    """Await ``make_call()``, retrying transient errors quickly, with jitter (50 ms doubling to 4 s; ≈ 1 min in all).
+
+    Prefect's client retries a 503 itself after 2, 4, 8, 16 s. A 503 here is nearly always its SQLite
+    server answering "database is locked" to one of a fan-out's concurrent writes, a conflict that clears
+    in milliseconds: those waits left a 64-input ``.map()`` idle for most of its time (bench/results). So
+    each attempt runs with the client's own retries off (it still waits 2 s once before it gives up), and
+    the retrying is done here at the pace of the conflict, with jitter so the colliding writers spread out.
+    """
+    for attempt in range(attempts):
+        try:
+            with _client_retries_off():
+                return await make_call()
+        except Exception as exc:
+            if attempt == attempts - 1 or not is_transient(exc):
+                raise
+            logger.debug("%s: %s; attempt %d/%d", what, exc, attempt + 1, attempts)
+            await asyncio.sleep(min(4.0, 0.05 * 2 ** attempt) * random.uniform(0.5, 1.5))
+    raise AssertionError("unreachable")
+
+
+async def wait_for_final_state(
+    client: PrefectClient, flow_run_id: UUID, on_log: Callable[[str], None] | None = None, poll_seconds: float = 0.25,
+    log_drain_seconds: float = 15.0,
+) -> State:
+    """Poll until the run is final, forwarding its logs (the job's output) in order as they arrive.
+
+    Logs reach the API in batches, so the final state can come before the last lines: after it,
+    reading goes on until the worker's end marker (``contract.LOG_END_MARKER``) or a time limit.
+    """
+    since: datetime.datetime | None = None
+    seen_at_since: set[UUID] = set()  # several logs can share one timestamp
+    ended_at: float | None = None
+    final: State | None = None
+    while True:
+        if final is None:
+            flow_run = await client.read_flow_run(flow_run_id)
+            if flow_run.state is not None and flow_run.state.is_final():
+                final, ended_at = flow_run.state, time.monotonic()
+        if on_log is None:
+            if final is not None:
+                return final
+            await asyncio.sleep(poll_seconds)
+            continue
+        marker_seen = False
+        while True:  # page through everything new
+            log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+            if since is not None:
+                log_filter.timestamp = LogFilterTimestamp(after_=since - datetime.timedelta(microseconds=1))
+            logs = await client.read_logs(log_filter=log_filter, limit=LOG_PAGE)  # oldest first
+            fresh = [log for log in logs if log.id not in seen_at_since and (since is None or log.timestamp >= since)]
+            for log in fresh:
+                if log.message == LOG_END_MARKER:
+                    marker_seen = True
+                else:
+                    on_log(log.message)
+            if logs:
+                newest = max(log.timestamp for log in logs)
+                seen_at_since = {log.id for log in logs if log.timestamp == newest} | (
+                    seen_at_since if newest == since else set())
+                since = newest
+            if len(logs) < LOG_PAGE or not fresh:
+                break
+        if final is not None and (marker_seen or time.monotonic() - (ended_at or 0) > log_drain_seconds):
+            return final
+        await asyncio.sleep(poll_seconds)
+
+
+LOG_PAGE = 200
+
+
+async def cancel_flow_run(client: PrefectClient, flow_run_id: UUID, message: str, wait_seconds: float = 0) -> None:
+    """Ask the worker to stop the job (it watches for Cancelling, stops the job, sets Cancelled),
+    and wait up to ``wait_seconds`` for it to be done.
+
+    Shielded: it runs while the calling task is itself being cancelled (a timeout, Ctrl-C), when
+    an unshielded await would be cancelled before the request is sent. Waiting matters for the
+    truth of the UI too: Prefect mirrors a job run's state onto its parent task run, so the job
+    must be Cancelled *before* the task run records why it stopped (e.g. TimedOut).
+    """
+    with anyio.CancelScope(shield=True):
+        try:
+            current = await client.read_flow_run(flow_run_id)
+            if current.state is not None and current.state.is_final():
+                return
+            await client.set_flow_run_state(flow_run_id, Cancelling(message=message), force=True)
+            with anyio.move_on_after(wait_seconds):
+                await wait_for_final_state(client, flow_run_id)
+        except Exception:  # best effort while the caller is already failing
+            pass
+
+
+async def finish_cancelled_parent(client: PrefectClient, task_run: Any) -> None:
+    """A flow run cancelled while it ran as a plain script has nobody to move it past Cancelling
+    (no worker or runner owns the process). The job it waited for is stopped now, so the calling
+    task, the last one left, finishes the cancellation."""
+    if task_run is None or task_run.flow_run_id is None:
+        return
+    parent = await client.read_flow_run(task_run.flow_run_id)
+    if parent.state is not None and parent.state.is_cancelling():
+        await client.set_flow_run_state(parent.id, Cancelled(message=parent.state.message or "Cancelled"), force=True)
+
+
+def run_interruptibly(coro: Any) -> Any:
+    """Run ``coro`` on Prefect's run-sync loop (where its clients already live) and wait in slices.
+
+    ``run_coro_as_sync`` blocks in one C-level wait, which defers Prefect's task timeout (an
+    exception raised asynchronously into this thread) and Ctrl-C until the job has ended. Waking
+    every 0.2 s lets them land; the coroutine is then cancelled, and given time to stop the job.
+    """
+    from prefect._internal.concurrency.api import cast_to_call
+    from prefect._internal.concurrency.threads import get_run_sync_loop
+
+    finished = threading.Event()
+
+    async def tracked() -> Any:
+        try:
+            return await coro
+        finally:
+            finished.set()
+
+    call = cast_to_call(tracked)
+    get_run_sync_loop().submit(call)
+    try:
+        while not call.future.done():
+            finished.wait(0.2)
+        return call.result()
+    except BaseException:
+        if not call.future.done():
+            call.cancel()
+            finished.wait(30)
+        raise

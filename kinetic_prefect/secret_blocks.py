@@ -1,0 +1,52 @@
+"""Secrets kept in Prefect: the store signing key, and forwarded env values for a polling worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+
+from prefect.exceptions import ObjectNotFound
+
+from kinetic_prefect import signing
+from kinetic_prefect.contract import Env
+
+
+_signing_key_cache: dict[str, bytes | None] = {}
+
+
+async def signing_key() -> bytes | None:
+    """The store signing key: ``KINETIC_SIGNING_KEY``, else the Secret block ``kinetic-signing-key``.
+
+    Read once per process and API. Without one, store objects are unauthenticated and a warning
+    says so once (see signing.py for what the key protects).
+    """
+    from_env = signing.key_from_env()
+    if from_env is not None:
+        return from_env
+    from prefect.settings import PREFECT_API_URL
+
+    cache_key = str(PREFECT_API_URL.value())
+    if cache_key not in _signing_key_cache:
+        from prefect.blocks.system import Secret
+
+        try:
+            value = (await Secret.aload(signing.SECRET_BLOCK)).get()
+            _signing_key_cache[cache_key] = str(value).encode() if value else None
+        except (ValueError, ObjectNotFound):
+            _signing_key_cache[cache_key] = None
+        if _signing_key_cache[cache_key] is None and not os.environ.get(Env.UNSIGNED_OK):
+            warnings.warn(
+                f"kinetic-prefect: no signing key ({Env.SIGNING_KEY} or the Prefect Secret block "
+                f"{signing.SECRET_BLOCK!r}): store objects are unauthenticated, so anyone who can write the "
+                "store can change results and payloads. Fine on one machine; set a key for shared stores.",
+                stacklevel=2)
+    return _signing_key_cache[cache_key]
+
+
+async def store_secret_env(values: dict[str, str], name: str) -> str:
+    """Forwarded env values for a polling worker, in a Prefect Secret block it reads once and deletes."""
+    from prefect.blocks.system import Secret
+
+    await Secret(value=json.dumps(values)).asave(name=name, overwrite=True)
+    return name

@@ -1,0 +1,197 @@
+"""The package's import graph: no cycles, and each side imports only what docs/ARCHITECTURE.md allows.
+
+Every import counts, at module level and inside functions (an import inside a function still runs,
+only later: hiding a cycle there is how the cycles of the past stayed alive); only ``if TYPE_CHECKING:``
+blocks are left out, since they never run.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import kinetic_prefect
+
+PACKAGE_DIR = Path(kinetic_prefect.__file__).parent
+PACKAGE = "kinetic_prefect"
+
+# The sides (docs/ARCHITECTURE.md, "Who imports whom"). A module not listed here fails the test: say where it lives.
+CONTRACT = {"contract"}
+POD = {"runner", "outputs", "progress", "signing", "storage", "errors", "accelerators", "data", "config"}
+SHARED = {"gcp", "image", "builders", "job_variables", "prefect_runs", "secret_blocks", "locks"}
+CALLER = {"__init__", "_prefect", "decorator", "dispatch", "payload", "results", "pools", "in_process",
+          "embedded_server"}
+WORKER_PREFIX = "workers"
+TOOLS = {"cli", "doctor", "steps"}
+
+# Who may import whom (besides itself): the pod never reaches the caller or the worker (it ships alone to a
+# job), shared helpers never reach a side, the worker never reaches the caller; the caller reaches the worker
+# only to submit in-process (pools, in_process); tools (the CLI, doctor, deployment steps) may use anything.
+ALLOWED = {
+    "contract": set(),
+    "pod": {"contract"},
+    "shared": {"contract", "pod"},
+    "worker": {"contract", "pod", "shared"},
+    "caller": {"contract", "pod", "shared"},
+    "tools": {"contract", "pod", "shared", "caller", "worker"},
+}
+CALLER_INTO_WORKER = {"pools"}  # the registry finds a pool's worker class; everything else goes through it
+
+
+def side_of(module: str) -> str:
+    short = module.removeprefix(f"{PACKAGE}.") if module != PACKAGE else "__init__"
+    if short in CONTRACT:
+        return "contract"
+    if short in POD:
+        return "pod"
+    if short in SHARED:
+        return "shared"
+    if short in CALLER:
+        return "caller"
+    if short == WORKER_PREFIX or short.startswith(f"{WORKER_PREFIX}."):
+        return "worker"
+    if short in TOOLS:
+        return "tools"
+    raise AssertionError(f"{module} is on no side: add it to one in tests/test_imports.py and docs/ARCHITECTURE.md")
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _type_checking_only(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and (
+        (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+        or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING"))
+
+
+def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    found: list[ast.Import | ast.ImportFrom] = []
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if _type_checking_only(node):
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """``{module: {package modules it imports}}`` for every module under ``root`` (a package directory).
+
+    ``from pkg import name`` counts as an import of ``pkg.name`` when that is a module, else of ``pkg``.
+    The package itself (``kinetic_prefect/__init__``) is only an edge when imported by name: it loads
+    its public names lazily, so the implicit import of a parent package runs nothing of ours.
+    """
+    modules = {module_name(path, root): path for path in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        edges: set[str] = set()
+        for node in _imports(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                if node.level:
+                    base = name.split(".") if is_package else name.split(".")[:-1]
+                    base = base[:len(base) - node.level + 1]
+                    origin = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    origin = node.module or ""
+                targets = [f"{origin}.{alias.name}" if f"{origin}.{alias.name}" in modules else origin
+                           for alias in node.names]
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != name and (target != root.name or name == root.name):
+                    edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    found: list[list[str]] = []
+    counter = [0]
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    found = cycles(import_graph(PACKAGE_DIR))
+    assert not found, "import cycles (module-level and function-level imports):\n" + "\n".join(
+        " <-> ".join(component) for component in found)
+
+
+def test_each_side_imports_only_what_the_architecture_allows() -> None:
+    broken = []
+    for module, targets in sorted(import_graph(PACKAGE_DIR).items()):
+        side = side_of(module)
+        for target in sorted(targets):
+            target_side = side_of(target)
+            if target_side == side:
+                continue
+            short = module.removeprefix(f"{PACKAGE}.")
+            allowed = target_side in ALLOWED[side] or (side == "caller" and target_side == "worker"
+                                                       and short in CALLER_INTO_WORKER)
+            if not allowed:
+                broken.append(f"{module} ({side}) imports {target} ({target_side})")
+    assert not broken, "imports across sides that docs/ARCHITECTURE.md does not allow:\n" + "\n".join(broken)
+
+
+def test_the_pod_side_is_what_ships_to_a_job() -> None:
+    from kinetic_prefect.image import RUNNER_MODULES
+
+    assert POD | CONTRACT | {"__init__"} == set(RUNNER_MODULES)
+
+
+@pytest.mark.parametrize("source, expected", [
+    ({"a": "from pkg import b\n", "b": "def f():\n    from pkg.a import x\n"}, [["pkg.a", "pkg.b"]]),
+    ({"a": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import b\n", "b": "import pkg.a\n"}, []),
+    ({"a": "from . import b\n", "b": "from .a import x\n"}, [["pkg.a", "pkg.b"]]),
+    ({"a": "import pkg.b\n", "b": "import json\n"}, []),
+])
+def test_the_graph_sees_function_level_and_relative_imports(tmp_path: Path, source: dict[str, str],
+                                                             expected: list[list[str]]) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for name, text in source.items():
+        (package / f"{name}.py").write_text(text)
+    assert cycles(import_graph(package)) == expected
