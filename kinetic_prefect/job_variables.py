@@ -1,10 +1,97 @@
-"""The pool templates' variables: what a caller may set per call and a worker reads (both sides use these names)."""
+"""The pool templates' variables, typed: what a caller sets per call and a worker reads, in one model per worker type.
+
+The ``variables`` of ``work_pools/<type>.json`` are generated from these models (pydantic's JSON schema, as
+prefect-kubernetes does with its ``BaseVariables``), and the ``job_configuration`` from the worker's job
+configuration: ``python -m kinetic_prefect.workers.templates`` writes them, a test checks the committed files.
+``CallVariables`` names what ``@kinetic_task`` sends with every call (dispatch builds exactly these keys).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
+
+from prefect.workers.base import BaseVariables
+from pydantic import Field
+
+from kinetic_prefect.contract import Env
 
 
 def pool_default(pool: Any, variable: str) -> Any:
     """The default of ``variable`` in a work pool's base job template (None when the template has none)."""
     return pool.base_job_template.get("variables", {}).get("properties", {}).get(variable, {}).get("default")
+
+
+class CallVariables(BaseVariables):
+    """What every kinetic pool takes, and what ``@kinetic_task`` sets for each call (``env`` included).
+
+    Defaults are written out (``{}``, ``[]``; pydantic copies them per instance) so the form shows them.
+    """
+
+    name: Optional[str] = Field(default=None, title="Name", description="Name given to the job.")
+    env: dict[str, Optional[str]] = Field(default={}, title="Environment variables",
+                                          description="Environment variables set in the job.")
+    labels: dict[str, str] = Field(default={}, title="Labels", description="Labels recorded for the job.")
+    command: Optional[str] = Field(
+        default=None, title="Command",
+        description="Command that starts the job. Leave empty: the worker runs the kinetic job runner.")
+    accelerator: str = Field(default="cpu", title="Accelerator")
+    image_tag: Optional[str] = Field(
+        default=None, title="Environment tag",
+        description="ImageSpec tag of the job environment; set by @kinetic_task for each call.")
+    requirements: list[str] = Field(
+        default=[], title="Requirements",
+        description="Normalized requirements of the job environment (PEP 508). Empty: the worker's own interpreter.")
+    python_version: Optional[str] = Field(
+        default=None, title="Python version",
+        description="Python minor version for built environments (e.g. 3.11). Empty: the caller's.")
+    base_image: Optional[str] = Field(
+        default=None, title="Base image",
+        description="Base image of built job images (part of the environment's hash; kinetic-local ignores it).")
+    store: Optional[str] = Field(default=None, title="Artifact store")
+    hosts: Optional[int] = Field(default=None, title="Hosts", ge=1)
+
+
+# Set by the caller only where the pool's template takes them (older templates lack them).
+OPTIONAL_CALL_VARIABLES = frozenset({"hosts", "image"})
+GCP_CREDENTIALS_TITLE = "GCP credentials block"
+
+
+class KineticLocalVariables(CallVariables):
+    """``kinetic-local``: jobs as processes on the worker's machine."""
+
+    accelerator: str = Field(
+        default="cpu", title="Accelerator",
+        description="Accelerator name from the kinetic catalog (`cpu`, `l4`, `tpu-v6e-8`, ...). Local jobs run on "
+                    "this machine's CPU whatever is named; the name is recorded on the run.")
+    store: Optional[str] = Field(
+        default=None, title="Artifact store",
+        description="Where payloads, results and outputs live: a local directory or gs://bucket/prefix. Empty: "
+                    f"${Env.STORE} or ~/.cache/kinetic-prefect/store.")
+    gcp_credentials: Optional[str] = Field(
+        default=None, title=GCP_CREDENTIALS_TITLE,
+        description="Name of a saved prefect-gcp GcpCredentials block used for a gs:// store and its results block "
+                    "(e.g. my-gcp). Empty: Application Default Credentials.")
+    hosts: Optional[int] = Field(
+        default=None, title="Hosts", ge=1,
+        description="Job processes per call, forming one jax.distributed group on this machine (CPU collectives "
+                    "through gloo); host 0 is the coordinator and its return value is the result. Empty: the "
+                    "accelerator's own hosts (a multi-host TPU slice), else 1. Set per task with "
+                    "@kinetic_task(hosts=N).")
+    working_dir: Optional[str] = Field(
+        default=None, title="Working directory",
+        description="Directory the job process starts in (the runner then moves into the shipped project).")
+    stream_output: bool = Field(
+        default=True, title="Stream output",
+        description="Forward the job's stdout/stderr to the flow run's logs as it runs.")
+    poll_seconds: float = Field(
+        default=0.25, title="Poll interval (s)",
+        description="How often the worker checks the job, its run and its parent runs.")
+    log_lines_per_second: int = Field(
+        default=2000, title="Log lines per second",
+        description="Job output forwarded to Prefect past a 5-second burst; lines over it are replaced by a note, "
+                    "and the whole log is kept with the job's outputs as job.log.")
+    inherit_env: list[str] = Field(
+        default=[], title="Inherited machine variables",
+        description="Glob patterns of this machine's environment variables a job also sees, beyond the built-in set "
+                    "(PATH, HOME, locale, temp dirs, proxies, device settings, cloud credentials). The caller's other "
+                    "variables never reach a job: forward them with env= on @kinetic_task.")

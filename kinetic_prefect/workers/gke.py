@@ -31,13 +31,13 @@ from pydantic import Field
 from kinetic_prefect import accelerators
 from kinetic_prefect.contract import JAX_COORDINATOR_PORT, RUNNER_ARGV, Env
 from kinetic_prefect.workers.base import KineticJobConfiguration, load_template
+from kinetic_prefect.workers.gke_variables import CONTAINER, JOB_BACKOFF_LIMIT, KineticGKEVariables
 from kinetic_prefect.workers.lifecycle import JobLauncher, JobStatus, KineticWorker
 
 FLOW_RUN_LABEL = "prefect.io/flow-run-id"
 POOL_LABEL = "kinetic.prefect.io/work-pool"
 GROUP_STOP_SECONDS = 60.0  # how long the other hosts of a failed group get to stop (and save) before it is over
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"  # set by the Job controller on each pod
-CONTAINER = "prefect-job"  # prefect-kubernetes' manifest validation requires its container name
 # Never written into a manifest (anyone who can read Jobs could read them): they go in the Job's Secret.
 SECRET_ENV_NAMES = frozenset({"PREFECT_API_KEY", "PREFECT_API_AUTH_STRING", Env.PREFECT_API_KEY})
 IMAGE_PULL_ERRORS = {"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull"}
@@ -131,13 +131,7 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
     @property
     def host_count(self) -> int:
         """Pods in the group: the slice's hosts for a multi-host TPU, else ``hosts`` (1 by default)."""
-        spec = self.accelerator_spec
-        if spec.multi_host:
-            if self.hosts not in (None, spec.hosts):
-                raise ValueError(f"accelerator {spec.name!r} is a slice of {spec.hosts} hosts; hosts={self.hosts} "
-                                 f"contradicts it: leave hosts unset, or pick the slice with {self.hosts} hosts")
-            return spec.hosts
-        return self.hosts or 1
+        return accelerators.host_count(self.accelerator_spec, self.hosts)
 
     @property
     def accelerator_spec(self) -> accelerators.AcceleratorSpec:
@@ -163,7 +157,7 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
         metadata.pop("generateName", None)
         metadata["labels"] = {**(metadata.get("labels") or {}), **labels}
         job_spec = manifest.setdefault("spec", {})
-        job_spec["backoffLimit"] = 0  # retries belong to Prefect: one Job is one attempt
+        job_spec["backoffLimit"] = JOB_BACKOFF_LIMIT  # retries belong to Prefect: one Job is one attempt
         template = job_spec.setdefault("template", {})
         template.setdefault("metadata", {})["labels"] = {**(template["metadata"].get("labels") or {}), **labels}
         pod = template.setdefault("spec", {})
@@ -213,7 +207,7 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
         failed pod fails the Job, the Job controller stops the others, and the task's retry starts a new group."""
         hosts, name = self.host_count, manifest["metadata"]["name"]
         job_spec = manifest["spec"]
-        job_spec.update(completions=hosts, parallelism=hosts, completionMode="Indexed", backoffLimit=0)
+        job_spec.update(completions=hosts, parallelism=hosts, completionMode="Indexed", backoffLimit=JOB_BACKOFF_LIMIT)
         pod = job_spec["template"]["spec"]
         pod["subdomain"] = name
         hostnames = [f"{name}-{i}.{name}" for i in range(hosts)]
@@ -672,6 +666,7 @@ class GKEJobLauncher(JobLauncher):
 class KineticGKEWorker(KineticWorker, BaseWorker):
     type = "kinetic-gke"
     job_configuration = KineticGKEJobConfiguration
+    job_configuration_variables = KineticGKEVariables
     _description = "Runs @kinetic_task jobs as Kubernetes Jobs on GKE GPU/TPU node pools."
     _documentation_url = "https://github.com/kinetic-prefect/kinetic-prefect"
 

@@ -32,6 +32,7 @@ from pydantic import Field
 from kinetic_prefect import accelerators, config
 from kinetic_prefect.contract import RUNNER_COMMAND, Env
 from kinetic_prefect.image import ImageSpec, runner_digest, runner_sources
+from kinetic_prefect.job_variables import KineticLocalVariables
 from kinetic_prefect.workers.base import KineticJobConfiguration, load_template
 from kinetic_prefect.workers.lifecycle import JobLauncher, JobStatus, KineticWorker
 
@@ -516,6 +517,7 @@ def _tagged(emit: Callable[[str], None], index: int) -> Callable[[str], None]:
 class KineticLocalWorker(KineticWorker, BaseWorker):
     type = "kinetic-local"
     job_configuration = KineticLocalJobConfiguration
+    job_configuration_variables = KineticLocalVariables
     _description = "Runs @kinetic_task jobs as local processes in hash-keyed uv environments."
     _documentation_url = "https://github.com/kinetic-prefect/kinetic-prefect"
 

@@ -1,0 +1,71 @@
+"""Worker side: the pool templates (``work_pools/<type>.json``) generated from the typed models.
+
+``variables``: the worker type's variables model (``job_variables.py``, ``gke_variables.py``) as pydantic's JSON
+schema, which is what Prefect's UI renders as the pool's form. ``job_configuration``: a placeholder for each
+field of the worker's job configuration, plus, for ``kinetic-gke``, the Job manifest it starts from.
+
+    python -m kinetic_prefect.workers.templates          # rewrite work_pools/*.json
+    python -m kinetic_prefect.workers.templates --check  # exit 1 if a committed file differs
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from kinetic_prefect import config
+
+WORKER_TYPES = ("kinetic-local", "kinetic-gke")
+
+
+def generated_template(worker_type: str) -> dict[str, Any]:
+    """The base job template of ``worker_type``, from its job configuration and variables models."""
+    if worker_type == "kinetic-local":
+        from kinetic_prefect.job_variables import KineticLocalVariables as variables
+        from kinetic_prefect.workers.local import KineticLocalJobConfiguration as configuration
+        manifest = None
+    elif worker_type == "kinetic-gke":
+        from kinetic_prefect.workers.gke import KineticGKEJobConfiguration as configuration  # type: ignore[assignment]
+        from kinetic_prefect.workers.gke_variables import KineticGKEVariables as variables  # type: ignore[assignment]
+        from kinetic_prefect.workers.gke_variables import job_manifest_template
+
+        manifest = job_manifest_template()
+    else:
+        raise ValueError(f"no kinetic worker type {worker_type!r}; one of {', '.join(WORKER_TYPES)}")
+    job_configuration = configuration.json_template()
+    if manifest is not None:
+        job_configuration["job_manifest"] = manifest
+    schema = variables.model_json_schema()
+    schema.pop("title", None)
+    schema.pop("description", None)
+    return {"job_configuration": job_configuration, "variables": schema}
+
+
+def template_text(worker_type: str) -> str:
+    return json.dumps(generated_template(worker_type), indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    check = "--check" in args
+    stale = []
+    for worker_type in WORKER_TYPES:
+        path: Path = config.work_pools_dir() / f"{worker_type}.json"
+        text = template_text(worker_type)
+        if path.exists() and path.read_text() == text:
+            continue
+        if check:
+            stale.append(str(path))
+        else:
+            path.write_text(text)
+            print(f"wrote {path}")
+    if stale:
+        print("out of date (run `python -m kinetic_prefect.workers.templates`): " + ", ".join(stale), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
