@@ -1,6 +1,6 @@
 """Gemma 3 LoRA fine-tuning as a Prefect flow: PubMedQA medical Q&A, or rude -> polite style transfer.
 
-    uv run --extra llm python flows/gemma_lora.py --dataset pubmedqa --accelerator l4          # Kaggle credentials needed
+    uv run --extra llm python flows/gemma_lora.py --dataset pubmedqa --accelerator l4  # Kaggle credentials needed
     uv run --extra llm python flows/gemma_lora.py --dataset style-transfer --preset ./my_preset --epochs 2
     uv run --extra llm python flows/gemma_lora.py --dataset pairs.jsonl --sequence-length 256
 

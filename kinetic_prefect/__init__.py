@@ -22,11 +22,13 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kinetic_prefect.data import Data
-    from kinetic_prefect.decorator import KineticTask, kinetic_task
-    from kinetic_prefect.errors import KineticJobCrashed, RemoteTraceback
-    from kinetic_prefect.image import ImageSpec
-    from kinetic_prefect.outputs import JobOutputs
+    from kinetic_prefect.data import Data as Data
+    from kinetic_prefect.decorator import KineticTask as KineticTask
+    from kinetic_prefect.decorator import kinetic_task as kinetic_task
+    from kinetic_prefect.errors import KineticJobCrashed as KineticJobCrashed
+    from kinetic_prefect.errors import RemoteTraceback as RemoteTraceback
+    from kinetic_prefect.image import ImageSpec as ImageSpec
+    from kinetic_prefect.outputs import JobOutputs as JobOutputs
 
 __all__ = ["__version__", *_LAZY]
 

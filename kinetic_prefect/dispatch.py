@@ -233,9 +233,10 @@ def check_hosts(options: KineticOptions, pool_name: str, pool_type: str, pool_va
     count = accelerators.host_count(options.accelerator, hosts)
     if hosts is not None and count > 1 and "hosts" not in pool_variables:
         raise ValueError(
-            f"hosts={hosts}: pool {pool_name!r} (type {pool_type!r}) cannot run a group of hosts: its base job template "
-            f"has no `hosts` variable (made before multi-host groups). Update the template, e.g. `prefect work-pool "
-            f"update {pool_name} --base-job-template work_pools/{pool_type}.json`, or drop hosts= to run on one host.")
+            f"hosts={hosts}: pool {pool_name!r} (type {pool_type!r}) cannot run a group of hosts: its base job "
+            f"template has no `hosts` variable (made before multi-host groups). Update the template, e.g. "
+            f"`prefect work-pool update {pool_name} --base-job-template work_pools/{pool_type}.json`, "
+            "or drop hosts= to run on one host.")
 
 
 def _job_variables(options: KineticOptions, call: PreparedCall, store_url: str, pool_variables: set[str]) -> dict[str, Any]:

@@ -37,12 +37,13 @@ from kinetic_prefect.contract import (
     COMPLETED, EXIT_HOST_FAILED, EXIT_NO_OUTCOME, EXIT_OUTCOME_RECORDED, FAILED, PHASE_FUNCTION, PHASE_PICKLE_RESULT,
     Env, Group, Outcome, RunLayout,
 )
+from kinetic_prefect import contract, signing
+from kinetic_prefect.errors import ResultNotPicklable
 
 
 class JobTerminated(BaseException):
     """Raised in the function's thread on SIGTERM: the job was cancelled or its pod deleted."""
-from kinetic_prefect import contract, signing
-from kinetic_prefect.errors import ResultNotPicklable
+
 
 class PhaseFailed(Exception):
     def __init__(self, phase: str, error: BaseException):

@@ -16,7 +16,6 @@ import time
 import uuid
 from pathlib import Path
 
-import pytest
 from prefect import flow
 from test_gke_cluster import _cluster_block, _make_pool, job_image  # noqa: F401  (job_image is a fixture)
 

@@ -6,12 +6,9 @@ read Node objects (tests/test_cli.py).  Everything that runs Jobs is tested agai
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
-import subprocess
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import kmock

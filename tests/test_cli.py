@@ -77,7 +77,7 @@ def test_doctor_fails_on_an_unwritable_store(tmp_path, capsys):
     assert code == 1
     assert f"✗ Store        {blocker / 'store'}: failed while opening a test object" in out
     assert f"fix: make {blocker / 'store'} a directory this user can write" in out
-    assert f"kinetic-prefect pool-set POOL store=/writable/dir" in out
+    assert "kinetic-prefect pool-set POOL store=/writable/dir" in out
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes through directory permissions")
@@ -103,7 +103,7 @@ def test_doctor_gke_pool_with_cloud_build_but_no_project(gcs_bucket, capsys):
     assert f"fix: kinetic-prefect pool-set {pool} gcp_project=YOUR_PROJECT" in out
     for present in ("gcp_region", "build_staging_bucket", "image_repository"):
         assert f"Cloud Build: {present}" not in out
-    assert f"✓ Store" in out and "✓ GCS credentials" in out and "STORAGE_EMULATOR_HOST" in out
+    assert "✓ Store" in out and "✓ GCS credentials" in out and "STORAGE_EMULATOR_HOST" in out
     assert "✗ Kubernetes" in out and "gcloud container clusters get-credentials" in out
 
     # The fix, applied as printed, clears that check.

@@ -7,7 +7,6 @@ check the pipeline (caching, resume after a kill, artifacts, outputs, bad inputs
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess

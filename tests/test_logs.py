@@ -68,7 +68,7 @@ def test_every_line_arrives_in_order_on_both_paths(route, capfd):
     if submission == "worker":  # the caller prints what it reads from the API
         err = capfd.readouterr().err
         prefix = f"[{run.name}] "
-        assert numbered([l for l in err.splitlines() if l.startswith(prefix)], prefix) == list(range(5000))
+        assert numbered([line for line in err.splitlines() if line.startswith(prefix)], prefix) == list(range(5000))
 
 
 def test_a_flood_is_bounded_with_a_note_and_the_whole_log_is_kept(store_dir):
@@ -129,7 +129,7 @@ def test_job_progress_becomes_a_progress_artifact_on_the_job_run():
     [progress] = [a for a in artifacts if a.type == "progress"]
     assert progress.data == 100.0 and progress.description == "epoch 4/4"
     lines = api_lines(run.id)
-    assert "progress 50%: epoch 2/4" in lines and not any(l.startswith("[kinetic:progress]") for l in lines)
+    assert "progress 50%: epoch 2/4" in lines and not any(line.startswith("[kinetic:progress]") for line in lines)
 
 
 def test_a_job_sees_the_same_environment_on_both_paths(route, monkeypatch):

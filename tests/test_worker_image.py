@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import socket
-import subprocess
 import time
 import tomllib
 import urllib.error

@@ -279,9 +279,9 @@ class Server:
             stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
         try:
             wait_http(f"{self.url}/api/health", 180, self.proc)
-        except RuntimeError:
+        except RuntimeError as exc:
             self.stop()
-            raise RuntimeError("prefect server start failed:\n" + (self.dir / "server.log").read_text()[-3000:])
+            raise RuntimeError("prefect server start failed:\n" + (self.dir / "server.log").read_text()[-3000:]) from exc
 
     def stop(self) -> None:
         self.proc.terminate()

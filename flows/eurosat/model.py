@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 

@@ -1,7 +1,8 @@
 """Worker side: manifests that run a long-lived ``kinetic-gke`` worker inside the cluster.
 
 Least privilege: the worker's ServiceAccount may manage Jobs, read Pods and their logs, read Events,
-and create (never read) the per-Job Secrets that carry forwarded env values, in its own namespace only. The Prefect API URL and key come from a Secret the user creates
+and create (never read) the per-Job Secrets that carry forwarded env values, in its own namespace only.
+The Prefect API URL and key come from a Secret the user creates
 (`kubectl create secret generic prefect-api --from-literal=url=... --from-literal=key=...`).
 """
 

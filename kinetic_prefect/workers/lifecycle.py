@@ -94,7 +94,7 @@ class JobLauncher(abc.ABC):
     async def cancel(self, identifier: str, configuration: Any, grace_seconds: float) -> None:
         """Stop the job and return once it is gone."""
 
-    async def cleanup(self, identifier: str, configuration: Any) -> None:
+    async def cleanup(self, identifier: str, configuration: Any) -> None:  # noqa: B027 - optional, not abstract
         """Remove what the launcher keeps for a job whose run is final."""
 
     async def unfinished_jobs(self, work_pool: Any) -> list[tuple[str, str]]:

@@ -315,8 +315,8 @@ class LocalJobLauncher(JobLauncher):
         identifier = str(flow_run.id)
         wanted = configuration.env.get("JAX_PLATFORMS", "")
         if not accelerators.local_platform_available(wanted):
-            log(f"WARNING: accelerator {configuration.accelerator!r} is not on this machine (no {wanted} device for JAX): "
-                "the job runs on the CPU. Use a kinetic-gke pool to get one.")
+            log(f"WARNING: accelerator {configuration.accelerator!r} is not on this machine (no {wanted} device for "
+                "JAX): the job runs on the CPU. Use a kinetic-gke pool to get one.")
         hosts = configuration.host_count
         argv = await anyio.to_thread.run_sync(self.command, configuration, log)
         job_dir = self.job_dir(identifier)
@@ -324,7 +324,8 @@ class LocalJobLauncher(JobLauncher):
         base_env = self.job_environment(configuration)
         if hosts > 1:
             base_env.update({Env.NUM_HOSTS: str(hosts), Env.COORDINATOR_ADDRESS: f"127.0.0.1:{_free_port()}"})
-            log(f"Starting a group of {hosts} job processes (host 0 is the coordinator, {base_env[Env.COORDINATOR_ADDRESS]})")
+            log(f"Starting a group of {hosts} job processes "
+                f"(host 0 is the coordinator, {base_env[Env.COORDINATOR_ADDRESS]})")
         processes: list[subprocess.Popen] = []
         try:
             for index in range(hosts):
