@@ -325,7 +325,8 @@ def host_count(spec: AcceleratorSpec, hosts: int | None = None) -> int:
                          f"accelerator's own hosts) or give a whole number >= 1, e.g. hosts=2")
     if spec.multi_host:
         if hosts not in (None, spec.hosts):
-            raise ValueError(f"hosts={hosts}: accelerator {spec.name!r} is a slice of {spec.hosts} hosts; hosts={hosts} "
-                             f"contradicts it: leave hosts unset, or pick the slice shape with {hosts} hosts")
+            raise ValueError(f"hosts={hosts}: accelerator {spec.name!r} is a slice of {spec.hosts} hosts; "
+                             f"hosts={hosts} contradicts it: leave hosts unset, or pick the slice shape with "
+                             f"{hosts} hosts")
         return spec.hosts
     return hosts or 1

@@ -366,7 +366,7 @@ class CloudBuildBuilder:
     @property
     def storage_client(self):
         if self._storage_client is None:
-            from google.cloud import storage
+            from google.cloud import storage  # type: ignore[attr-defined]
 
             self._storage_client = storage.Client(project=self.project, credentials=self.credentials)
         return self._storage_client
@@ -411,7 +411,7 @@ class CloudBuildBuilder:
         image = image_name(self.repository, spec)
         options = cloudbuild_v1.BuildOptions(logging=cloudbuild_v1.BuildOptions.LoggingMode.GCS_ONLY)
         if self.machine_type:
-            options.machine_type = cloudbuild_v1.BuildOptions.MachineType[
+            options.machine_type = cloudbuild_v1.BuildOptions.MachineType[  # type: ignore[misc]  # an Enum
                 self.machine_type.upper().replace("-", "_")]
         return cloudbuild_v1.Build(
             source=cloudbuild_v1.Source(storage_source=cloudbuild_v1.StorageSource(

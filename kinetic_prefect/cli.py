@@ -17,7 +17,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 from rich.console import Console
@@ -28,7 +28,7 @@ from kinetic_prefect import accelerators
 from kinetic_prefect.contract import Env
 
 # Typer 0.29 carries its own copy of click; its ClickException is the base of typer.BadParameter.
-ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+ClickException: Any = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 CATALOG_START, CATALOG_END = "<!-- catalog:start -->", "<!-- catalog:end -->"
 
@@ -94,8 +94,8 @@ _SYMBOLS = {"ok": "[green]✓[/]", "fail": "[red]✗[/]", "warn": "[yellow]![/]"
 
 @app.command("doctor")
 def doctor_command(
-    pool: Optional[str] = typer.Option(None, "--pool", metavar="NAME", help=f"the kinetic work pool (default: ${Env.WORK_POOL} "
-                                                            "or kinetic-local)"),
+    pool: Optional[str] = typer.Option(None, "--pool", metavar="NAME",
+                                       help=f"the kinetic work pool (default: ${Env.WORK_POOL} or kinetic-local)"),
     accelerator: Optional[List[str]] = typer.Option(None, "--accelerator", "-a", metavar="NAME",
                                                     help="also check a node pool for this accelerator (repeatable)"),
     store: Optional[str] = typer.Option(None, "--store", metavar="URL", help="check this store instead of the pool's"),

@@ -352,7 +352,7 @@ def _build_manifest(root: Path, *, workers: int, memo: bool) -> Manifest:
         listing = sorted(_walk(root), key=lambda item: item[0])
     else:
         _check_rel(root.name, str(root))
-        listing = [(root.name, str(root), None)]
+        listing = [(root.name, str(root), None)]  # type: ignore[list-item]  # no DirEntry for a lone file
 
     n = len(listing)
     if is_dir and n == 0:
@@ -406,6 +406,7 @@ def _build_manifest(root: Path, *, workers: int, memo: bool) -> Manifest:
         if rest:
             per_file = (time.perf_counter() - start) / max(1, len(probe))
             if (_blocks_read() > blocks or per_file > _SLOW_FILE_S) and workers > 1:
+                assert pool is not None  # made above whenever there are more than _PROBE_FILES
                 futures += [pool.submit(_hash_batch, rest[i:i + _SMALL_BATCH])
                             for i in range(0, len(rest), _SMALL_BATCH)]
             else:
@@ -421,10 +422,12 @@ def _build_manifest(root: Path, *, workers: int, memo: bool) -> Manifest:
             if len(_memo) + n > _MEMO_MAX:
                 _memo.clear()
             for key, sha in zip(keys, shas):
-                _memo[key] = sha
+                _memo[key] = sha  # type: ignore[assignment]  # every file is hashed by now
     files = tuple(zip(rels, sizes, shas))
     kind = "dir" if is_dir else "file"
-    return Manifest(root=root, sha256=_content_hash(kind, files), files=files, total_bytes=sum(sizes),
+    assert all(sha is not None for sha in shas)
+    hashed: tuple[tuple[str, int, str], ...] = files  # type: ignore[assignment]  # checked just above
+    return Manifest(root=root, sha256=_content_hash(kind, hashed), files=hashed, total_bytes=sum(sizes),
                     is_dir=is_dir, _stats=tuple((st.st_size, st.st_mtime_ns) for st in stats))
 
 
@@ -445,6 +448,7 @@ def to_ref(data: Data, manifest: Manifest | None) -> DataRef:
         manifest = hash_local(data)
     elif manifest.root != data.local_path:
         raise ValueError(f"manifest of {manifest.root} passed with {data!r}: hash_local(data) makes the right one")
+    assert data.local_path is not None  # not remote
     return DataRef(kind=manifest.kind, name=data.local_path.name, sha256=manifest.sha256,
                    key=data_key(manifest.sha256), url=None)
 
@@ -493,6 +497,7 @@ def _node_entry(node_cache: Path, ident: str, fill: Callable[[Path], dict]) -> P
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{ident[:16]}.", dir=target.parent))
+    renamed = False
     try:
         info = fill(staging)
         (staging / _COMPLETE).write_text(json.dumps(info))
@@ -500,12 +505,12 @@ def _node_entry(node_cache: Path, ident: str, fill: Callable[[Path], dict]) -> P
             shutil.rmtree(target, ignore_errors=True)
         try:
             os.rename(staging, target)
-            staging = None
+            renamed = True
         except OSError:
             if not (target / _COMPLETE).is_file():  # not a lost race with another job on this node
                 raise
     finally:
-        if staging is not None:
+        if not renamed:
             shutil.rmtree(staging, ignore_errors=True)
     return target
 
@@ -526,6 +531,8 @@ def _download_keys(store: Store, keys: list[str], base: str, dest: Path, workers
 def _localize_uploaded(ref: DataRef, store: Store, node_cache: Path, key: bytes | None = None) -> Path:
     from kinetic_prefect import signing
 
+    if ref.key is None or ref.sha256 is None:
+        raise DataError(f"data {ref.name} was not uploaded (no store key): pass it again from the caller")
     marker = f"{ref.key}/manifest.json"
     local = store.local_path(f"{ref.key}/files")
     if local is not None:  # the store is a directory on this machine: read the data in place
@@ -539,6 +546,8 @@ def _localize_uploaded(ref: DataRef, store: Store, node_cache: Path, key: bytes 
                                 f"{ref.sha256}: it was changed in the store; refusing to use it")
         return local / ref.name if ref.kind == "file" else local
 
+    prefix = ref.key
+
     def fill(staging: Path) -> dict:
         try:
             manifest = Manifest.from_json(signing.get(store, marker, key), staging / "files")
@@ -548,10 +557,10 @@ def _localize_uploaded(ref: DataRef, store: Store, node_cache: Path, key: bytes 
         root = staging / "files" / ref.name if ref.kind == "file" else staging / "files"
         got = _build_manifest(root, workers=8, memo=False) if root.exists() else None
         if got is None or got.sha256 != ref.sha256:
-            raise DataError(f"data {ref.name} downloaded from {store.url_for(ref.key)} does not match its content "
+            raise DataError(f"data {ref.name} downloaded from {store.url_for(prefix)} does not match its content "
                             f"hash {ref.sha256} ({_diff(manifest, got)}): the store copy is damaged; delete "
-                            f"{store.url_for(ref.key)}/ and call the task again to re-upload it")
-        return {"sha256": ref.sha256, "name": ref.name, "kind": ref.kind, "source": store.url_for(ref.key)}
+                            f"{store.url_for(prefix)}/ and call the task again to re-upload it")
+        return {"sha256": ref.sha256, "name": ref.name, "kind": ref.kind, "source": store.url_for(prefix)}
 
     target = _node_entry(node_cache, ref.sha256, fill)
     return target / "files" / ref.name if ref.kind == "file" else target / "files"
@@ -568,12 +577,14 @@ def _diff(expected: Manifest, got: Manifest | None) -> str:
 
 def _not_uploaded(ref: DataRef, store: Store) -> DataError:
     return DataError(f"data {ref.name} ({ref.sha256}) is not in the store {store.url}: "
-                     f"{store.url_for(ref.key + '/manifest.json')} is missing; the caller uploads it before "
+                     f"{store.url_for(f'{ref.key}/manifest.json')} is missing; the caller uploads it before "
                      "launching the job, so check that the job uses the caller's store")
 
 
 def _localize_url(ref: DataRef, node_cache: Path) -> Path:
     url = ref.url
+    if url is None:
+        raise DataError(f"data {ref.name} names no URL: pass Data('gs://...') from the caller")
     bucket, path = _parse_gs(url)
     ident = hashlib.sha256(url.encode()).hexdigest()
     kind_box: list[str] = []
@@ -678,7 +689,7 @@ def _rebuild(obj: Any, visit: Callable[[Any], Any]) -> Any:
             if hasattr(cls, "_make"):  # namedtuple
                 return cls._make(new_items)
             return cls(new_items)
-        new = copy.copy(obj)  # list/set subclasses: keep the class and its attributes
+        new: Any = copy.copy(obj)  # list/set subclasses: keep the class and its attributes
         if isinstance(obj, list):
             new[:] = new_items
             return new

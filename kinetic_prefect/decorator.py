@@ -133,13 +133,13 @@ class KineticTask(Task):
         self._bind_pool_results()
         return super().apply_async(*args, **kwargs)
 
-    def with_options(self, **options: Any) -> "KineticTask":  # type: ignore[override]
+    def with_options(self, **options: Any) -> "KineticTask":
         kinetic_changes = {k: options.pop(k) for k in list(options) if k in KINETIC_OPTION_NAMES}
         if "cache_policy" in options:
             options["cache_policy"] = _isolated(options["cache_policy"])
         if options.get("retry_condition_fn") is not None:
             options["retry_condition_fn"] = _no_retry_for_deterministic_failures(options["retry_condition_fn"])
-        new = super().with_options(**options)
+        new: Any = super().with_options(**options)
         results_follow_pool = self.results_follow_pool and options.get("result_storage") is None
         kinetic = self.kinetic
         if kinetic_changes:

@@ -196,7 +196,7 @@ class UploadProgress:
             with get_client(sync_client=True) as client:
                 if self._artifact_id is None:
                     self._artifact_id = client.create_artifact(ArtifactCreate(
-                        type="progress", data=percent, description=text, task_run_id=self.task_run_id)).id
+                        type="progress", data=percent, description=text, task_run_id=uuid.UUID(self.task_run_id))).id
                 else:
                     client.update_artifact(self._artifact_id, ArtifactUpdate(data=percent, description=text))
         except Exception:  # progress never fails an upload
@@ -280,7 +280,7 @@ def readable_traceback(traceback_text: str, fn: Callable[..., Any]) -> str:
     be mapped back to the caller's files.
     """
     candidates = [fn] + [getattr(v, "user_fn", v) for v in getattr(fn, "__globals__", {}).values()]
-    codes = {}
+    codes: dict[str, list[Any]] = {}
     for candidate in candidates:
         code = getattr(candidate, "__code__", None)
         if code is not None:
@@ -302,10 +302,10 @@ def rebuild_exception(exc_type: type, exc_args: tuple, exc_state: dict[str, Any]
     """The remote exception, rebuilt without calling its own ``__init__`` (see
     runner._pickle_exception), but with its built-in base's ``__init__``: that is what sets
     ``SystemExit.code``, ``OSError.errno`` and the like from ``args``."""
-    exc = exc_type.__new__(exc_type)
+    exc: BaseException = BaseException.__new__(exc_type)
     builtin = next(c for c in exc_type.__mro__ if c.__module__ == "builtins")
     try:
-        builtin.__init__(exc, *exc_args)
+        builtin.__init__(exc, *exc_args)  # type: ignore[misc]  # the base's own __init__, on purpose
     except Exception:
         pass
     exc.args = exc_args
@@ -386,7 +386,7 @@ async def _submit_and_collect(options: KineticOptions, call: PreparedCall, task_
             else:
                 async with _prefect.in_process_slots():
                     await _prefect.run_in_process(client, pool, flow_run, secret_env=call.env)
-                state = (await client.read_flow_run(flow_run.id)).state
+                state = (await client.read_flow_run(flow_run.id)).state  # type: ignore[assignment]
         except BaseException:
             if polling:  # the worker stops the job; shielded: this task is being cancelled itself
                 await _prefect.cancel_flow_run(client, flow_run.id, "The calling task stopped waiting "

@@ -168,7 +168,7 @@ def check_gcs_credentials(report: Report) -> bool:
     emulator = os.environ.get("STORAGE_EMULATOR_HOST")
     try:
         import google.auth  # noqa: F401
-        from google.cloud import storage  # noqa: F401
+        from google.cloud import storage  # type: ignore[attr-defined]  # noqa: F401
     except ImportError:
         report.add("GCS credentials", FAIL, "the Google Cloud libraries are not installed",
                    "install the gcp extra: `pip install 'kinetic-prefect[gcp]'`")
@@ -330,7 +330,7 @@ def check_gke(report: Report, client, pool, extra_accelerators: list[str]) -> No
         report.add("Node pools", SKIP, "no accelerator to check: no deployment sends its tasks to this pool "
                                        f"({Env.WORK_POOL} in its job variables); name some with --accelerator")
         return
-    labels = [node.metadata.labels or {} for node in nodes]
+    labels = [(node.metadata.labels if node.metadata else None) or {} for node in nodes]
     for name, sources in sorted(wanted.items()):
         title = f"Node pool for {name}"
         try:

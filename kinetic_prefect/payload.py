@@ -252,7 +252,9 @@ def _registered(module_name: str, by_value: frozenset[str]) -> bool:
 def _by_reference(fn: types.FunctionType, by_value: frozenset[str]) -> bool:
     """Whether cloudpickle pickles this function as a reference (module + name), as it decides it."""
     module_name = getattr(fn, "__module__", None)
-    module = sys.modules.get(module_name) if isinstance(module_name, str) else None
+    if not isinstance(module_name, str):
+        return False
+    module = sys.modules.get(module_name)
     if module is None or module_name == "__main__" or _registered(module_name, by_value):
         return False
     obj: Any = module
@@ -454,8 +456,8 @@ def _captured(fn: Any) -> list[tuple[str, Any]]:
     if isinstance(fn, types.MethodType):
         return [(f"the bound object (a {type(fn.__self__).__qualname__})", fn.__self__)] + _captured(fn.__func__)
     if isinstance(fn, functools.partial):
-        items = [(f"partial argument {i}", v) for i, v in enumerate(fn.args)]
-        return items + [(f"partial argument {k!r}", v) for k, v in fn.keywords.items()] + _captured(fn.func)
+        arguments = [(f"partial argument {i}", v) for i, v in enumerate(fn.args)]
+        return arguments + [(f"partial argument {k!r}", v) for k, v in fn.keywords.items()] + _captured(fn.func)
     if not isinstance(fn, types.FunctionType):
         return []
     items: list[tuple[str, Any]] = []
@@ -710,7 +712,7 @@ def _ignored_matcher(root: Path) -> tuple[bool, Callable[[str], bool]]:
     Matching every path against the ignore rules is most of a signature's cost: the answers are
     kept while .gitignore and .kineticignore keep their stats.
     """
-    stats = []
+    stats: list[tuple[int, int, int] | None] = []
     for name in (".gitignore", ".kineticignore"):
         try:
             st = (root / name).stat()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from prefect.client.orchestration import PrefectClient
 from prefect.client.schemas.actions import WorkPoolCreate
@@ -24,7 +25,7 @@ class WorkPoolError(LookupError):
     pass
 
 
-def worker_class_for(pool_type: str) -> type[BaseWorker]:
+def worker_class_for(pool_type: str) -> Any:  # a BaseWorker subclass mixing in lifecycle.KineticWorker
     from kinetic_prefect import workers
 
     if pool_type == "kinetic-gke" and workers.GKE_UNAVAILABLE:

@@ -58,9 +58,10 @@ async def create_job_flow_run(
         tracker_id = tracker.id
     # Pending runs are invisible to polling workers, so an in-process submission cannot be
     # picked up twice; Scheduled runs are what a polling worker claims.
-    state = Scheduled() if for_polling_worker else Pending()
+    state: State[Any] = Scheduled() if for_polling_worker else Pending()
     return await with_retries(lambda: client.create_flow_run(
-        flow, name=run_name, state=state, work_pool_name=pool.name, job_variables=job_variables,
+        flow,  # type: ignore[arg-type]  # the fields create_flow_run reads, not a Flow
+        name=run_name, state=state, work_pool_name=pool.name, job_variables=job_variables,
         parent_task_run_id=tracker_id, tags=tags,
     ), what="creating the job's flow run")
 
@@ -82,7 +83,7 @@ async def calling_task_run_id(client: PrefectClient, job: FlowRun) -> UUID | Non
     except ObjectNotFound:
         return None
     parents = tracker.task_inputs.get("__parents__") or []
-    return parents[0].id if parents else None
+    return getattr(parents[0], "id", None) if parents else None
 
 
 async def read_task_run_or_none(client: PrefectClient, task_run_id: UUID) -> TaskRun | None:
@@ -162,7 +163,8 @@ async def wait_for_final_state(
         while True:  # page through everything new
             log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
             if since is not None:
-                log_filter.timestamp = LogFilterTimestamp(after_=since - datetime.timedelta(microseconds=1))
+                after = since - datetime.timedelta(microseconds=1)
+                log_filter.timestamp = LogFilterTimestamp(after_=after)  # type: ignore[arg-type]  # a datetime is fine
             logs = await client.read_logs(log_filter=log_filter, limit=LOG_PAGE)  # oldest first
             fresh = [log for log in logs if log.id not in seen_at_since and (since is None or log.timestamp >= since)]
             for log in fresh:

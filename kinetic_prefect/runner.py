@@ -374,7 +374,7 @@ def _run_id() -> str:
     explicit = os.environ.get(Env.RUN_ID)
     if explicit:
         return explicit
-    return _env(Env.RUN_PREFIX).rstrip("/").rsplit("/", 1)[-1]
+    return (_env(Env.RUN_PREFIX) or "").rstrip("/").rsplit("/", 1)[-1]
 
 
 def main() -> int:

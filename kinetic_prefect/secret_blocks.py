@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from typing import Any
 
 from prefect.exceptions import ObjectNotFound
 
@@ -31,7 +32,8 @@ async def signing_key() -> bytes | None:
         from prefect.blocks.system import Secret
 
         try:
-            value = (await Secret.aload(signing.SECRET_BLOCK)).get()
+            secret: Secret[Any] = await Secret.aload(signing.SECRET_BLOCK)
+            value = secret.get()
             _signing_key_cache[cache_key] = str(value).encode() if value else None
         except (ValueError, ObjectNotFound):
             _signing_key_cache[cache_key] = None
@@ -48,5 +50,6 @@ async def store_secret_env(values: dict[str, str], name: str) -> str:
     """Forwarded env values for a polling worker, in a Prefect Secret block it reads once and deletes."""
     from prefect.blocks.system import Secret
 
-    await Secret(value=json.dumps(values)).asave(name=name, overwrite=True)
+    secret: Secret[Any] = Secret(value=json.dumps(values))  # type: ignore[arg-type]  # a plain str is a secret too
+    await secret.asave(name=name, overwrite=True)
     return name

@@ -115,7 +115,7 @@ class Store(abc.ABC):
         _run_parallel(self.delete, keys, workers=32)
         return len(keys)
 
-    def put_tree(self, prefix: str, files: list[tuple[str, str | os.PathLike]], *, workers: int = 32,
+    def put_tree(self, prefix: str, files: Iterable[tuple[str, str | os.PathLike]], *, workers: int = 32,
                  on_file: Callable[[int], None] | None = None) -> int:
         """Upload (relative_key, local_path) pairs under ``prefix`` in parallel; returns the bytes uploaded.
         ``on_file(size)`` is called after each file (from the uploading threads): progress reporting."""
@@ -175,6 +175,7 @@ def _atomic_write(dest: pathlib.Path, write: Callable, *, if_absent: bool = Fals
         except FileNotFoundError:  # a concurrent delete_prefix pruned the directory; make it again
             if attempt == 2:
                 raise
+    published = False  # a replaced temp file is the object now: not removed
     try:
         with os.fdopen(fd, "wb") as fh:
             write(fh)
@@ -188,10 +189,10 @@ def _atomic_write(dest: pathlib.Path, write: Callable, *, if_absent: bool = Fals
                 return False
         else:
             os.replace(tmp, dest)
-            tmp = None
+            published = True
         return True
     finally:
-        if tmp is not None:
+        if not published:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
 
@@ -303,7 +304,7 @@ def _gcs_client():
     with _client_lock:
         client = _client_cache.get(cache_key)
         if client is None:
-            from google.cloud import storage
+            from google.cloud import storage  # type: ignore[attr-defined]
 
             try:
                 if emulator:

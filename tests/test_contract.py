@@ -56,7 +56,8 @@ def test_the_runner_reports_its_phases_and_markers_by_the_contract_names() -> No
 
     assert runner.JobTerminated.__name__ == contract.JOB_TERMINATED_TYPE
     stopped = contract.Outcome(status=contract.FAILED, error_type=f"__main__.{contract.JOB_TERMINATED_TYPE}")
-    assert stopped.terminated and not contract.Outcome(status=contract.FAILED, error_type="builtins.KeyError").terminated
+    assert stopped.terminated
+    assert not contract.Outcome(status=contract.FAILED, error_type="builtins.KeyError").terminated
     source = (PACKAGE_DIR / "runner.py").read_text()
     phases = [v for k, v in vars(contract).items() if k.startswith("PHASE_")]
     # Every phase the runner names is the contract's (a phase spelled in the runner would not be in this list).

@@ -281,7 +281,8 @@ class Server:
             wait_http(f"{self.url}/api/health", 180, self.proc)
         except RuntimeError as exc:
             self.stop()
-            raise RuntimeError("prefect server start failed:\n" + (self.dir / "server.log").read_text()[-3000:]) from exc
+            log = (self.dir / "server.log").read_text()[-3000:]
+            raise RuntimeError("prefect server start failed:\n" + log) from exc
 
     def stop(self) -> None:
         self.proc.terminate()

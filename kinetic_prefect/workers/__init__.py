@@ -8,6 +8,7 @@ the type is not registered, and a kinetic-gke pool is refused with the install c
 
 from kinetic_prefect.workers.local import KineticLocalWorker
 
+GKE_UNAVAILABLE: str | None
 try:
     from kinetic_prefect.workers.gke import KineticGKEWorker
 except ModuleNotFoundError as missing:  # no prefect-kubernetes / kubernetes: a local-only install

@@ -50,7 +50,7 @@ class KineticJobConfiguration(BaseJobConfiguration):
             return
         from prefect.blocks.system import Secret
 
-        secret = await Secret.aload(block_name)
+        secret: Secret[Any] = await Secret.aload(block_name)
         value = secret.get()  # Prefect parses JSON secrets back into objects
         self._secret_env = value if isinstance(value, dict) else json.loads(value)
         await Secret.adelete(block_name)

@@ -212,12 +212,12 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
         pod["subdomain"] = name
         hostnames = [f"{name}-{i}.{name}" for i in range(hosts)]
         index = {"valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}}
-        env = [{"name": Env.NUM_HOSTS, "value": str(hosts)}, {"name": Env.HOST_INDEX, **index},
+        env: list[dict[str, Any]] = [{"name": Env.NUM_HOSTS, "value": str(hosts)}, {"name": Env.HOST_INDEX, **index},
                {"name": Env.COORDINATOR_ADDRESS, "value": f"{hostnames[0]}:{JAX_COORDINATOR_PORT}"}]
         if spec.family == "tpu":  # what GKE's TPU webhook sets for a multi-host slice
             env += [{"name": "TPU_WORKER_ID", **index}, {"name": "TPU_WORKER_HOSTNAMES", "value": ",".join(hostnames)}]
         container = pod["containers"][0]
-        names = {e["name"] for e in env}
+        names = {str(e["name"]) for e in env}
         container["env"] = [e for e in container.get("env") or [] if e.get("name") not in names] + env
         container["ports"] = [{"name": "coordinator", "containerPort": JAX_COORDINATOR_PORT}]
 
@@ -269,7 +269,7 @@ class JobFollower:
             raise
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"job-name={self.job_name}").items
         # Filter here too: some API servers (and emulators) ignore label selectors.
-        mine = [p for p in pods if (p.metadata.labels or {}).get("job-name") == self.job_name]
+        mine = [p for p in pods if p.metadata and (p.metadata.labels or {}).get("job-name") == self.job_name]
         return sorted(mine, key=lambda p: p.metadata.creation_timestamp or 0)
 
     def pod(self):
@@ -302,7 +302,7 @@ class JobFollower:
         def pump() -> None:
             seen = 0
             try:
-                response = self.core.read_namespaced_pod_log(pod_name, self.namespace, container=CONTAINER,
+                response: Any = self.core.read_namespaced_pod_log(pod_name, self.namespace, container=CONTAINER,
                                                              follow=True, _preload_content=False)
                 if "json" in (response.headers.get("Content-Type") or ""):
                     raise RuntimeError("not a log yet")  # an object/Status instead of text: try again later
@@ -555,17 +555,17 @@ class GKEJobLauncher(JobLauncher):
 
         # The pool's own settings (cluster config block included), as a run with no overrides would get them.
         base = await KineticGKEJobConfiguration.from_template_and_values(work_pool.base_job_template, {})
-        namespace = base.namespace or "default"
+        namespace = getattr(base, "namespace", None) or "default"
         api = await anyio.to_thread.run_sync(self.api, base)
         pool_label = _label_value(work_pool.name)
         jobs = await anyio.to_thread.run_sync(lambda: client.BatchV1Api(api).list_namespaced_job(
             namespace, label_selector=f"{POOL_LABEL}={pool_label}").items)
         found = []
         for job in jobs:
-            labels = job.metadata.labels or {}
+            labels = (job.metadata.labels if job.metadata else None) or {}
             # finished Jobs too: one that ended while no worker watched still has an outcome to collect
             if labels.get(POOL_LABEL) == pool_label and labels.get(FLOW_RUN_LABEL):
-                found.append((labels[FLOW_RUN_LABEL], f"{namespace}:{job.metadata.name}"))
+                found.append((labels[FLOW_RUN_LABEL], f"{namespace}:{job.metadata.name}"))  # type: ignore[union-attr]
         return found
 
     # ------------------------------------------------------------------ images
@@ -587,9 +587,11 @@ class GKEJobLauncher(JobLauncher):
 
                 name = gcp.block_name("kinetic-gke", configuration.gcp_credentials)
                 credentials = gcp.google_credentials(GcpCredentials.load(name, _sync=True))
+            project, region = configuration.gcp_project, configuration.gcp_region
+            bucket = configuration.build_staging_bucket
+            assert project and region and bucket, "check_pool_settings refuses a cloud-build pool without them"
             return builders.CloudBuildBuilder(
-                project=configuration.gcp_project, region=configuration.gcp_region,
-                repository=configuration.image_repository, staging_bucket=configuration.build_staging_bucket,
+                project=project, region=region, repository=configuration.image_repository, staging_bucket=bucket,
                 credentials=credentials,
             ).ensure(spec, log)
         raise ValueError(
@@ -602,8 +604,8 @@ class GKEJobLauncher(JobLauncher):
         from kubernetes import client
 
         jobs = client.BatchV1Api(api).list_namespaced_job(namespace, label_selector=f"{FLOW_RUN_LABEL}={flow_run.id}").items
-        mine = [j for j in jobs if (j.metadata.labels or {}).get(FLOW_RUN_LABEL) == str(flow_run.id)]
-        return mine[0].metadata.name if mine else None
+        mine = [j for j in jobs if j.metadata and (j.metadata.labels or {}).get(FLOW_RUN_LABEL) == str(flow_run.id)]
+        return mine[0].metadata.name if mine else None  # type: ignore[union-attr]  # filtered above
 
     @staticmethod
     def _create_job(api, configuration: KineticGKEJobConfiguration) -> str:
@@ -663,9 +665,10 @@ class GKEJobLauncher(JobLauncher):
         return (0, "Succeeded") if pod.status.phase == "Succeeded" else (1, pod.status.reason or "Failed")
 
 
-class KineticGKEWorker(KineticWorker, BaseWorker):
+class KineticGKEWorker(KineticWorker, BaseWorker):  # type: ignore[misc]  # run() returns a BaseWorkerResult subclass
     type = "kinetic-gke"
     job_configuration = KineticGKEJobConfiguration
+    launcher: GKEJobLauncher
     job_configuration_variables = KineticGKEVariables
     _description = "Runs @kinetic_task jobs as Kubernetes Jobs on GKE GPU/TPU node pools."
     _documentation_url = "https://github.com/kinetic-prefect/kinetic-prefect"
@@ -712,6 +715,7 @@ class KineticGKEWorker(KineticWorker, BaseWorker):
         await super().setup()
         if self._work_pool is not None:
             try:
+                assert self._runs_task_group is not None  # set by BaseWorker.setup()
                 count = await self.reattach(self._runs_task_group.start_soon)
                 if count:
                     self._logger.info(f"Reattached to {count} running kinetic Job(s)")

@@ -35,7 +35,7 @@ from uuid import UUID
 import anyio
 from prefect.client.schemas.objects import FlowRun
 from prefect.exceptions import Abort, ObjectNotFound
-from prefect.states import Cancelled, Completed, Crashed, Failed, Running
+from prefect.states import Cancelled, Completed, Crashed, Failed, Running, State
 from prefect.utilities.engine import propose_state
 from prefect.workers.base import BaseWorkerResult
 
@@ -211,7 +211,8 @@ class KineticWorker:
         await self._propose(flow_run, Crashed(message=message))
 
     async def mark_from_outcome(self, flow_run: FlowRun, outcome: Outcome) -> None:
-        state = Completed(message=outcome.summary()) if outcome.completed else Failed(message=outcome.summary())
+        summary = outcome.summary()
+        state: State[Any] = Completed(message=summary) if outcome.completed else Failed(message=summary)
         await self._propose(flow_run, state)
 
     # ------------------------------------------------------------------ events
@@ -362,7 +363,7 @@ class KineticWorker:
                     logger.warning(f"{status.diagnosis.get('summary')}: {status.diagnosis.get('detail')} "
                                    f"({status.diagnosis.get('resolution')})")
                     self.emit_job_event(flow_run, "diagnosis", configuration, identifier=identifier,
-                                        labels={"kubernetes.diagnosis": last_diagnosis}, **status.diagnosis)
+                                        labels={"kubernetes.diagnosis": last_diagnosis or ""}, **status.diagnosis)
                 if status.phase != last_phase and status.phase in ("pending", "running"):
                     last_phase = status.phase
                     self.emit_job_event(flow_run, status.phase, configuration, identifier=identifier, detail=status.detail)
@@ -524,7 +525,8 @@ class KineticWorker:
     async def reattach(self, start_soon: Callable[..., Any]) -> int:
         """After a restart: follow the jobs this pool started whose runs are not final yet."""
         count = 0
-        for flow_run_id, identifier in await self.launcher.unfinished_jobs(self.work_pool):
+        work_pool = self.work_pool  # type: ignore[attr-defined]  # BaseWorker's, mixed in
+        for flow_run_id, identifier in await self.launcher.unfinished_jobs(work_pool):
             try:
                 flow_run = await self.client.read_flow_run(flow_run_id)
             except ObjectNotFound:

@@ -290,7 +290,7 @@ class LocalJobLauncher(JobLauncher):
         return "job.log" if index == 0 else f"host-{index}.log"
 
     def command(self, configuration: KineticLocalJobConfiguration, log: Callable[[str], None]) -> list[str]:
-        python = self.environments.python_for(configuration.image_spec, log, configuration.env.get(Env.STORE, ""))
+        python = self.environments.python_for(configuration.image_spec, log, configuration.env.get(Env.STORE) or "")
         argv = shlex.split(configuration.command or RUNNER_COMMAND)
         if argv and argv[0] in ("python", "python3"):
             argv[0] = python
@@ -313,7 +313,7 @@ class LocalJobLauncher(JobLauncher):
     async def submit(self, flow_run: FlowRun, configuration: KineticLocalJobConfiguration,
                      log: Callable[[str], None]) -> str:
         identifier = str(flow_run.id)
-        wanted = configuration.env.get("JAX_PLATFORMS", "")
+        wanted = configuration.env.get("JAX_PLATFORMS") or ""
         if not accelerators.local_platform_available(wanted):
             log(f"WARNING: accelerator {configuration.accelerator!r} is not on this machine (no {wanted} device for "
                 "JAX): the job runs on the CPU. Use a kinetic-gke pool to get one.")
@@ -363,7 +363,7 @@ class LocalJobLauncher(JobLauncher):
         record = self._record(identifier)
         if record is None:
             return []
-        states = []
+        states: list[tuple[bool, int | None]] = []
         for host in self._hosts(record):
             ticks = _process_start_ticks(host["pid"])
             states.append((ticks is not None and ticks == host.get("start_ticks"), None))
@@ -475,19 +475,19 @@ class LocalJobLauncher(JobLauncher):
             from kinetic_prefect.contract import RunLayout
             from kinetic_prefect.storage import open_store
 
-            layout = RunLayout(configuration.env[Env.RUN_ID])
+            layout = RunLayout(str(configuration.env[Env.RUN_ID]))
             for index, cursor in enumerate(cursors):
                 if not cursor.dropped:
                     continue
                 try:
-                    await anyio.to_thread.run_sync(open_store(configuration.env[Env.STORE]).put_file,
+                    await anyio.to_thread.run_sync(open_store(str(configuration.env[Env.STORE])).put_file,
                                                    f"{layout.host_outputs(index)}/job.log", cursor.path)
                 except Exception:
                     pass
         shutil.rmtree(job_dir, ignore_errors=True)
 
     async def unfinished_jobs(self, work_pool: Any) -> list[tuple[str, str]]:
-        found = []
+        found: list[tuple[str, str]] = []
         if not self.jobs_dir.is_dir():
             return found
         for job_dir in self.jobs_dir.iterdir():
@@ -515,9 +515,10 @@ def _tagged(emit: Callable[[str], None], index: int) -> Callable[[str], None]:
     return lambda text: emit("\n".join(readable(line) for line in text.split("\n")))
 
 
-class KineticLocalWorker(KineticWorker, BaseWorker):
+class KineticLocalWorker(KineticWorker, BaseWorker):  # type: ignore[misc]  # run() returns a BaseWorkerResult subclass
     type = "kinetic-local"
     job_configuration = KineticLocalJobConfiguration
+    launcher: LocalJobLauncher
     job_configuration_variables = KineticLocalVariables
     _description = "Runs @kinetic_task jobs as local processes in hash-keyed uv environments."
     _documentation_url = "https://github.com/kinetic-prefect/kinetic-prefect"
@@ -539,6 +540,7 @@ class KineticLocalWorker(KineticWorker, BaseWorker):
     async def setup(self) -> None:
         await super().setup()
         if self._work_pool is not None:
+            assert self._runs_task_group is not None  # set by BaseWorker.setup()
             count = await self.reattach(self._runs_task_group.start_soon)
             if count:
                 self._logger.info(f"Reattached to {count} running kinetic job(s)")

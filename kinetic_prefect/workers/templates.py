@@ -27,7 +27,7 @@ def generated_template(worker_type: str) -> dict[str, Any]:
         from kinetic_prefect.workers.local import KineticLocalJobConfiguration as configuration
         manifest = None
     elif worker_type == "kinetic-gke":
-        from kinetic_prefect.workers.gke import KineticGKEJobConfiguration as configuration  # type: ignore[assignment]
+        from kinetic_prefect.workers.gke import KineticGKEJobConfiguration as configuration
         from kinetic_prefect.workers.gke_variables import KineticGKEVariables as variables  # type: ignore[assignment]
         from kinetic_prefect.workers.gke_variables import job_manifest_template
 
