@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence, TypeVar, overload
 
@@ -13,10 +14,6 @@ from kinetic_prefect.dispatch import KineticOptions, call_remotely
 from kinetic_prefect.image import ImageSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-KINETIC_OPTION_NAMES = ("accelerator", "requirements", "image", "work_pool", "env", "submission", "project_dir",
-                        "ship_project", "job_variables", "base_image", "hosts")
-
 
 def _remote_body(fn: Callable[..., Any], options: KineticOptions, task_name: str) -> Callable[..., Any]:
     """The Task's fn: same signature and source identity as ``fn`` (so Prefect binds parameters and
@@ -90,6 +87,11 @@ def _options(
         job_variables=dict(job_variables or {}),
         hosts=hosts,
     )
+
+
+# The options that are kinetic's, not Prefect's: _options' parameters (kinetic_task repeats them for the reader,
+# and a test holds the two signatures equal).
+KINETIC_OPTION_NAMES = tuple(inspect.signature(_options).parameters)
 
 
 class KineticTask(Task):

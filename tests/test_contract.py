@@ -76,3 +76,17 @@ def test_the_payload_envelope_version_is_the_contracts() -> None:
 
     envelope = pickle.loads(build_call_payload(len, ((),), {}, None))
     assert envelope["format"] == contract.PAYLOAD_FORMAT
+
+
+def test_the_decorator_lists_its_options_once() -> None:
+    """``kinetic_task``'s own parameters (written out for the reader and the IDE) are ``_options``' parameters, with
+    the same defaults; ``KINETIC_OPTION_NAMES`` is derived from them."""
+    import inspect
+
+    from kinetic_prefect import decorator
+
+    options = inspect.signature(decorator._options).parameters
+    own = [p for p in inspect.signature(decorator.kinetic_task).parameters.values()
+           if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert [(p.name, p.default) for p in own] == [(p.name, p.default) for p in options.values()]
+    assert decorator.KINETIC_OPTION_NAMES == tuple(options)
