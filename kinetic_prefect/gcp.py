@@ -66,15 +66,21 @@ def _fix(pool_name: str, value: Any, problem: str) -> str:
 
 
 async def pool_credentials(pool: Any) -> Any:
-    """The ``GcpCredentials`` block the pool names (loaded, cached for a short while), or None.
-
-    Raises :class:`GcpSettingError` when the name is malformed, no such block exists, or the block's
-    credentials do not load; called before anything is uploaded or built.
-    """
+    """The ``GcpCredentials`` block the pool names (loaded, cached for a short while), or None; called before
+    anything is uploaded or built."""
     from kinetic_prefect.job_variables import pool_default
 
-    value = pool_default(pool, POOL_VARIABLE)
-    name = block_name(pool.name, value)
+    return await credentials_block(pool.name, pool_default(pool, POOL_VARIABLE))
+
+
+async def credentials_block(pool_name: str, value: Any) -> Any:
+    """The ``GcpCredentials`` block a ``gcp_credentials`` value names (loaded, cached for a short while), or None.
+    The one way both sides load it: the caller for its pool, a worker for a job's configuration.
+
+    Raises :class:`GcpSettingError` when the name is malformed, no such block exists, or the block's
+    credentials do not load.
+    """
+    name = block_name(pool_name, value)
     if name is None:
         return None
     key = (_api_url(), name)
@@ -87,9 +93,9 @@ async def pool_credentials(pool: Any) -> Any:
     try:
         block = await GcpCredentials.aload(name)
     except (ValueError, ObjectNotFound) as exc:  # Prefect raises ValueError for a missing block document
-        raise GcpSettingError(_fix(pool.name, value, f"cannot be loaded ({exc})")) from None
+        raise GcpSettingError(_fix(pool_name, value, f"cannot be loaded ({exc})")) from None
     except Exception as exc:  # the block exists but its credentials do not load (a bad key, no ADC)
-        raise GcpSettingError(_fix(pool.name, value, f"does not give credentials ({type(exc).__name__}: {exc})")) \
+        raise GcpSettingError(_fix(pool_name, value, f"does not give credentials ({type(exc).__name__}: {exc})")) \
             from None
     _credentials_cache[key] = (time.monotonic(), block)
     return block

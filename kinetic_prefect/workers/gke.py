@@ -20,6 +20,7 @@ import time
 from typing import Any, Callable
 
 import anyio
+import anyio.from_thread
 from prefect.client.schemas.objects import FlowRun
 from prefect.exceptions import InfrastructureNotFound
 from prefect.workers.base import BaseWorker
@@ -582,11 +583,9 @@ class GKEJobLauncher(JobLauncher):
             from kinetic_prefect import gcp
 
             credentials = None
-            if configuration.gcp_credentials:
-                from prefect_gcp import GcpCredentials
-
-                name = gcp.block_name("kinetic-gke", configuration.gcp_credentials)
-                credentials = gcp.google_credentials(GcpCredentials.load(name, _sync=True))
+            if configuration.gcp_credentials:  # ensure_image runs in a worker thread of the worker's event loop
+                block = anyio.from_thread.run(gcp.credentials_block, "kinetic-gke", configuration.gcp_credentials)
+                credentials = gcp.google_credentials(block)
             project, region = configuration.gcp_project, configuration.gcp_region
             bucket = configuration.build_staging_bucket
             assert project and region and bucket, "check_pool_settings refuses a cloud-build pool without them"

@@ -436,9 +436,7 @@ class KineticWorker:
         name = getattr(configuration, "gcp_credentials", None)
         if not (url.startswith("gs://") and name):
             return open_store(url)
-        from prefect_gcp import GcpCredentials
-
-        return gcp.open_store(url, await GcpCredentials.aload(gcp.block_name("worker", name)))
+        return gcp.open_store(url, await gcp.credentials_block("worker", name))
 
     async def finish(self, flow_run: FlowRun, configuration: Any, identifier: str, status: JobStatus) -> None:
         """Completed/Failed from the outcome record; no record means the job crashed."""
