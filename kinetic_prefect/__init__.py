@@ -19,6 +19,7 @@ _LAZY = {
     "ImageSpec": "kinetic_prefect.image",
     "Data": "kinetic_prefect.data",
     "JobOutputs": "kinetic_prefect.outputs",
+    "attach": "kinetic_prefect.kinetic.jobs",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -26,6 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from kinetic_prefect.decorator import KineticTask, kinetic_task
     from kinetic_prefect.errors import KineticJobCrashed, RemoteTraceback
     from kinetic_prefect.image import ImageSpec
+    from kinetic_prefect.kinetic.jobs import attach
     from kinetic_prefect.outputs import JobOutputs
 
 __all__ = ["__version__", *_LAZY]
