@@ -15,6 +15,7 @@ _LAZY = {
     "RemoteCallable": "kinetic_prefect.kinetic.remote",
     "JobHandle": "kinetic_prefect.kinetic.jobs",
     "JobStatus": "kinetic_prefect.kinetic.jobs",
+    "ResultAlreadyCollected": "kinetic_prefect.kinetic.jobs",
     "attach": "kinetic_prefect.kinetic.jobs",
     "list_jobs": "kinetic_prefect.kinetic.jobs",
     "BatchHandle": "kinetic_prefect.kinetic.batch",
@@ -26,7 +27,7 @@ _LAZY = {
 if TYPE_CHECKING:  # pragma: no cover
     from kinetic_prefect.data import Data
     from kinetic_prefect.kinetic.batch import BatchError, BatchHandle, attach_batch
-    from kinetic_prefect.kinetic.jobs import JobHandle, JobStatus, attach, list_jobs
+    from kinetic_prefect.kinetic.jobs import JobHandle, JobStatus, ResultAlreadyCollected, attach, list_jobs
     from kinetic_prefect.kinetic.remote import RemoteCallable, run
 
 __all__ = list(_LAZY)

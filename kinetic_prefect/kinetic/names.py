@@ -187,6 +187,8 @@ def _hardware(spec: AcceleratorSpec) -> tuple:
 
 
 def describe(spec: AcceleratorSpec) -> str:
+    if spec.family == "gpu":
+        return f"{spec.chips} x {spec.gke_accelerator} on 1 host"
     if spec.family != "tpu":
         return spec.name
     return f"{spec.chips} chips ({spec.tpu_topology}) on {spec.hosts} host{'s' if spec.hosts > 1 else ''}"
