@@ -291,7 +291,7 @@ def test_collections(tmp_path):
     results = batch.results(timeout=600, cleanup=False)
     assert [(r["lr"], r["epochs"]) for r in results] == [(c["lr"], c["epochs"]) for c in configs]
     best = min(results, key=lambda r: r["loss"])
-    assert best["lr"] == 0.01
+    assert best["lr"] == 0.05
 
     # from Prefect's records alone, as another process would
     reattached = kinetic.attach_batch(batch.group_id)
@@ -462,3 +462,28 @@ def test_a_killed_callers_job_is_collected_by_attach(worker_factory):
         script.kill()
     collect = f"import kinetic_prefect; print(kinetic_prefect.attach({str(job_run.id)!r}).result(timeout=120))"
     assert _run([sys.executable, "-c", collect], dict(os.environ)).stdout.split()[-1] == "42"
+
+
+def test_an_in_process_detached_job_stops_with_its_killed_submitter(tmp_path):
+    """No worker polls the pool: the submitter runs the job itself (and warns), waits for it at exit, and when it is
+    killed the job stops by itself and its run ends Cancelled."""
+    from worker_fixture import new_pool
+
+    pool, pid_file = new_pool("in-process"), tmp_path / "job.pid"
+    script = subprocess.Popen([sys.executable, str(EXAMPLES / "in_process_submit.py"), str(pid_file)],
+                              env={**os.environ, "KINETIC_WORK_POOL": pool}, cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        job_pid = int(_wait_for(lambda: pid_file.exists() and pid_file.read_text(), 240, "the job to start"))
+        assert script.poll() is None, "the submitter waits for its in-process job"
+        script.send_signal(signal.SIGKILL)
+        out, err = script.communicate(timeout=30)
+    finally:
+        script.kill()
+    assert "no worker polls pool" in err and "run inside this process" in err
+    job = kinetic.attach(json.loads(out.strip().splitlines()[-1])["job"])
+    started = time.monotonic()
+    _wait_for(lambda: not Path(f"/proc/{job_pid}").exists(), 60, "the job to stop itself")
+    _wait_for(lambda: job.status() is kinetic.JobStatus.NOT_FOUND, 60, "the job's run to end Cancelled")
+    assert job.state().is_cancelled() and "died" in (job.state().message or "")
+    assert time.monotonic() - started < 30

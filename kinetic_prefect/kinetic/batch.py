@@ -19,7 +19,7 @@ from typing import Any, Iterator
 from uuid import UUID
 
 from kinetic_prefect.contract import GROUP_INDEX_TAG_PREFIX, GROUP_TAG_PREFIX
-from kinetic_prefect.kinetic.jobs import TERMINAL, JobHandle, JobStatus, ResultAlreadyCollected, status_of
+from kinetic_prefect.kinetic.jobs import PAGE, TERMINAL, JobHandle, JobStatus, ResultAlreadyCollected, status_of
 
 logger = logging.getLogger("kinetic_prefect.kinetic")
 DEFAULT_MAX_CONCURRENT = 64
@@ -83,10 +83,14 @@ class BatchHandle:
             submitted = {i: job for i, job in enumerate(self.jobs) if job is not None}
         if not submitted:
             return {}
+        ids = [UUID(job.job_id) for job in submitted.values()]
+        by_id: dict[str, Any] = {}
         with get_client(sync_client=True) as client:
-            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(
-                any_=[UUID(job.job_id) for job in submitted.values()])), limit=len(submitted))
-        by_id = {str(run.id): run.state for run in runs}
+            for start in range(0, len(ids), PAGE):  # one read per 200 jobs (the server's cap on a read)
+                chunk = ids[start:start + PAGE]
+                for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=chunk)),
+                                                 limit=len(chunk)):
+                    by_id[str(run.id)] = run.state
         return {i: status_of(by_id[job.job_id]) if job.job_id in by_id else JobStatus.NOT_FOUND
                 for i, job in submitted.items()}
 
@@ -264,7 +268,8 @@ class _Submission:
                     self.active.discard(index)
                     if states[index] is JobStatus.SUCCEEDED or index in self.batch._cancelled_indices:  # noqa: SLF001
                         continue
-                    if self.attempts[index] <= self.retries and not self.batch._cancel_requested.is_set():  # noqa: SLF001
+                    cancelled = self.batch._cancel_requested.is_set()  # noqa: SLF001
+                    if self.attempts[index] <= self.retries and not cancelled:
                         logger.warning(f"batch {self.batch.group_id}: input {index} failed "
                                        f"(attempt {self.attempts[index]}); submitting it again")
                         self.submit(index)

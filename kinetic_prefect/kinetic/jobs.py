@@ -232,8 +232,9 @@ class JobHandle:
         try:
             value = cloudpickle.loads(dispatch._read_signed(store, layout.result, key))  # noqa: SLF001
         except ObjectNotFound:
-            raise ResultAlreadyCollected(f"job {self.job_id} ({self.display_name}) succeeded, but its result was already "
-                               "collected and deleted (result(cleanup=False) keeps it for a second reader)") from None
+            raise ResultAlreadyCollected(f"job {self.job_id} ({self.display_name}) succeeded, but its result was "
+                                         "already collected and deleted (result(cleanup=False) keeps it for a second "
+                                         "reader)") from None
         if cleanup:
             for object_key in (layout.payload, layout.result):
                 signing.delete(store, object_key)
@@ -307,6 +308,8 @@ async def _delete_run_objects(flow_run_id: UUID) -> None:
 
 
 # ---------------------------------------------------------------------- finding jobs
+PAGE = 200
+
 def attach(job_id: str | UUID) -> JobHandle:
     """The handle of a job from its id (its run's id), from any process that reaches the same Prefect API.
 
@@ -355,8 +358,14 @@ async def _list_jobs(include_finished: bool, limit: int, work_pool: str | None,
         flow_filter.state = FlowRunFilterState(type=FlowRunFilterStateType(any_=live))
     pool_filter = WorkPoolFilter(name=WorkPoolFilterName(any_=[work_pool])) if work_pool else None
     async with get_client() as client:
-        runs = await client.read_flow_runs(flow_run_filter=flow_filter, work_pool_filter=pool_filter, limit=limit,
-                                           sort=FlowRunSort.START_TIME_DESC)
+        runs: list[Any] = []
+        while len(runs) < limit:  # in pages: the server caps one read at PREFECT_API_DEFAULT_LIMIT (200)
+            page = await client.read_flow_runs(flow_run_filter=flow_filter, work_pool_filter=pool_filter,
+                                               limit=min(PAGE, limit - len(runs)), offset=len(runs),
+                                               sort=FlowRunSort.EXPECTED_START_TIME_DESC)
+            runs.extend(page)
+            if len(page) < PAGE:
+                break
         handles = []
         for flow_run in runs:
             if (flow_run.job_variables or {}).get("env", {}).get(Env.RUN_ID):

@@ -68,7 +68,8 @@ def with_volumes(fn: Callable[..., Any], output_dir: str | None) -> Callable[...
                 os.symlink(path, mount.rstrip("/"))
                 linked.append(mount.rstrip("/"))
             if output_dir:
-                os.makedirs(output_dir, exist_ok=True) if "://" not in output_dir else None
+                if "://" not in output_dir:
+                    os.makedirs(output_dir, exist_ok=True)
                 os.environ[Env.OUTPUT_DIR] = output_dir
             return fn(*args, **kwargs)
         finally:
