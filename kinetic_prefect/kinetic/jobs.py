@@ -86,6 +86,8 @@ class JobHandle:
     group_index: int | None = None
     detached: bool = True
     _runner: threading.Thread | None = field(default=None, repr=False, compare=False)
+    # The submitter's function: a remote traceback's frames get their file names and source lines back.
+    _fn: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -228,7 +230,7 @@ class JobHandle:
                 blob = dispatch._read_signed(store, layout.result, key)  # noqa: SLF001
             except ObjectNotFound:
                 blob = None
-            dispatch._raise_remote(outcome, blob, self.display_name, None)  # noqa: SLF001
+            dispatch._raise_remote(outcome, blob, self.display_name, self._fn)  # noqa: SLF001
         try:
             value = cloudpickle.loads(dispatch._read_signed(store, layout.result, key))  # noqa: SLF001
         except ObjectNotFound:
@@ -383,13 +385,14 @@ class Detach:
     worker polls the pool, run the job in this process, in a background thread."""
 
     tags: tuple[str, ...] = (DETACHED_TAG,)
-    on_in_process: Callable[[str], None] | None = None
+    fn: Callable[..., Any] | None = None
 
     async def submitted(self, pool: Any, flow_run: Any, polling: bool, call: Any) -> JobHandle:
         from prefect import get_client
 
         async with get_client() as client:
             handle = await JobHandle.from_flow_run(client, flow_run)
+        handle._fn = self.fn
         if not polling:
             if pool.name not in _warned_in_process:
                 _warned_in_process.add(pool.name)
@@ -422,11 +425,12 @@ def _run_in_process_thread(pool: Any, flow_run: Any, secret_env: dict[str, str])
 
 
 def submit_detached(options: Any, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], task_name: str,
-                    tags: tuple[str, ...] = ()) -> JobHandle:
+                    tags: tuple[str, ...] = (), source_fn: Callable[..., Any] | None = None) -> JobHandle:
     """Submit one call as a detached job through the same path as every call (``dispatch.call_remotely``)."""
     from kinetic_prefect import dispatch
 
-    return dispatch.call_remotely(options, fn, args, kwargs, task_name, detach=Detach(tags=(DETACHED_TAG, *tags)))
+    detach = Detach(tags=(DETACHED_TAG, *tags), fn=source_fn or fn)
+    return dispatch.call_remotely(options, fn, args, kwargs, task_name, detach=detach)
 
 
 __all__ = ["JobHandle", "JobStatus", "ResultAlreadyCollected", "attach", "list_jobs", "submit_detached"]

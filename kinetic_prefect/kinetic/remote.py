@@ -129,13 +129,15 @@ class RemoteCallable:
         from kinetic_prefect.kinetic.jobs import submit_detached
 
         call_args, call_kwargs = self._call_args(args, kwargs)
-        return submit_detached(self.task.kinetic, self._body, call_args, call_kwargs, self.task.name)
+        return submit_detached(self.task.kinetic, self._body, call_args, call_kwargs, self.task.name,
+                               source_fn=self.fn)
 
     def _submit_tagged(self, args: tuple, kwargs: dict[str, Any], tags: tuple[str, ...]) -> Any:
         from kinetic_prefect.kinetic.jobs import submit_detached
 
         call_args, call_kwargs = self._call_args(args, kwargs)
-        return submit_detached(self.task.kinetic, self._body, call_args, call_kwargs, self.task.name, tags=tags)
+        return submit_detached(self.task.kinetic, self._body, call_args, call_kwargs, self.task.name, tags=tags,
+                               source_fn=self.fn)
 
     def run_async_map(self, inputs: Any, **options: Any) -> Any:
         """One detached job per input; a ``BatchHandle`` (see kinetic_prefect.kinetic.batch.run_async_map)."""
