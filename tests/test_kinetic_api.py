@@ -474,8 +474,11 @@ def test_an_in_process_detached_job_stops_with_its_killed_submitter(tmp_path):
                               env={**os.environ, "KINETIC_WORK_POOL": pool}, cwd=ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     try:
-        job_pid = int(_wait_for(lambda: pid_file.exists() and pid_file.read_text(), 240, "the job to start"))
-        assert script.poll() is None, "the submitter waits for its in-process job"
+        def started() -> str | bool:
+            assert script.poll() is None, "the submitter waits for its in-process job:\n" + script.stderr.read()
+            return pid_file.exists() and pid_file.read_text()
+
+        job_pid = int(_wait_for(started, 240, "the job to start"))
         script.send_signal(signal.SIGKILL)
         out, err = script.communicate(timeout=30)
     finally:

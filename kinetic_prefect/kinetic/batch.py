@@ -19,7 +19,9 @@ from typing import Any, Iterator
 from uuid import UUID
 
 from kinetic_prefect.contract import GROUP_INDEX_TAG_PREFIX, GROUP_TAG_PREFIX
-from kinetic_prefect.kinetic.jobs import PAGE, TERMINAL, JobHandle, JobStatus, ResultAlreadyCollected, status_of
+from kinetic_prefect.kinetic.jobs import (
+    PAGE, TERMINAL, JobHandle, JobStatus, ResultAlreadyCollected, start_waited_for_at_exit, status_of,
+)
 
 logger = logging.getLogger("kinetic_prefect.kinetic")
 DEFAULT_MAX_CONCURRENT = 64
@@ -303,7 +305,7 @@ def run_async_map(remote: Any, inputs: Any, *, input_mode: str = "auto",
         logger.warning(f"batch {batch.group_id}: {len(items)} inputs with max_concurrent=None submit at once")
     loop = _Submission(remote, batch, calls, max_concurrent, retries, fail_fast, cancel_running_on_fail)
     if loop.watches_jobs:
-        threading.Thread(target=loop.run, name=f"kinetic-batch-{batch.group_id}").start()
+        start_waited_for_at_exit(threading.Thread(target=loop.run, name=f"kinetic-batch-{batch.group_id}"))
     else:
         loop.run()
     return batch

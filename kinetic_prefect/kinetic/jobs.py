@@ -403,8 +403,27 @@ class Detach:
                     "(with a Prefect server that outlives the script too: `prefect server start`).", stacklevel=2)
             handle._runner = threading.Thread(target=_run_in_process_thread, args=(pool, flow_run, call.env),
                                               name=f"kinetic-job-{flow_run.id}")
-            handle._runner.start()
+            start_waited_for_at_exit(handle._runner)
         return handle
+
+
+_waited_for_at_exit: list[threading.Thread] = []
+
+
+def _join_at_exit() -> None:
+    for thread in list(_waited_for_at_exit):
+        thread.join()
+
+
+def start_waited_for_at_exit(thread: threading.Thread) -> None:
+    """Start ``thread`` and have the interpreter wait for it when the main thread ends, *before* it shuts down the
+    thread pools of concurrent.futures (threading's own exit hooks run last-registered first): a plain non-daemon
+    thread is joined only after that, when the job's worker can no longer start a thread ("cannot schedule new
+    futures after interpreter shutdown")."""
+    if not _waited_for_at_exit:
+        threading._register_atexit(_join_at_exit)  # noqa: SLF001 - the hook that runs before the pools' shutdown
+    _waited_for_at_exit.append(thread)
+    thread.start()
 
 
 def _run_in_process_thread(pool: Any, flow_run: Any, secret_env: dict[str, str]) -> None:
