@@ -19,6 +19,7 @@ _LAZY = {
     "ImageSpec": "kinetic_prefect.image",
     "Data": "kinetic_prefect.data",
     "JobOutputs": "kinetic_prefect.outputs",
+    "attach": "kinetic_prefect.kinetic.jobs",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -28,6 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from kinetic_prefect.errors import KineticJobCrashed as KineticJobCrashed
     from kinetic_prefect.errors import RemoteTraceback as RemoteTraceback
     from kinetic_prefect.image import ImageSpec as ImageSpec
+    from kinetic_prefect.kinetic.jobs import attach as attach
     from kinetic_prefect.outputs import JobOutputs as JobOutputs
 
 __all__ = ["__version__", *_LAZY]

@@ -133,6 +133,9 @@ class _TpuFamily:
     multi_host_machine: str
     multi_host_shapes: tuple[str, ...]
     spellings: tuple[str, ...]
+    # Shapes GKE also builds from several 4-chip VMs though a single-host VM exists (named ``<name>-<n>hosts``):
+    # Keras Kinetic's v6e-8 is 2x4 on two ct6e-standard-4t hosts, which ported code must keep getting.
+    multi_host_too: tuple[str, ...] = ()
 
 
 _TPU_TABLE = [
@@ -146,7 +149,7 @@ _TPU_TABLE = [
                "ct5p-hightpu-4t", tuple(_CUBE_SHAPES), ("v5p", "tpu-v5p-slice")),
     _TpuFamily("tpu-v6e", "tpu-v6e-slice", 1,
                (("1x1", "ct6e-standard-1t"), ("2x2", "ct6e-standard-4t"), ("2x4", "ct6e-standard-8t")),
-               "ct6e-standard-4t", tuple(_PLANE_SHAPES), ("v6e", "tpu-v6e-slice", "trillium")),
+               "ct6e-standard-4t", tuple(_PLANE_SHAPES), ("v6e", "tpu-v6e-slice", "trillium"), ("2x4",)),
     _TpuFamily("tpu7x", "tpu7x", 2, (("2x2x1", "tpu7x-standard-4t"),),
                "tpu7x-standard-4t", tuple(_CUBE_SHAPES),
                ("v7x", "tpu-v7x", "tpu-7x", "ironwood")),
@@ -194,6 +197,11 @@ def _build() -> tuple[list[AcceleratorSpec], dict[str, list[AcceleratorSpec]], d
             members.append(AcceleratorSpec(
                 f"{fam.prefix}-{chips * fam.cores_per_chip}", "tpu", chips, fam.label, topology,
                 per_host, chips // per_host, "google.com/tpu", machine))
+        for topology in fam.multi_host_too:
+            chips = _topology_chips(topology)
+            members.append(AcceleratorSpec(
+                f"{fam.prefix}-{chips * fam.cores_per_chip}-{chips // 4}hosts", "tpu", chips, fam.label, topology,
+                4, chips // 4, "google.com/tpu", fam.multi_host_machine))
         add_family([fam.prefix, *fam.spellings], members)
 
     for spec in specs:

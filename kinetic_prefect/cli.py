@@ -6,6 +6,7 @@
     kinetic-prefect pool-set POOL KEY=VALUE ...
     kinetic-prefect gke-worker-image --repository REPOSITORY [--push] [--base-image IMAGE]
     kinetic-prefect gke-worker-manifests --pool NAME (--image IMAGE | --repository REPOSITORY) [--namespace NS]
+    kinetic-prefect jobs list | status | logs [-f] | result | cancel | cleanup   (kinetic_prefect.jobs_cli)
 
 Typer + rich, like Prefect's own CLI. ``main(argv)`` returns the exit status instead of exiting, so
 scripts and tests can call it in-process.
@@ -216,6 +217,11 @@ def gke_worker_manifests_command(
         except gke_worker_image.WorkerImageError as exc:
             raise ClickException(f"{exc}; or give --image") from None
     sys.stdout.write(yaml.safe_dump_all(worker_manifests(pool, namespace=namespace, image=image), sort_keys=False))
+
+
+from kinetic_prefect.jobs_cli import jobs_app  # noqa: E402 - kinetic-prefect jobs ...
+
+app.add_typer(jobs_app)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,6 +38,13 @@ PROGRESS_PREFIX = "[kinetic:progress] "
 # subflow called inside a task); its task key starts with this, so tools can tell it from user tasks.
 TRACKING_TASK_KEY_PREFIX = "kinetic-job-"
 
+# Tags of jobs submitted through the ``kinetic`` API (kinetic_prefect.kinetic): a detached job (nobody's subflow,
+# collected later by whoever attaches to it), and a child of a ``run_async_map`` batch ("<prefix><group id>",
+# "<prefix><index>/<inputs>"), so that a batch is found again from Prefect's records alone.
+DETACHED_TAG = "kinetic-detached"
+GROUP_TAG_PREFIX = "kinetic-group:"
+GROUP_INDEX_TAG_PREFIX = "kinetic-group-index:"
+
 # --------------------------------------------------------------------------- environment variables
 
 

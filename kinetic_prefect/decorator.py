@@ -12,6 +12,7 @@ from prefect import Task
 from kinetic_prefect import _prefect, accelerators
 from kinetic_prefect.dispatch import KineticOptions, call_remotely
 from kinetic_prefect.image import ImageSpec
+from kinetic_prefect.kinetic import names
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -72,6 +73,7 @@ def _options(
     hosts: int | None = None,
 ) -> KineticOptions:
     spec = accelerators.resolve(accelerator)  # unknown names fail here, at decoration time
+    names.warn_if_read_differently(accelerator)  # once per name: Keras Kinetic reads it as other hardware
     accelerators.host_count(spec, hosts)  # hosts=0, or hosts contradicting a slice, fail here too
     if isinstance(env, str):
         env = (env,)

@@ -336,7 +336,7 @@ def _raise_remote(outcome: Outcome, result_blob: bytes | None, run_name: str, fn
 
 
 async def _submit_and_collect(options: KineticOptions, call: PreparedCall, task_name: str,
-                              fn: Callable[..., Any]) -> Any:
+                              fn: Callable[..., Any], detach: Any = None) -> Any:
     from kinetic_prefect.storage import ObjectNotFound
 
     ctx = TaskRunContext.get()
@@ -372,9 +372,12 @@ async def _submit_and_collect(options: KineticOptions, call: PreparedCall, task_
         flow_run = await _prefect.create_job_flow_run(
             client, flow_name=task_name, run_name=run_name, pool=pool,
             job_variables=job_variables,
-            caller=task_run,
-            tags=[f"accelerator:{options.accelerator.name}", "kinetic"], for_polling_worker=polling,
+            caller=None if detach else task_run,  # a detached job is nobody's subflow: its submitter may end
+            tags=[f"accelerator:{options.accelerator.name}", "kinetic", *getattr(detach, "tags", ())],
+            for_polling_worker=polling,
         )
+        if detach is not None:  # kinetic_prefect.kinetic: hand the job over instead of waiting for it
+            return await detach.submitted(pool, flow_run, polling, call)
         if logger:
             logger.info(f"Job {run_name} ({flow_run.id}) on pool {pool.name!r} "
                         f"[{'polling worker' if polling else 'in-process'}], accelerator {options.accelerator.name}")
@@ -456,10 +459,11 @@ async def _cancelled_result(client: Any, task_run: Any, run_name: str, state: An
 
 
 def call_remotely(options: KineticOptions, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
-                  task_name: str) -> Any:
-    """Package, submit, wait, and return the job's value (or raise its exception)."""
+                  task_name: str, detach: Any = None) -> Any:
+    """Package, submit, wait, and return the job's value (or raise its exception). With ``detach`` (see
+    kinetic_prefect.kinetic.jobs), return what ``detach.submitted`` makes of the job's run once it exists."""
     call = prepare(options, fn, args, kwargs)  # PayloadError etc. before anything is stored
-    return _prefect.run_interruptibly(_submit_and_collect(options, call, task_name, fn))
+    return _prefect.run_interruptibly(_submit_and_collect(options, call, task_name, fn, detach))
 
 
 __all__ = ["KineticOptions", "PayloadError", "call_remotely"]

@@ -1,0 +1,44 @@
+"""Keras Kinetic's public API on Prefect: port a Kinetic script by changing its import line to
+``from kinetic_prefect import kinetic``.
+
+``kinetic.run`` (blocking calls, ``run_async``, ``run_async_map``), ``JobHandle``, ``BatchHandle``, ``BatchError``,
+``attach``, ``attach_batch``, ``list_jobs``, ``Data`` and ``JobStatus``, built on ``@kinetic_task``, the work pools
+and the store. See docs/coming-from-kinetic.md. Names resolve lazily: the decorator imports ``.names`` cheaply.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+_LAZY = {
+    "run": "kinetic_prefect.kinetic.remote",
+    "RemoteCallable": "kinetic_prefect.kinetic.remote",
+    "JobHandle": "kinetic_prefect.kinetic.jobs",
+    "JobStatus": "kinetic_prefect.kinetic.jobs",
+    "ResultAlreadyCollected": "kinetic_prefect.kinetic.jobs",
+    "attach": "kinetic_prefect.kinetic.jobs",
+    "list_jobs": "kinetic_prefect.kinetic.jobs",
+    "BatchHandle": "kinetic_prefect.kinetic.batch",
+    "BatchError": "kinetic_prefect.kinetic.batch",
+    "attach_batch": "kinetic_prefect.kinetic.batch",
+    "Data": "kinetic_prefect.data",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kinetic_prefect.data import Data
+    from kinetic_prefect.kinetic.batch import BatchError, BatchHandle, attach_batch
+    from kinetic_prefect.kinetic.jobs import JobHandle, JobStatus, ResultAlreadyCollected, attach, list_jobs
+    from kinetic_prefect.kinetic.remote import RemoteCallable, run
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'kinetic_prefect.kinetic' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value

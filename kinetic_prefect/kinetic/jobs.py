@@ -1,0 +1,455 @@
+"""Detached jobs: ``JobHandle``, ``attach``, ``list_jobs``, and the submission behind ``.run_async()``.
+
+A job is a kinetic job's Prefect flow run, and ``job_id`` is that flow run's id: what the UI shows, what
+``prefect flow-run inspect`` takes. Everything a handle knows comes from Prefect's record of the run (state,
+logs, job variables: the store and the run's id in it) and from the store (outcome, signed result), so any
+process or machine that reaches the same Prefect API and store can attach to a job, whoever submitted it.
+
+A detached job is submitted by the one code path every call takes (``dispatch.call_remotely``) but is
+nobody's subflow: no task run waits for it, so a worker never stops it because its submitter ended. It needs
+someone to launch it:
+
+* a **polling worker** online for the pool (``prefect worker start --type kinetic-local --pool NAME``): the job
+  outlives the script that submitted it;
+* otherwise the submitting process runs it itself, in a background thread (in-process submission), and says
+  so once: the job is then bound to that process (Python waits for it at exit; killed, the job stops itself).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import warnings
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Callable
+from uuid import UUID
+
+from kinetic_prefect.contract import (
+    DETACHED_TAG, GROUP_INDEX_TAG_PREFIX, GROUP_TAG_PREFIX, LOG_END_MARKER, Env, Outcome, RunLayout,
+)
+
+
+class JobStatus(Enum):
+    """Kinetic's five statuses of a job, read from the state of its run."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    NOT_FOUND = "NOT_FOUND"  # the run is gone, or was cancelled (its job no longer exists)
+
+
+TERMINAL = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.NOT_FOUND)
+
+
+class ResultAlreadyCollected(LookupError):
+    """The job succeeded, and its value was already collected with cleanup (its pickled result is deleted)."""
+
+
+def status_of(state: Any) -> JobStatus:
+    if state is None:
+        return JobStatus.PENDING
+    if state.is_cancelled():
+        return JobStatus.NOT_FOUND
+    if state.is_completed():
+        return JobStatus.SUCCEEDED
+    if state.is_final():  # Failed, Crashed
+        return JobStatus.FAILED
+    if state.is_running() or state.is_cancelling():
+        return JobStatus.RUNNING
+    return JobStatus.PENDING  # Scheduled, Late, Pending
+
+
+def _sync(coro: Any) -> Any:
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    return run_coro_as_sync(coro)
+
+
+def _tag_value(tags: list[str], prefix: str) -> str | None:
+    return next((t[len(prefix):] for t in tags if t.startswith(prefix)), None)
+
+
+@dataclass
+class JobHandle:
+    """One job, from any process: ``status()``, ``logs()``, ``result()``, ``cancel()``, ``cleanup()``."""
+
+    job_id: str  # the job's Prefect flow run id
+    func_name: str
+    display_name: str
+    accelerator: str
+    work_pool: str
+    backend: str  # the pool's type: kinetic-local, kinetic-gke
+    created_at: str
+    group_id: str | None = None
+    group_index: int | None = None
+    detached: bool = True
+    _runner: threading.Thread | None = field(default=None, repr=False, compare=False)
+    # The submitter's function: a remote traceback's frames get their file names and source lines back.
+    _fn: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    async def from_flow_run(cls, client: Any, flow_run: Any) -> "JobHandle":
+        from prefect.exceptions import ObjectNotFound
+
+        variables = flow_run.job_variables or {}
+        if not (variables.get("env") or {}).get(Env.RUN_ID):
+            raise ValueError(f"flow run {flow_run.id} ({flow_run.name}) is not a kinetic job: its job variables carry "
+                             f"no {Env.RUN_ID}. Pass the id of a job's run (`kinetic-prefect jobs list`), not of the "
+                             "flow that called the kinetic task.")
+        try:
+            func_name = (await client.read_flow(flow_run.flow_id)).name
+        except ObjectNotFound:
+            func_name = flow_run.name
+        pool_type = ""
+        if flow_run.work_pool_name:
+            try:
+                pool_type = (await client.read_work_pool(flow_run.work_pool_name)).type
+            except ObjectNotFound:
+                pass
+        index = _tag_value(flow_run.tags, GROUP_INDEX_TAG_PREFIX)
+        return cls(job_id=str(flow_run.id), func_name=func_name, display_name=flow_run.name,
+                   accelerator=str(variables.get("accelerator", "")), work_pool=flow_run.work_pool_name or "",
+                   backend=pool_type, created_at=flow_run.created.isoformat() if flow_run.created else "",
+                   group_id=_tag_value(flow_run.tags, GROUP_TAG_PREFIX),
+                   group_index=int(index.split("/")[0]) if index else None,
+                   detached=DETACHED_TAG in flow_run.tags)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_") and v is not None}
+
+    # ------------------------------------------------------------------ reading
+    async def _read(self, client: Any) -> Any:
+        return await client.read_flow_run(UUID(self.job_id))
+
+    def state(self) -> Any:
+        """Prefect's state of the job's run (finer than ``status()``: Crashed, Cancelled, Late...)."""
+        from prefect import get_client
+        from prefect.exceptions import ObjectNotFound
+
+        with get_client(sync_client=True) as client:
+            try:
+                return client.read_flow_run(UUID(self.job_id)).state
+            except ObjectNotFound:
+                return None
+
+    def status(self) -> JobStatus:
+        from prefect import get_client
+        from prefect.exceptions import ObjectNotFound
+
+        with get_client(sync_client=True) as client:
+            try:
+                return status_of(client.read_flow_run(UUID(self.job_id)).state)
+            except ObjectNotFound:
+                return JobStatus.NOT_FOUND
+
+    def logs(self, follow: bool = False) -> str | None:
+        """The job's output so far; ``follow=True`` prints it as it comes until the job ends (returns None)."""
+        if follow:
+            from prefect import get_client
+
+            async def follow_logs() -> None:
+                from kinetic_prefect import _prefect
+
+                async with get_client() as client:
+                    await _prefect.wait_for_final_state(client, UUID(self.job_id),
+                                                        on_log=lambda text: print(text, flush=True))
+
+            _sync(follow_logs())
+            return None
+        return "\n".join(self._log_lines())
+
+    def tail(self, n: int = 100) -> str:
+        return "\n".join(self._log_lines()[-n:])
+
+    def _log_lines(self) -> list[str]:
+        from prefect import get_client
+        from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+        from prefect.client.schemas.sorting import LogSort
+
+        lines: list[str] = []
+        with get_client(sync_client=True) as client:
+            offset = 0
+            while True:
+                page = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[UUID(self.job_id)])),
+                                        limit=200, offset=offset, sort=LogSort.TIMESTAMP_ASC)
+                lines.extend(line for log in page if log.message != LOG_END_MARKER for line in log.message.split("\n"))
+                if len(page) < 200:
+                    return lines
+                offset += len(page)
+
+    # ------------------------------------------------------------------ collecting
+    def result(self, timeout: float | None = None, cleanup: bool = True, stream_logs: bool = False) -> Any:
+        """Wait for the job (``timeout`` seconds at most: ``TimeoutError``, the job keeps running) and return its
+        value, or raise its exception with the remote traceback. The result is read from the store and checked
+        against its signature before it is unpickled; once a value is collected its payload and pickled result
+        are deleted (``cleanup=False`` keeps them). A failed job keeps them, so it raises the same way again."""
+        return _sync(self._result(timeout, cleanup, stream_logs))
+
+    async def _result(self, timeout: float | None, cleanup: bool, stream_logs: bool) -> Any:
+        import anyio
+        from anyio import to_thread
+        from prefect import get_client
+
+        from kinetic_prefect import _prefect
+
+        async with get_client() as client:
+            try:
+                with anyio.fail_after(timeout):
+                    await _prefect.wait_for_final_state(
+                        client, UUID(self.job_id), poll_seconds=0.5,
+                        on_log=(lambda text: print(text, file=sys.stderr, flush=True)) if stream_logs else None)
+            except TimeoutError:
+                raise TimeoutError(f"job {self.job_id} ({self.display_name}) did not end within {timeout} s; it keeps "
+                                   "running: call result() again, or cancel() it") from None
+            flow_run = await self._read(client)
+            store, key = await _open_store(client, flow_run)
+        return await to_thread.run_sync(self._collect, flow_run, store, key, cleanup)
+
+    def _collect(self, flow_run: Any, store: Any, key: bytes | None, cleanup: bool) -> Any:
+        import cloudpickle
+
+        from kinetic_prefect import dispatch, signing
+        from kinetic_prefect.errors import KineticJobCancelled, KineticJobCrashed
+        from kinetic_prefect.storage import ObjectNotFound
+
+        state = flow_run.state
+        layout = RunLayout(flow_run.job_variables["env"][Env.RUN_ID])
+        if state.is_cancelled():
+            raise KineticJobCancelled(f"job {self.job_id} ({self.display_name}) was cancelled: "
+                                      f"{state.message or 'on request'}")
+        try:
+            outcome = Outcome.from_json(dispatch._read_signed(store, layout.outcome, key))  # noqa: SLF001
+        except ObjectNotFound:
+            raise KineticJobCrashed(f"job {self.job_id} ({self.display_name}) ended without an outcome "
+                                    f"({state.name}: {state.message})") from None
+        if not outcome.completed:
+            try:
+                blob = dispatch._read_signed(store, layout.result, key)  # noqa: SLF001
+            except ObjectNotFound:
+                blob = None
+            dispatch._raise_remote(outcome, blob, self.display_name, self._fn)  # noqa: SLF001
+        try:
+            value = cloudpickle.loads(dispatch._read_signed(store, layout.result, key))  # noqa: SLF001
+        except ObjectNotFound:
+            raise ResultAlreadyCollected(f"job {self.job_id} ({self.display_name}) succeeded, but its result was "
+                                         "already collected and deleted (result(cleanup=False) keeps it for a second "
+                                         "reader)") from None
+        if cleanup:
+            for object_key in (layout.payload, layout.result):
+                signing.delete(store, object_key)
+        return value
+
+    # ------------------------------------------------------------------ stopping and cleaning up
+    def cancel(self, wait_seconds: float = 30) -> None:
+        """Stop the job (its run ends Cancelled); its outputs stay."""
+        _sync(_cancel(UUID(self.job_id), "Cancelled through the kinetic API (JobHandle.cancel)", wait_seconds))
+
+    def cleanup(self, k8s: bool = True, gcs: bool = True) -> None:
+        """``k8s``: stop the job if it still runs. ``gcs``: delete its objects in the store (payload, result, outcome;
+        its outputs stay, as in Kinetic)."""
+        if k8s and self.status() not in TERMINAL:
+            self.cancel()
+        if gcs:
+            _sync(_delete_run_objects(UUID(self.job_id)))
+
+    def wait(self, timeout: float | None = None) -> JobStatus:
+        from prefect import get_client
+
+        async def until_final() -> None:
+            import anyio
+
+            from kinetic_prefect import _prefect
+
+            async with get_client() as client:
+                with anyio.fail_after(timeout):
+                    await _prefect.wait_for_final_state(client, UUID(self.job_id), poll_seconds=0.5)
+
+        _sync(until_final())
+        return self.status()
+
+
+async def _open_store(client: Any, flow_run: Any) -> tuple[Any, bytes | None]:
+    """The store the job wrote to (its job variables name it), opened with its pool's credentials."""
+    from kinetic_prefect import _prefect, gcp
+
+    pool = await client.read_work_pool(flow_run.work_pool_name)
+    store = gcp.open_store(flow_run.job_variables["store"], await gcp.pool_credentials(pool))
+    return store, await _prefect.signing_key()
+
+
+async def _cancel(flow_run_id: UUID, message: str, wait_seconds: float) -> None:
+    from prefect import get_client
+    from prefect.states import Cancelled
+
+    from kinetic_prefect import _prefect
+
+    async with get_client() as client:
+        flow_run = await client.read_flow_run(flow_run_id)
+        if flow_run.state is not None and flow_run.state.is_scheduled():
+            # Nobody has claimed it: no worker would ever see a Cancelling. A claim races with this and loses.
+            await client.set_flow_run_state(flow_run_id, Cancelled(message=message), force=True)
+            return
+        await _prefect.cancel_flow_run(client, flow_run_id, message, wait_seconds=wait_seconds)
+
+
+async def _delete_run_objects(flow_run_id: UUID) -> None:
+    from anyio import to_thread
+    from prefect import get_client
+
+    from kinetic_prefect import signing
+
+    async with get_client() as client:
+        flow_run = await client.read_flow_run(flow_run_id)
+        store, _key = await _open_store(client, flow_run)
+    layout = RunLayout(flow_run.job_variables["env"][Env.RUN_ID])
+    for object_key in (layout.payload, layout.result, layout.outcome):
+        await to_thread.run_sync(signing.delete, store, object_key)
+
+
+# ---------------------------------------------------------------------- finding jobs
+PAGE = 200
+
+def attach(job_id: str | UUID) -> JobHandle:
+    """The handle of a job from its id (its run's id), from any process that reaches the same Prefect API.
+
+    Also takes the job run of a ``@kinetic_task`` call (``kinetic_prefect.attach(flow_run_id)``): a caller that
+    was killed left its result in the store, and this collects it.
+    """
+    from prefect import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        run_id = UUID(str(job_id))
+    except ValueError:
+        raise ValueError(f"job id {job_id!r} is not a job's run id (a UUID such as the one "
+                         "`kinetic-prefect jobs list` prints)") from None
+
+    async def read() -> JobHandle:
+        async with get_client() as client:
+            try:
+                flow_run = await client.read_flow_run(run_id)
+            except ObjectNotFound:
+                raise LookupError(f"no job {job_id} on {client.api_url}: is PREFECT_API_URL the server it was "
+                                  "submitted to? (`kinetic-prefect jobs list` lists the jobs there)") from None
+            return await JobHandle.from_flow_run(client, flow_run)
+
+    return _sync(read())
+
+
+def list_jobs(include_finished: bool = False, limit: int = 200, work_pool: str | None = None) -> list[JobHandle]:
+    """Kinetic jobs whose runs are not final (``include_finished``: the latest ``limit`` of every state)."""
+    return _sync(_list_jobs(include_finished, limit, work_pool))
+
+
+async def _list_jobs(include_finished: bool, limit: int, work_pool: str | None,
+                     extra_tags: tuple[str, ...] = ()) -> list[JobHandle]:
+    from prefect import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType, FlowRunFilterTags, WorkPoolFilter,
+        WorkPoolFilterName,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    flow_filter = FlowRunFilter(tags=FlowRunFilterTags(all_=["kinetic", *extra_tags]))
+    if not include_finished:
+        live = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.CANCELLING, StateType.PAUSED]
+        flow_filter.state = FlowRunFilterState(type=FlowRunFilterStateType(any_=live))
+    pool_filter = WorkPoolFilter(name=WorkPoolFilterName(any_=[work_pool])) if work_pool else None
+    async with get_client() as client:
+        runs: list[Any] = []
+        while len(runs) < limit:  # in pages: the server caps one read at PREFECT_API_DEFAULT_LIMIT (200)
+            page = await client.read_flow_runs(flow_run_filter=flow_filter, work_pool_filter=pool_filter,
+                                               limit=min(PAGE, limit - len(runs)), offset=len(runs),
+                                               sort=FlowRunSort.EXPECTED_START_TIME_DESC)
+            runs.extend(page)
+            if len(page) < PAGE:
+                break
+        handles = []
+        for flow_run in runs:
+            if (flow_run.job_variables or {}).get("env", {}).get(Env.RUN_ID):
+                handles.append(await JobHandle.from_flow_run(client, flow_run))
+        return handles
+
+
+# ---------------------------------------------------------------------- detached submission
+_warned_in_process: set[str] = set()
+
+
+@dataclass
+class Detach:
+    """What ``dispatch`` does once a detached job's run exists (``detach.submitted``): return a handle, and when no
+    worker polls the pool, run the job in this process, in a background thread."""
+
+    tags: tuple[str, ...] = (DETACHED_TAG,)
+    fn: Callable[..., Any] | None = None
+
+    async def submitted(self, pool: Any, flow_run: Any, polling: bool, call: Any) -> JobHandle:
+        from prefect import get_client
+
+        async with get_client() as client:
+            handle = await JobHandle.from_flow_run(client, flow_run)
+        handle._fn = self.fn
+        if not polling:
+            if pool.name not in _warned_in_process:
+                _warned_in_process.add(pool.name)
+                warnings.warn(
+                    f"kinetic-prefect: no worker polls pool {pool.name!r}, so detached jobs run inside this process: "
+                    "Python waits for them at exit, and a job whose process is killed stops itself. For jobs that "
+                    f"outlive their script, start one: `prefect worker start --type {pool.type} --pool {pool.name}` "
+                    "(with a Prefect server that outlives the script too: `prefect server start`).", stacklevel=2)
+            handle._runner = threading.Thread(target=_run_in_process_thread, args=(pool, flow_run, call.env),
+                                              name=f"kinetic-job-{flow_run.id}")
+            start_waited_for_at_exit(handle._runner)
+        return handle
+
+
+_waited_for_at_exit: list[threading.Thread] = []
+
+
+def _join_at_exit() -> None:
+    for thread in list(_waited_for_at_exit):
+        thread.join()
+
+
+def start_waited_for_at_exit(thread: threading.Thread) -> None:
+    """Start ``thread`` and have the interpreter wait for it when the main thread ends, *before* it shuts down the
+    thread pools of concurrent.futures (threading's own exit hooks run last-registered first): a plain non-daemon
+    thread is joined only after that, when the job's worker can no longer start a thread ("cannot schedule new
+    futures after interpreter shutdown")."""
+    if not _waited_for_at_exit:
+        threading._register_atexit(_join_at_exit)  # noqa: SLF001 - the hook that runs before the pools' shutdown
+    _waited_for_at_exit.append(thread)
+    thread.start()
+
+
+def _run_in_process_thread(pool: Any, flow_run: Any, secret_env: dict[str, str]) -> None:
+    import asyncio
+
+    from prefect import get_client
+
+    from kinetic_prefect import _prefect
+
+    async def run() -> None:
+        async with get_client() as client:
+            await _prefect.run_in_process(client, pool, flow_run, secret_env=secret_env)
+
+    try:
+        asyncio.run(run())
+    except BaseException as exc:  # the run's state says what happened; this only keeps the thread quiet
+        print(f"kinetic-prefect: in-process job {flow_run.id} stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def submit_detached(options: Any, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], task_name: str,
+                    tags: tuple[str, ...] = (), source_fn: Callable[..., Any] | None = None) -> JobHandle:
+    """Submit one call as a detached job through the same path as every call (``dispatch.call_remotely``)."""
+    from kinetic_prefect import dispatch
+
+    detach = Detach(tags=(DETACHED_TAG, *tags), fn=source_fn or fn)
+    return dispatch.call_remotely(options, fn, args, kwargs, task_name, detach=detach)
+
+
+__all__ = ["JobHandle", "JobStatus", "ResultAlreadyCollected", "attach", "list_jobs", "submit_detached"]
