@@ -24,7 +24,8 @@ SHARED = {"gcp", "image", "builders", "job_variables", "prefect_runs", "secret_b
 CALLER = {"__init__", "_prefect", "decorator", "dispatch", "payload", "results", "pools", "in_process",
           "embedded_server"}
 WORKER_PREFIX = "workers"
-TOOLS = {"cli", "doctor", "steps"}
+KINETIC_API_PREFIX = "kinetic"  # the Kinetic-compatible API: a caller-side facade over kinetic_task
+TOOLS = {"cli", "doctor", "steps", "jobs_cli"}
 
 # Who may import whom (besides itself): the pod never reaches the caller or the worker (it ships alone to a
 # job), shared helpers never reach a side, the worker never reaches the caller; the caller reaches the worker
@@ -48,7 +49,7 @@ def side_of(module: str) -> str:
         return "pod"
     if short in SHARED:
         return "shared"
-    if short in CALLER:
+    if short in CALLER or short.startswith(KINETIC_API_PREFIX):
         return "caller"
     if short == WORKER_PREFIX or short.startswith(f"{WORKER_PREFIX}."):
         return "worker"

@@ -76,7 +76,7 @@ def test_accelerator_names_read_both_ways(name):
     # Kinetic's reading is a real entry of this catalog: the worker gets it back from its name
     assert accelerators.resolve(theirs.name) == theirs
     if theirs.family == "tpu":  # and on Kinetic's machine type
-        shapes = next(rows for label, _, rows in names.KINETIC_TPUS.values() if label == theirs.gke_accelerator)
+        shapes = next(rows for label, _, rows in names.TPU_FAMILIES_KINETIC.values() if label == theirs.gke_accelerator)
         assert theirs.machine_type == shapes[theirs.chips].machine_type
 
 

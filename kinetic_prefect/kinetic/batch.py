@@ -10,6 +10,8 @@ background thread whenever it has to watch jobs, else in the calling thread.
 
 from __future__ import annotations
 
+from kinetic_prefect.contract import Env
+
 import keyword
 import logging
 import threading
@@ -291,7 +293,7 @@ def run_async_map(remote: Any, inputs: Any, *, input_mode: str = "auto",
     """One detached job per input; returns once the submission has ended or was handed to a background thread."""
     if project is not None or cluster is not None:
         raise TypeError("run_async_map(project=/cluster=) has no per-call equivalent here: a work pool holds where "
-                        "jobs run; pass work_pool='NAME' to @kinetic.run (or set KINETIC_WORK_POOL)")
+                        f"jobs run; pass work_pool='NAME' to @kinetic.run (or set {Env.WORK_POOL})")
     if input_mode not in INPUT_MODES:
         raise ValueError(f"input_mode={input_mode!r} is not one of {', '.join(INPUT_MODES)}")
     if max_concurrent is not None and (isinstance(max_concurrent, bool) or max_concurrent < 1):

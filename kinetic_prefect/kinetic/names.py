@@ -40,7 +40,7 @@ def _shapes(rows: str) -> dict[int, KineticTpuShape]:
 
 
 # TPU type -> (GKE accelerator label, the chip count of the bare type name, shapes). Facts from Kinetic's docs.
-KINETIC_TPUS: dict[str, tuple[str, int, dict[int, KineticTpuShape]]] = {
+TPU_FAMILIES_KINETIC: dict[str, tuple[str, int, dict[int, KineticTpuShape]]] = {
     "v3": ("tpu-v3-podslice", 4, _shapes(
         "4 2x2 ct3-hightpu-4t 1; 16 4x4 ct3p-hightpu-4t 4; 32 4x8 ct3p-hightpu-4t 8; 64 8x8 ct3p-hightpu-4t 16;"
         "128 8x16 ct3p-hightpu-4t 32; 256 16x16 ct3p-hightpu-4t 64; 512 16x32 ct3p-hightpu-4t 128;"
@@ -79,7 +79,7 @@ def _gpu(raw: str, short: str, count: int) -> AcceleratorSpec:
 
 
 def _tpu(raw: str, family: str, shape: KineticTpuShape) -> AcceleratorSpec:
-    label = KINETIC_TPUS[family][0]
+    label = TPU_FAMILIES_KINETIC[family][0]
     for spec in accelerators.catalog():
         if spec.gke_accelerator == label and spec.tpu_topology == shape.topology and spec.hosts == shape.hosts:
             return spec
@@ -92,7 +92,7 @@ def _tpu(raw: str, family: str, shape: KineticTpuShape) -> AcceleratorSpec:
 
 
 def _tpu_by_chips(raw: str, family: str, chips: int) -> AcceleratorSpec:
-    shapes = KINETIC_TPUS[family][2]
+    shapes = TPU_FAMILIES_KINETIC[family][2]
     if chips not in shapes:
         raise UnknownAcceleratorError(f"Kinetic accelerator {raw!r}: {family} comes in {sorted(shapes)} chips "
                                       f"(Kinetic counts chips in TPU names), e.g. {family}-{min(shapes)}.")
@@ -118,7 +118,7 @@ def _read(raw: str, s: str) -> AcceleratorSpec:
     if s == "gpu":
         return _gpu(raw, "l4", 1)
     if s == "tpu":
-        return _tpu_by_chips(raw, "v5litepod", KINETIC_TPUS["v5litepod"][1])
+        return _tpu_by_chips(raw, "v5litepod", TPU_FAMILIES_KINETIC["v5litepod"][1])
     kind, _, rest = s.partition(":") if s[:4] in ("gpu:", "tpu:") else ("", "", s)
     if kind in ("", "gpu"):
         if rest.isdigit():
@@ -141,26 +141,26 @@ def _read(raw: str, s: str) -> AcceleratorSpec:
     if rest.isdigit():
         chips = int(rest)
         for family in _TPU_PREFERENCE:
-            if chips in KINETIC_TPUS[family][2]:
+            if chips in TPU_FAMILIES_KINETIC[family][2]:
                 return _tpu_by_chips(raw, family, chips)
     family = _TPU_ALIASES.get(rest, rest)
-    if family in KINETIC_TPUS:
-        return _tpu_by_chips(raw, family, KINETIC_TPUS[family][1])
+    if family in TPU_FAMILIES_KINETIC:
+        return _tpu_by_chips(raw, family, TPU_FAMILIES_KINETIC[family][1])
     if m := _TPU_TOPOLOGY.fullmatch(rest):
         family = _TPU_ALIASES.get(m.group(1), m.group(1))
-        if family in KINETIC_TPUS:
-            for shape in KINETIC_TPUS[family][2].values():
+        if family in TPU_FAMILIES_KINETIC:
+            for shape in TPU_FAMILIES_KINETIC[family][2].values():
                 if shape.topology == m.group(2):
                     return _tpu(raw, family, shape)
             raise UnknownAcceleratorError(f"Kinetic accelerator {raw!r}: {family} comes in the topologies "
-                                          f"{', '.join(s.topology for s in KINETIC_TPUS[family][2].values())}.")
+                                          f"{', '.join(s.topology for s in TPU_FAMILIES_KINETIC[family][2].values())}.")
     if m := _TPU_CHIPS.fullmatch(rest):
         family = _TPU_ALIASES.get(m.group(1), m.group(1))
-        if family in KINETIC_TPUS:
+        if family in TPU_FAMILIES_KINETIC:
             return _tpu_by_chips(raw, family, int(m.group(2)))
     raise UnknownAcceleratorError(
         f"Unknown Kinetic accelerator {raw!r}. Kinetic's names: cpu; GPUs {', '.join(_KINETIC_GPUS)} (l4x2, gpu:4); "
-        f"TPUs {', '.join(KINETIC_TPUS)} with a chip count or topology (v5litepod-4, v6e-2x4, tpu:8).")
+        f"TPUs {', '.join(TPU_FAMILIES_KINETIC)} with a chip count or topology (v5litepod-4, v6e-2x4, tpu:8).")
 
 
 def _fits_gpu(short: str, count: int) -> bool:
@@ -246,5 +246,5 @@ def naming_table(names: list[str]) -> str:
     return "\n".join(rows) + "\n"
 
 
-__all__ = ["AcceleratorNamingWarning", "KINETIC_TPUS", "both_readings", "kinetic_reading", "naming_table",
+__all__ = ["AcceleratorNamingWarning", "TPU_FAMILIES_KINETIC", "both_readings", "kinetic_reading", "naming_table",
            "read_differently", "warn_if_read_differently"]

@@ -18,7 +18,7 @@ KINETIC_DEFAULT_ACCELERATOR = "tpu-v5e-1"  # Kinetic's default; on a machine wit
 
 _POOL_HOLDS_IT = ("has no per-call equivalent here: a work pool holds where jobs run (a kinetic-gke pool's "
                   "project, zone, cluster and namespace); create one for that cluster and pass work_pool='NAME' "
-                  "(or set KINETIC_WORK_POOL)")
+                  f"(or set {Env.WORK_POOL})")
 _NO_EQUIVALENT: dict[str, str] = {
     "zone": _POOL_HOLDS_IT, "project": _POOL_HOLDS_IT, "cluster": _POOL_HOLDS_IT, "namespace": _POOL_HOLDS_IT,
     "base_image_repo": "has no equivalent (no prebuilt base images are pulled); the nearest is base_image='IMAGE', "
