@@ -259,14 +259,18 @@ def _api_env() -> dict[str, str]:
 
 async def wait_for_final_state(
     client: PrefectClient, flow_run_id: UUID, on_log: Callable[[str], None] | None = None, poll_seconds: float = 0.25,
-    log_drain_seconds: float = 15.0,
+    log_drain_seconds: float = 15.0, outage: Any = None,
 ) -> State:
     """Poll until the run is final, forwarding its logs (the job's output) in order as they arrive.
 
     Logs reach the API in batches, so the final state can come before the last lines: after it,
     reading goes on until the worker's end marker (``contract.LOG_END_MARKER``) or a time limit.
+    An unreachable API is waited out (``outages.Outage``): a server restart does not end the wait.
     """
     from kinetic_prefect.contract import LOG_END_MARKER
+    from kinetic_prefect.outages import Outage
+
+    outage = outage or Outage("the caller waiting for its job")
 
     since: datetime.datetime | None = None
     seen_at_since: set[UUID] = set()  # several logs can share one timestamp
@@ -274,7 +278,7 @@ async def wait_for_final_state(
     final: State | None = None
     while True:
         if final is None:
-            flow_run = await client.read_flow_run(flow_run_id)
+            flow_run = await outage.call(lambda: client.read_flow_run(flow_run_id), "reading the job's state")
             if flow_run.state is not None and flow_run.state.is_final():
                 final, ended_at = flow_run.state, time.monotonic()
         if on_log is None:
@@ -287,7 +291,8 @@ async def wait_for_final_state(
             log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
             if since is not None:
                 log_filter.timestamp = LogFilterTimestamp(after_=since - datetime.timedelta(microseconds=1))
-            logs = await client.read_logs(log_filter=log_filter, limit=LOG_PAGE)  # oldest first
+            logs = await outage.call(lambda: client.read_logs(log_filter=log_filter, limit=LOG_PAGE),  # oldest first
+                                     "reading the job's output")
             fresh = [log for log in logs if log.id not in seen_at_since and (since is None or log.timestamp >= since)]
             for log in fresh:
                 if log.message == LOG_END_MARKER:
