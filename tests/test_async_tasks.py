@@ -12,14 +12,15 @@ from prefect import flow
 
 from kinetic_prefect import kinetic_task
 from kinetic_prefect.errors import KineticJobCancelled
-from worker_fixture import new_pool
 
 JOB_SECONDS = 4.0
 TICK_SECONDS = 0.05
+# The session server's start (minutes at a high load average) counts in the first test's time.
+pytestmark = pytest.mark.timeout(900)
 
 
-def _sleeper(name: str, pool: str):
-    @kinetic_task(name=name, work_pool=pool, submission="in-process")
+def _sleeper(name: str):
+    @kinetic_task(name=name, submission="in-process")
     async def double_later(x: int, seconds: float = JOB_SECONDS) -> int:
         import asyncio as _asyncio
 
@@ -30,7 +31,7 @@ def _sleeper(name: str, pool: str):
 
 
 def test_an_async_task_is_awaited_and_the_loop_stays_free():
-    task = _sleeper(f"async-{uuid.uuid4().hex[:6]}", new_pool("inproc"))
+    task = _sleeper(f"async-{uuid.uuid4().hex[:6]}")
 
     @flow
     async def pipeline() -> tuple[int, float, float]:
@@ -57,7 +58,7 @@ def test_an_async_task_is_awaited_and_the_loop_stays_free():
 
 
 def test_an_async_task_can_be_submitted_in_an_async_flow():
-    task = _sleeper(f"async-submit-{uuid.uuid4().hex[:6]}", new_pool("inproc"))
+    task = _sleeper(f"async-submit-{uuid.uuid4().hex[:6]}")
 
     @flow
     async def pipeline() -> list[int]:
@@ -74,7 +75,7 @@ def test_a_cancelled_async_call_raises(tmp_path):
     from test_lifecycle import job_runs, wait_for
 
     name = f"async-cancel-{uuid.uuid4().hex[:6]}"
-    task = _sleeper(name, new_pool("inproc"))
+    task = _sleeper(name)
 
     async def cancel_when_started() -> None:
         while not job_runs(name) or not job_runs(name)[0].state.is_running():

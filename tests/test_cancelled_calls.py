@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 from prefect import flow, get_client
 from prefect.states import Cancelling
 
@@ -16,6 +17,9 @@ from kinetic_prefect.errors import KineticJobCancelled
 from test_lifecycle import (  # noqa: F401 - route is a fixture
     STOP_WITHIN_SECONDS, final_job_run, in_thread, job_runs, read_pid, route, seconds_until_gone, sleeper, task_run_of,
 )
+
+# The session server's start (minutes at a high load average) counts in the first test's time.
+pytestmark = pytest.mark.timeout(900)
 
 
 def _cancel_job_of(name: str, pid_file) -> int:
@@ -76,11 +80,9 @@ def test_a_caught_cancel_lets_the_flow_complete(route, tmp_path):
 
 
 def test_a_cancelled_submitted_call_raises_from_its_future(tmp_path):
-    from worker_fixture import new_pool
-
     name = f"cancel-future-{uuid.uuid4().hex[:6]}"
     pid_file = tmp_path / "pid"
-    task = sleeper(name, new_pool("inproc"), "in-process", retries=1)
+    task = sleeper(name, "kinetic-local", "in-process", retries=1)
 
     @flow
     def pipeline():
