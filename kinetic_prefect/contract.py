@@ -259,3 +259,11 @@ class Outcome:
         if self.completed:
             return f"Job finished in {self.duration_s:.2f}s"
         return f"Failed while {self.phase}: {self.error_type}: {self.message[:500]}"
+
+# --------------------------------------------------------------------------- Prefect API outages
+
+# How long the caller (waiting for a job) and the worker (following it) keep going while the Prefect API
+# cannot be reached (a server restart, a network cut), in seconds. Past it the caller gives up and asks
+# for the job to be stopped; before it, no job is stopped or failed only because the API was away.
+API_OUTAGE_SECONDS_VAR = "KINETIC_API_OUTAGE_SECONDS"
+DEFAULT_API_OUTAGE_SECONDS = 900.0

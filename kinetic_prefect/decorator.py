@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import inspect
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence, TypeVar, overload
@@ -10,20 +9,19 @@ from typing import Any, Callable, Iterable, Sequence, TypeVar, overload
 from prefect import Task
 
 from kinetic_prefect import _prefect, accelerators
-from kinetic_prefect.dispatch import KineticOptions, call_remotely
+from kinetic_prefect.dispatch import KineticOptions, call_remotely, call_remotely_async
 from kinetic_prefect.image import ImageSpec
 from kinetic_prefect.kinetic import names
+from kinetic_prefect.task_calls import checked_call, remote_body
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 def _remote_body(fn: Callable[..., Any], options: KineticOptions, task_name: str) -> Callable[..., Any]:
     """The Task's fn: same signature and source identity as ``fn`` (so Prefect binds parameters and
-    TASK_SOURCE cache keys follow the user's code), but calling it launches a job."""
-
-    @functools.wraps(fn)
-    def run_as_job(*args: Any, **kwargs: Any) -> Any:
-        return call_remotely(options, fn, args, kwargs, task_name)
-
+    TASK_SOURCE cache keys follow the user's code), but calling it launches a job; an ``async def`` fn
+    gets an async body (task_calls.remote_body)."""
+    run_as_job = remote_body(fn, lambda args, kwargs: call_remotely(options, fn, args, kwargs, task_name),
+                             lambda args, kwargs: call_remotely_async(options, fn, args, kwargs, task_name))
     run_as_job.__kinetic_options__ = options  # type: ignore[attr-defined]
     return run_as_job
 
@@ -123,7 +121,7 @@ class KineticTask(Task):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self._bind_pool_results()
-        return super().__call__(*args, **kwargs)
+        return checked_call(super().__call__(*args, **kwargs), bool(kwargs.get("return_state")))
 
     def submit(self, *args: Any, **kwargs: Any) -> Any:
         self._bind_pool_results()

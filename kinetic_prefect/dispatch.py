@@ -30,6 +30,7 @@ from kinetic_prefect.errors import (
     KineticJobCrashed, KineticJobInterrupted, KineticJobSetupError, PayloadError, RemoteError, RemoteTraceback,
 )
 from kinetic_prefect.image import ImageSpec
+from kinetic_prefect.outages import Outage
 from kinetic_prefect.payload import build_call_payload, cached_project_archive, find_project_dir, sha256_hex
 
 SUBMISSION_MODES = ("auto", "in-process", "worker")
@@ -223,7 +224,9 @@ async def _publish_outputs(store: Any, call: PreparedCall, outcome: Outcome, run
     from prefect.artifacts import acreate_table_artifact
 
     rows = [{"file": rel, "url": store.url_for(call.layout.output(rel))} for rel in outcome.outputs]
-    await acreate_table_artifact(rows, description=f"Outputs of kinetic job {run_name} ({outcome.status})")
+    await Outage(f"the caller of {run_name}").call(
+        lambda: acreate_table_artifact(rows, description=f"Outputs of kinetic job {run_name} ({outcome.status})"),
+        "listing the job's outputs")
 
 
 def check_hosts(options: KineticOptions, pool_name: str, pool_type: str, pool_variables: set[str]) -> None:
@@ -389,7 +392,8 @@ async def _submit_and_collect(options: KineticOptions, call: PreparedCall, task_
             else:
                 async with _prefect.in_process_slots():
                     await _prefect.run_in_process(client, pool, flow_run, secret_env=call.env)
-                state = (await client.read_flow_run(flow_run.id)).state  # type: ignore[assignment]
+                state = (await Outage(f"the caller of {run_name}").call(
+                    lambda: client.read_flow_run(flow_run.id), "reading the job's final state")).state  # type: ignore[assignment]
         except BaseException:
             if polling:  # the worker stops the job; shielded: this task is being cancelled itself
                 await _prefect.cancel_flow_run(client, flow_run.id, "The calling task stopped waiting "
@@ -455,7 +459,7 @@ async def _cancelled_result(client: Any, task_run: Any, run_name: str, state: An
     if transaction is not None:
         transaction.write_on_commit = False  # a cancelled call must not become a cache hit
     await _prefect.finish_cancelled_parent(client, task_run)
-    return Cancelled(message=message)
+    return Cancelled(message=message, data=KineticJobCancelled(message))  # raised by task_calls, and by .result()
 
 
 def call_remotely(options: KineticOptions, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
@@ -464,6 +468,18 @@ def call_remotely(options: KineticOptions, fn: Callable[..., Any], args: tuple, 
     kinetic_prefect.kinetic.jobs), return what ``detach.submitted`` makes of the job's run once it exists."""
     call = prepare(options, fn, args, kwargs)  # PayloadError etc. before anything is stored
     return _prefect.run_interruptibly(_submit_and_collect(options, call, task_name, fn, detach))
+
+
+async def call_remotely_async(options: KineticOptions, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
+                              task_name: str) -> Any:
+    """``call_remotely`` for an ``async def`` task: on the caller's event loop, which the wait never blocks
+    (packaging runs in a thread, with the task run's context)."""
+    import contextvars
+    import functools
+
+    packaging = functools.partial(contextvars.copy_context().run, prepare, options, fn, args, kwargs)
+    call = await to_thread.run_sync(packaging)
+    return await _submit_and_collect(options, call, task_name, fn)
 
 
 __all__ = ["KineticOptions", "PayloadError", "call_remotely"]

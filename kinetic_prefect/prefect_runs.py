@@ -31,6 +31,7 @@ from prefect.settings import PREFECT_CLIENT_MAX_RETRIES
 from prefect.states import Cancelled, Cancelling, Pending, Scheduled, State
 
 from kinetic_prefect.contract import LOG_END_MARKER, TRACKING_TASK_KEY_PREFIX
+from kinetic_prefect.outages import Outage
 
 logger = logging.getLogger("kinetic_prefect.api")
 
@@ -138,20 +139,22 @@ async def with_retries(make_call: Callable[[], Any], what: str, attempts: int = 
 
 async def wait_for_final_state(
     client: PrefectClient, flow_run_id: UUID, on_log: Callable[[str], None] | None = None, poll_seconds: float = 0.25,
-    log_drain_seconds: float = 15.0,
+    log_drain_seconds: float = 15.0, outage: Any = None,
 ) -> State:
     """Poll until the run is final, forwarding its logs (the job's output) in order as they arrive.
 
     Logs reach the API in batches, so the final state can come before the last lines: after it,
     reading goes on until the worker's end marker (``contract.LOG_END_MARKER``) or a time limit.
+    An unreachable API is waited out (``outages.Outage``): a server restart does not end the wait.
     """
+    outage = outage or Outage("the caller waiting for its job")
     since: datetime.datetime | None = None
     seen_at_since: set[UUID] = set()  # several logs can share one timestamp
     ended_at: float | None = None
     final: State | None = None
     while True:
         if final is None:
-            flow_run = await client.read_flow_run(flow_run_id)
+            flow_run = await outage.call(lambda: client.read_flow_run(flow_run_id), "reading the job's state")
             if flow_run.state is not None and flow_run.state.is_final():
                 final, ended_at = flow_run.state, time.monotonic()
         if on_log is None:
@@ -165,7 +168,8 @@ async def wait_for_final_state(
             if since is not None:
                 after = since - datetime.timedelta(microseconds=1)
                 log_filter.timestamp = LogFilterTimestamp(after_=after)  # type: ignore[arg-type]  # a datetime is fine
-            logs = await client.read_logs(log_filter=log_filter, limit=LOG_PAGE)  # oldest first
+            logs = await outage.call(lambda: client.read_logs(log_filter=log_filter, limit=LOG_PAGE),  # oldest first
+                                     "reading the job's output")
             fresh = [log for log in logs if log.id not in seen_at_since and (since is None or log.timestamp >= since)]
             for log in fresh:
                 if log.message == LOG_END_MARKER:

@@ -52,7 +52,7 @@ def prefect_server():
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(_PORT)],
         stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy(),
     )
-    deadline = time.time() + 120
+    deadline = time.time() + 300  # a fresh database's migrations took over 120 s at load average 18
     url = f"http://127.0.0.1:{_PORT}/api/health"
     while True:
         try:

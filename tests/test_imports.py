@@ -20,8 +20,8 @@ PACKAGE = "kinetic_prefect"
 # The sides (docs/ARCHITECTURE.md, "Who imports whom"). A module not listed here fails the test: say where it lives.
 CONTRACT = {"contract"}
 POD = {"runner", "outputs", "progress", "signing", "storage", "errors", "accelerators", "data", "config"}
-SHARED = {"gcp", "image", "builders", "job_variables", "prefect_runs", "secret_blocks", "locks"}
-CALLER = {"__init__", "_prefect", "decorator", "dispatch", "payload", "results", "pools", "in_process",
+SHARED = {"gcp", "image", "builders", "job_variables", "prefect_runs", "secret_blocks", "locks", "outages"}
+CALLER = {"__init__", "_prefect", "decorator", "dispatch", "payload", "results", "pools", "in_process", "task_calls",
           "embedded_server"}
 WORKER_PREFIX = "workers"
 KINETIC_API_PREFIX = "kinetic"  # the Kinetic-compatible API: a caller-side facade over kinetic_task

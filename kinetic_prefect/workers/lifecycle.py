@@ -41,10 +41,10 @@ from prefect.workers.base import BaseWorkerResult
 
 from kinetic_prefect import prefect_runs, secret_blocks
 from kinetic_prefect.contract import LOG_END_MARKER, Env, Outcome, RunLayout
+from kinetic_prefect.outages import Outage
 
-# A read that fails for a reason that may pass (a 5xx, a dropped connection) is retried for this
-# long before the job is given up as crashed: an API hiccup must not end a ten-hour run.
-TRANSIENT_ERROR_BUDGET_SECONDS = 300.0
+# A read that fails for a reason that may pass (a 5xx, a dropped connection) is retried for as long as an
+# API outage is waited out (outages.outage_horizon_seconds) before the job is given up as crashed.
 # The job's own process is checked every poll; Prefect (a cancel of the run, of its parent) less often:
 # those reads are API calls, and a fan-out of many jobs would otherwise spend the API on them.
 RUN_CHECK_SECONDS = 1.0
@@ -93,6 +93,9 @@ class JobLauncher(abc.ABC):
     @abc.abstractmethod
     async def cancel(self, identifier: str, configuration: Any, grace_seconds: float) -> None:
         """Stop the job and return once it is gone."""
+
+    async def forwarded(self, identifier: str) -> None:  # noqa: B027 - optional, not abstract
+        """Everything handed to ``emit`` so far is stored in Prefect: a restarted worker resumes after it."""
 
     async def cleanup(self, identifier: str, configuration: Any) -> None:  # noqa: B027 - optional, not abstract
         """Remove what the launcher keeps for a job whose run is final."""
@@ -193,10 +196,10 @@ class KineticWorker:
 
     # ------------------------------------------------------------------ states (the only place)
     async def _propose(self, flow_run: FlowRun, state: Any) -> None:
+        outage = Outage(f"the worker following {flow_run.name}", self.get_flow_run_logger(flow_run).warning)
         try:
-            await prefect_runs.with_retries(
-                lambda: propose_state(self.client, state.model_copy(), flow_run_id=flow_run.id),
-                what=f"setting the job's run {state.name}")
+            await outage.call(lambda: propose_state(self.client, state.model_copy(), flow_run_id=flow_run.id),
+                              f"setting the job's run {state.name}")
         except Abort:  # already final (e.g. Cancelled by someone else): the first word stands
             pass
 
@@ -322,9 +325,13 @@ class KineticWorker:
 
     async def follow(self, flow_run: FlowRun, configuration: Any, identifier: str) -> KineticWorkerResult:
         """Follow one job to its end and set the run's final state."""
+        from kinetic_prefect.workers.log_forwarding import JobLogForwarder
+
         logger = self.get_flow_run_logger(flow_run)
         progress = ProgressArtifact(self.client, flow_run)
-        emit = progress.wrap(logger.info if getattr(configuration, "stream_output", True) else (lambda text: None))
+        outage = Outage(f"the worker following {flow_run.name}", logger.warning)
+        output = JobLogForwarder(self.client, flow_run.id, logger, outage)
+        emit = progress.wrap(output.emit if getattr(configuration, "stream_output", True) else (lambda text: None))
         poll = float(getattr(configuration, "poll_seconds", 0.5) or 0.5)
         last_parent_check = last_run_check = 0.0
         first_error_at: float | None = None
@@ -336,6 +343,7 @@ class KineticWorker:
             while True:
                 try:
                     await self.launcher.forward_logs(identifier, configuration, emit)
+                    await self._store_output(output, identifier)
                     await progress.publish()
                     now = time.monotonic()
                     if now - last_run_check >= RUN_CHECK_SECONDS:
@@ -352,7 +360,7 @@ class KineticWorker:
                     raise
                 except Exception as exc:  # transient until proven otherwise
                     first_error_at = first_error_at or time.monotonic()
-                    if time.monotonic() - first_error_at > TRANSIENT_ERROR_BUDGET_SECONDS:
+                    if time.monotonic() - first_error_at > outage.horizon:
                         raise
                     logger.warning(f"Could not read the job's state ({type(exc).__name__}: {exc}); retrying")
                     await anyio.sleep(min(30.0, poll * 4))
@@ -380,7 +388,7 @@ class KineticWorker:
                 elif status.phase == "exited":
                     await self.launcher.forward_logs(identifier, configuration, emit, final=True)
                     await progress.publish()
-                    self._end_of_output(logger)
+                    await self._end_of_output(output, identifier)
                     self.emit_job_event(flow_run, "exited", configuration, identifier=identifier,
                                         exit_code=status.exit_code, detail=status.detail)
                     await self.finish(flow_run, configuration, identifier, status)
@@ -394,7 +402,7 @@ class KineticWorker:
             with anyio.CancelScope(shield=True):
                 await self.launcher.cancel(identifier, configuration, CANCEL_GRACE_SECONDS)
                 await self.launcher.forward_logs(identifier, configuration, emit, final=True)
-                self._end_of_output(logger)
+                await self._end_of_output(output, identifier)
                 await self.mark_cancelled(flow_run, request.reason)
             logger.info(f"Stopped job {identifier}: {request.reason}")
             return result
@@ -421,10 +429,16 @@ class KineticWorker:
                 if current is not None and current.is_final():
                     await self.launcher.cleanup(identifier, configuration)
 
-    def _end_of_output(self, logger: Any) -> None:
-        """The marker a polling caller reads up to (in-process, the caller already has every line)."""
+    async def _store_output(self, output: Any, identifier: str) -> None:
+        if await output.flush():
+            await self.launcher.forwarded(identifier)
+
+    async def _end_of_output(self, output: Any, identifier: str) -> None:
+        """The job's last lines, then the marker a polling caller reads up to (in-process, the caller already
+        has every line), stored before the run's final state is set."""
         if not self.owner_is_caller:
-            logger.info(LOG_END_MARKER)
+            output.emit(LOG_END_MARKER)
+        await self._store_output(output, identifier)
 
     async def open_pool_store(self, configuration: Any) -> Any:
         """The job's store, read with the pool's ``gcp_credentials`` block when it names one (else the

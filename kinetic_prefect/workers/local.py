@@ -194,7 +194,6 @@ class _LogCursor:
         self.started = time.monotonic()
         self.forwarded = self.dropped = 0
         self._gap = 0  # lines left out since the last forwarded one
-        self.saved_at = 0.0  # when the offset was last recorded in job.json
 
     def _note(self) -> str:
         text = (f"[kinetic] {self._gap:,} lines of output left out here (over {self.rate:,} lines/s); "
@@ -418,17 +417,14 @@ class LocalJobLauncher(JobLauncher):
             cursors = self._cursors[identifier] = [
                 _LogCursor(self.job_dir(identifier) / self.log_name(i), int(host.get("log_offset", 0)),
                            configuration.log_lines_per_second) for i, host in enumerate(hosts)]
-        moved = False
         for index, cursor in enumerate(cursors):
-            before = cursor.offset
             await anyio.to_thread.run_sync(cursor.read, _tagged(emit, index), final)
-            moved = moved or cursor.offset != before
-        # What was forwarded, for a worker that reattaches later (a few lines may then come twice).
-        saved_at = min(c.saved_at for c in cursors)
-        if moved and (final or time.monotonic() - saved_at >= 2):
-            self._save_offsets(identifier, [c.offset for c in cursors])
-            for cursor in cursors:
-                cursor.saved_at = time.monotonic()
+
+    async def forwarded(self, identifier: str) -> None:
+        """What was read so far is stored in Prefect: a worker that reattaches later starts after it."""
+        cursors = self._cursors.get(identifier)
+        if cursors:
+            await anyio.to_thread.run_sync(self._save_offsets, identifier, [c.offset for c in cursors])
 
     def _save_offsets(self, identifier: str, offsets: list[int]) -> None:
         record = self._record(identifier)
@@ -437,7 +433,10 @@ class LocalJobLauncher(JobLauncher):
             if record.get("hosts"):
                 for host, offset in zip(record["hosts"], offsets):
                     host["log_offset"] = offset
-            (self.job_dir(identifier) / "job.json").write_text(json.dumps(record))
+            path = self.job_dir(identifier) / "job.json"
+            partial = path.with_name(f"job.json.{os.getpid()}")
+            partial.write_text(json.dumps(record))
+            os.replace(partial, path)  # a worker killed while it writes must leave a readable record
 
     async def _stop_group(self, identifier: str, grace_seconds: float) -> None:
         """SIGTERM every host's process group (the runner unwinds: checkpoints and outputs are saved), SIGKILL

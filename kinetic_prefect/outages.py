@@ -1,0 +1,93 @@
+"""Riding out a Prefect API outage (a server restart, a dropped network) instead of failing a healthy job.
+
+Prefect's client retries a failed request for about a minute and then raises, so a caller waiting for a
+ten-minute job, or the worker following it, died with ``httpx.ConnectError`` when the server was away for
+longer, and the job was then cancelled as if its caller had given up. Here a read or write that fails for a
+reason that can pass is retried until the API answers again, for up to ``KINETIC_API_OUTAGE_SECONDS``
+(``contract.API_OUTAGE_SECONDS_VAR``, default 15 minutes) counted from the first failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import sys
+import time
+from typing import Any, Awaitable, Callable
+
+from kinetic_prefect.contract import API_OUTAGE_SECONDS_VAR, DEFAULT_API_OUTAGE_SECONDS
+
+
+# A 503 from a busy SQLite server clears in milliseconds: only a failure that lasts is announced.
+ANNOUNCE_AFTER_SECONDS = 3.0
+
+
+def outage_horizon_seconds() -> float:
+    """How long an unreachable Prefect API is waited out; a value that is not a number fails, naming the fix."""
+    raw = os.environ.get(API_OUTAGE_SECONDS_VAR, "").strip()
+    if not raw:
+        return DEFAULT_API_OUTAGE_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise ValueError(f"{API_OUTAGE_SECONDS_VAR}={raw!r} is not a number of seconds >= 0; set it to how long a "
+                         f"Prefect API outage is waited out (e.g. 900), or unset it for the default "
+                         f"({DEFAULT_API_OUTAGE_SECONDS:.0f} s).")
+    return value
+
+
+def _to_stderr(text: str) -> None:
+    print(f"kinetic-prefect: {text}", file=sys.stderr, flush=True)
+
+
+class Outage:
+    """The state of one caller's (or follower's) contact with the API, shared by all its calls, so an outage
+    is announced once and its horizon is counted from its first failure, whichever call met it."""
+
+    def __init__(self, what: str, notify: Callable[[str], None] = _to_stderr, horizon: float | None = None):
+        self.what, self.notify = what, notify
+        self.horizon = outage_horizon_seconds() if horizon is None else horizon
+        self.since: float | None = None
+        self.announced = False
+
+    @property
+    def ongoing(self) -> bool:
+        return self.since is not None
+
+    async def call(self, make_call: Callable[[], Awaitable[Any]], doing: str) -> Any:
+        """Await ``make_call()`` until it answers; transient failures are retried up to the horizon."""
+        from kinetic_prefect._prefect import _client_retries_off, is_transient
+
+        delay = 0.05
+        while True:
+            try:
+                with _client_retries_off():
+                    value = await make_call()
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                now = time.monotonic()
+                if self.since is None:
+                    self.since = now
+                if now - self.since > self.horizon:
+                    exc.add_note(f"kinetic-prefect: the Prefect API was unreachable for {now - self.since:.0f} s, "
+                                 f"longer than {API_OUTAGE_SECONDS_VAR}={self.horizon:.0f}")
+                    raise
+                if not self.announced and now - self.since >= ANNOUNCE_AFTER_SECONDS:
+                    self.announced = True
+                    self.notify(f"the Prefect API cannot be reached while {doing} ({type(exc).__name__}: {exc}); "
+                                f"{self.what} waits for it up to {self.horizon:.0f} s ({API_OUTAGE_SECONDS_VAR})")
+                await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+                delay = min(5.0, delay * 2)
+                continue
+            if self.announced:
+                self.notify(f"the Prefect API answers again after {time.monotonic() - self.since:.0f} s; "
+                            f"{self.what} goes on")
+            self.since, self.announced = None, False
+            return value
+
+
+__all__ = ["Outage", "outage_horizon_seconds"]

@@ -1,0 +1,68 @@
+"""Worker side: a job's output lines into its run's Prefect logs, each one stored once.
+
+The follow loop sends them itself (awaited, and through an API outage: ``outages.Outage``) instead of
+handing them to Prefect's background log sender, which drops a batch it could not send within about a
+minute and says nothing of what it sent. So the launcher learns when the output it read has *reached*
+Prefect (``JobLauncher.forwarded``) and records only that: a worker killed and restarted resumes from the
+last stored line (no line lost, none sent twice), and a server away for minutes loses no line.
+The lines still go to the worker's console (the caller's terminal, in-process) as they are read.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+from typing import Any
+
+from prefect.client.schemas.actions import LogCreate
+
+from kinetic_prefect.outages import Outage
+
+LOGGER_NAME = "prefect.flow_runs.worker"
+REQUEST_BYTES = 1 << 20  # a flood read in one poll (up to 8 MiB) goes in several requests
+
+
+class JobLogForwarder:
+    """``emit`` (from any thread, as launchers stream from threads) queues a batch of lines; ``flush`` stores them."""
+
+    def __init__(self, client: Any, flow_run_id: Any, console: Any, outage: Outage, to_api: bool = True):
+        self.client, self.flow_run_id, self.console, self.outage = client, flow_run_id, console, outage
+        self.to_api = to_api
+        self._pending: list[LogCreate] = []
+        self._lock = threading.Lock()
+
+    def emit(self, text: str) -> None:
+        self.console.info(text, extra={"send_to_api": False})
+        if not self.to_api:
+            return
+        record = LogCreate(name=LOGGER_NAME, level=logging.INFO, message=text, flow_run_id=self.flow_run_id,
+                           timestamp=datetime.datetime.now(datetime.timezone.utc))
+        with self._lock:
+            self._pending.append(record)
+
+    async def flush(self) -> bool:
+        """Store what was emitted so far (waiting out an outage); True if anything was sent."""
+        with self._lock:
+            batch, self._pending = self._pending, []
+        if not batch:
+            return False
+        sent = 0
+        try:
+            while sent < len(batch):
+                request, size = [], 0
+                for record in batch[sent:]:
+                    if request and size + len(record.message) > REQUEST_BYTES:
+                        break
+                    request.append(record)
+                    size += len(record.message)
+                await self.outage.call(lambda: self.client.create_logs(request), "forwarding the job's output")
+                sent += len(request)
+        except BaseException:
+            with self._lock:  # not stored: sent again by the next flush, in order
+                self._pending[:0] = batch[sent:]
+            raise
+        return True
+
+
+__all__ = ["JobLogForwarder"]

@@ -1,0 +1,177 @@
+"""The orchestrator in the fault matrix: the Prefect API goes away during a job and comes back.
+
+The calling script and the polling worker reach the server through an ``ApiGate`` that the test cuts (every
+connection refused or reset, as when the server process stops) and restores. On both submission paths the job
+must finish, the caller must get its value, every line the job printed must reach the caller's terminal and the
+job run's Prefect logs exactly once, and every run must end terminal. The 30 s outage spans the middle of the
+job; in the 90 s one the job ends while the API is still away, so its final state waits for the API too.
+A 5-minute outage runs with ``SLOW_TESTS=1`` (it is longer than the suite can spend).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from prefect import get_client
+from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+from api_gate import ApiGate
+from test_lifecycle import final_job_run, read_pid, task_run_of, wait_for
+
+SLOW = os.environ.get("SLOW_TESTS") == "1"
+
+SCRIPT = textwrap.dedent('''
+    import sys
+    from prefect import flow
+    from kinetic_prefect import kinetic_task
+
+    NAME, POOL, SUBMISSION, PID_FILE, LINES, PERIOD = sys.argv[1:7]
+
+    @kinetic_task(name=NAME, work_pool=POOL, submission=SUBMISSION)
+    def chatty(pid_path: str, lines: int, period: float) -> int:
+        import os, pathlib, time
+        pathlib.Path(pid_path).write_text(str(os.getpid()))
+        for i in range(lines):
+            print(f"line-{i:05d}", flush=True)
+            time.sleep(period)
+        return lines
+
+    @flow(name=NAME + "-flow")
+    def pipeline():
+        return chatty(PID_FILE, int(LINES), float(PERIOD))
+
+    if __name__ == "__main__":
+        print("VALUE", pipeline(), flush=True)
+''')
+
+
+@pytest.fixture
+def gate(prefect_server):
+    port = int(re.search(r":(\d+)/api", prefect_server).group(1))
+    gate = ApiGate(port)
+    yield gate
+    gate.close()
+
+
+def _job_log_lines(run_id) -> list[str]:
+    with get_client(sync_client=True) as client:
+        messages: list[str] = []
+        offset = 0
+        while True:
+            page = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])), limit=200, offset=offset)
+            messages += [log.message for log in page]
+            offset += len(page)
+            if len(page) < 200:
+                break
+    return [line for message in messages for line in message.splitlines() if line.startswith("line-")]
+
+
+def run_through_outage(tmp_path: Path, gate: ApiGate, worker_factory, submission: str, outage_s: float,
+                       job_s: float, cut_after_s: float, lines: int = 0) -> None:
+    env = {**os.environ, "PREFECT_API_URL": gate.url}
+    if submission == "worker":
+        pool = worker_factory(env={"PREFECT_API_URL": gate.url}).start().pool
+    else:
+        pool = "kinetic-local"  # the default pool, created on first use (no CLI start at a high load average)
+    lines = lines or int(job_s * 5)
+    name = f"outage-{int(outage_s)}-{uuid.uuid4().hex[:6]}"
+    script = tmp_path / "caller.py"
+    script.write_text(SCRIPT)
+    pid_file = tmp_path / "job.pid"
+    out_path = tmp_path / "caller.out"
+    with open(out_path, "w") as out:
+        proc = subprocess.Popen([sys.executable, str(script), name, pool, submission, str(pid_file), str(lines),
+                                 str(job_s / lines)], cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        read_pid(pid_file, timeout=180)
+        time.sleep(cut_after_s)
+        gate.cut()
+        time.sleep(outage_s)
+        gate.restore()
+        proc.wait(timeout=job_s + outage_s + 240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = out_path.read_text()
+    assert proc.returncode == 0, output[-4000:]
+    assert f"VALUE {lines}" in output, output[-4000:]
+    expected = [f"line-{i:05d}" for i in range(lines)]
+    printed = re.findall(r"line-\d{5}", output)
+    assert sorted(printed) == expected, (f"the caller's terminal: {len(set(expected) - set(printed))} lines missing, "
+                                         f"{len(printed) - len(set(printed))} repeated")
+    [run] = final_job_run(name, timeout=60)
+    assert run.state.is_completed(), run.state
+    assert task_run_of(run).state.is_completed(), task_run_of(run).state
+    stored = _job_log_lines(run.id)
+    assert stored == expected, (f"the job run's logs: {len(set(expected) - set(stored))} lines missing, "
+                                f"{len(stored) - len(set(stored))} repeated")
+    with get_client(sync_client=True) as client:
+        parent = client.read_flow_run(task_run_of(run).flow_run_id)
+    assert parent.state.is_completed(), parent.state
+    print(f"{submission}: API away {gate.outages[-1]:.1f} s; {lines} lines, all arrived once")
+
+
+@pytest.mark.timeout(900)  # the session's server start (minutes at a high load average) counts in the first test
+@pytest.mark.parametrize("submission", ["in-process", "worker"])
+def test_a_30_second_outage_in_the_middle_of_a_job(tmp_path, gate, worker_factory, submission):
+    run_through_outage(tmp_path, gate, worker_factory, submission, outage_s=30, job_s=45, cut_after_s=5)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("submission", ["in-process", "worker"])
+def test_a_90_second_outage_the_job_ends_while_the_api_is_away(tmp_path, gate, worker_factory, submission):
+    run_through_outage(tmp_path, gate, worker_factory, submission, outage_s=90, job_s=40, cut_after_s=5)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SLOW, reason="a 5-minute outage: set SLOW_TESTS=1")
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("submission", ["in-process", "worker"])
+def test_a_5_minute_outage(tmp_path, gate, worker_factory, submission):
+    run_through_outage(tmp_path, gate, worker_factory, submission, outage_s=300, job_s=60, cut_after_s=10)
+
+
+@pytest.mark.timeout(900)
+def test_the_worker_and_the_server_both_restart(tmp_path, gate, worker_factory):
+    """The API goes away, the polling worker is killed while it is away, and both come back: the restarted worker
+    reattaches to the job that ran on meanwhile, the caller gets its value and every line arrives once."""
+    worker = worker_factory(env={"PREFECT_API_URL": gate.url}).start()
+    name = f"both-{uuid.uuid4().hex[:6]}"
+    lines, job_s = 150, 30.0
+    script = tmp_path / "caller.py"
+    script.write_text(SCRIPT)
+    pid_file = tmp_path / "job.pid"
+    out_path = tmp_path / "caller.out"
+    with open(out_path, "w") as out:
+        proc = subprocess.Popen([sys.executable, str(script), name, worker.pool, "worker", str(pid_file), str(lines),
+                                 str(job_s / lines)], cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PREFECT_API_URL": gate.url})
+    try:
+        read_pid(pid_file, timeout=180)
+        time.sleep(5)
+        gate.cut()
+        time.sleep(2)
+        worker.kill()
+        time.sleep(18)
+        gate.restore()
+        worker.start()
+        proc.wait(timeout=job_s + 240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = out_path.read_text()
+    assert proc.returncode == 0 and f"VALUE {lines}" in output, output[-4000:]
+    assert "Reattach" in worker.log_path.read_text()
+    expected = [f"line-{i:05d}" for i in range(lines)]
+    assert sorted(re.findall(r"line-\d{5}", output)) == expected
+    [run] = final_job_run(name, timeout=60)
+    assert run.state.is_completed(), run.state
+    assert _job_log_lines(run.id) == expected
