@@ -16,6 +16,11 @@ import sys
 import time
 from typing import Any, Awaitable, Callable
 
+import httpx
+import prefect.context
+from prefect.exceptions import PrefectHTTPStatusError
+from prefect.settings import PREFECT_CLIENT_MAX_RETRIES
+
 from kinetic_prefect.contract import API_OUTAGE_SECONDS_VAR, DEFAULT_API_OUTAGE_SECONDS
 
 
@@ -59,7 +64,6 @@ class Outage:
 
     async def call(self, make_call: Callable[[], Awaitable[Any]], doing: str) -> Any:
         """Await ``make_call()`` until it answers; transient failures are retried up to the horizon."""
-        from kinetic_prefect._prefect import _client_retries_off, is_transient
 
         delay = 0.05
         while True:
@@ -91,3 +95,25 @@ class Outage:
 
 
 __all__ = ["Outage", "outage_horizon_seconds"]
+
+
+def is_transient(exc: BaseException) -> bool:
+    """An API error that may pass by itself: a 5xx (e.g. SQLite busy under a fan-out), a dropped connection."""
+    if isinstance(exc, PrefectHTTPStatusError):
+        return exc.response.status_code >= 500 or exc.response.status_code == 429
+    return isinstance(exc, (httpx.TransportError, ConnectionError))
+
+
+_no_retry_settings: tuple[Any, Any] | None = None  # (settings, the same with the client's retries off)
+
+
+def _client_retries_off() -> Any:
+    """A settings context like the current one with Prefect's client retries off (``temporary_settings``
+    builds a new Settings object each time, ≈ 25 ms; this one is rebuilt only when the settings change)."""
+    global _no_retry_settings
+    context = prefect.context.get_settings_context()
+    cached = _no_retry_settings
+    if cached is None or cached[0] is not context.settings:
+        cached = (context.settings, context.settings.copy_with_update(updates={PREFECT_CLIENT_MAX_RETRIES: 0}))
+        _no_retry_settings = cached
+    return prefect.context.SettingsContext(profile=context.profile, settings=cached[1])

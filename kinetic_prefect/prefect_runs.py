@@ -31,7 +31,7 @@ from prefect.settings import PREFECT_CLIENT_MAX_RETRIES
 from prefect.states import Cancelled, Cancelling, Pending, Scheduled, State
 
 from kinetic_prefect.contract import LOG_END_MARKER, TRACKING_TASK_KEY_PREFIX
-from kinetic_prefect.outages import Outage
+from kinetic_prefect.outages import Outage, _client_retries_off, is_transient
 
 logger = logging.getLogger("kinetic_prefect.api")
 
@@ -92,28 +92,6 @@ async def read_task_run_or_none(client: PrefectClient, task_run_id: UUID) -> Tas
         return await client.read_task_run(task_run_id)
     except ObjectNotFound:
         return None
-
-
-def is_transient(exc: BaseException) -> bool:
-    """An API error that may pass by itself: a 5xx (e.g. SQLite busy under a fan-out), a dropped connection."""
-    if isinstance(exc, PrefectHTTPStatusError):
-        return exc.response.status_code >= 500 or exc.response.status_code == 429
-    return isinstance(exc, (httpx.TransportError, ConnectionError))
-
-
-_no_retry_settings: tuple[Any, Any] | None = None  # (settings, the same with the client's retries off)
-
-
-def _client_retries_off() -> Any:
-    """A settings context like the current one with Prefect's client retries off (``temporary_settings``
-    builds a new Settings object each time, ≈ 25 ms; this one is rebuilt only when the settings change)."""
-    global _no_retry_settings
-    context = prefect.context.get_settings_context()
-    cached = _no_retry_settings
-    if cached is None or cached[0] is not context.settings:
-        cached = (context.settings, context.settings.copy_with_update(updates={PREFECT_CLIENT_MAX_RETRIES: 0}))
-        _no_retry_settings = cached
-    return prefect.context.SettingsContext(profile=context.profile, settings=cached[1])
 
 
 async def with_retries(make_call: Callable[[], Any], what: str, attempts: int = 20) -> Any:
