@@ -276,6 +276,7 @@ def test_keras_training_batch():
     assert batch.status_counts() == {"SUCCEEDED": 3}
 
 
+@pytest.mark.timeout(900)  # several processes and jobs; minutes on a loaded machine
 def test_collections(tmp_path):
     """examples/example_collections.py: a sweep of dict inputs with max_concurrent=2, reattached by group id, streamed
     with as_completed, failures with return_exceptions, a retry, and the clean-up."""
@@ -365,6 +366,7 @@ def _wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@pytest.mark.timeout(900)  # several processes and jobs; minutes on a loaded machine
 def test_detached_jobs_outlive_their_script(worker_factory, tmp_path, monkeypatch, capsys):
     """docs/guides/async_jobs.md: a script submits with run_async() and exits; a second process collects the value
     (signature checked, payload deleted); `kinetic-prefect jobs` lists, follows and cancels a job."""
@@ -442,6 +444,7 @@ def test_a_tampered_result_is_refused(worker_factory, monkeypatch):
         job.result(timeout=30)
 
 
+@pytest.mark.timeout(900)  # several processes and jobs; minutes on a loaded machine
 def test_a_killed_callers_job_is_collected_by_attach(worker_factory):
     """`kinetic_prefect.attach(flow_run_id)`: the script that submitted a @kinetic_task job is killed (SIGKILL)
     while the job runs on a polling worker; the job runs to its end and another process collects its value."""
@@ -464,6 +467,7 @@ def test_a_killed_callers_job_is_collected_by_attach(worker_factory):
     assert _run([sys.executable, "-c", collect], dict(os.environ)).stdout.split()[-1] == "42"
 
 
+@pytest.mark.timeout(900)  # several processes and jobs; minutes on a loaded machine
 def test_an_in_process_detached_job_stops_with_its_killed_submitter(tmp_path):
     """No worker polls the pool: the submitter runs the job itself (and warns), waits for it at exit, and when it is
     killed the job stops by itself and its run ends Cancelled."""

@@ -411,6 +411,11 @@ _waited_for_at_exit: list[threading.Thread] = []
 
 
 def _join_at_exit() -> None:
+    import logging
+
+    # Prefect's events client cannot start during shutdown and logs each failed emit as an error; the job's
+    # events are a nicety for automations, its states and logs still reach the API.
+    logging.getLogger("prefect.events.utilities").setLevel(logging.CRITICAL)
     for thread in list(_waited_for_at_exit):
         thread.join()
 
