@@ -266,3 +266,46 @@ def test_a_damaged_data_object_is_healed_from_the_callers_copy(signed_route, sto
     assert pipeline() == expected, "a damaged Data object was not healed"
     assert stored.read_text() == expected[1]
     assert pipeline() == expected
+
+
+def test_a_damaged_data_object_in_a_bucket_heals_for_the_retry(gcs_bucket, tmp_path, monkeypatch):
+    """On a gs:// store the job finds the damage (it checks what it downloads); the caller then uploads the
+    dataset again from its own copy, so the task's retry runs with a good one."""
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    from kinetic_prefect.storage import open_store
+    from kinetic_prefect.workers.base import load_template
+
+    store_url = f"{gcs_bucket}/kinetic"
+    pool = f"gcs-heal-{uuid.uuid4().hex[:6]}"
+    template = load_template("kinetic-local")
+    template["variables"]["properties"]["store"]["default"] = store_url
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name=pool, type="kinetic-local", base_job_template=template))
+    dataset = tmp_path / "dataset"
+    dataset.mkdir()
+    expected = [f"{uuid.uuid4().hex} part {index}\n" for index in range(3)]
+    for index, text in enumerate(expected):
+        (dataset / f"part-{index}.txt").write_text(text)
+    name = f"heal-gcs-{uuid.uuid4().hex[:6]}"
+
+    @kinetic_task(name=name, work_pool=pool, submission="in-process", ship_project=False, retries=1,
+                  retry_delay_seconds=0)
+    def read_all(folder) -> list[str]:
+        import pathlib
+
+        return [p.read_text() for p in sorted(pathlib.Path(folder).iterdir())]
+
+    @flow
+    def pipeline():
+        return read_all(Data(dataset))
+
+    assert pipeline() == expected
+    store = open_store(store_url)
+    [key] = [k for k in store.list("data/") if k.endswith("/files/part-1.txt")]
+    store.put_bytes(key, b"damaged\n")
+    monkeypatch.setenv("KINETIC_NODE_CACHE", str(tmp_path / "another-node"))  # a node that has not downloaded it
+    assert pipeline() == expected, "the retry did not get a healed copy"
+    assert store.get_bytes(key) == expected[1].encode()
+    runs = job_runs(name)
+    assert len(runs) == 3 and sum(r.state.is_failed() for r in runs) == 1, [r.state for r in runs]
