@@ -414,6 +414,8 @@ async def _submit_and_wait(options: KineticOptions, call: PreparedCall, task_nam
                 await _prefect.cancel_flow_run(client, flow_run.id, "The calling task stopped waiting "
                                                                    "(timeout, interrupt or error in the caller)",
                                                wait_seconds=20)
+            else:  # stopped before the in-process worker followed the job: its run must not stay Pending
+                await _cancel_if_not_final(client, flow_run.id)
             raise
         if state is not None and state.is_cancelled():
             await to_thread.run_sync(_discard_run, store, call, True)
@@ -462,10 +464,32 @@ def _discard_run(store: Any, call: PreparedCall, entirely: bool = False) -> None
     goes too, so calls that end badly do not grow the store. Outputs and checkpoints stay."""
     for object_key in (call.layout.payload, call.layout.result):
         signing.delete(store, object_key)  # never raises: cleanup must not turn a result into a failure
-    if entirely:
+    if not entirely:
+        return
+    try:
+        store.delete_prefix(call.layout.prefix + "/")
+    except Exception:
+        pass
+    # A job stopped while it started may not have removed its checkpoint folder; an empty one is only clutter.
+    checkpoint_dir = store.local_path(checkpoints_key(call.task_run_id or call.layout.run_id))
+    if checkpoint_dir is not None:
         try:
-            store.delete_prefix(call.layout.prefix + "/")
-        except Exception:
+            checkpoint_dir.rmdir()  # only when empty: what a job saved is kept for the retry
+        except OSError:
+            pass
+
+
+async def _cancel_if_not_final(client: Any, flow_run_id: Any) -> None:
+    import anyio
+    from prefect.states import Cancelled
+
+    with anyio.CancelScope(shield=True):
+        try:
+            current = await client.read_flow_run(flow_run_id)
+            if current.state is None or not current.state.is_final():
+                await client.set_flow_run_state(flow_run_id, Cancelled(
+                    message="The calling task stopped waiting (timeout, interrupt or error in the caller)"), force=True)
+        except Exception:  # best effort while the caller is already failing
             pass
 
 

@@ -56,7 +56,7 @@ def _interrupted_calls(count: int, store_dir: Path, tmp_path: Path, monkeypatch)
     pool = new_pool("interrupted")
     name = f"interrupted-{uuid.uuid4().hex[:6]}"
 
-    @kinetic_task(name=name, work_pool=pool, submission="in-process", ship_project=False, timeout_seconds=1.5)
+    @kinetic_task(name=name, work_pool=pool, submission="in-process", ship_project=False)
     def body(mode: str, ballast: bytes) -> int:
         import os as _os
         import signal as _signal
@@ -72,11 +72,12 @@ def _interrupted_calls(count: int, store_dir: Path, tmp_path: Path, monkeypatch)
         return 0
 
     modes = ["timeout", "exit", "kill"]
+    timed = body.with_options(timeout_seconds=1.5)  # the job sleeps 30 s: stopped by the timeout
     ballast = os.urandom(256 * 1024)
 
     @flow
     def warm_up():  # the pool, the runner's environment and the store folders exist before measuring
-        return body.with_options(timeout_seconds=300)("quick", ballast)
+        return body("quick", ballast)
 
     assert warm_up() == len(ballast)
     watched = {"runs": store_dir / "runs", "checkpoints": store_dir / "checkpoints",
@@ -87,8 +88,9 @@ def _interrupted_calls(count: int, store_dir: Path, tmp_path: Path, monkeypatch)
     def pipeline() -> list[str]:
         ended = []
         for index in range(count):
+            mode = modes[index % len(modes)]
             try:
-                body(modes[index % len(modes)], ballast)
+                (timed if mode == "timeout" else body)(mode, ballast)
                 ended.append("returned")
             except BaseException as exc:  # noqa: BLE001 - every call is meant to end badly
                 ended.append(type(exc).__name__)
@@ -163,6 +165,7 @@ def test_cleanup_lists_then_removes_what_a_crash_left(store_dir, tmp_path, monke
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     store = tmp_path / "store"
     stale_run = store / "runs" / str(uuid.uuid4())
     stale_run.mkdir(parents=True)
