@@ -99,7 +99,7 @@ def _interrupted_calls(count: int, store_dir: Path, tmp_path: Path, monkeypatch)
     ended = pipeline()
     assert "returned" not in ended, ended
     runs = job_runs(name)
-    assert len(runs) == count + 1
+    assert 1 < len(runs) <= count + 1  # a timeout can land before the job's run is created
     wait_for(lambda: all(r.state is not None and r.state.is_final() for r in job_runs(name)), 60, "final runs")
     after = {label: footprint(path) for label, path in watched.items()}
     grown = {label: (before[label], after[label]) for label in watched
