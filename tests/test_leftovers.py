@@ -18,7 +18,19 @@ from prefect import flow, get_client
 from prefect.client.schemas.filters import FlowFilter, FlowFilterName
 
 from kinetic_prefect import kinetic_task
-from worker_fixture import new_pool
+
+
+def new_pool(prefix: str) -> str:
+    """A kinetic-local pool made through the API (the CLI's own start-up took over 120 s at load average 20)."""
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    from kinetic_prefect.workers.base import load_template
+
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name=name, type="kinetic-local",
+                                               base_job_template=load_template("kinetic-local")))
+    return name
 
 
 def job_runs(task_name: str):
