@@ -7,6 +7,7 @@
     kinetic-prefect gke-worker-image --repository REPOSITORY [--push] [--base-image IMAGE]
     kinetic-prefect gke-worker-manifests --pool NAME (--image IMAGE | --repository REPOSITORY) [--namespace NS]
     kinetic-prefect jobs list | status | logs [-f] | result | cancel | cleanup   (kinetic_prefect.jobs_cli)
+    kinetic-prefect cleanup [--store DIR] [--older-than MINUTES] [--yes]
 
 Typer + rich, like Prefect's own CLI. ``main(argv)`` returns the exit status instead of exiting, so
 scripts and tests can call it in-process.
@@ -217,6 +218,31 @@ def gke_worker_manifests_command(
         except gke_worker_image.WorkerImageError as exc:
             raise ClickException(f"{exc}; or give --image") from None
     sys.stdout.write(yaml.safe_dump_all(worker_manifests(pool, namespace=namespace, image=image), sort_keys=False))
+
+
+@app.command("cleanup")
+def cleanup_command(
+    store: Optional[str] = typer.Option(None, "--store", metavar="DIR", help="the local store (default: KINETIC_STORE "
+                                        "or ~/.cache/kinetic-prefect/store)"),
+    older_than: float = typer.Option(60.0, "--older-than", metavar="MINUTES", help="only what is at least this old"),
+    yes: bool = typer.Option(False, "--yes", help="delete what is listed (without it: a dry run)"),
+) -> None:
+    """List (or with --yes remove) what crashed calls and jobs left: uncollected payloads and results, empty
+    run and checkpoint folders, dead local jobs' folders, jobs' temporary folders."""
+    from kinetic_prefect.cleanup import active_runs, describe, find, remove, store_root
+
+    try:
+        root = store_root(store)
+        active = active_runs()
+    except ValueError as exc:
+        raise ClickException(str(exc)) from None
+    except Exception as exc:  # the API: without it, objects of running jobs cannot be told apart
+        raise ClickException(f"cannot read Prefect's unfinished kinetic runs ({type(exc).__name__}: {exc}); "
+                             "cleanup needs them to leave running jobs alone: check PREFECT_API_URL") from None
+    leftovers = find(root, older_than * 60, active=active)
+    sys.stdout.write(describe(leftovers, deleting=yes))
+    if yes and leftovers:
+        sys.stdout.write(f"removed {remove(leftovers)} of {len(leftovers)}\n")
 
 
 from kinetic_prefect.jobs_cli import jobs_app  # noqa: E402 - kinetic-prefect jobs ...

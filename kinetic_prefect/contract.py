@@ -67,6 +67,10 @@ class Env:
     # Only for a job whose owner is the calling process (in-process submission on kinetic-local):
     # when that process dies nobody can collect the result, so the job stops and cancels its run.
     OWNER_PID = "KINETIC_OWNER_PID"
+    # The launcher's own folder for this job (kinetic-local: jobs/<run>), removed by the worker once the run is
+    # final. The runner keeps its private working copy and temporary folders in it, so a job killed with SIGKILL
+    # leaves nothing in TMPDIR; a job whose owner died removes it itself (no worker is left to). Unset: TMPDIR.
+    JOB_DIR = "KINETIC_JOB_DIR"
     PREFECT_API_URL = "KINETIC_PREFECT_API_URL"
     PREFECT_API_KEY = "KINETIC_PREFECT_API_KEY"
     # Forwarded env= values for a polling worker travel in a Secret block it reads once and deletes.
@@ -207,6 +211,11 @@ PHASE_FUNCTION = "running the function"
 PHASE_SAVE_CHECKPOINTS = "saving checkpoints"
 PHASE_UPLOAD_OUTPUTS = "uploading outputs"
 PHASE_PICKLE_RESULT = "pickling the result"
+PHASE_WRITE_RESULT = "writing the result"
+PHASE_WORKING_COPY = "copying the project into the job's own working directory"
+# The error type an outcome names when the store had no room (ENOSPC, EDQUOT) for what the job wrote: the
+# caller raises errors.StoreFull, which is not retried (a retry would meet the same full store).
+STORE_FULL_ERROR = "kinetic_prefect.errors.StoreFull"
 
 # The version of the pickled call (payload.py writes it, the runner refuses any other).
 PAYLOAD_FORMAT = 1

@@ -462,8 +462,10 @@ def upload(manifest: Manifest, store: Store, *, workers: int = 32, key: bytes | 
     """Put the data into ``store`` under ``data/<sha>/``; returns the bytes uploaded (0 if it is already there)."""
     prefix = data_key(manifest.sha256)
     marker = f"{prefix}/manifest.json"
-    if store.exists(marker):
-        return 0
+    if store.exists(marker):  # already there; a damaged file of it is put back from this copy
+        from kinetic_prefect.data_repair import heal_before_call
+
+        return heal_before_call(manifest, store, on_file)
     pairs = [(rel, manifest.path_of(rel)) for rel, _size, _sha in manifest.files]
     uploaded = store.put_tree(f"{prefix}/files", pairs, workers=workers, on_file=on_file)
     if manifest._stats:  # a file rewritten after hashing would sit under the wrong content address
@@ -543,7 +545,9 @@ def _localize_uploaded(ref: DataRef, store: Store, node_cache: Path, key: bytes 
             got = _build_manifest(local / ref.name if ref.kind == "file" else local, workers=8, memo=True)
             if got.sha256 != ref.sha256:
                 raise DataError(f"data {ref.name} in {store.url_for(ref.key)} does not match its content hash "
-                                f"{ref.sha256}: it was changed in the store; refusing to use it")
+                                f"{ref.sha256}: it was changed in the store; refusing to use it. The caller puts "
+                                "the damaged files back from its own copy before the next call; without that copy, "
+                                f"delete {store.url_for(ref.key)}/ and call with the data again")
         return local / ref.name if ref.kind == "file" else local
 
     prefix = ref.key
@@ -558,8 +562,10 @@ def _localize_uploaded(ref: DataRef, store: Store, node_cache: Path, key: bytes 
         got = _build_manifest(root, workers=8, memo=False) if root.exists() else None
         if got is None or got.sha256 != ref.sha256:
             raise DataError(f"data {ref.name} downloaded from {store.url_for(prefix)} does not match its content "
-                            f"hash {ref.sha256} ({_diff(manifest, got)}): the store copy is damaged; delete "
-                            f"{store.url_for(prefix)}/ and call the task again to re-upload it")
+                            f"hash {ref.sha256} ({_diff(manifest, got)}): the store copy is damaged. The caller "
+                            "uploads it again from its own copy on reading this report, so the task's retry or "
+                            f"the next call gets a good one; without that copy, delete {store.url_for(prefix)}/ "
+                            "and call with the data again")
         return {"sha256": ref.sha256, "name": ref.name, "kind": ref.kind, "source": store.url_for(prefix)}
 
     target = _node_entry(node_cache, ref.sha256, fill)

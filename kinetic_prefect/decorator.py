@@ -27,18 +27,36 @@ def _remote_body(fn: Callable[..., Any], options: KineticOptions, task_name: str
 
 
 def _no_retry_for_deterministic_failures(user_condition: Callable[..., Any] | None) -> Callable[..., Any]:
-    """Prefect's ``retry_condition_fn``: a return value that cannot be pickled fails the same way on
-    every attempt, so it is not retried; otherwise the user's own condition (if any) decides."""
+    """Prefect's ``retry_condition_fn``: a return value that cannot be pickled, or that a full store cannot hold,
+    fails the same way on every attempt, so it is not retried; otherwise the user's own condition (if any) decides."""
 
     def should_retry(task: Any, task_run: Any, state: Any) -> Any:
-        from kinetic_prefect.errors import ResultNotPicklable
+        from kinetic_prefect.errors import ResultNotPicklable, SigningKeyMismatch, StoreFull
 
-        if isinstance(getattr(state, "data", None), ResultNotPicklable):
+        if isinstance(getattr(state, "data", None), (ResultNotPicklable, StoreFull, SigningKeyMismatch)):
             return False
         return True if user_condition is None else user_condition(task, task_run, state)
 
     should_retry.__kinetic_user_condition__ = user_condition  # type: ignore[attr-defined]
     return should_retry
+
+
+def _check_job_name(name: str, fn: Callable[..., Any]) -> None:
+    """The job's run is a Prefect flow named after the task, and Prefect refuses some characters in flow names
+    (with an HTTP 422 at the first call): name the culprit and the fix at decoration, before anything is created."""
+    from prefect.types.names import BANNED_CHARACTERS
+
+    banned = sorted({ch for ch in name if ch in BANNED_CHARACTERS})
+    if not banned:
+        return
+    code = getattr(fn, "__code__", None)
+    where = f" (defined at {code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+    if name == "<lambda>":
+        raise ValueError(f"kinetic_task cannot name the job of a lambda{where}: its run is a Prefect flow named after "
+                         "the task, and '<lambda>' is not a valid flow name. Pass name=, e.g. "
+                         "kinetic_task(name='double')(lambda x: x * 2), or use a def")
+    raise ValueError(f"kinetic_task name={name!r}{where}: the job's run is a Prefect flow named after the task, and "
+                     f"flow names cannot contain {' '.join(repr(ch) for ch in banned)}; choose another name=")
 
 
 def _isolated(cache_policy: Any) -> Any:
@@ -141,6 +159,8 @@ class KineticTask(Task):
             options["cache_policy"] = _isolated(options["cache_policy"])
         if options.get("retry_condition_fn") is not None:
             options["retry_condition_fn"] = _no_retry_for_deterministic_failures(options["retry_condition_fn"])
+        if options.get("name") is not None:
+            _check_job_name(options["name"], self.user_fn)
         new: Any = super().with_options(**options)
         results_follow_pool = self.results_follow_pool and options.get("result_storage") is None
         kinetic = self.kinetic
@@ -208,6 +228,7 @@ def kinetic_task(
     """
 
     def decorate(fn: Callable[..., Any]) -> KineticTask:
+        _check_job_name(task_options.get("name") or fn.__name__, fn)
         _prefect.start_embedded_server()  # before the flow starts it with Prefect's shorter limit
         options = _options(accelerator, requirements, image, work_pool, env, submission, project_dir,
                            ship_project, job_variables, base_image, hosts)

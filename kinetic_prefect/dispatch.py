@@ -24,11 +24,13 @@ from prefect.context import TaskRunContext
 from prefect.logging import get_run_logger
 
 from kinetic_prefect import _prefect, accelerators, config, data, gcp, signing
-from kinetic_prefect.contract import Env, Outcome, RunLayout, checkpoints_key
+from kinetic_prefect.contract import STORE_FULL_ERROR, Env, Outcome, RunLayout, checkpoints_key
 from kinetic_prefect.contract import PHASE_RESTORE_CODE
 from kinetic_prefect.errors import (
     KineticJobCrashed, KineticJobInterrupted, KineticJobSetupError, PayloadError, RemoteError, RemoteTraceback,
+    StoreFull,
 )
+from kinetic_prefect.data_repair import heal_reported
 from kinetic_prefect.image import ImageSpec
 from kinetic_prefect.outages import Outage
 from kinetic_prefect.payload import build_call_payload, cached_project_archive, find_project_dir, sha256_hex
@@ -85,6 +87,8 @@ class PreparedCall:
     env: dict[str, str]
     data: list[Any]  # data.Manifest of each local Data argument, uploaded at submission
     task_run_id: str | None = None
+    store: Any = None  # once opened: where a call that ends without an outcome removes its run's objects
+    outcome_read: bool = False  # the job's outcome was read: its record stays as the run's receipt
 
 
 def _swap_data(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any], list[Any]]:
@@ -318,14 +322,20 @@ def rebuild_exception(exc_type: type, exc_args: tuple, exc_state: dict[str, Any]
 
 def _raise_remote(outcome: Outcome, result_blob: bytes | None, run_name: str, fn: Callable[..., Any]) -> None:
     traceback_text = readable_traceback(outcome.traceback, fn)
+    if outcome.error_type == STORE_FULL_ERROR:
+        raise StoreFull(outcome.message) from RemoteTraceback(traceback_text)
     if not outcome.user_error:
         raise KineticJobSetupError(outcome.phase or "?", f"{outcome.error_type}: {outcome.message}") \
             from RemoteTraceback(traceback_text)
     exc: BaseException | None = None
     if result_blob is not None:
         try:
-            _tag, exc_type, exc_args, exc_state = cloudpickle.loads(result_blob)
-            exc = rebuild_exception(exc_type, exc_args, exc_state)
+            record = cloudpickle.loads(result_blob)
+            if record[0] == "exception-object":  # the exception pickled as itself (runner._pickle_whole_exception)
+                exc = record[1]
+            else:
+                _tag, exc_type, exc_args, exc_state = record
+                exc = rebuild_exception(exc_type, exc_args, exc_state)
         except Exception:  # the type exists remotely only (e.g. a module the caller lacks)
             exc = None
     if isinstance(exc, KeyboardInterrupt) or (exc is None and outcome.error_type == "builtins.KeyboardInterrupt"):
@@ -340,6 +350,18 @@ def _raise_remote(outcome: Outcome, result_blob: bytes | None, run_name: str, fn
 
 async def _submit_and_collect(options: KineticOptions, call: PreparedCall, task_name: str,
                               fn: Callable[..., Any], detach: Any = None) -> Any:
+    """``_submit_and_wait``, and whatever way it ends without the job's outcome (a timeout or Ctrl-C at any
+    point after the upload, a crashed job, an error creating the run), the run's objects are removed."""
+    try:
+        return await _submit_and_wait(options, call, task_name, fn, detach)
+    except BaseException:
+        if call.store is not None and not call.outcome_read:
+            await _discard_interrupted_run(call.store, call)
+        raise
+
+
+async def _submit_and_wait(options: KineticOptions, call: PreparedCall, task_name: str,
+                           fn: Callable[..., Any], detach: Any = None) -> Any:
     from kinetic_prefect.storage import ObjectNotFound
 
     ctx = TaskRunContext.get()
@@ -357,7 +379,7 @@ async def _submit_and_collect(options: KineticOptions, call: PreparedCall, task_
             raise ValueError(f"image={options.image!r} needs a pool that runs container images (kinetic-gke); "
                              f"pool {pool.name!r} is of type {pool.type!r}.")
         store_url = gcp.store_url(pool)
-        store = gcp.open_store(store_url, await gcp.pool_credentials(pool))  # a bad gcp_credentials fails here
+        store = call.store = gcp.open_store(store_url, await gcp.pool_credentials(pool))  # bad gcp_credentials: here
         key = await _prefect.signing_key()
         await to_thread.run_sync(_upload_inputs, store, call, logger, key)
 
@@ -399,13 +421,16 @@ async def _submit_and_collect(options: KineticOptions, call: PreparedCall, task_
                 await _prefect.cancel_flow_run(client, flow_run.id, "The calling task stopped waiting "
                                                                    "(timeout, interrupt or error in the caller)",
                                                wait_seconds=20)
+            else:  # stopped before the in-process worker followed the job: its run must not stay Pending
+                await _cancel_if_not_final(client, flow_run.id)
             raise
         if state is not None and state.is_cancelled():
-            await to_thread.run_sync(_discard_run, store, call)
+            await to_thread.run_sync(_discard_run, store, call, True)
             return await _cancelled_result(client, task_run, run_name, state)
 
     try:
         outcome = Outcome.from_json(_read_signed(store, call.layout.outcome, key))
+        call.outcome_read = True
     except ObjectNotFound:
         message = state.message if state is not None else "no state"
         raise KineticJobCrashed(f"job {run_name} ended without an outcome ({state.name if state else '?'}: {message})") from None
@@ -418,6 +443,7 @@ async def _submit_and_collect(options: KineticOptions, call: PreparedCall, task_
         except ObjectNotFound:
             blob = None
         await to_thread.run_sync(_forget_broken_code, store, call, outcome)
+        await to_thread.run_sync(heal_reported, store, call.data, outcome)
         _raise_remote(outcome, blob, run_name, fn)
     finally:
         await to_thread.run_sync(_discard_run, store, call)
@@ -425,10 +451,12 @@ async def _submit_and_collect(options: KineticOptions, call: PreparedCall, task_
 
 def _read_signed(store: Any, object_key: str, key: bytes | None) -> bytes:
     """Read a store object the job wrote, verified before anything unpickles it."""
-    from kinetic_prefect.errors import StoreTampered
+    from kinetic_prefect.errors import SigningKeyMismatch, StoreTampered
 
     try:
         return signing.get(store, object_key, key)
+    except signing.KeyMismatch as exc:
+        raise SigningKeyMismatch(str(exc)) from None
     except signing.TamperedObject as exc:
         raise StoreTampered(str(exc)) from None
 
@@ -437,11 +465,49 @@ def _print_job_output(run_name: str, text: str) -> None:
     print("\n".join(f"[{run_name}] {line}" for line in text.splitlines()), file=sys.stderr, flush=True)
 
 
-def _discard_run(store: Any, call: PreparedCall) -> None:
-    """Collected (or cancelled): the payload and the pickled result are not needed any more. The
-    small outcome record stays as the job's receipt; outputs and checkpoints stay too."""
+def _discard_run(store: Any, call: PreparedCall, entirely: bool = False) -> None:
+    """Collected: the payload and the pickled result are not needed any more; the small outcome record stays as
+    the job's receipt. ``entirely`` (a cancelled, interrupted or crashed call: nothing to collect): the outcome
+    goes too, so calls that end badly do not grow the store. Outputs and checkpoints stay."""
     for object_key in (call.layout.payload, call.layout.result):
         signing.delete(store, object_key)  # never raises: cleanup must not turn a result into a failure
+    if not entirely:
+        return
+    try:
+        store.delete_prefix(call.layout.prefix + "/")
+    except Exception:
+        pass
+    # A job stopped while it started may not have removed its checkpoint folder; an empty one is only clutter.
+    checkpoint_dir = store.local_path(checkpoints_key(call.task_run_id or call.layout.run_id))
+    if checkpoint_dir is not None:
+        try:
+            checkpoint_dir.rmdir()  # only when empty: what a job saved is kept for the retry
+        except OSError:
+            pass
+
+
+async def _cancel_if_not_final(client: Any, flow_run_id: Any) -> None:
+    import anyio
+    from prefect.states import Cancelled
+
+    with anyio.CancelScope(shield=True):
+        try:
+            current = await client.read_flow_run(flow_run_id)
+            if current.state is None or not current.state.is_final():
+                await client.set_flow_run_state(flow_run_id, Cancelled(
+                    message="The calling task stopped waiting (timeout, interrupt or error in the caller)"), force=True)
+        except Exception:  # best effort while the caller is already failing
+            pass
+
+
+async def _discard_interrupted_run(store: Any, call: PreparedCall) -> None:
+    """The call ends without an outcome: the job is stopped by now (in-process) or was asked to stop and waited
+    for (polling worker), or it crashed; its payload and whatever it wrote are removed, shielded from a
+    cancellation that is unwinding this call. What a job still writes after that is for `kinetic-prefect cleanup`."""
+    import anyio
+
+    with anyio.CancelScope(shield=True):
+        await to_thread.run_sync(_discard_run, store, call, True)
 
 
 async def _cancelled_result(client: Any, task_run: Any, run_name: str, state: Any) -> Any:

@@ -57,3 +57,13 @@ class KineticJobCancelled(KineticError, RuntimeError):
 
 class StoreTampered(KineticError, RuntimeError):
     """A store object failed its signature check; it was not used (see kinetic_prefect.signing)."""
+
+
+class StoreFull(KineticError, OSError):
+    """The store had no room for what the job wrote (ENOSPC or a quota): not retried, as a retry would meet the
+    same full store. The message names the store and the object."""
+
+
+class SigningKeyMismatch(KineticError, RuntimeError):
+    """A store object was signed with another signing key than this side's: the caller and the worker were given
+    different keys (not a forgery: the object is intact)."""

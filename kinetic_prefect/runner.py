@@ -15,6 +15,7 @@ which step it was. The contract with the worker and the caller:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import inspect
 import signal
@@ -35,7 +36,7 @@ from typing import Any
 
 from kinetic_prefect.contract import (
     COMPLETED, EXIT_HOST_FAILED, EXIT_NO_OUTCOME, EXIT_OUTCOME_RECORDED, FAILED, PHASE_FUNCTION, PHASE_PICKLE_RESULT,
-    Env, Group, Outcome, RunLayout,
+    PHASE_FETCH_DATA, PHASE_WORKING_COPY, PHASE_WRITE_RESULT, STORE_FULL_ERROR, Env, Group, Outcome, RunLayout,
 )
 from kinetic_prefect import contract, signing
 from kinetic_prefect.errors import ResultNotPicklable
@@ -133,6 +134,28 @@ def _restore_code(store, key: str, sha: str | None) -> Path:
     return target
 
 
+def _scratch_root() -> Path | None:
+    """Where this job's temporary folders go: the launcher's job folder when it names one (removed with the job,
+    even after a SIGKILL), else TMPDIR."""
+    job_dir = os.environ.get(Env.JOB_DIR)
+    if not job_dir:
+        return None
+    Path(job_dir).mkdir(parents=True, exist_ok=True)
+    return Path(job_dir)
+
+
+def _private_working_copy(code_dir: Path) -> Path:
+    """A copy of the node's shared project copy for this job alone: its cwd and the first entry of sys.path.
+
+    What the function writes there (a rewritten module, junk files, __pycache__) goes away with the job and never
+    reaches the shared copy, which later jobs of the same project unpack nothing into and start from.
+    """
+    work = Path(tempfile.mkdtemp(prefix="kinetic-work-", dir=_scratch_root()))
+    shutil.copytree(code_dir, work, dirs_exist_ok=True, symlinks=True,
+                    ignore=shutil.ignore_patterns(".kinetic-complete", "__pycache__"))
+    return work
+
+
 def _unpickle_call(payload: bytes):
     import cloudpickle
 
@@ -175,6 +198,9 @@ def _pickle_exception(exc: BaseException) -> bytes | None:
     """
     import cloudpickle
 
+    whole = _pickle_whole_exception(exc)
+    if whole is not None:
+        return whole
     state = {k: v for k, v in vars(exc).items() if k != "__notes__"}
     for candidate in ((type(exc), exc.args, state), (type(exc), exc.args, {})):
         try:
@@ -184,6 +210,21 @@ def _pickle_exception(exc: BaseException) -> bytes | None:
         except Exception:
             continue
     return None
+
+
+def _pickle_whole_exception(exc: BaseException) -> bytes | None:
+    """The exception pickled as itself, when that round trip gives it back: the built-in ones keep what their
+    constructor set (``OSError.filename``, ``UnicodeDecodeError.start``, ``CalledProcessError.stderr``, the members
+    of an ``ExceptionGroup``), which args alone do not carry. None when the class cannot be rebuilt that way."""
+    import cloudpickle
+
+    try:
+        blob = cloudpickle.dumps(("exception-object", exc), protocol=pickle.HIGHEST_PROTOCOL)
+        _tag, copy = cloudpickle.loads(blob)
+        same = type(copy).__qualname__ == type(exc).__qualname__ and str(copy) == str(exc)
+        return blob if same else None
+    except Exception:
+        return None
 
 
 def _upload_outputs(store, layout: RunLayout, output_dir: Path, host: int = 0) -> list[str]:
@@ -228,7 +269,7 @@ class CheckpointSync:
         # The other hosts of a group work on a private copy, on a local store too: every host starts from the
         # shared checkpoint, only the coordinator's writes are kept, and no two processes write the same file.
         self.direct = store.local_path(self.key) if upload else None
-        self.dir = self.direct or Path(tempfile.mkdtemp(prefix="kinetic-checkpoint-"))
+        self.dir = self.direct or Path(tempfile.mkdtemp(prefix="kinetic-checkpoint-", dir=_scratch_root()))
         self.dir.mkdir(parents=True, exist_ok=True)
         self._synced: dict[str, tuple[int, int]] = {}
         self._stop = threading.Event()
@@ -285,9 +326,15 @@ class CheckpointSync:
         self.sync()
 
     def remove_local_copy(self) -> None:
-        """The temporary copy of a remote store's checkpoints; the store keeps them."""
+        """The temporary copy of a remote store's checkpoints; the store keeps them. A folder in a local store
+        that the function left empty is removed: an empty checkpoint folder per call is only clutter."""
         if self.direct is None:
             shutil.rmtree(self.dir, ignore_errors=True)
+            return
+        try:
+            self.dir.rmdir()  # only when empty
+        except OSError:
+            pass
 
 
 def _localize_data(args, kwargs, store, key):
@@ -338,6 +385,8 @@ def _watch_owner(owner_pid: int) -> None:
     def watch() -> None:
         while owner_alive():
             time.sleep(0.5)
+        global _OWNER_DIED
+        _OWNER_DIED = True
         reason = f"The calling process (pid {owner_pid}) died; nobody can collect this job's result."
         print(f"kinetic runner: {reason} Stopping.", file=sys.stderr, flush=True)
         _cancel_own_run(reason)
@@ -390,6 +439,7 @@ def main() -> int:
     store = None
     layout: RunLayout | None = None
     temporary_output_dir: Path | None = None
+    work_dir: Path | None = None
     checkpoints = None
     try:
         try:
@@ -408,12 +458,14 @@ def main() -> int:
             if code_key:
                 code_dir = phases.run(contract.PHASE_RESTORE_CODE, _restore_code, store, code_key,
                                       os.environ.get(Env.CODE_SHA256))
-                os.chdir(code_dir)
-                sys.path.insert(0, str(code_dir))
+                work_dir = phases.run(PHASE_WORKING_COPY, _private_working_copy, code_dir)
+                os.chdir(work_dir)
+                sys.path.insert(0, str(work_dir))
             if os.environ.get(Env.OUTPUT_DIR):
                 output_dir = Path(os.environ[Env.OUTPUT_DIR])
             else:
-                output_dir = temporary_output_dir = Path(tempfile.mkdtemp(prefix="kinetic-outputs-"))
+                output_dir = temporary_output_dir = Path(tempfile.mkdtemp(prefix="kinetic-outputs-",
+                                                                          dir=_scratch_root()))
             output_dir.mkdir(parents=True, exist_ok=True)
             os.environ[Env.OUTPUT_DIR] = str(output_dir)
             fn, args, kwargs = phases.run(contract.PHASE_UNPICKLE_CALL, _unpickle_call, payload)
@@ -461,6 +513,12 @@ def main() -> int:
         outcome.duration_s = round(time.perf_counter() - started, 4)
         if store is None or layout is None:
             return EXIT_NO_OUTCOME
+        if _OWNER_DIED:  # nobody will collect anything: leave nothing of the run in the store
+            try:
+                store.delete_prefix(layout.prefix + "/")
+            except Exception as exc:  # `kinetic-prefect cleanup` finds what stays
+                print(f"kinetic runner: could not remove {layout.prefix}: {exc!r}", file=sys.stderr, flush=True)
+            return EXIT_NO_OUTCOME
         try:
             key = signing.key_from_env()
             if not group.is_coordinator:
@@ -469,7 +527,13 @@ def main() -> int:
                 signing.put(store, layout.host_outcome(group.index), outcome.to_json(), key)
                 return EXIT_OUTCOME_RECORDED if outcome.completed else EXIT_HOST_FAILED
             if result_blob is not None:
-                signing.put(store, layout.result, result_blob, key)
+                try:
+                    signing.put(store, layout.result, result_blob, key)
+                except OSError as exc:
+                    if exc.errno not in _NO_ROOM:
+                        raise
+                    signing.delete(store, layout.result)  # a partial object frees its room for the outcome
+                    _store_full(outcome, store, layout.result, len(result_blob), exc)
             signing.put(store, layout.outcome, outcome.to_json(), key)  # the marker: written last
         except Exception as exc:
             print(f"kinetic runner: failed while writing the outcome: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -481,6 +545,24 @@ def main() -> int:
             shutil.rmtree(temporary_output_dir, ignore_errors=True)
         if checkpoints is not None:
             checkpoints.remove_local_copy()
+        if work_dir is not None:
+            shutil.rmtree(work_dir, ignore_errors=True)
+        if _OWNER_DIED and os.environ.get(Env.JOB_DIR):  # no worker is left to remove the job's folder
+            shutil.rmtree(os.environ[Env.JOB_DIR], ignore_errors=True)
+
+
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _store_full(outcome: Outcome, store, object_key: str, size: int, exc: OSError) -> None:
+    """The outcome of a job whose result did not fit in the store: Failed (not Crashed), naming the store."""
+    outcome.status, outcome.phase, outcome.error_type = FAILED, PHASE_WRITE_RESULT, STORE_FULL_ERROR
+    outcome.user_error = False
+    outcome.message = (f"{errno.errorcode.get(exc.errno, exc.errno)} ({exc.strerror}) while writing the result "
+                       f"({size / 2**20:.1f} MiB) to {store.url_for(object_key)}: the store {store.url} is full. Free "
+                       f"space there, or return less and write large results to {Env.OUTPUT_DIR}")
+    outcome.traceback = "".join(traceback.format_exception(exc))
+    print(f"kinetic runner: {outcome.message}", file=sys.stderr, flush=True)
 
 
 def _exit(code: int) -> None:
@@ -496,6 +578,7 @@ def _exit(code: int) -> None:
     sys.exit(code)
 
 
+_OWNER_DIED = False  # set by the owner watch: the calling process is gone, nobody collects the result
 _GROUP_FAILED = False  # set by main() when this host's function (or a later step) failed in a group
 
 

@@ -31,8 +31,22 @@ class TamperedObject(Exception):
     """A store object's signature is missing or wrong: it was not written by a holder of the key."""
 
 
+class KeyMismatch(TamperedObject):
+    """The object was signed, intact, but with another key: the two sides were given different signing keys."""
+
+
 def _mac(key: bytes, object_key: str, data: bytes) -> str:
     return hmac.new(key, object_key.encode() + b"\0" + data, hashlib.sha256).hexdigest()
+
+
+def key_id(key: bytes) -> str:
+    """A short public name of a key, written beside each signature: it tells a reader that an object was signed
+    with another key (a configuration error) rather than changed (a forgery), and reveals nothing of the key."""
+    return hashlib.sha256(b"kinetic-signing-key-id\0" + key).hexdigest()[:12]
+
+
+def _signature(key: bytes, object_key: str, data: bytes) -> bytes:
+    return f"{_mac(key, object_key, data)} key:{key_id(key)}".encode()
 
 
 def key_from_env() -> bytes | None:
@@ -43,7 +57,7 @@ def key_from_env() -> bytes | None:
 def put(store, object_key: str, data: bytes, key: bytes | None, **kwargs) -> None:
     """Write ``data`` (and, with a key, its signature first: the object is the marker that it is complete)."""
     if key is not None:
-        store.put_bytes(object_key + SUFFIX, _mac(key, object_key, data).encode())
+        store.put_bytes(object_key + SUFFIX, _signature(key, object_key, data))
     store.put_bytes(object_key, data, **kwargs)
 
 
@@ -56,10 +70,16 @@ def verify(store, object_key: str, data: bytes, key: bytes | None) -> bytes:
     except Exception as exc:  # missing or unreadable: unsigned
         raise TamperedObject(f"{store.url_for(object_key)} has no signature ({type(exc).__name__}); it was not "
                              "written by a holder of the signing key: refusing to use it") from None
-    if not hmac.compare_digest(signature, _mac(key, object_key, data)):
-        raise TamperedObject(f"{store.url_for(object_key)} does not match its signature: it was changed in the "
-                             "store after it was written; refusing to use it")
-    return data
+    mac, _, signer = signature.strip().partition(" key:")
+    if hmac.compare_digest(mac.encode(), _mac(key, object_key, data).encode()):
+        return data
+    if signer and signer != key_id(key):
+        raise KeyMismatch(f"{store.url_for(object_key)} was signed with another signing key (key id {signer}; "
+                          f"this side's is {key_id(key)}): the worker's signing key differs from the caller's. Give "
+                          f"the caller and the worker the same key ({KEY_ENV}, or the Prefect Secret block "
+                          f"{SECRET_BLOCK!r}) and call again")
+    raise TamperedObject(f"{store.url_for(object_key)} does not match its signature: it was changed in the "
+                         "store after it was written; refusing to use it")
 
 
 def get(store, object_key: str, key: bytes | None) -> bytes:

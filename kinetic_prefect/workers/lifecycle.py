@@ -293,7 +293,7 @@ class KineticWorker:
         await configuration.load_secret_env()
         if not await self._hand_over_signing_key(flow_run, configuration):
             return ended_before_start("refused")
-        identifier = await self.launcher.find(flow_run, configuration)
+        identifier: str | None = await self.launcher.find(flow_run, configuration)
         if identifier:
             logger.info(f"Reattaching to job {identifier} (no duplicate is launched)")
         else:
@@ -304,9 +304,20 @@ class KineticWorker:
             except Exception as exc:
                 await self.mark_crashed(flow_run, f"The job could not be started: {type(exc).__name__}: {exc}")
                 return ended_before_start("not-started")
+            except BaseException:
+                if self.owner_is_caller:  # the caller stopped waiting while its job started: nothing will follow it
+                    await self._stop_unfollowed(flow_run, configuration, identifier)
+                raise
         if task_status is not None:
             task_status.started(identifier)
         return await self.follow(flow_run, configuration, identifier)
+
+    async def _stop_unfollowed(self, flow_run: FlowRun, configuration: Any, identifier: str | None) -> None:
+        with anyio.CancelScope(shield=True):
+            if identifier:
+                await self.launcher.cancel(identifier, configuration, CANCEL_GRACE_SECONDS)
+                await self.launcher.cleanup(identifier, configuration)
+            await self.mark_cancelled(flow_run, "The calling task stopped waiting while the job was being started")
 
     async def _hand_over_signing_key(self, flow_run: FlowRun, configuration: Any) -> bool:
         """The job gets the worker's signing key in memory (never in job variables or a manifest)."""

@@ -320,7 +320,7 @@ class LocalJobLauncher(JobLauncher):
         argv = await anyio.to_thread.run_sync(self.command, configuration, log)
         job_dir = self.job_dir(identifier)
         job_dir.mkdir(parents=True, exist_ok=True)
-        base_env = self.job_environment(configuration)
+        base_env = {**self.job_environment(configuration), Env.JOB_DIR: str(job_dir)}
         if hosts > 1:
             base_env.update({Env.NUM_HOSTS: str(hosts), Env.COORDINATOR_ADDRESS: f"127.0.0.1:{_free_port()}"})
             log(f"Starting a group of {hosts} job processes "

@@ -1,0 +1,188 @@
+"""``kinetic-prefect cleanup``: what a crash can still leave behind, listed (dry run) or removed (``--yes``).
+
+Every way a call ends removes its own leftovers (see docs/failures-store.md); what remains is what a process
+killed at the wrong moment could not remove:
+
+* ``runs/<id>/payload.pkl`` and ``result.pkl`` (and signatures) of a run no caller will collect: a polling
+  caller killed with ``kill -9`` leaves its finished job's result; a job still writing after its caller gave up
+  waiting leaves what it wrote;
+* empty ``runs/<id>/`` and ``checkpoints/<task run>/`` folders;
+* ``jobs/<run>/`` folders of ``kinetic-local`` jobs whose processes are gone and that no worker will reattach to;
+* ``kinetic-outputs-*``, ``kinetic-checkpoint-*`` and ``kinetic-work-*`` folders in TMPDIR (jobs of versions
+  that kept them there, or jobs started without a job folder) and half-unpacked ``.extract-*`` folders in the
+  node cache.
+
+Only what is older than ``--older-than`` minutes counts, and nothing that belongs to a kinetic run Prefect still
+has as not final (its store objects, checkpoints and job folder are in use). Local stores only; on a gs:// store
+use a bucket lifecycle rule for ``runs/``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kinetic_prefect import config
+from kinetic_prefect.contract import Env, RunLayout
+from kinetic_prefect.signing import SUFFIX
+
+TMP_PREFIXES = ("kinetic-outputs-", "kinetic-checkpoint-", "kinetic-work-")
+
+
+@dataclass(frozen=True)
+class Leftover:
+    path: Path
+    size: int
+    why: str
+
+
+def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _newest_mtime(path: Path) -> float:
+    times = [path.stat().st_mtime]
+    if path.is_dir():
+        times += [p.stat().st_mtime for p in path.rglob("*")]
+    return max(times)
+
+
+def active_runs() -> tuple[set[str], set[str], set[str]]:
+    """(store run ids, checkpoint keys, flow run ids) of the kinetic job runs Prefect has as not final."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType, FlowRunFilterTags,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    unfinished = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.CANCELLING, StateType.PAUSED]
+    run_ids: set[str] = set()
+    checkpoints: set[str] = set()
+    flow_runs: set[str] = set()
+    with get_client(sync_client=True) as client:
+        offset = 0
+        while True:
+            page = client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=["kinetic"]),
+                                              state=FlowRunFilterState(type=FlowRunFilterStateType(any_=unfinished))),
+                limit=200, offset=offset)
+            for run in page:
+                env = (run.job_variables or {}).get("env") or {}
+                flow_runs.add(str(run.id))
+                if env.get(Env.RUN_ID):
+                    run_ids.add(env[Env.RUN_ID])
+                if env.get(Env.CHECKPOINT_KEY):
+                    checkpoints.add(env[Env.CHECKPOINT_KEY])
+            if len(page) < 200:
+                return run_ids, checkpoints, flow_runs
+            offset += 200
+
+
+def _final_or_unknown(flow_run_id: str, active: set[str]) -> bool:
+    return flow_run_id not in active
+
+
+def _job_processes_gone(record: dict) -> bool:
+    from kinetic_prefect.workers.local import LocalJobLauncher, _process_start_ticks
+
+    hosts = LocalJobLauncher._hosts(record) if record.get("pid") or record.get("hosts") else []  # noqa: SLF001
+    return all(_process_start_ticks(int(h["pid"])) != h.get("start_ticks") for h in hosts if h.get("pid"))
+
+
+def find(store_root: Path, older_than_s: float, tmp_dir: Path | None = None, cache_dir: Path | None = None,
+         active: tuple[set[str], set[str], set[str]] | None = None) -> list[Leftover]:
+    """What ``cleanup`` would remove, oldest rule first."""
+    run_ids, checkpoint_keys, flow_runs = active if active is not None else active_runs()
+    cutoff = time.time() - older_than_s
+    found: list[Leftover] = []
+    runs = store_root / "runs"
+    if runs.is_dir():
+        for run_dir in sorted(p for p in runs.iterdir() if p.is_dir()):
+            if run_dir.name in run_ids:
+                continue
+            layout = RunLayout(run_dir.name)
+            objects = [store_root / key for obj in (layout.payload, layout.result) for key in (obj, obj + SUFFIX)]
+            stale = [p for p in objects if p.is_file() and p.stat().st_mtime < cutoff]
+            for path in stale:
+                found.append(Leftover(path, path.stat().st_size, "a run's payload or result nobody collected"))
+            if not any(run_dir.iterdir()) and run_dir.stat().st_mtime < cutoff:
+                found.append(Leftover(run_dir, 0, "an empty run folder"))
+    checkpoints = store_root / "checkpoints"
+    if checkpoints.is_dir():
+        active_dirs = {store_root / key for key in checkpoint_keys}
+        for folder in sorted(p for p in checkpoints.iterdir() if p.is_dir()):
+            if folder in active_dirs or folder.stat().st_mtime >= cutoff:
+                continue
+            if not any(p.is_file() for p in folder.rglob("*")):
+                found.append(Leftover(folder, 0, "an empty checkpoint folder"))
+    jobs = (cache_dir or config.cache_dir()) / "jobs"
+    if jobs.is_dir():
+        for job_dir in sorted(p for p in jobs.iterdir() if p.is_dir()):
+            if not _final_or_unknown(job_dir.name, flow_runs):
+                continue
+            try:
+                record = json.loads((job_dir / "job.json").read_text())
+            except (OSError, ValueError):
+                record = {}
+            if record and not _job_processes_gone(record):
+                continue
+            if _newest_mtime(job_dir) < cutoff:
+                found.append(Leftover(job_dir, _size(job_dir), "a local job's folder; its processes are gone"))
+    tmp = tmp_dir or Path(tempfile.gettempdir())
+    if tmp.is_dir():
+        for folder in sorted(p for p in tmp.iterdir() if p.is_dir() and p.name.startswith(TMP_PREFIXES)):
+            if _newest_mtime(folder) < cutoff:
+                found.append(Leftover(folder, _size(folder), "a job's temporary folder"))
+    from kinetic_prefect.runner import _node_cache
+
+    node_code = _node_cache() / "code"
+    if node_code.is_dir():
+        for folder in sorted(p for p in node_code.iterdir() if p.is_dir() and p.name.startswith(".extract-")):
+            if _newest_mtime(folder) < cutoff:
+                found.append(Leftover(folder, _size(folder), "a half-unpacked project archive"))
+    return found
+
+
+def remove(leftovers: list[Leftover]) -> int:
+    """Delete them; returns how many were removed (one already gone is not an error)."""
+    removed = 0
+    for item in leftovers:
+        try:
+            if item.path.is_dir():
+                shutil.rmtree(item.path)
+            else:
+                item.path.unlink()
+            removed += 1
+        except FileNotFoundError:
+            continue
+        if item.path.parent.parent.name == "runs":  # the run folder, once its last object is gone
+            try:
+                item.path.parent.rmdir()
+            except OSError:
+                pass
+    return removed
+
+
+def store_root(url: str | None) -> Path:
+    """The local directory of the store ``url`` (default: the default store); a gs:// store is refused."""
+    url = url or config.default_store_url()
+    if url.startswith("gs://"):
+        raise ValueError(f"{url}: cleanup handles local stores; on a bucket, expire runs/ with a lifecycle rule")
+    return Path(url).expanduser().resolve()
+
+
+def describe(leftovers: list[Leftover], deleting: bool) -> str:
+    verb = "removing" if deleting else "would remove"
+    lines = [f"{verb} {item.path} ({item.size / 2**20:.2f} MiB): {item.why}" for item in leftovers]
+    total = sum(item.size for item in leftovers) / 2**20
+    if not leftovers:
+        lines.append("nothing to clean up")
+    elif not deleting:
+        lines.append(f"dry run: {len(leftovers)} item(s), {total:.2f} MiB; run again with --yes to delete them")
+    return "\n".join(lines) + "\n"

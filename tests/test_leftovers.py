@@ -1,0 +1,219 @@
+"""Nothing is left behind by calls that end badly (issue 21, defect 8), and `kinetic-prefect cleanup` finds what a
+crash of the caller or the worker can still leave."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from prefect import flow, get_client
+from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+from kinetic_prefect import kinetic_task
+
+
+def new_pool(prefix: str) -> str:
+    """A kinetic-local pool made through the API (the CLI's own start-up took over 120 s at load average 20)."""
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    from kinetic_prefect.workers.base import load_template
+
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name=name, type="kinetic-local",
+                                               base_job_template=load_template("kinetic-local")))
+    return name
+
+
+def job_runs(task_name: str):
+    with get_client(sync_client=True) as client:
+        return client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[task_name])))
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
+    deadline = time.time() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.time() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
+        time.sleep(interval)
+
+
+def footprint(root: Path) -> tuple[int, int]:
+    """(entries, bytes of files) under ``root``: a left empty folder counts as much as a file."""
+    entries = size = 0
+    if not root.exists():
+        return 0, 0
+    for path in root.rglob("*"):
+        entries += 1
+        if path.is_file():
+            size += path.stat().st_size
+    return entries, size
+
+
+def _interrupted_calls(count: int, store_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    pool = new_pool("interrupted")
+    name = f"interrupted-{uuid.uuid4().hex[:6]}"
+
+    @kinetic_task(name=name, work_pool=pool, submission="in-process", ship_project=False)
+    def body(mode: str, ballast: bytes) -> int:
+        import os as _os
+        import signal as _signal
+        import time as _time
+
+        if mode == "exit":
+            _os._exit(9)
+        if mode == "kill":
+            _os.kill(_os.getpid(), _signal.SIGKILL)
+        if mode == "quick":
+            return len(ballast)
+        _time.sleep(30)  # the task's timeout stops it
+        return 0
+
+    modes = ["timeout", "exit", "kill"]
+    timed = body.with_options(timeout_seconds=1.5)  # the job sleeps 30 s: stopped by the timeout
+    ballast = os.urandom(256 * 1024)
+
+    @flow
+    def warm_up():  # the pool, the runner's environment and the store folders exist before measuring
+        return body("quick", ballast)
+
+    assert warm_up() == len(ballast)
+    watched = {"runs": store_dir / "runs", "checkpoints": store_dir / "checkpoints",
+               "jobs": Path(os.environ["KINETIC_CACHE_DIR"]) / "jobs", "TMPDIR": tmp}
+    before = {label: footprint(path) for label, path in watched.items()}
+
+    @flow
+    def pipeline() -> list[str]:
+        ended = []
+        for index in range(count):
+            mode = modes[index % len(modes)]
+            try:
+                (timed if mode == "timeout" else body)(mode, ballast)
+                ended.append("returned")
+            except BaseException as exc:  # noqa: BLE001 - every call is meant to end badly
+                ended.append(type(exc).__name__)
+        return ended
+
+    ended = pipeline()
+    assert "returned" not in ended, ended
+    runs = job_runs(name)
+    assert 1 < len(runs) <= count + 1  # a timeout can land before the job's run is created
+    wait_for(lambda: all(r.state is not None and r.state.is_final() for r in job_runs(name)), 60, "final runs")
+    after = {label: footprint(path) for label, path in watched.items()}
+    grown = {label: (before[label], after[label]) for label in watched
+             if after[label][0] > before[label][0] or after[label][1] > before[label][1]}
+    assert not grown, f"(entries, bytes) before and after {count} interrupted calls: {grown}; ended as {ended}"
+
+
+def test_interrupted_calls_leave_nothing_in_the_store_or_tmpdir(store_dir, tmp_path, monkeypatch):
+    _interrupted_calls(6, store_dir, tmp_path, monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("KINETIC_SLOW_TESTS"), reason="set KINETIC_SLOW_TESTS=1 (about 3 minutes)")
+def test_fifty_interrupted_calls_leave_nothing_in_the_store_or_tmpdir(store_dir, tmp_path, monkeypatch):
+    _interrupted_calls(50, store_dir, tmp_path, monkeypatch)
+
+
+SCRIPT = textwrap.dedent('''
+    import pathlib, sys
+    from prefect import flow
+    from kinetic_prefect import kinetic_task
+
+    NAME, POOL, PID_FILE = sys.argv[1:4]
+
+    @kinetic_task(name=NAME, work_pool=POOL, submission="in-process", ship_project=False)
+    def body(pid_path: str) -> int:
+        import os, pathlib, time
+        pathlib.Path(pid_path).write_text(str(os.getpid()))
+        time.sleep(60)
+        return 1
+
+    @flow(name=NAME + "-flow")
+    def pipeline():
+        return body(PID_FILE)
+
+    if __name__ == "__main__":
+        pipeline()
+''')
+
+
+def test_a_killed_in_process_caller_leaves_no_job_folder(tmp_path):
+    pool = new_pool("orphan")
+    name = f"orphan-{uuid.uuid4().hex[:6]}"
+    script = tmp_path / "caller.py"
+    script.write_text(SCRIPT)
+    pid_file = tmp_path / "job.pid"
+    proc = subprocess.Popen([sys.executable, str(script), name, pool, str(pid_file)], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), 120, "the job to start")
+    finally:
+        proc.kill()
+        proc.wait(30)
+    [run] = job_runs(name)
+    jobs_dir = Path(os.environ["KINETIC_CACHE_DIR"]) / "jobs"
+    wait_for(lambda: job_runs(name)[0].state.is_cancelled(), 30, "the job to cancel its own run")
+    wait_for(lambda: not (jobs_dir / str(run.id)).exists(), 15, f"{jobs_dir / str(run.id)} to be removed")
+
+
+def test_cleanup_lists_then_removes_what_a_crash_left(store_dir, tmp_path, monkeypatch, capsys):
+    from kinetic_prefect.cli import main
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    store = tmp_path / "store"
+    stale_run = store / "runs" / str(uuid.uuid4())
+    stale_run.mkdir(parents=True)
+    (stale_run / "payload.pkl").write_bytes(b"x" * 1000)
+    (stale_run / "payload.pkl.sig").write_text("sig")
+    (store / "checkpoints" / "empty-task-run").mkdir(parents=True)
+    kept = store / "checkpoints" / "saved" / "ckpt.bin"
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(b"weights")
+    orphan_outputs = tmp / "kinetic-outputs-abc123"
+    orphan_outputs.mkdir()
+    (orphan_outputs / "model.bin").write_bytes(b"y" * 500)
+    jobs = Path(os.environ["KINETIC_CACHE_DIR"]) / "jobs"
+    dead_job = jobs / str(uuid.uuid4())
+    dead_job.mkdir(parents=True)
+    (dead_job / "job.json").write_text('{"pid": 999999999, "start_ticks": 1, "owner": "caller", "hosts": []}')
+    (dead_job / "job.log").write_text("lines\n")
+    old = time.time() - 7200
+    for path in (stale_run / "payload.pkl", stale_run / "payload.pkl.sig", orphan_outputs / "model.bin",
+                 orphan_outputs, dead_job / "job.json", dead_job / "job.log", dead_job,
+                 store / "checkpoints" / "empty-task-run", kept.parent):
+        os.utime(path, (old, old))
+    fresh_run = store / "runs" / str(uuid.uuid4())  # a call may still be collecting it
+    fresh_run.mkdir()
+    (fresh_run / "result.pkl").write_bytes(b"z")
+
+    assert main(["cleanup", "--store", str(store)]) == 0
+    listed = capsys.readouterr().out
+    for path in (stale_run / "payload.pkl", store / "checkpoints" / "empty-task-run", orphan_outputs, dead_job):
+        assert str(path) in listed, listed
+        assert path.exists(), "a dry run deleted something"
+    assert str(fresh_run) not in listed and str(kept) not in listed
+    assert "dry run" in listed and "--yes" in listed
+
+    assert main(["cleanup", "--store", str(store), "--yes"]) == 0
+    capsys.readouterr()
+    for path in (stale_run, store / "checkpoints" / "empty-task-run", orphan_outputs, dead_job):
+        assert not path.exists(), path
+    assert kept.read_bytes() == b"weights" and (fresh_run / "result.pkl").exists()
