@@ -222,7 +222,7 @@ def gke_worker_manifests_command(
 
 @app.command("cleanup")
 def cleanup_command(
-    store: Optional[str] = typer.Option(None, "--store", metavar="DIR", help="the local store (default: KINETIC_STORE "
+    store: Optional[str] = typer.Option(None, "--store", metavar="DIR", help=f"the local store (default: {Env.STORE} "
                                         "or ~/.cache/kinetic-prefect/store)"),
     older_than: float = typer.Option(60.0, "--older-than", metavar="MINUTES", help="only what is at least this old"),
     yes: bool = typer.Option(False, "--yes", help="delete what is listed (without it: a dry run)"),

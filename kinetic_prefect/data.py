@@ -458,14 +458,14 @@ def to_ref(data: Data, manifest: Manifest | None) -> DataRef:
 # ---------------------------------------------------------------------------------------------------------------
 
 def upload(manifest: Manifest, store: Store, *, workers: int = 32, key: bytes | None = None,
-           on_file: Callable[[int], None] | None = None) -> int:
-    """Put the data into ``store`` under ``data/<sha>/``; returns the bytes uploaded (0 if it is already there)."""
+           on_file: Callable[[int], None] | None = None,
+           heal: Callable[[Manifest, Store, Callable[[int], None] | None], int] | None = None) -> int:
+    """Put the data into ``store`` under ``data/<sha>/``; returns the bytes uploaded (0 if it is already there).
+    ``heal`` (the caller's ``data_repair.heal_before_call``) checks a stored copy and puts back damaged files."""
     prefix = data_key(manifest.sha256)
     marker = f"{prefix}/manifest.json"
     if store.exists(marker):  # already there; a damaged file of it is put back from this copy
-        from kinetic_prefect.data_repair import heal_before_call
-
-        return heal_before_call(manifest, store, on_file)
+        return heal(manifest, store, on_file) if heal is not None else 0
     pairs = [(rel, manifest.path_of(rel)) for rel, _size, _sha in manifest.files]
     uploaded = store.put_tree(f"{prefix}/files", pairs, workers=workers, on_file=on_file)
     if manifest._stats:  # a file rewritten after hashing would sit under the wrong content address

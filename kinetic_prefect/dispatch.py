@@ -30,7 +30,7 @@ from kinetic_prefect.errors import (
     KineticJobCrashed, KineticJobInterrupted, KineticJobSetupError, PayloadError, RemoteError, RemoteTraceback,
     StoreFull,
 )
-from kinetic_prefect.data_repair import heal_reported
+from kinetic_prefect.data_repair import heal_before_call, heal_reported
 from kinetic_prefect.image import ImageSpec
 from kinetic_prefect.outages import Outage
 from kinetic_prefect.payload import build_call_payload, cached_project_archive, find_project_dir, sha256_hex
@@ -213,7 +213,7 @@ def _upload_inputs(store: Any, call: PreparedCall, logger: Any, key: bytes | Non
         _ensure_content_addressed(store, call.code_archive.key, call.code_archive.data, call.code_archive.sha256)
     for manifest in call.data:
         total = sum(size for _rel, size, _sha in manifest.files)
-        uploaded = data.upload(manifest, store, key=key,
+        uploaded = data.upload(manifest, store, key=key, heal=heal_before_call,
                                on_file=UploadProgress(manifest.root.name, total, call.task_run_id))
         if logger:
             logger.info(f"Data {manifest.root.name} ({len(manifest.files)} files, sha256 {manifest.sha256[:12]}): "

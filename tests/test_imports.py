@@ -21,11 +21,11 @@ PACKAGE = "kinetic_prefect"
 CONTRACT = {"contract"}
 POD = {"runner", "outputs", "progress", "signing", "storage", "errors", "accelerators", "data", "config"}
 SHARED = {"gcp", "image", "builders", "job_variables", "prefect_runs", "secret_blocks", "locks", "outages"}
-CALLER = {"__init__", "_prefect", "decorator", "dispatch", "payload", "results", "pools", "in_process", "task_calls",
+CALLER = {"__init__", "_prefect", "decorator", "dispatch", "payload", "results", "pools", "in_process", "task_calls", "data_repair",
           "embedded_server"}
 WORKER_PREFIX = "workers"
 KINETIC_API_PREFIX = "kinetic"  # the Kinetic-compatible API: a caller-side facade over kinetic_task
-TOOLS = {"cli", "doctor", "steps", "jobs_cli"}
+TOOLS = {"cli", "doctor", "steps", "jobs_cli", "cleanup"}
 
 # Who may import whom (besides itself): the pod never reaches the caller or the worker (it ships alone to a
 # job), shared helpers never reach a side, the worker never reaches the caller; the caller reaches the worker
