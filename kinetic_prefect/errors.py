@@ -57,3 +57,8 @@ class KineticJobCancelled(KineticError, RuntimeError):
 
 class StoreTampered(KineticError, RuntimeError):
     """A store object failed its signature check; it was not used (see kinetic_prefect.signing)."""
+
+
+class BudgetExceeded(KineticError, RuntimeError):
+    """The job's metered cost reached its ``max_cost_usd`` and the worker stopped it (its checkpoints and outputs
+    are kept). Not retried: a retry would spend the same budget again."""

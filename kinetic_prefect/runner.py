@@ -41,7 +41,7 @@ from kinetic_prefect.contract import (
 
 class JobTerminated(BaseException):
     """Raised in the function's thread on SIGTERM: the job was cancelled or its pod deleted."""
-from kinetic_prefect import signing
+from kinetic_prefect import signing, utilization
 from kinetic_prefect.errors import ResultNotPicklable
 
 class PhaseFailed(Exception):
@@ -425,10 +425,14 @@ def main() -> int:
             if group.size > 1:
                 phases.run(f"joining the group of {group.size} hosts as host {group.index}", _join_group, group)
             function_failure = None
+            usage = utilization.start()  # what the function uses, sampled beside it (no Prefect in the job)
             try:
                 value = phases.run(PHASE_FUNCTION, _call, fn, args, kwargs)
             except PhaseFailed as failed:
                 function_failure = failed
+            finally:
+                if usage is not None:
+                    usage.stop()
             # Checkpoints and outputs are saved after a failure too: that is when they matter most.
             if checkpoints is not None:
                 try:
