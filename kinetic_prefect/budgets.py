@@ -67,8 +67,8 @@ async def call_budget(client: Any, task_budget: float | None, pool: Any, pool_va
                                  f"${spent:.4f}); no further call starts")
         budget = left if budget is None else min(budget, left)
     if budget is not None and "max_cost_usd" not in pool_variables:
-        raise ValueError(f"max_cost_usd={budget:g}: pool {pool.name!r} (type {pool.type!r}) cannot enforce a budget: its "
-                         f"base job template has no `max_cost_usd` variable (made before budgets). Update it, e.g. "
+        raise ValueError(f"max_cost_usd={budget:g}: pool {pool.name!r} (type {pool.type!r}) cannot enforce a budget: "
+                         f"its base job template has no `max_cost_usd` variable (made before budgets). Update it, e.g. "
                          f"`prefect work-pool update {pool.name} --base-job-template work_pools/{pool.type}.json`.")
     return budget
 

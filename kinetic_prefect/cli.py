@@ -251,13 +251,14 @@ def cost_command(
     console.width = max(console.width, 120)
     for run in runs:
         table = Table(title=f"{run.name} ({run.flow_run_id}, {run.state or '?'}, started {run.start or '-'}): "
-                            f"${run.total_usd:.4f}" + (f", {run.unpriced_calls} unpriced" if run.unpriced_calls else ""))
+                            f"${run.total_usd:.4f}"
+                            + (f", {run.unpriced_calls} unpriced" if run.unpriced_calls else ""))
         for column in ("call", "accelerator", "spot", "hosts", "minutes", "$"):
             table.add_column(column, justify="right" if column in ("hosts", "minutes", "$") else "left")
         for call in run.calls:
             usd = call.get("usd")
-            table.add_row(escape(str(call.get("call"))), str(call.get("accelerator")), "yes" if call.get("spot") else "no",
-                          str(call.get("hosts")), f"{call.get('minutes') or 0:.2f}",
+            table.add_row(escape(str(call.get("call"))), str(call.get("accelerator")),
+                          "yes" if call.get("spot") else "no", str(call.get("hosts")), f"{call.get('minutes') or 0:.2f}",
                           "unpriced" if usd is None else f"${usd:.4f}")
         console.print(table)
     console.print(f"{len(runs)} flow run(s), ${total:.4f} in all")

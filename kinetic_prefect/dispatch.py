@@ -27,7 +27,8 @@ from prefect.logging import get_run_logger
 from kinetic_prefect import _prefect, accelerators, budgets, config, data, gcp, signing
 from kinetic_prefect.contract import BUDGET_ERROR_TYPE, Env, Outcome, RunLayout, checkpoints_key
 from kinetic_prefect.errors import (
-    BudgetExceeded, KineticJobCrashed, KineticJobInterrupted, KineticJobSetupError, PayloadError, RemoteError, RemoteTraceback,
+    BudgetExceeded, KineticJobCrashed, KineticJobInterrupted, KineticJobSetupError, PayloadError, RemoteError,
+    RemoteTraceback,
 )
 from kinetic_prefect.image import ImageSpec
 from kinetic_prefect.payload import build_call_payload, cached_project_archive, find_project_dir, sha256_hex

@@ -69,7 +69,8 @@ def run_cost_flow(env: dict, timeout: float = 900) -> str:
                           timeout=timeout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("UI-COST-RESULT ")]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"the cost flow failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"the cost flow failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                           f"{proc.stderr[-3000:]}")
     result = json.loads(lines[-1].split(" ", 1)[1])
     if result["state"] != "Completed":
         raise RuntimeError(f"the cost flow ended {result['state']}:\n{proc.stderr[-3000:]}")

@@ -152,7 +152,8 @@ async def publish_flow_total(worker: Any, flow_run: FlowRun) -> cost.FlowCost | 
         if parent is None:
             return None
         total = await flow_cost(client, parent)
-        rows = [{k: row.get(k) for k in ("call", "accelerator", "spot", "hosts", "minutes", "usd")} for row in total.rows]
+        columns = ("call", "accelerator", "spot", "hosts", "minutes", "usd")
+        rows = [{k: row.get(k) for k in columns} for row in total.rows]
         rows.append({"call": "total", "accelerator": "", "spot": "", "hosts": sum(r.get("hosts") or 0 for r in rows),
                      "minutes": round(sum(r.get("minutes") or 0 for r in rows), 4), "usd": round(total.total_usd, 6)})
         description = (f"kinetic calls of this flow run: {len(total.rows)}, total ${total.total_usd:.4f}"

@@ -118,7 +118,8 @@ def plot_svg(samples: list[dict[str, Any]], width: int = 720, height: int = 260)
             lines["GPU utilization %"][1].append((x, sum(utils) / len(utils)))
         limited = [d for d in sample.get("devices") or [] if d.get("limit")]
         if limited:
-            lines["accelerator memory % of limit"][1].append((x, max(100.0 * d["in_use"] / d["limit"] for d in limited)))
+            share = max(100.0 * d["in_use"] / d["limit"] for d in limited)
+            lines["accelerator memory % of limit"][1].append((x, share))
     left, right, top, bottom = 48, 16, 16, 56
     plot_w, plot_h = width - left - right, height - top - bottom
 
