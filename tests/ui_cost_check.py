@@ -13,6 +13,7 @@ Used by ``tests/test_ui_cost.py`` against the test session's server.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -135,11 +136,18 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "docs" / "screenshots"))
+    parser.add_argument("--url", help="use this running server (http://host:port) instead of starting one; the flow "
+                                      "runs against its API")
     args = parser.parse_args(argv)
     chromium = find_chromium()
     if not chromium:
         print("chromium is not installed (Debian: apt-get install -y chromium)", file=sys.stderr)
         return 2
+    if args.url:
+        env = {**os.environ, "PREFECT_API_URL": f"{args.url}/api"}
+        report = check_cost_pages(args.url, f"{args.url}/api", run_cost_flow(env), Path(args.out), chromium)
+        print(json.dumps(report, indent=1))
+        return 0
     server = Server()
     try:
         flow_run_id = run_cost_flow(server.env)

@@ -194,17 +194,21 @@ async def record_budget_outcome(worker: Any, flow_run: FlowRun, configuration: A
     from kinetic_prefect import _prefect, signing
     from kinetic_prefect.storage import ObjectNotFound
 
-    store = await worker.open_pool_store(configuration)
-    layout = RunLayout(configuration.env[Env.RUN_ID])
-    key = await _prefect.signing_key()
     try:
-        outcome = Outcome.from_json(await anyio.to_thread.run_sync(signing.get, store, layout.outcome, key))
-    except (ObjectNotFound, signing.TamperedObject, ValueError):
-        outcome = Outcome(status=FAILED)
-    outcome.status, outcome.phase, outcome.error_type = FAILED, PHASE_FUNCTION, BUDGET_ERROR_TYPE
-    outcome.message, outcome.user_error, outcome.traceback = message, True, ""
-    await anyio.to_thread.run_sync(signing.delete, store, layout.result)
-    await anyio.to_thread.run_sync(signing.put, store, layout.outcome, outcome.to_json(), key)
+        store = await worker.open_pool_store(configuration)
+        layout = RunLayout(configuration.env[Env.RUN_ID])
+        key = await _prefect.signing_key()
+        try:
+            outcome = Outcome.from_json(await anyio.to_thread.run_sync(signing.get, store, layout.outcome, key))
+        except (ObjectNotFound, signing.TamperedObject, ValueError):
+            outcome = Outcome(status=FAILED)
+        outcome.status, outcome.phase, outcome.error_type = FAILED, PHASE_FUNCTION, BUDGET_ERROR_TYPE
+        outcome.message, outcome.user_error, outcome.traceback = message, True, ""
+        await anyio.to_thread.run_sync(signing.delete, store, layout.result)
+        await anyio.to_thread.run_sync(signing.put, store, layout.outcome, outcome.to_json(), key)
+    except Exception as exc:  # the run still ends Failed with the budget's message
+        worker.get_flow_run_logger(flow_run).warning(
+            f"Could not record the budget stop in the job's outcome ({type(exc).__name__}: {exc})")
 
 
 __all__ = ["JobMeter", "flow_cost", "job_cost_rows", "publish_job_cost", "record_budget_outcome"]
