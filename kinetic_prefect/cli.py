@@ -8,6 +8,8 @@
     kinetic-prefect gke-worker-manifests --pool NAME (--image IMAGE | --repository REPOSITORY) [--namespace NS]
     kinetic-prefect jobs list | status | logs [-f] | result | cancel | cleanup   (kinetic_prefect.jobs_cli)
     kinetic-prefect cleanup [--store DIR] [--older-than MINUTES] [--yes]
+    kinetic-prefect cost [--flow-run ID ...] [--deployment FLOW/NAME] [--flow NAME] [--since DATE] [--until DATE]
+                         [--last N] [--json]
 
 Typer + rich, like Prefect's own CLI. ``main(argv)`` returns the exit status instead of exiting, so
 scripts and tests can call it in-process.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -243,6 +246,50 @@ def cleanup_command(
     sys.stdout.write(describe(leftovers, deleting=yes))
     if yes and leftovers:
         sys.stdout.write(f"removed {remove(leftovers)} of {len(leftovers)}\n")
+
+
+@app.command("cost")
+def cost_command(
+    flow_run: Optional[List[str]] = typer.Option(None, "--flow-run", metavar="ID", help="a flow run (repeatable)"),
+    deployment: Optional[str] = typer.Option(None, "--deployment", metavar="FLOW/NAME", help="runs of a deployment"),
+    flow_name: Optional[str] = typer.Option(None, "--flow", metavar="NAME", help="runs of a flow"),
+    since: Optional[datetime] = typer.Option(None, "--since", metavar="DATE", help="runs started at or after DATE"),
+    until: Optional[datetime] = typer.Option(None, "--until", metavar="DATE", help="runs started before DATE"),
+    last: int = typer.Option(10, "--last", metavar="N", help="the N most recent runs (0: all in the range)"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON instead of tables"),
+) -> None:
+    """What flow runs' kinetic calls cost, from Prefect's records (the cost artifacts the workers left)."""
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    from kinetic_prefect.cost_report import flow_run_costs
+
+    def utc(moment: Optional[datetime]) -> Optional[datetime]:
+        return moment.replace(tzinfo=timezone.utc) if moment is not None and moment.tzinfo is None else moment
+
+    try:
+        runs = run_coro_as_sync(flow_run_costs(flow_run, deployment, flow_name, utc(since), utc(until), last))
+    except ValueError as exc:
+        raise ClickException(str(exc)) from None
+    total = sum(r.total_usd for r in runs)
+    if as_json:
+        sys.stdout.write(json.dumps({"total_usd": round(total, 6), "runs": [r.as_dict() for r in runs]}, indent=2)
+                         + "\n")
+        return
+    console = _console()
+    console.width = max(console.width, 120)
+    for run in runs:
+        table = Table(title=f"{run.name} ({run.flow_run_id}, {run.state or '?'}, started {run.start or '-'}): "
+                            f"${run.total_usd:.4f}"
+                            + (f", {run.unpriced_calls} unpriced" if run.unpriced_calls else ""))
+        for column in ("call", "accelerator", "spot", "hosts", "minutes", "$"):
+            table.add_column(column, justify="right" if column in ("hosts", "minutes", "$") else "left")
+        for call in run.calls:
+            usd = call.get("usd")
+            table.add_row(escape(str(call.get("call"))), str(call.get("accelerator")),
+                          "yes" if call.get("spot") else "no", str(call.get("hosts")), f"{call.get('minutes') or 0:.2f}",
+                          "unpriced" if usd is None else f"${usd:.4f}")
+        console.print(table)
+    console.print(f"{len(runs)} flow run(s), ${total:.4f} in all")
 
 
 from kinetic_prefect.jobs_cli import jobs_app  # noqa: E402 - kinetic-prefect jobs ...

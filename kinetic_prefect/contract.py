@@ -34,6 +34,23 @@ LOG_END_MARKER = "[kinetic] end of job output"
 # Prefect progress artifact on the job's run (the job itself cannot import Prefect).
 PROGRESS_PREFIX = "[kinetic:progress] "
 
+# The job's usage sampler (kinetic_prefect.utilization) prints one line with this prefix and a JSON sample
+# (host CPU and memory, NVML GPU figures, JAX device memory); the worker turns them into usage artifacts.
+USAGE_PREFIX = "[kinetic:usage] "
+
+# Cost records in Prefect: every job's cost table artifact carries JOB_COST_ARTIFACT_KEY (one key, a version
+# per job), the calling flow run's running total FLOW_COST_ARTIFACT_KEY; the events automations match on.
+JOB_COST_ARTIFACT_KEY = "kinetic-job-cost"
+FLOW_COST_ARTIFACT_KEY = "kinetic-flow-cost"
+USAGE_ARTIFACT_KEY = "kinetic-job-usage"
+JOB_COST_EVENT = "kinetic.job.cost"
+FLOW_COST_EVENT = "kinetic.flow-run.cost"
+# A flow run tagged ``kinetic-max-cost-usd:25`` stops starting kinetic calls once its calls cost $25 and gives
+# each call what is left of it as its budget.
+FLOW_BUDGET_TAG_PREFIX = "kinetic-max-cost-usd:"
+# The outcome's error_type when the worker stopped the job at its budget (the caller raises BudgetExceeded).
+BUDGET_ERROR_TYPE = "kinetic_prefect.errors.BudgetExceeded"
+
 # A job's flow run hangs under a tracking task run in the caller's flow run (Prefect's shape for a
 # subflow called inside a task); its task key starts with this, so tools can tell it from user tasks.
 TRACKING_TASK_KEY_PREFIX = "kinetic-job-"
@@ -97,6 +114,7 @@ class Env:
     PROJECT_DIR = "KINETIC_PROJECT_DIR"
     # On a kinetic-local machine: the devices a job may use (e.g. ``cuda``), instead of the detected ones.
     LOCAL_DEVICES = "KINETIC_LOCAL_DEVICES"
+    USAGE_SAMPLE_SECONDS = "KINETIC_USAGE_SAMPLE_SECONDS"  # the usage sampler's interval (default 2; 0: off)
 
 
 JAX_COORDINATOR_PORT = 8476  # the port GKE's TPU tooling and jax.distributed use by default

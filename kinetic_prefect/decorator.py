@@ -31,9 +31,9 @@ def _no_retry_for_deterministic_failures(user_condition: Callable[..., Any] | No
     fails the same way on every attempt, so it is not retried; otherwise the user's own condition (if any) decides."""
 
     def should_retry(task: Any, task_run: Any, state: Any) -> Any:
-        from kinetic_prefect.errors import ResultNotPicklable, SigningKeyMismatch, StoreFull
+        from kinetic_prefect.errors import BudgetExceeded, ResultNotPicklable, SigningKeyMismatch, StoreFull
 
-        if isinstance(getattr(state, "data", None), (ResultNotPicklable, StoreFull, SigningKeyMismatch)):
+        if isinstance(getattr(state, "data", None), (ResultNotPicklable, StoreFull, SigningKeyMismatch, BudgetExceeded)):
             return False
         return True if user_condition is None else user_condition(task, task_run, state)
 
@@ -87,9 +87,13 @@ def _options(
     job_variables: dict[str, Any] | None = None,
     base_image: str | None = None,
     hosts: int | None = None,
+    max_cost_usd: float | None = None,
 ) -> KineticOptions:
     spec = accelerators.resolve(accelerator)  # unknown names fail here, at decoration time
     names.warn_if_read_differently(accelerator)  # once per name: Keras Kinetic reads it as other hardware
+    from kinetic_prefect.cost import check_budget
+
+    max_cost_usd = check_budget(max_cost_usd)  # max_cost_usd=0 or "5" fails here too
     accelerators.host_count(spec, hosts)  # hosts=0, or hosts contradicting a slice, fail here too
     if isinstance(env, str):
         env = (env,)
@@ -104,6 +108,7 @@ def _options(
         ship_project=ship_project,
         job_variables=dict(job_variables or {}),
         hosts=hosts,
+        max_cost_usd=max_cost_usd,
     )
 
 
@@ -171,6 +176,7 @@ class KineticTask(Task):
                 "submission": kinetic.submission, "project_dir": kinetic.project_dir,
                 "ship_project": kinetic.ship_project, "job_variables": kinetic.job_variables,
                 "base_image": kinetic.image_spec.base_image, "hosts": kinetic.hosts,
+                "max_cost_usd": kinetic.max_cost_usd,
             }
             kinetic = _options(**{**current, **kinetic_changes})
         # Prefect's with_options builds a plain Task around the same fn; give it ours back.
@@ -202,6 +208,7 @@ def kinetic_task(
     job_variables: dict[str, Any] | None = None,
     base_image: str | None = None,
     hosts: int | None = None,
+    max_cost_usd: float | None = None,
     **task_options: Any,
 ):
     """Decorate a function so that each call runs its body as a job on ``accelerator``.
@@ -223,6 +230,9 @@ def kinetic_task(
             host's outputs are kept (``outputs/<run>/hosts/<i>/``), one failed host fails the call. Default:
             the accelerator's own hosts (a multi-host TPU slice such as ``tpu-v5litepod-16`` is 4), else 1.
             On kinetic-local, N local processes (on the CPU when the machine lacks the accelerator).
+        max_cost_usd: a budget per call in US dollars: the worker stops the job when its metered cost (hosts x
+            minutes x the pool's price) reaches it; the call raises ``BudgetExceeded`` (not retried) and the job's
+            checkpoints and outputs are kept. Default: the pool's ``max_cost_usd``, if any.
 
     Every other keyword is a Prefect task option (``retries``, ``cache_policy``, ``tags``...).
     """
@@ -231,7 +241,7 @@ def kinetic_task(
         _check_job_name(task_options.get("name") or fn.__name__, fn)
         _prefect.start_embedded_server()  # before the flow starts it with Prefect's shorter limit
         options = _options(accelerator, requirements, image, work_pool, env, submission, project_dir,
-                           ship_project, job_variables, base_image, hosts)
+                           ship_project, job_variables, base_image, hosts, max_cost_usd)
         name = task_options.pop("name", None) or fn.__name__
         tags = set(task_options.pop("tags", None) or ())
         tags.add(f"accelerator:{options.accelerator.name}")

@@ -23,12 +23,12 @@ from prefect import get_client
 from prefect.context import TaskRunContext
 from prefect.logging import get_run_logger
 
-from kinetic_prefect import _prefect, accelerators, config, data, gcp, signing
-from kinetic_prefect.contract import STORE_FULL_ERROR, Env, Outcome, RunLayout, checkpoints_key
+from kinetic_prefect import _prefect, accelerators, budgets, config, data, gcp, signing
+from kinetic_prefect.contract import BUDGET_ERROR_TYPE, STORE_FULL_ERROR, Env, Outcome, RunLayout, checkpoints_key
 from kinetic_prefect.contract import PHASE_RESTORE_CODE
 from kinetic_prefect.errors import (
-    KineticJobCrashed, KineticJobInterrupted, KineticJobSetupError, PayloadError, RemoteError, RemoteTraceback,
-    StoreFull,
+    BudgetExceeded, KineticJobCrashed, KineticJobInterrupted, KineticJobSetupError, PayloadError, RemoteError,
+    RemoteTraceback, StoreFull,
 )
 from kinetic_prefect.data_repair import heal_before_call, heal_reported
 from kinetic_prefect.image import ImageSpec
@@ -52,6 +52,7 @@ class KineticOptions:
     ship_project: bool = True
     job_variables: dict[str, Any] = field(default_factory=dict)
     hosts: int | None = None  # a group of N hosts (one jax.distributed group); None: the accelerator's own
+    max_cost_usd: float | None = None  # the worker stops the job when its metered cost reaches it
 
     def __post_init__(self) -> None:
         if self.submission not in SUBMISSION_MODES:
@@ -321,6 +322,8 @@ def rebuild_exception(exc_type: type, exc_args: tuple, exc_state: dict[str, Any]
 
 
 def _raise_remote(outcome: Outcome, result_blob: bytes | None, run_name: str, fn: Callable[..., Any]) -> None:
+    if outcome.error_type == BUDGET_ERROR_TYPE:
+        raise BudgetExceeded(f"job {run_name}: {outcome.message} (its checkpoints and outputs are kept)")
     traceback_text = readable_traceback(outcome.traceback, fn)
     if outcome.error_type == STORE_FULL_ERROR:
         raise StoreFull(outcome.message) from RemoteTraceback(traceback_text)
@@ -375,6 +378,9 @@ async def _submit_and_wait(options: KineticOptions, call: PreparedCall, task_nam
             pool.name, {name: _prefect.pool_default(pool, name) for name in pool_variables},
             {**options.job_variables, **({"image": options.image} if options.image else {})})
         check_hosts(options, pool.name, pool.type, pool_variables)
+        budget = await budgets.call_budget(client, options.max_cost_usd, pool, pool_variables)
+        budgets.check_priced(options.accelerator, budget, pool.name,
+                             options.job_variables.get("prices", _prefect.pool_default(pool, "prices")))
         if options.image and "image" not in pool_variables:
             raise ValueError(f"image={options.image!r} needs a pool that runs container images (kinetic-gke); "
                              f"pool {pool.name!r} is of type {pool.type!r}.")
@@ -389,6 +395,8 @@ async def _submit_and_wait(options: KineticOptions, call: PreparedCall, task_nam
         attempt = task_run.run_count if task_run else 1
         run_name = f"{task_run.name}-job{attempt}" if task_run else f"{task_name}-job"
         job_variables = _job_variables(options, call, store_url, pool_variables)
+        if budget is not None:
+            job_variables["max_cost_usd"] = budget
         if key is not None:  # not the key: only that the job must insist on signatures
             job_variables["env"][signing.REQUIRED_ENV] = "1"
         if polling and call.env:

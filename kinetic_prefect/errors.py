@@ -67,3 +67,8 @@ class StoreFull(KineticError, OSError):
 class SigningKeyMismatch(KineticError, RuntimeError):
     """A store object was signed with another signing key than this side's: the caller and the worker were given
     different keys (not a forgery: the object is intact)."""
+
+
+class BudgetExceeded(KineticError, RuntimeError):
+    """The job's metered cost reached its ``max_cost_usd`` and the worker stopped it (its checkpoints and outputs
+    are kept). Not retried: a retry would spend the same budget again."""

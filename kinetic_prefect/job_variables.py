@@ -8,7 +8,7 @@ configuration: ``python -m kinetic_prefect.workers.templates`` writes them, a te
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from prefect.workers.base import BaseVariables
 from pydantic import Field
@@ -49,10 +49,21 @@ class CallVariables(BaseVariables):
         description="Base image of built job images (part of the environment's hash; kinetic-local ignores it).")
     store: Optional[str] = Field(default=None, title="Artifact store")
     hosts: Optional[int] = Field(default=None, title="Hosts", ge=1)
+    max_cost_usd: Optional[float] = Field(
+        default=None, title="Budget per job (USD)", gt=0,
+        description="Default budget of each job on this pool: the worker stops a job when its metered cost (hosts x "
+                    "minutes x price) reaches it, and its run ends Failed (not retried; checkpoints and outputs "
+                    "kept). @kinetic_task(max_cost_usd=...) sets it per task. Empty: no budget.")
+    prices: Union[dict[str, Any], str, None] = Field(
+        default=None, title="Prices (USD per hour)",
+        description='Price overrides by accelerator name, for another region, a committed-use discount or a private '
+                    'price sheet: {"l4": {"on_demand": 0.85, "spot": 0.34, "unit": "host"}} (unit host: a whole node; '
+                    "chip: one TPU chip), or the path of a JSON file holding that. Empty: the built-in us-central1 "
+                    "list prices (kinetic_prefect/prices.py).")
 
 
 # Set by the caller only where the pool's template takes them (older templates lack them).
-OPTIONAL_CALL_VARIABLES = frozenset({"hosts", "image"})
+OPTIONAL_CALL_VARIABLES = frozenset({"hosts", "image", "max_cost_usd", "prices"})  # prices: set on the pool only
 GCP_CREDENTIALS_TITLE = "GCP credentials block"
 
 

@@ -38,7 +38,7 @@ from kinetic_prefect.contract import (
     COMPLETED, EXIT_HOST_FAILED, EXIT_NO_OUTCOME, EXIT_OUTCOME_RECORDED, FAILED, PHASE_FUNCTION, PHASE_PICKLE_RESULT,
     PHASE_FETCH_DATA, PHASE_WORKING_COPY, PHASE_WRITE_RESULT, STORE_FULL_ERROR, Env, Group, Outcome, RunLayout,
 )
-from kinetic_prefect import contract, signing
+from kinetic_prefect import contract, signing, utilization
 from kinetic_prefect.errors import ResultNotPicklable
 
 
@@ -478,10 +478,14 @@ def main() -> int:
             if group.size > 1:
                 phases.run(contract.PHASE_JOIN_GROUP.format(size=group.size, index=group.index), _join_group, group)
             function_failure = None
+            usage = utilization.start()  # what the function uses, sampled beside it (no Prefect in the job)
             try:
                 value = phases.run(PHASE_FUNCTION, _call, fn, args, kwargs)
             except PhaseFailed as failed:
                 function_failure = failed
+            finally:
+                if usage is not None:
+                    usage.stop()
             # Checkpoints and outputs are saved after a failure too: that is when they matter most.
             if checkpoints is not None:
                 try:

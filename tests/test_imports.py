@@ -19,13 +19,14 @@ PACKAGE = "kinetic_prefect"
 
 # The sides (docs/ARCHITECTURE.md, "Who imports whom"). A module not listed here fails the test: say where it lives.
 CONTRACT = {"contract"}
-POD = {"runner", "outputs", "progress", "signing", "storage", "errors", "accelerators", "data", "config"}
-SHARED = {"gcp", "image", "builders", "job_variables", "prefect_runs", "secret_blocks", "locks", "outages"}
-CALLER = {"__init__", "_prefect", "decorator", "dispatch", "payload", "results", "pools", "in_process", "task_calls", "data_repair",
+POD = {"runner", "outputs", "progress", "signing", "storage", "errors", "accelerators", "data", "config", "utilization"}
+SHARED = {"gcp", "image", "builders", "job_variables", "prefect_runs", "secret_blocks", "locks", "outages", "cost", "prices",
+          "cost_records"}
+CALLER = {"__init__", "_prefect", "decorator", "dispatch", "payload", "results", "pools", "in_process", "task_calls", "data_repair", "budgets",
           "embedded_server"}
 WORKER_PREFIX = "workers"
 KINETIC_API_PREFIX = "kinetic"  # the Kinetic-compatible API: a caller-side facade over kinetic_task
-TOOLS = {"cli", "doctor", "steps", "jobs_cli", "cleanup"}
+TOOLS = {"cli", "doctor", "steps", "jobs_cli", "cleanup", "cost_report"}
 
 # Who may import whom (besides itself): the pod never reaches the caller or the worker (it ships alone to a
 # job), shared helpers never reach a side, the worker never reaches the caller; the caller reaches the worker

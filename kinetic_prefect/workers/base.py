@@ -31,6 +31,8 @@ class KineticJobConfiguration(BaseJobConfiguration):
     base_image: str | None = Field(default=None)
     store: str | None = Field(default=None)
     gcp_credentials: str | None = Field(default=None)  # a saved prefect-gcp GcpCredentials block's name
+    max_cost_usd: float | None = Field(default=None)  # the worker stops the job when its metered cost reaches it
+    prices: dict[str, Any] | str | None = Field(default=None)  # price overrides (kinetic_prefect.cost.load_prices)
 
     # Forwarded environment values (env= of @kinetic_task). Kept out of job variables and manifests:
     # in-process they are handed over in memory; through a polling worker they travel in a Prefect

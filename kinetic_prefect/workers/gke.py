@@ -257,6 +257,8 @@ class JobFollower:
         self._log_thread: threading.Thread | None = None
         self._log_failed = False
         self._lines_forwarded = 0
+        self.last_pods: list[Any] = []  # what the last read saw: metering reads it (no extra API call)
+        self.gone_at: float | None = None  # when the Job was first seen deleted
 
     def _job_pods(self) -> list[Any]:
         """The Job's pods, oldest first; JobGone when the Job itself was deleted."""
@@ -266,12 +268,14 @@ class JobFollower:
             self.batch.read_namespaced_job(self.job_name, self.namespace)
         except ApiException as exc:
             if exc.status == 404:
+                self.gone_at = self.gone_at or time.time()
                 raise JobGone(self.job_name) from None
             raise
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"job-name={self.job_name}").items
         # Filter here too: some API servers (and emulators) ignore label selectors.
         mine = [p for p in pods if p.metadata and (p.metadata.labels or {}).get("job-name") == self.job_name]
-        return sorted(mine, key=lambda p: p.metadata.creation_timestamp or 0)
+        self.last_pods = sorted(mine, key=lambda p: p.metadata.creation_timestamp or 0)
+        return self.last_pods
 
     def pod(self):
         """A single-pod Job's newest pod (None before the Job controller made one)."""
@@ -551,6 +555,17 @@ class GKEJobLauncher(JobLauncher):
         for key in [k for k in self._followers if k.startswith(f"{identifier}#")]:
             self._followers.pop(key, None)
 
+    async def host_spans(self, identifier: str, configuration: KineticGKEJobConfiguration) -> list[Any]:
+        """Each host pod's start and end as the last status read saw them (metering; no extra API call)."""
+        follower = self._followers.get(identifier)
+        if follower is None:
+            return []
+        newest: dict[int, Any] = {}
+        for pod in follower.last_pods:
+            newest[int((pod.metadata.annotations or {}).get(INDEX_ANNOTATION, 0))] = pod
+        spans = [pod_span(pod, follower.gone_at) for _, pod in sorted(newest.items())]
+        return [span for span in spans if span is not None]
+
     async def unfinished_jobs(self, work_pool: Any) -> list[tuple[str, str]]:
         from kubernetes import client
 
@@ -568,6 +583,24 @@ class GKEJobLauncher(JobLauncher):
             if labels.get(POOL_LABEL) == pool_label and labels.get(FLOW_RUN_LABEL):
                 found.append((labels[FLOW_RUN_LABEL], f"{namespace}:{job.metadata.name}"))  # type: ignore[union-attr]
         return found
+
+
+def pod_span(pod: Any, gone_at: float | None = None) -> Any:
+    """A pod's billed span (``cost.HostSpan``): from its start (``status.startTime``) to its containers' end (the
+    latest ``finishedAt``; else when the Job was seen deleted), at the spot rate when the pod was bound to spot
+    nodes (its ``cloud.google.com/gke-spot`` node selector, as the manifest asks). None: it never started."""
+    from kinetic_prefect.cost import HostSpan
+
+    status = pod.status
+    if status is None or status.start_time is None:
+        return None
+    finished = [c.state.terminated.finished_at for c in (status.container_statuses or [])
+                if c.state is not None and c.state.terminated is not None and c.state.terminated.finished_at]
+    running = [c for c in (status.container_statuses or []) if c.state is not None and c.state.terminated is None]
+    end = max(finished).timestamp() if finished and not running else gone_at
+    spot = ((pod.spec.node_selector or {}) if pod.spec is not None else {}).get(accelerators.SPOT_LABEL) == "true"
+    return HostSpan(status.start_time.timestamp(), end, spot)
+
 
     # ------------------------------------------------------------------ images
     @staticmethod

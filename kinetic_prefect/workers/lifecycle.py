@@ -104,6 +104,10 @@ class JobLauncher(abc.ABC):
         """``(flow_run_id, identifier)`` of the jobs ``work_pool`` started that may still run."""
         return []
 
+    async def host_spans(self, identifier: str, configuration: Any) -> list[Any]:
+        """When each host of the job started and ended (``cost.HostSpan``), for metering; [] if unknown."""
+        return []
+
 
 class ProgressArtifact:
     """Turns the job's progress lines into one Prefect progress artifact on the job's run.
@@ -165,6 +169,10 @@ class CancelRequested(Exception):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
+
+
+class BudgetReached(CancelRequested):
+    """The job's metered cost reached its ``max_cost_usd``: stopped like a cancel, but its run ends Failed."""
 
 
 class KineticWorker:
@@ -343,6 +351,11 @@ class KineticWorker:
         outage = Outage(f"the worker following {flow_run.name}", logger.warning)
         output = JobLogForwarder(self.client, flow_run.id, logger, outage)
         emit = progress.wrap(output.emit if getattr(configuration, "stream_output", True) else (lambda text: None))
+        from kinetic_prefect.workers import metering, usage_report
+
+        meter = metering.JobMeter(self.launcher, identifier, configuration)
+        usage = usage_report.UsageReport(self.client, flow_run, meter.spec)
+        emit = usage.wrap(emit)
         poll = float(getattr(configuration, "poll_seconds", 0.5) or 0.5)
         last_parent_check = last_run_check = 0.0
         first_error_at: float | None = None
@@ -376,6 +389,9 @@ class KineticWorker:
                     logger.warning(f"Could not read the job's state ({type(exc).__name__}: {exc}); retrying")
                     await anyio.sleep(min(30.0, poll * 4))
                     continue
+                await meter.observe()
+                if budget_reached := meter.over_budget():
+                    raise BudgetReached(budget_reached)
                 if status.diagnosis and status.diagnosis.get("category") != last_diagnosis:
                     # as soon as the cluster says why (not only at the timeout): an automation can page now
                     last_diagnosis = status.diagnosis.get("category")
@@ -414,7 +430,11 @@ class KineticWorker:
                 await self.launcher.cancel(identifier, configuration, CANCEL_GRACE_SECONDS)
                 await self.launcher.forward_logs(identifier, configuration, emit, final=True)
                 await self._end_of_output(output, identifier)
-                await self.mark_cancelled(flow_run, request.reason)
+                if isinstance(request, BudgetReached):
+                    await metering.record_budget_outcome(self, flow_run, configuration, request.reason)
+                    await self._propose(flow_run, Failed(message=request.reason))
+                else:
+                    await self.mark_cancelled(flow_run, request.reason)
             logger.info(f"Stopped job {identifier}: {request.reason}")
             return result
         except BaseException as exc:
@@ -438,6 +458,8 @@ class KineticWorker:
             with anyio.CancelScope(shield=True):
                 current = await _read_state(self.client, flow_run)
                 if current is not None and current.is_final():
+                    await metering.publish_job_cost(self, flow_run, meter)
+                    await usage.publish(self.get_flow_run_logger(flow_run))
                     await self.launcher.cleanup(identifier, configuration)
 
     async def _store_output(self, output: Any, identifier: str) -> None:

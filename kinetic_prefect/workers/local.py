@@ -161,6 +161,18 @@ def _process_start_ticks(pid: int) -> int | None:
         return None
 
 
+def _ticks_to_epoch(ticks: int | None) -> float | None:
+    """A process start time in clock ticks since boot as epoch seconds (for records written before metering)."""
+    if ticks is None:
+        return None
+    try:
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+
+
 def _free_port() -> int:
     import socket
 
@@ -265,6 +277,8 @@ class LocalJobLauncher(JobLauncher):
         self._cursors: dict[str, list[_LogCursor]] = {}
         self._coordinator_exited_at: dict[str, float] = {}
         self._group_failure: dict[str, JobStatus] = {}
+        self._ended_at: dict[str, dict[int, float]] = {}  # metering: when each host was first seen gone
+        self._last_spans: dict[str, list[Any]] = {}
         self.owner_pid: int | None = None  # in-process submission: the caller's pid
         self.api_env: dict[str, str] = {}
 
@@ -340,7 +354,9 @@ class LocalJobLauncher(JobLauncher):
                 _kill_group(process.pid, signal.SIGKILL)
             raise
         self._children[identifier] = processes
-        entries = [{"pid": p.pid, "start_ticks": _process_start_ticks(p.pid), "log_offset": 0} for p in processes]
+        started_at = time.time()  # metering: the hosts' processes start together (cost.HostSpan)
+        entries = [{"pid": p.pid, "start_ticks": _process_start_ticks(p.pid), "log_offset": 0, "started_at": started_at}
+                   for p in processes]
         record = {"pid": processes[0].pid, "start_ticks": entries[0]["start_ticks"], "flow_run_id": identifier,
                   "owner": "caller" if self.owner_pid is not None else "worker",
                   "pool": configuration.labels.get("prefect.io/work-pool-name"), "log_offset": 0,
@@ -469,6 +485,8 @@ class LocalJobLauncher(JobLauncher):
         self._children.pop(identifier, None)
         self._coordinator_exited_at.pop(identifier, None)
         self._group_failure.pop(identifier, None)
+        self._ended_at.pop(identifier, None)
+        self._last_spans.pop(identifier, None)
         job_dir = self.job_dir(identifier)
         if any(c.dropped for c in cursors) and configuration.env.get(Env.STORE):
             from kinetic_prefect.contract import RunLayout
@@ -484,6 +502,26 @@ class LocalJobLauncher(JobLauncher):
                 except Exception:
                     pass
         shutil.rmtree(job_dir, ignore_errors=True)
+
+    async def host_spans(self, identifier: str, configuration: KineticLocalJobConfiguration) -> list[Any]:
+        """Each host process's start (recorded at launch) and end (when first seen gone), for metering."""
+        from kinetic_prefect.cost import HostSpan
+        from kinetic_prefect.workers.metering import job_spec
+
+        record = self._record(identifier)
+        if record is None:
+            return self._last_spans.get(identifier, [])
+        states = self._host_states(identifier)
+        ended = self._ended_at.setdefault(identifier, {})
+        spot, now = job_spec(configuration).spot, time.time()
+        spans = []
+        for index, host in enumerate(self._hosts(record)):
+            if index >= len(states) or not states[index][0]:
+                ended.setdefault(index, now)
+            start = host.get("started_at") or _ticks_to_epoch(host.get("start_ticks")) or now
+            spans.append(HostSpan(float(start), ended.get(index), spot))
+        self._last_spans[identifier] = spans
+        return spans
 
     async def unfinished_jobs(self, work_pool: Any) -> list[tuple[str, str]]:
         found: list[tuple[str, str]] = []

@@ -1,0 +1,183 @@
+"""Worker side: meter a job while the lifecycle follows it; publish its cost; stop it at its budget.
+
+``JobMeter`` reads the job's hosts' start and end times from the launcher (``JobLauncher.host_spans``) on
+each poll. When the job's run is final it publishes, in Prefect only (``kinetic-prefect cost`` reads these back):
+
+* a cost table artifact on the job's run (key ``contract.JOB_COST_ARTIFACT_KEY``, one version per job) and a
+  ``kinetic.job.cost`` event;
+* the running total of the calling flow run's kinetic calls: one table artifact on that flow run (key
+  ``contract.FLOW_COST_ARTIFACT_KEY``: call, accelerator, spot, minutes, $), recomputed from the job
+  artifacts and updated in place as jobs end, and a ``kinetic.flow-run.cost`` event with the total.
+
+A job with ``max_cost_usd`` is stopped as soon as its metered cost reaches it: SIGTERM (the runner unwinds, so
+checkpoints and outputs are saved), then its run ends Failed, "budget of $X reached after N min", and its
+outcome record says so (``contract.BUDGET_ERROR_TYPE``): the caller raises ``BudgetExceeded``, not retried.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+from uuid import UUID
+
+import anyio
+from prefect.client.schemas.objects import FlowRun
+
+from kinetic_prefect import accelerators, cost, prefect_runs, secret_blocks
+from kinetic_prefect.cost_records import flow_cost, job_cost_rows
+from kinetic_prefect.contract import (
+    BUDGET_ERROR_TYPE, FAILED, FLOW_COST_ARTIFACT_KEY, FLOW_COST_EVENT, JOB_COST_ARTIFACT_KEY, PHASE_FUNCTION, Env,
+    Outcome, RunLayout,
+)
+
+
+def job_spec(configuration: Any) -> accelerators.AcceleratorSpec:
+    spec = getattr(configuration, "accelerator_spec", None)  # kinetic-gke folds its `spot` variable in
+    return spec if isinstance(spec, accelerators.AcceleratorSpec) else accelerators.resolve(configuration.accelerator)
+
+
+class JobMeter:
+    """The cost of one followed job, from its hosts' spans, and whether it reached its budget."""
+
+    def __init__(self, launcher: Any, identifier: str, configuration: Any):
+        self.launcher, self.identifier, self.configuration = launcher, identifier, configuration
+        self.spec = job_spec(configuration)
+        self.spans: list[cost.HostSpan] = []
+        self.problem: str | None = None  # a price table that cannot be read: said once, metered unpriced
+        try:
+            overrides = cost.load_prices(getattr(configuration, "prices", None))
+        except cost.PriceTableError as exc:
+            overrides, self.problem = {}, str(exc)
+        self.price = cost.price_for(self.spec, overrides)
+        self.budget = getattr(configuration, "max_cost_usd", None)
+
+    async def observe(self) -> None:
+        try:
+            self.spans = await self.launcher.host_spans(self.identifier, self.configuration)
+        except Exception:  # metering never fails a job; the last spans stand
+            pass
+
+    def now_cost(self) -> cost.JobCost:
+        return cost.job_cost(self.spec, self.spans, self.price, time.time())
+
+    def over_budget(self) -> str | None:
+        """The run's final message if the job's cost has reached its budget, else None."""
+        if not self.budget or not self.spans:
+            return None
+        left = cost.seconds_to_budget(self.spec, self.spans, self.price, float(self.budget), time.time())
+        if left is None or left > 0:
+            return None
+        return cost.budget_message(float(self.budget), self.now_cost().minutes)
+
+
+def _usd(value: float | None) -> str:
+    return "unpriced" if value is None else f"${value:.4f}"
+
+
+async def publish_job_cost(worker: Any, flow_run: FlowRun, meter: JobMeter) -> cost.JobCost | None:
+    """The job's cost artifact and event, then the calling flow run's running total (artifact and event)."""
+    from prefect.client.schemas.actions import ArtifactCreate
+
+    await meter.observe()
+    if not meter.spans:
+        return None  # never started: nothing ran, nothing to bill
+    job = meter.now_cost()
+    row = job.as_row(flow_run.name)
+    logger = worker.get_flow_run_logger(flow_run)
+    if meter.problem:
+        logger.warning(f"Cost not priced: {meter.problem}")
+    described = (f"{job.accelerator}{' (spot)' if job.spot else ''}, {job.hosts} host(s), {job.minutes:.2f} min: "
+                 f"{_usd(job.usd)}" + (f" at ${job.usd_per_hour:.4f}/h" if job.usd_per_hour else ""))
+    logger.info(f"Cost of this job: {described}")
+    try:
+        await worker.client.create_artifact(ArtifactCreate(
+            key=JOB_COST_ARTIFACT_KEY, type="table", data=json.dumps([row]), flow_run_id=flow_run.id,
+            description=f"kinetic job cost: {described} ({job.price_source})"))
+    except Exception as exc:
+        logger.warning(f"Could not record the job's cost artifact ({type(exc).__name__}: {exc})")
+        return job
+    worker.emit_job_event(flow_run, "cost", meter.configuration, usd=job.usd, minutes=round(job.minutes, 4),
+                          hosts=job.hosts, spot=job.spot, usd_per_hour=job.usd_per_hour)
+    await publish_flow_total(worker, flow_run)
+    return job
+
+
+async def calling_flow_run_id(client: Any, flow_run: FlowRun) -> UUID | None:
+    """The flow run that called this job (through its tracking task run), or None for a bare job run."""
+    task_run_id = await prefect_runs.calling_task_run_id(client, flow_run)
+    task_run = await prefect_runs.read_task_run_or_none(client, task_run_id) if task_run_id else None
+    return task_run.flow_run_id if task_run is not None else None
+
+
+async def publish_flow_total(worker: Any, flow_run: FlowRun) -> cost.FlowCost | None:
+    """Recompute the calling flow run's total from its jobs' cost artifacts and update its table artifact."""
+    from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    client = worker.client
+    try:
+        parent = await calling_flow_run_id(client, flow_run)
+        if parent is None:
+            return None
+        total = await flow_cost(client, parent)
+        columns = ("call", "accelerator", "spot", "hosts", "minutes", "usd")
+        rows = [{k: row.get(k) for k in columns} for row in total.rows]
+        rows.append({"call": "total", "accelerator": "", "spot": "", "hosts": sum(r.get("hosts") or 0 for r in rows),
+                     "minutes": round(sum(r.get("minutes") or 0 for r in rows), 4), "usd": round(total.total_usd, 6)})
+        description = (f"kinetic calls of this flow run: {len(total.rows)}, total ${total.total_usd:.4f}"
+                       + (f" ({total.unpriced} unpriced)" if total.unpriced else ""))
+        existing = await client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=[FLOW_COST_ARTIFACT_KEY]), flow_run_id=ArtifactFilterFlowRunId(any_=[parent])))
+        existing = sorted(existing, key=lambda a: a.created or 0)
+        if existing:
+            await client.update_artifact(existing[0].id, ArtifactUpdate(data=json.dumps(rows), description=description))
+            for extra in existing[1:]:  # two jobs that ended at once may each have created one
+                await client.delete_artifact(extra.id)
+        else:
+            await client.create_artifact(ArtifactCreate(key=FLOW_COST_ARTIFACT_KEY, type="table",
+                                                        data=json.dumps(rows), flow_run_id=parent,
+                                                        description=description))
+        _emit_flow_total(parent, total)
+        return total
+    except Exception as exc:  # the total is a report: it never fails the job
+        worker.get_flow_run_logger(flow_run).warning(
+            f"Could not update the flow run's cost total ({type(exc).__name__}: {exc})")
+        return None
+
+
+def _emit_flow_total(parent: UUID, total: cost.FlowCost) -> None:
+    try:
+        from prefect.events import emit_event
+
+        emit_event(event=FLOW_COST_EVENT, resource={"prefect.resource.id": f"prefect.flow-run.{parent}"},
+                   payload={"total_usd": round(total.total_usd, 6), "calls": len(total.rows),
+                            "unpriced_calls": total.unpriced})
+    except Exception:
+        pass
+
+
+async def record_budget_outcome(worker: Any, flow_run: FlowRun, configuration: Any, message: str) -> None:
+    """Make the job's outcome say the budget stopped it (keeping the outputs the runner listed), so the caller
+    raises BudgetExceeded instead of the JobTerminated the runner recorded."""
+    from kinetic_prefect import signing
+    from kinetic_prefect.storage import ObjectNotFound
+
+    try:
+        store = await worker.open_pool_store(configuration)
+        layout = RunLayout(configuration.env[Env.RUN_ID])
+        key = await secret_blocks.signing_key()
+        try:
+            outcome = Outcome.from_json(await anyio.to_thread.run_sync(signing.get, store, layout.outcome, key))
+        except (ObjectNotFound, signing.TamperedObject, ValueError):
+            outcome = Outcome(status=FAILED)
+        outcome.status, outcome.phase, outcome.error_type = FAILED, PHASE_FUNCTION, BUDGET_ERROR_TYPE
+        outcome.message, outcome.user_error, outcome.traceback = message, True, ""
+        await anyio.to_thread.run_sync(signing.delete, store, layout.result)
+        await anyio.to_thread.run_sync(signing.put, store, layout.outcome, outcome.to_json(), key)
+    except Exception as exc:  # the run still ends Failed with the budget's message
+        worker.get_flow_run_logger(flow_run).warning(
+            f"Could not record the budget stop in the job's outcome ({type(exc).__name__}: {exc})")
+
+
+__all__ = ["JobMeter", "flow_cost", "job_cost_rows", "publish_job_cost", "record_budget_outcome"]
