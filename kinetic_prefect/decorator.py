@@ -8,14 +8,14 @@ from typing import Any, Callable, Iterable, Sequence, TypeVar, overload
 
 from prefect import Task
 
-from kinetic_prefect import _prefect, accelerators
+from kinetic_prefect import _prefect, accelerators, capacity
 from kinetic_prefect.dispatch import KineticOptions, call_remotely
 from kinetic_prefect.image import ImageSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 KINETIC_OPTION_NAMES = ("accelerator", "requirements", "image", "work_pool", "env", "submission", "project_dir",
-                        "ship_project", "job_variables", "base_image", "hosts")
+                        "ship_project", "job_variables", "base_image", "hosts", "preemption_retries", "spot_fallback")
 
 
 def _remote_body(fn: Callable[..., Any], options: KineticOptions, task_name: str) -> Callable[..., Any]:
@@ -62,7 +62,7 @@ def _isolated(cache_policy: Any) -> Any:
 
 
 def _options(
-    accelerator: str | accelerators.AcceleratorSpec = "cpu",
+    accelerator: str | accelerators.AcceleratorSpec | Sequence[str | accelerators.AcceleratorSpec] = "cpu",
     requirements: str | Path | Sequence[str] | None = None,
     image: str | None = None,
     work_pool: str | None = None,
@@ -73,9 +73,11 @@ def _options(
     job_variables: dict[str, Any] | None = None,
     base_image: str | None = None,
     hosts: int | None = None,
+    preemption_retries: int | None = None,
+    spot_fallback: bool | None = None,
 ) -> KineticOptions:
-    spec = accelerators.resolve(accelerator)  # unknown names fail here, at decoration time
-    accelerators.host_count(spec, hosts)  # hosts=0, or hosts contradicting a slice, fail here too
+    # unknown names, hosts=0, hosts contradicting a slice, a list mixing host counts: all fail here, at decoration
+    spec, *fallbacks = capacity.choices(accelerator, hosts)
     if isinstance(env, str):
         env = (env,)
     return KineticOptions(
@@ -89,6 +91,9 @@ def _options(
         ship_project=ship_project,
         job_variables=dict(job_variables or {}),
         hosts=hosts,
+        fallbacks=tuple(fallbacks),
+        preemption_retries=preemption_retries,
+        spot_fallback=spot_fallback,
     )
 
 
@@ -144,11 +149,12 @@ class KineticTask(Task):
         kinetic = self.kinetic
         if kinetic_changes:
             current = {
-                "accelerator": kinetic.accelerator, "requirements": list(kinetic.image_spec.requirements) or None,
+                "accelerator": [kinetic.accelerator, *kinetic.fallbacks], "requirements": list(kinetic.image_spec.requirements) or None,
                 "image": kinetic.image, "work_pool": kinetic.work_pool, "env": kinetic.env,
                 "submission": kinetic.submission, "project_dir": kinetic.project_dir,
                 "ship_project": kinetic.ship_project, "job_variables": kinetic.job_variables,
                 "base_image": kinetic.image_spec.base_image, "hosts": kinetic.hosts,
+                "preemption_retries": kinetic.preemption_retries, "spot_fallback": kinetic.spot_fallback,
             }
             kinetic = _options(**{**current, **kinetic_changes})
         # Prefect's with_options builds a plain Task around the same fn; give it ours back.
@@ -169,7 +175,7 @@ def kinetic_task(**kwargs: Any) -> Callable[[F], KineticTask]: ...
 def kinetic_task(
     __fn: Callable[..., Any] | None = None,
     *,
-    accelerator: str | accelerators.AcceleratorSpec = "cpu",
+    accelerator: str | accelerators.AcceleratorSpec | Sequence[str | accelerators.AcceleratorSpec] = "cpu",
     requirements: str | Path | Sequence[str] | None = None,
     image: str | None = None,
     work_pool: str | None = None,
@@ -180,12 +186,19 @@ def kinetic_task(
     job_variables: dict[str, Any] | None = None,
     base_image: str | None = None,
     hosts: int | None = None,
+    preemption_retries: int | None = None,
+    spot_fallback: bool | None = None,
     **task_options: Any,
 ):
     """Decorate a function so that each call runs its body as a job on ``accelerator``.
 
     Kinetic options:
-        accelerator: a catalog name (``cpu``, ``l4``, ``a100x2``, ``tpu-v6e-8``, ``l4:spot``...).
+        accelerator: a catalog name (``cpu``, ``l4``, ``a100x2``, ``tpu-v6e-8``, ``l4:spot``...), or a fallback
+            list tried in order (``["tpu-v6e-8", "a100x4", "l4x4"]``): on GKE the next is tried when the cluster
+            cannot place the job, never once it started (docs/capacity.md); locally the first this machine has.
+        preemption_retries: how often a preempted job (spot reclaimed, node lost) starts again under the same
+            run, resuming from its checkpoints, without spending ``retries`` (default: the pool's, 3).
+        spot_fallback: for a spot job, run the last preemption retry on on-demand capacity (GKE).
         requirements: a requirements.txt / pyproject.toml path or a list of PEP 508 strings; the job
             environment is built once per distinct set. ``None``: the worker's interpreter.
         image: a prebuilt container image (skips building; GKE).
@@ -208,7 +221,7 @@ def kinetic_task(
     def decorate(fn: Callable[..., Any]) -> KineticTask:
         _prefect.start_embedded_server()  # before the flow starts it with Prefect's shorter limit
         options = _options(accelerator, requirements, image, work_pool, env, submission, project_dir,
-                           ship_project, job_variables, base_image, hosts)
+                           ship_project, job_variables, base_image, hosts, preemption_retries, spot_fallback)
         name = task_options.pop("name", None) or fn.__name__
         tags = set(task_options.pop("tags", None) or ())
         tags.add(f"accelerator:{options.accelerator.name}")

@@ -31,6 +31,11 @@ class KineticJobConfiguration(BaseJobConfiguration):
     base_image: str | None = Field(default=None)
     store: str | None = Field(default=None)
     gcp_credentials: str | None = Field(default=None)  # a saved prefect-gcp GcpCredentials block's name
+    # Capacity (kinetic_prefect.capacity): `accelerator` may be a fallback list ("a100x4,l4x4"), tried in order.
+    accelerator_choices: list[str] = Field(default_factory=list)
+    preemption_retries: int | None = Field(default=None)
+    spot_fallback: bool = Field(default=False)
+    capacity_wait_seconds: float | None = Field(default=None)
 
     # Forwarded environment values (env= of @kinetic_task). Kept out of job variables and manifests:
     # in-process they are handed over in memory; through a polling worker they travel in a Prefect
@@ -63,8 +68,14 @@ class KineticJobConfiguration(BaseJobConfiguration):
         self.env.setdefault(Env.RUN_ID, str(flow_run.id))
         self.env.setdefault("KINETIC_RUN_PREFIX", f"runs/{self.env[Env.RUN_ID]}")  # older jobs' name for it
         self.env[Env.FLOW_RUN_ID] = str(flow_run.id)
+        from kinetic_prefect import capacity
+
+        self.accelerator_choices = [capacity.label(s) for s in capacity.choices(self.accelerator)]
+        self.accelerator = self.accelerator_choices[0]  # the first choice; the lifecycle moves on when it must
         spec = accelerators.resolve(self.accelerator)
         self.env.setdefault(Env.ACCELERATOR, spec.name)
+        self.env.setdefault(Env.ACCELERATOR_CHIPS, str(capacity.chip_count(spec)))
+        self.env.setdefault(Env.PREEMPTIONS, "0")
         self.labels["kinetic.accelerator"] = spec.name
 
     @property
