@@ -125,12 +125,12 @@ async def on_exit(worker: Any, flow_run: FlowRun, configuration: Any, identifier
     worker.emit_job_event(flow_run, EVENT_PREEMPTED, configuration, identifier=identifier, reason=reason,
                           preemptions=plan.preemptions, budget=plan.preemption_retries,
                           resumed_from=plan.resumed, next=capacity.label(spec) if spec else None)
+    await _discard_attempt(worker, configuration)
     if spec is None:
         await write_record(worker, flow_run, configuration, plan)
         await worker.mark_crashed(flow_run, f"Job {identifier} was preempted {plan.preemptions}× "
                                             f"(preemption_retries={plan.preemption_retries} spent): {reason}")
         return HANDLED
-    await _discard_attempt(worker, configuration)
     on_demand = " on on-demand capacity (spot_fallback)" if plan.on_demand and not spec.spot else ""
     logger.warning(f"Job {identifier} was preempted ({reason}): attempt {plan.preemptions + 1} on "
                    f"{capacity.label(spec)}{on_demand}, resuming from {plan.resumed or 'its checkpoints'} "
