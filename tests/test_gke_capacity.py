@@ -15,7 +15,8 @@ from prefect import flow, get_client
 
 from job_runs import jobs_of
 from kinetic_prefect.errors import KineticJobCrashed
-from test_gke_cluster import _cluster_block, _events, _gke_task, _job_for, _make_pool, _wait, job_image  # noqa: F401
+from test_gke_cluster import (  # noqa: F401
+    _cluster_block, _events, _gke_task, _job_for, _job_runs, _make_pool, _wait, job_image)
 
 pytestmark = pytest.mark.slow
 
@@ -165,8 +166,8 @@ def test_a_failing_body_and_an_oom_kill_are_not_preemptions(kube, gcs_bucket, lo
         time.sleep(120)
 
     @flow
-    def pipeline():
-        return raises(return_state=True), sleeps(return_state=True)
+    def pipeline(which):
+        return which()
 
     def oom_when_running() -> None:
         run_id = _wait(lambda: _run_id(hungry), 240, "no job run")
@@ -174,13 +175,13 @@ def test_a_failing_body_and_an_oom_kill_are_not_preemptions(kube, gcs_bucket, lo
         time.sleep(2)
         kube.kubelet.oom_kill("default", pod.metadata.name)
 
-    threading.Thread(target=oom_when_running, daemon=True).start()
-    raised, oom = pipeline()
     with pytest.raises(ValueError, match="the body's own bug"):
-        raised.result()
+        pipeline(raises)
+    threading.Thread(target=oom_when_running, daemon=True).start()
     with pytest.raises(KineticJobCrashed, match="OOMKilled|137"):
-        oom.result()
-    for state in (raised, oom):
-        [job_run] = jobs_of(state.state_details.task_run_id)
+        pipeline(sleeps)
+    for name in (failing, hungry):
+        [job_run] = _job_runs(name)  # one run, one Job: neither was retried as a preemption
         assert "preempted" not in (job_run.state.message or ""), job_run.state.message
-        assert len(_job_for(kube, job_run.id)) == 1 and not _job_for(kube, job_run.id)[0].metadata.name.endswith("-a2")
+        [job] = _job_for(kube, job_run.id)
+        assert not job.metadata.name.endswith("-a2")

@@ -62,11 +62,10 @@ async def on_pending(worker: Any, flow_run: FlowRun, configuration: Any, identif
     """The next accelerator's job when this one cannot be placed, else None (keep waiting, or time out)."""
     if not plan.has_fallback or not _can_relaunch(worker.launcher):
         return None
-    capacity_kind = status.capacity or (capacity.INSUFFICIENT_CAPACITY if status.fatal else None)
     tried = capacity.label(plan.current)
-    if status.fatal and status.capacity is None:
-        return None  # a bad image or config fails the same way on every accelerator
-    if plan.fallback_after(capacity_kind, waited_seconds if not status.fatal else float("inf")) is None:
+    # No capacity reason (a bad image or config, fatal or not) would fail the same way on every accelerator.
+    # At the pod watch timeout the capacity wait is over, whatever it was set to.
+    if plan.fallback_after(status.capacity, float("inf") if status.fatal else waited_seconds) is None:
         return None
     why = plan.attempts[-2].ended
     worker.get_flow_run_logger(flow_run).warning(

@@ -140,6 +140,7 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
     flex_start: bool = Field(default=False)
     queued_provisioning: str | None = Field(default=None)  # a Kueue LocalQueue backed by queued provisioning
     _template_manifest: dict[str, Any] | None = PrivateAttr(default=None)  # before rendering: each attempt's base
+    _image_given: bool | None = PrivateAttr(default=None)  # image= (kept for every attempt), not built per family
 
     @property
     def host_count(self) -> int:
@@ -313,7 +314,8 @@ class JobFollower:
         events = self.core.list_namespaced_event(self.namespace).items
         return [e.reason for e in events if e.involved_object is not None and e.involved_object.name == name]
 
-    def node_exists(self, name: str) -> bool:
+    def node_exists(self, name: str) -> bool | None:
+        """None: not known (the worker's namespaced Role may not read nodes, which are cluster-wide)."""
         from kubernetes.client.exceptions import ApiException
 
         try:
@@ -322,6 +324,8 @@ class JobFollower:
         except ApiException as exc:
             if exc.status == 404:
                 return False
+            if exc.status in (401, 403):
+                return None
             raise
 
     def disruption(self, pod) -> str | None:
@@ -442,6 +446,8 @@ class GKEJobLauncher(JobLauncher):
 
     async def submit(self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration,
                      log: Callable[[str], None]) -> str:
+        if configuration._image_given is None:
+            configuration._image_given = bool(configuration.image)
         image = await anyio.to_thread.run_sync(KineticGKEWorker.ensure_image, configuration, log)
         configuration.image = image
         configuration.job_manifest["spec"]["template"]["spec"]["containers"][0]["image"] = image
@@ -648,6 +654,8 @@ class GKEJobLauncher(JobLauncher):
         await self.cancel(identifier, configuration, 0)
         await self.cleanup(identifier, configuration)
         configuration.accelerator, configuration.spot = capacity.label(spec.with_spot(False)), spec.spot
+        if not configuration._image_given:
+            configuration.image = None  # built (or found) again for this accelerator's family
         configuration.labels["kinetic.prefect.io/accelerator"] = configuration.labels["kinetic.accelerator"] = spec.name
         configuration.job_manifest = configuration.render_manifest(spec, flow_run, attempt)
         return await self.submit(flow_run, configuration, log)
