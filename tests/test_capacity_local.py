@@ -80,6 +80,15 @@ def test_sigterm_from_outside_is_a_preemption_retried_without_spending_retries(t
     assert job.state.is_completed() and "preempted 1×" in job.state.message, job.state.message
     artifacts = [a for a in _task_artifacts(task_run_id) if a.type == "table" and "Capacity" in (a.description or "")]
     assert artifacts and "preempted" in artifacts[0].data
+    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+    from prefect.events.worker import EventsWorker
+
+    EventsWorker.drain_all()
+    with get_client(sync_client=True) as client:
+        events = client.read_events(EventFilter(event=EventNameFilter(name=["kinetic.job.preempted"]),
+                                                resource=EventResourceFilter(id=[f"prefect.flow-run.{job.id}"])), limit=50).events
+    [event] = events
+    assert event.payload["preemptions"] == 1 and event.payload["resumed_from"].startswith("step ")
 
 
 def test_a_spent_preemption_budget_crashes_the_run_naming_it(tmp_path):
