@@ -185,3 +185,18 @@ def test_a_failing_body_and_an_oom_kill_are_not_preemptions(kube, gcs_bucket, lo
         assert "preempted" not in (job_run.state.message or ""), job_run.state.message
         [job] = _job_for(kube, job_run.id)
         assert not job.metadata.name.endswith("-a2")
+
+
+@pytest.mark.parametrize("variables", [
+    {"reservation": "a3-reservation", "reservation_project": "shared-project"}, {"flex_start": True},
+    {"queued_provisioning": "dws-local-queue"}, {"spot": True}], ids=["reservation", "flex-start", "queued", "spot"])
+def test_the_capacity_documents_pass_the_api_servers_dry_run(kube, variables):
+    """The real API server (its validation and admission) accepts each capacity rendering of a Job, podFailurePolicy
+    included; nothing is stored (dryRun=All)."""
+    from test_gke_manifests import render
+
+    manifest = render("h100x8", **variables).job_manifest
+    created = k8s.BatchV1Api(kube.api()).create_namespaced_job(manifest["metadata"]["namespace"], manifest,
+                                                                dry_run="All")
+    assert created.spec.pod_failure_policy.rules[0].on_pod_conditions[0].type == "DisruptionTarget"
+    assert created.spec.suspend is bool(variables.get("queued_provisioning"))
