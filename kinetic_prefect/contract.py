@@ -75,7 +75,9 @@ class Env:
     CODE_KEY = "KINETIC_CODE_KEY"
     CODE_SHA256 = "KINETIC_CODE_SHA256"
     CHECKPOINT_KEY = "KINETIC_CHECKPOINT_KEY"
-    ACCELERATOR = "KINETIC_ACCELERATOR"
+    ACCELERATOR = "KINETIC_ACCELERATOR"          # the accelerator this attempt runs on (a fallback list's choice)
+    ACCELERATOR_CHIPS = "KINETIC_ACCELERATOR_CHIPS"  # chips one host sees (0 on the CPU): size the batch by it
+    PREEMPTIONS = "KINETIC_PREEMPTIONS"          # how often this call was preempted before this attempt (0 first)
     # Set for the function by the runner:
     OUTPUT_DIR = "KINETIC_OUTPUT_DIR"
     CHECKPOINT_DIR = "KINETIC_CHECKPOINT_DIR"
@@ -177,6 +179,11 @@ class RunLayout:
     def output(self, relative: str) -> str:
         return f"{self.outputs}/{relative}"
 
+    @property
+    def capacity(self) -> str:
+        """The worker's record of the attempts (fallbacks, preemptions) and the accelerator that ran."""
+        return f"{self.prefix}/capacity.json"
+
     def host_outputs(self, index: int) -> str:
         """A non-coordinator host's outputs; the coordinator's are ``outputs`` itself."""
         return f"{self.outputs}/hosts/{index}" if index else self.outputs
@@ -209,6 +216,33 @@ def lock_key(name: str) -> str:
 def results_prefix(store_prefix: str) -> str:
     """Where Prefect's result storage keeps task results, under the store's own prefix."""
     return f"{store_prefix}/results" if store_prefix else "results"
+
+
+# --------------------------------------------------------------------------- the capacity record
+
+# Events the worker emits on the job's run as it looks for capacity (kinetic.job.<phase>).
+EVENT_FALLBACK = "fallback"
+EVENT_PREEMPTED = "preempted"
+
+
+@dataclass
+class CapacityRecord:
+    """Which accelerator ran a call and what it took (written by the worker at ``RunLayout.capacity``)."""
+
+    accelerator: str
+    chips: int = 0
+    summary: str = ""
+    preemptions: int = 0
+    resumed_from: str | None = None
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def from_json(cls, blob: bytes | str) -> "CapacityRecord":
+        raw: dict[str, Any] = json.loads(blob)
+        return cls(**{k: v for k, v in raw.items() if k in cls.__dataclass_fields__})
 
 
 # --------------------------------------------------------------------------- the outcome record

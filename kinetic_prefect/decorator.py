@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterable, Sequence, TypeVar, overload
 
 from prefect import Task
 
-from kinetic_prefect import _prefect, accelerators
+from kinetic_prefect import _prefect, accelerators, capacity
 from kinetic_prefect.dispatch import KineticOptions, call_remotely, call_remotely_async
 from kinetic_prefect.image import ImageSpec
 from kinetic_prefect.kinetic import names
@@ -76,7 +76,7 @@ def _isolated(cache_policy: Any) -> Any:
 
 
 def _options(
-    accelerator: str | accelerators.AcceleratorSpec = "cpu",
+    accelerator: str | accelerators.AcceleratorSpec | Sequence[str | accelerators.AcceleratorSpec] = "cpu",
     requirements: str | Path | Sequence[str] | None = None,
     image: str | None = None,
     work_pool: str | None = None,
@@ -88,13 +88,16 @@ def _options(
     base_image: str | None = None,
     hosts: int | None = None,
     max_cost_usd: float | None = None,
+    preemption_retries: int | None = None,
+    spot_fallback: bool | None = None,
 ) -> KineticOptions:
-    spec = accelerators.resolve(accelerator)  # unknown names fail here, at decoration time
-    names.warn_if_read_differently(accelerator)  # once per name: Keras Kinetic reads it as other hardware
+    # unknown names, hosts=0, hosts contradicting a slice, a list mixing host counts: all fail here, at decoration
+    spec, *fallbacks = capacity.choices(accelerator, hosts)
+    for name in ([accelerator] if isinstance(accelerator, (str, accelerators.AcceleratorSpec)) else accelerator):
+        names.warn_if_read_differently(name)  # once per name: Keras Kinetic reads it as other hardware
     from kinetic_prefect.cost import check_budget
 
     max_cost_usd = check_budget(max_cost_usd)  # max_cost_usd=0 or "5" fails here too
-    accelerators.host_count(spec, hosts)  # hosts=0, or hosts contradicting a slice, fail here too
     if isinstance(env, str):
         env = (env,)
     return KineticOptions(
@@ -109,6 +112,9 @@ def _options(
         job_variables=dict(job_variables or {}),
         hosts=hosts,
         max_cost_usd=max_cost_usd,
+        fallbacks=tuple(fallbacks),
+        preemption_retries=preemption_retries,
+        spot_fallback=spot_fallback,
     )
 
 
@@ -171,12 +177,13 @@ class KineticTask(Task):
         kinetic = self.kinetic
         if kinetic_changes:
             current = {
-                "accelerator": kinetic.accelerator, "requirements": list(kinetic.image_spec.requirements) or None,
+                "accelerator": [kinetic.accelerator, *kinetic.fallbacks], "requirements": list(kinetic.image_spec.requirements) or None,
                 "image": kinetic.image, "work_pool": kinetic.work_pool, "env": kinetic.env,
                 "submission": kinetic.submission, "project_dir": kinetic.project_dir,
                 "ship_project": kinetic.ship_project, "job_variables": kinetic.job_variables,
                 "base_image": kinetic.image_spec.base_image, "hosts": kinetic.hosts,
                 "max_cost_usd": kinetic.max_cost_usd,
+                "preemption_retries": kinetic.preemption_retries, "spot_fallback": kinetic.spot_fallback,
             }
             kinetic = _options(**{**current, **kinetic_changes})
         # Prefect's with_options builds a plain Task around the same fn; give it ours back.
@@ -197,7 +204,7 @@ def kinetic_task(**kwargs: Any) -> Callable[[F], KineticTask]: ...
 def kinetic_task(
     __fn: Callable[..., Any] | None = None,
     *,
-    accelerator: str | accelerators.AcceleratorSpec = "cpu",
+    accelerator: str | accelerators.AcceleratorSpec | Sequence[str | accelerators.AcceleratorSpec] = "cpu",
     requirements: str | Path | Sequence[str] | None = None,
     image: str | None = None,
     work_pool: str | None = None,
@@ -209,12 +216,19 @@ def kinetic_task(
     base_image: str | None = None,
     hosts: int | None = None,
     max_cost_usd: float | None = None,
+    preemption_retries: int | None = None,
+    spot_fallback: bool | None = None,
     **task_options: Any,
 ):
     """Decorate a function so that each call runs its body as a job on ``accelerator``.
 
     Kinetic options:
-        accelerator: a catalog name (``cpu``, ``l4``, ``a100x2``, ``tpu-v6e-8``, ``l4:spot``...).
+        accelerator: a catalog name (``cpu``, ``l4``, ``a100x2``, ``tpu-v6e-8``, ``l4:spot``...), or a fallback
+            list tried in order (``["tpu-v6e-8", "a100x4", "l4x4"]``): on GKE the next is tried when the cluster
+            cannot place the job, never once it started (docs/capacity.md); locally the first this machine has.
+        preemption_retries: how often a preempted job (spot reclaimed, node lost) starts again under the same
+            run, resuming from its checkpoints, without spending ``retries`` (default: the pool's, 3).
+        spot_fallback: for a spot job, run the last preemption retry on on-demand capacity (GKE).
         requirements: a requirements.txt / pyproject.toml path or a list of PEP 508 strings; the job
             environment is built once per distinct set. ``None``: the worker's interpreter.
         image: a prebuilt container image (skips building; GKE).
@@ -241,7 +255,8 @@ def kinetic_task(
         _check_job_name(task_options.get("name") or fn.__name__, fn)
         _prefect.start_embedded_server()  # before the flow starts it with Prefect's shorter limit
         options = _options(accelerator, requirements, image, work_pool, env, submission, project_dir,
-                           ship_project, job_variables, base_image, hosts, max_cost_usd)
+                           ship_project, job_variables, base_image, hosts, max_cost_usd,
+                           preemption_retries, spot_fallback)
         name = task_options.pop("name", None) or fn.__name__
         tags = set(task_options.pop("tags", None) or ())
         tags.add(f"accelerator:{options.accelerator.name}")

@@ -23,7 +23,7 @@ from prefect import get_client
 from prefect.context import TaskRunContext
 from prefect.logging import get_run_logger
 
-from kinetic_prefect import _prefect, accelerators, budgets, config, data, gcp, signing
+from kinetic_prefect import _prefect, accelerators, budgets, capacity, config, data, gcp, signing
 from kinetic_prefect.contract import BUDGET_ERROR_TYPE, STORE_FULL_ERROR, Env, Outcome, RunLayout, checkpoints_key
 from kinetic_prefect.contract import PHASE_RESTORE_CODE
 from kinetic_prefect.errors import (
@@ -53,8 +53,15 @@ class KineticOptions:
     job_variables: dict[str, Any] = field(default_factory=dict)
     hosts: int | None = None  # a group of N hosts (one jax.distributed group); None: the accelerator's own
     max_cost_usd: float | None = None  # the worker stops the job when its metered cost reaches it
+    fallbacks: tuple[accelerators.AcceleratorSpec, ...] = ()  # tried in order after `accelerator` (capacity.py)
+    preemption_retries: int | None = None  # None: the pool's
+    spot_fallback: bool | None = None  # None: the pool's
 
     def __post_init__(self) -> None:
+        if self.preemption_retries is not None and (isinstance(self.preemption_retries, bool) or not isinstance(
+                self.preemption_retries, int) or self.preemption_retries < 0):
+            raise ValueError(f"preemption_retries={self.preemption_retries!r}: give a whole number >= 0 (0: a "
+                             "preemption crashes the run and the task's `retries` decide)")
         if self.submission not in SUBMISSION_MODES:
             raise ValueError(f"submission={self.submission!r} is not one of {', '.join(SUBMISSION_MODES)}")
         if self.project_dir is not None and not Path(self.project_dir).is_dir():
@@ -262,7 +269,7 @@ def _job_variables(options: KineticOptions, call: PreparedCall, store_url: str, 
         env[Env.CODE_SHA256] = call.code_archive.sha256
     variables: dict[str, Any] = {
         **options.job_variables,
-        "accelerator": options.accelerator.name + (":spot" if options.accelerator.spot else ""),
+        "accelerator": capacity.join([options.accelerator, *options.fallbacks]),
         "image_tag": options.image or options.image_spec.tag,
         "requirements": list(options.image_spec.requirements),
         "python_version": options.image_spec.python,
@@ -271,6 +278,9 @@ def _job_variables(options: KineticOptions, call: PreparedCall, store_url: str, 
     }
     if options.hosts is not None and "hosts" in pool_variables:
         variables["hosts"] = options.hosts
+    for name in ("preemption_retries", "spot_fallback"):
+        if getattr(options, name) is not None and name in pool_variables:
+            variables[name] = getattr(options, name)
     variables["env"] = {**options.job_variables.get("env", {}), **env}
     if options.image and "image" in pool_variables:
         variables["image"] = options.image
@@ -413,7 +423,8 @@ async def _submit_and_wait(options: KineticOptions, call: PreparedCall, task_nam
             return await detach.submitted(pool, flow_run, polling, call)
         if logger:
             logger.info(f"Job {run_name} ({flow_run.id}) on pool {pool.name!r} "
-                        f"[{'polling worker' if polling else 'in-process'}], accelerator {options.accelerator.name}")
+                        f"[{'polling worker' if polling else 'in-process'}], accelerator "
+                        f"{capacity.join([options.accelerator, *options.fallbacks])}")
         try:
             if polling:
                 state = await _prefect.wait_for_final_state(
@@ -443,9 +454,12 @@ async def _submit_and_wait(options: KineticOptions, call: PreparedCall, task_nam
         message = state.message if state is not None else "no state"
         raise KineticJobCrashed(f"job {run_name} ended without an outcome ({state.name if state else '?'}: {message})") from None
     await _publish_outputs(store, call, outcome, run_name)
+    from kinetic_prefect import capacity_report
+
+    record = await capacity_report.publish(store, call.layout, key, run_name, logger, task_run)
     try:
         if outcome.completed:
-            return cloudpickle.loads(_read_signed(store, call.layout.result, key))
+            return capacity_report.completed(cloudpickle.loads(_read_signed(store, call.layout.result, key)), record)
         try:
             blob = _read_signed(store, call.layout.result, key)
         except ObjectNotFound:

@@ -60,10 +60,27 @@ class CallVariables(BaseVariables):
                     'price sheet: {"l4": {"on_demand": 0.85, "spot": 0.34, "unit": "host"}} (unit host: a whole node; '
                     "chip: one TPU chip), or the path of a JSON file holding that. Empty: the built-in us-central1 "
                     "list prices (kinetic_prefect/prices.py).")
+    preemption_retries: int = Field(
+        default=3, title="Preemption retries", ge=0,
+        description="How often a job the infrastructure takes away (a spot preemption, a lost node; on kinetic-local "
+                    "a SIGTERM from outside the worker) is started again under the same run, resuming from "
+                    f"{Env.CHECKPOINT_DIR}. Separate from the task's `retries`, which it never spends. 0: a "
+                    "preemption crashes the run.")
+    spot_fallback: bool = Field(
+        default=False, title="Spot fallback",
+        description="For a spot job: run its last preemption retry on on-demand capacity, so that a run preempted "
+                    "preemption_retries times still finishes.")
+    capacity_wait_seconds: int = Field(
+        default=300, title="Capacity wait seconds", ge=0,
+        description="With a fallback list (accelerator=['a100x4', 'l4x4']): how long a pod whose node pool exists "
+                    "but is full (or whose scale-up failed) waits before the next accelerator is tried. A list entry "
+                    "no node pool carries is left at once.")
 
 
 # Set by the caller only where the pool's template takes them (older templates lack them).
-OPTIONAL_CALL_VARIABLES = frozenset({"hosts", "image", "max_cost_usd", "prices"})  # prices: set on the pool only
+# prices and the capacity settings: set on the pool, or per task through job_variables
+OPTIONAL_CALL_VARIABLES = frozenset({"hosts", "image", "max_cost_usd", "prices", "preemption_retries", "spot_fallback",
+                                     "capacity_wait_seconds"})
 GCP_CREDENTIALS_TITLE = "GCP credentials block"
 
 
@@ -73,7 +90,9 @@ class KineticLocalVariables(CallVariables):
     accelerator: str = Field(
         default="cpu", title="Accelerator",
         description="Accelerator name from the kinetic catalog (`cpu`, `l4`, `tpu-v6e-8`, ...). Local jobs run on "
-                    "this machine's CPU whatever is named; the name is recorded on the run.")
+                    "this machine's CPU whatever is named; the name is recorded on the run. A comma-separated list "
+                    "(`tpu-v6e-8,a100x4,l4x4`) is a fallback list, tried in order (kinetic-local: the first this "
+                    "machine has, else the CPU).")
     store: Optional[str] = Field(
         default=None, title="Artifact store",
         description="Where payloads, results and outputs live: a local directory or gs://bucket/prefix. Empty: "

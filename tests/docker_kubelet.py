@@ -233,6 +233,49 @@ class DockerKubelet:
         return server
 
     # ------------------------------------------------------------------ for tests
+    # ------------------------------------------------------------------ what the infrastructure does to a pod
+    def _entries_on(self, node: str) -> list[tuple[object, PodEntry]]:
+        pods = [p for p in self.core.list_pod_for_all_namespaces().items if p.spec.node_name == node]
+        return [(pod, self.pods[pod.metadata.uid]) for pod in pods if pod.metadata.uid in self.pods]
+
+    def shut_down_node(self, node: str, grace: int = 10) -> None:
+        """A graceful node shutdown (a spot VM reclaimed), as the kubelet does it: each pod gets the
+        ``DisruptionTarget`` condition (TerminationByKubelet), SIGTERM with the grace period, then phase Failed with
+        the shutdown reason whatever the exit code; then the node leaves the cluster."""
+        for pod, entry in self._entries_on(node):
+            entry.finished = True  # this kubelet reports the end itself (not Succeeded for exit 0)
+            now = _now()
+            self.core.patch_namespaced_pod_status(entry.name, entry.namespace, {"status": {"conditions": [
+                {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
+                 "message": "Pod was terminated in response to imminent node shutdown.", "lastTransitionTime": now}]}})
+            code = 137
+            if entry.container:
+                subprocess.run([self.docker, "stop", "-t", str(grace), entry.container], capture_output=True)
+                code = int(subprocess.run([self.docker, "inspect", "-f", "{{.State.ExitCode}}", entry.container],
+                                          capture_output=True, text=True).stdout.strip() or 137)
+            container = pod.spec.containers[0]
+            self.core.patch_namespaced_pod_status(entry.name, entry.namespace, {"status": {
+                "phase": "Failed", "reason": "Terminated",
+                "message": "Pod was terminated in response to imminent node shutdown.",
+                "containerStatuses": [{"name": container.name, "image": container.image, "imageID": "", "ready": False,
+                                       "restartCount": 0, "state": {"terminated": {
+                                           "exitCode": code, "reason": "Error" if code else "Completed",
+                                           "finishedAt": _now()}}}]}})
+        self.nodes.discard(node)
+        self.core.delete_node(node)
+
+    def oom_kill(self, namespace: str, name: str) -> None:
+        """The kernel's OOM killer ends the container (SIGKILL) and the kubelet reports OOMKilled, exit 137."""
+        pod = self.core.read_namespaced_pod(name, namespace)
+        entry = self.pods[pod.metadata.uid]
+        entry.finished = True
+        if entry.container:
+            subprocess.run([self.docker, "kill", "-s", "KILL", entry.container], capture_output=True)
+        container = pod.spec.containers[0]
+        self.core.patch_namespaced_pod_status(name, namespace, {"status": {"phase": "Failed", "containerStatuses": [
+            {"name": container.name, "image": container.image, "imageID": "", "ready": False, "restartCount": 0,
+             "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled", "finishedAt": _now()}}}]}})
+
     def running_containers(self) -> list[str]:
         out = subprocess.run([self.docker, "ps", "-q", "--no-trunc", "--filter", "label=kinetic-test-kubelet=1"],
                              capture_output=True, text=True).stdout.split()

@@ -20,9 +20,9 @@ PACKAGE = "kinetic_prefect"
 # The sides (docs/ARCHITECTURE.md, "Who imports whom"). A module not listed here fails the test: say where it lives.
 CONTRACT = {"contract"}
 POD = {"runner", "outputs", "progress", "signing", "storage", "errors", "accelerators", "data", "config", "utilization"}
-SHARED = {"gcp", "image", "builders", "job_variables", "prefect_runs", "secret_blocks", "locks", "outages", "cost", "prices",
+SHARED = {"gcp", "image", "builders", "job_variables", "prefect_runs", "secret_blocks", "locks", "outages", "cost", "prices", "capacity",
           "cost_records"}
-CALLER = {"__init__", "_prefect", "decorator", "dispatch", "payload", "results", "pools", "in_process", "task_calls", "data_repair", "budgets",
+CALLER = {"__init__", "_prefect", "decorator", "dispatch", "payload", "results", "pools", "in_process", "task_calls", "data_repair", "budgets", "capacity_report",
           "embedded_server"}
 WORKER_PREFIX = "workers"
 KINETIC_API_PREFIX = "kinetic"  # the Kinetic-compatible API: a caller-side facade over kinetic_task

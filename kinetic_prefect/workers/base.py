@@ -33,6 +33,11 @@ class KineticJobConfiguration(BaseJobConfiguration):
     gcp_credentials: str | None = Field(default=None)  # a saved prefect-gcp GcpCredentials block's name
     max_cost_usd: float | None = Field(default=None)  # the worker stops the job when its metered cost reaches it
     prices: dict[str, Any] | str | None = Field(default=None)  # price overrides (kinetic_prefect.cost.load_prices)
+    # Capacity (kinetic_prefect.capacity): `accelerator` may be a fallback list ("a100x4,l4x4"), tried in order.
+    _accelerator_choices: list[str] = PrivateAttr(default_factory=list)  # set from `accelerator` per run
+    preemption_retries: int | None = Field(default=None)
+    spot_fallback: bool = Field(default=False)
+    capacity_wait_seconds: float | None = Field(default=None)
 
     # Forwarded environment values (env= of @kinetic_task). Kept out of job variables and manifests:
     # in-process they are handed over in memory; through a polling worker they travel in a Prefect
@@ -65,8 +70,14 @@ class KineticJobConfiguration(BaseJobConfiguration):
         self.env.setdefault(Env.RUN_ID, str(flow_run.id))
         self.env.setdefault(Env.RUN_PREFIX, f"runs/{self.env[Env.RUN_ID]}")  # older jobs' name for it
         self.env[Env.FLOW_RUN_ID] = str(flow_run.id)
+        from kinetic_prefect import capacity
+
+        self._accelerator_choices = [capacity.label(s) for s in capacity.choices(self.accelerator)]
+        self.accelerator = self._accelerator_choices[0]  # the first choice; the lifecycle moves on when it must
         spec = accelerators.resolve(self.accelerator)
         self.env.setdefault(Env.ACCELERATOR, spec.name)
+        self.env.setdefault(Env.ACCELERATOR_CHIPS, str(capacity.chip_count(spec)))
+        self.env.setdefault(Env.PREEMPTIONS, "0")
         self.labels["kinetic.accelerator"] = spec.name
 
     @property

@@ -27,10 +27,11 @@ from prefect.workers.base import BaseWorker
 from prefect_kubernetes.credentials import KubernetesClusterConfig
 from prefect_kubernetes.diagnostics import diagnose_k8s_pod
 from prefect_kubernetes.worker import KubernetesWorkerJobConfiguration
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
 from kinetic_prefect import accelerators
 from kinetic_prefect.contract import JAX_COORDINATOR_PORT, RUNNER_ARGV, Env
+from kinetic_prefect.workers import gke_capacity
 from kinetic_prefect.workers.base import KineticJobConfiguration, load_template
 from kinetic_prefect.workers.gke_variables import CONTAINER, JOB_BACKOFF_LIMIT, KineticGKEVariables
 from kinetic_prefect.workers.lifecycle import JobLauncher, JobStatus, KineticWorker
@@ -128,6 +129,12 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
     gcp_project: str | None = Field(default=None)
     gcp_region: str | None = Field(default=None)
     build_staging_bucket: str | None = Field(default=None)
+    reservation: str | None = Field(default=None)
+    reservation_project: str | None = Field(default=None)
+    flex_start: bool = Field(default=False)
+    queued_provisioning: str | None = Field(default=None)  # a Kueue LocalQueue backed by queued provisioning
+    _template_manifest: dict[str, Any] | None = PrivateAttr(default=None)  # before rendering: each attempt's base
+    _image_given: bool | None = PrivateAttr(default=None)  # image= (kept for every attempt), not built per family
 
     @property
     def host_count(self) -> int:
@@ -145,16 +152,19 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
         if work_pool is not None:
             self.labels[POOL_LABEL] = work_pool.name
         self.labels["kinetic.prefect.io/accelerator"] = spec.name
+        self._template_manifest = copy.deepcopy(self.job_manifest)
         self.job_manifest = self.render_manifest(spec, flow_run)
 
-    def render_manifest(self, spec: accelerators.AcceleratorSpec, flow_run: FlowRun) -> dict[str, Any]:
-        manifest = copy.deepcopy(self.job_manifest)
+    def render_manifest(self, spec: accelerators.AcceleratorSpec, flow_run: FlowRun, attempt: int = 1) -> dict[str, Any]:
+        from kinetic_prefect.workers import gke_capacity
+
+        manifest = copy.deepcopy(self._template_manifest if self._template_manifest is not None else self.job_manifest)
         labels = {k: _label_value(v) for k, v in self.labels.items()}
         metadata = manifest.setdefault("metadata", {})
         metadata["namespace"] = self.namespace
         # One name per flow run: a second create for the same run (a restarted worker) gets 409, never a duplicate.
         slug = re.sub(r"[^a-z0-9-]", "-", str(flow_run.name).lower())[:40].strip("-")
-        metadata["name"] = f"kinetic-{slug}-{flow_run.id.hex[:8]}"
+        metadata["name"] = f"kinetic-{slug}-{flow_run.id.hex[:8]}" + (f"-a{attempt}" if attempt > 1 else "")
         metadata.pop("generateName", None)
         metadata["labels"] = {**(metadata.get("labels") or {}), **labels}
         job_spec = manifest.setdefault("spec", {})
@@ -200,6 +210,7 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
             container["volumeMounts"] = [*(container.get("volumeMounts") or []), {"name": "dshm", "mountPath": "/dev/shm"}]
         if self.host_count > 1:
             self._render_group(manifest, spec)
+        gke_capacity.render(manifest, self, spec, attempt)
         return _prune(manifest)
 
     def _render_group(self, manifest: dict[str, Any], spec: accelerators.AcceleratorSpec) -> None:
@@ -259,13 +270,14 @@ class JobFollower:
         self._lines_forwarded = 0
         self.last_pods: list[Any] = []  # what the last read saw: metering reads it (no extra API call)
         self.gone_at: float | None = None  # when the Job was first seen deleted
+        self.last_job: Any = None  # the Job as last read (its conditions outlive a pod the pod GC deleted)
 
     def _job_pods(self) -> list[Any]:
         """The Job's pods, oldest first; JobGone when the Job itself was deleted."""
         from kubernetes.client.exceptions import ApiException
 
         try:
-            self.batch.read_namespaced_job(self.job_name, self.namespace)
+            self.last_job = self.batch.read_namespaced_job(self.job_name, self.namespace)
         except ApiException as exc:
             if exc.status == 404:
                 self.gone_at = self.gone_at or time.time()
@@ -288,6 +300,37 @@ class JobFollower:
         for pod in self._job_pods():
             by_index[int((pod.metadata.annotations or {}).get(INDEX_ANNOTATION, 0))] = pod
         return by_index
+
+    def event_reasons(self, name: str) -> list[str]:
+        events = self.core.list_namespaced_event(self.namespace).items
+        return [e.reason for e in events if e.involved_object is not None and e.involved_object.name == name]
+
+    def node_exists(self, name: str) -> bool | None:
+        """None: not known (the worker's namespaced Role may not read nodes, which are cluster-wide)."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.core.read_node(name)
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            if exc.status in (401, 403):
+                return None
+            raise
+
+    def disruption(self, pod) -> str | None:
+        """Why the infrastructure took the pod away (capacity.pod_disruption), or the Job's own record of it."""
+        from kubernetes.client import ApiClient
+
+        from kinetic_prefect import capacity
+
+        as_dict = ApiClient().sanitize_for_serialization(pod) if pod is not None else None
+        node = pod.spec.node_name if pod is not None and pod.spec else None
+        found = capacity.pod_disruption(as_dict, self.node_exists(node) if node else None)
+        if found is None and not (as_dict and capacity.oom_killed(as_dict)):
+            found = capacity.job_disruption(ApiClient().sanitize_for_serialization(self.last_job))
+        return found
 
     def events_for(self, name: str) -> list[str]:
         events = self.core.list_namespaced_event(self.namespace).items
@@ -394,6 +437,8 @@ class GKEJobLauncher(JobLauncher):
 
     async def submit(self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration,
                      log: Callable[[str], None]) -> str:
+        if configuration._image_given is None:
+            configuration._image_given = bool(configuration.image)
         image = await anyio.to_thread.run_sync(self.ensure_image, configuration, log)
         configuration.image = image
         configuration.job_manifest["spec"]["template"]["spec"]["containers"][0]["image"] = image
@@ -426,6 +471,8 @@ class GKEJobLauncher(JobLauncher):
             pods = await anyio.to_thread.run_sync(self.follower(identifier, configuration).pods)
         except JobGone:
             return JobStatus("gone", detail="the Job was deleted")
+        if not pods and (ended := await self._podless_status(identifier, self.follower(identifier, configuration))):
+            return ended
         phases = {i: (pod.status.phase if pod.status else None) for i, pod in pods.items()}
         for i, pod in sorted(pods.items()):
             if phases[i] in ("Running", "Succeeded", "Failed"):
@@ -445,8 +492,11 @@ class GKEJobLauncher(JobLauncher):
             if failed:
                 pod = pods[failed[0]]
                 code, reason = self._exit(pod)
+                follower = self.follower(identifier, configuration)
+                disrupted = [found for i in failed if (found := await anyio.to_thread.run_sync(
+                    follower.disruption, pods[i]))]
                 return JobStatus("exited", exit_code=code or 1, diagnosis=self.diagnose(pod, configuration),
-                                 failed_host=failed[0] or None,
+                                 failed_host=failed[0] or None, preempted=disrupted[0] if disrupted else None,
                                  detail=f"host {failed[0]} of {hosts} (pod {pod.metadata.name}) failed: {reason}; "
                                         "the group fails with it")
             code, reason = self._exit(pods[0])
@@ -457,14 +507,15 @@ class GKEJobLauncher(JobLauncher):
             diagnosis = self.diagnose(pod, configuration)
             since = self._pending_since.setdefault(identifier, time.monotonic())
             problem = JobFollower.pending_problem(pod) if pod is not None else None
+            placing = await self._pending_capacity(self.follower(identifier, configuration), pod, configuration)
             if problem:
                 return JobStatus("pending", detail=f"host {waiting[0]}: {problem}", fatal=True, diagnosis=diagnosis)
             waited = time.monotonic() - since
             if waited > configuration.pod_watch_timeout_seconds:
                 text = await anyio.to_thread.run_sync(self.follower(identifier, configuration).diagnose_pending, pod)
-                return JobStatus("pending", fatal=True, diagnosis=diagnosis,
+                return JobStatus("pending", fatal=True, diagnosis=diagnosis, capacity=placing,
                                  detail=f"host {waiting[0]} of {hosts} still pending after {waited:.0f}s: {text}")
-            return JobStatus("pending", diagnosis=diagnosis,
+            return JobStatus("pending", diagnosis=diagnosis, capacity=placing,
                              detail=f"{hosts - len(waiting)} of {hosts} hosts scheduled")
         nodes = ", ".join(sorted({pod.spec.node_name or "?" for pod in pods.values()}))
         return JobStatus("running", detail=f"{hosts} hosts running on {nodes}")
@@ -492,17 +543,20 @@ class GKEJobLauncher(JobLauncher):
             return JobStatus("gone", detail="the Job was deleted")
         phase = pod.status.phase if pod is not None and pod.status else None
         diagnosis = self.diagnose(pod, configuration)
+        if pod is None and (ended := await self._podless_status(identifier, follower)) is not None:
+            return ended
         if phase in (None, "Pending"):
             since = self._pending_since.setdefault(identifier, time.monotonic())
             problem = follower.pending_problem(pod) if pod is not None else None
+            placing = await self._pending_capacity(follower, pod, configuration)
             if problem:
                 return JobStatus("pending", detail=problem, fatal=True, diagnosis=diagnosis)
             waited = time.monotonic() - since
             if waited > configuration.pod_watch_timeout_seconds:
                 text = await anyio.to_thread.run_sync(follower.diagnose_pending, pod)
                 return JobStatus("pending", detail=f"still pending after {waited:.0f}s: {text}", fatal=True,
-                                 diagnosis=diagnosis)
-            return JobStatus("pending", diagnosis=diagnosis)
+                                 diagnosis=diagnosis, capacity=placing)
+            return JobStatus("pending", diagnosis=diagnosis, capacity=placing)
         if phase == "Running":
             follower.stream_logs(pod.metadata.name)
             return JobStatus("running", detail=f"Pod {pod.metadata.name} running on {pod.spec.node_name or '?'}")
@@ -511,8 +565,41 @@ class GKEJobLauncher(JobLauncher):
         follower.stream_logs(pod.metadata.name, again=True)  # whatever a broken stream missed
         await anyio.to_thread.run_sync(follower.finish_logs)
         exit_code, reason = self._exit(pod)
+        preempted = await anyio.to_thread.run_sync(follower.disruption, pod) if phase == "Failed" else None
         return JobStatus("exited", exit_code=exit_code, detail=f"pod {pod.metadata.name} {phase}: {reason}",
-                         diagnosis=diagnosis)
+                         diagnosis=diagnosis, preempted=preempted)
+
+    async def _podless_status(self, identifier: str, follower: JobFollower) -> JobStatus | None:
+        """A Job without a pod: queued (suspended until Kueue admits it), or failed with its pod gone (the pod
+        GC deletes the pods of a deleted node); None when the Job controller has simply not made the pod yet."""
+        job = follower.last_job
+        if job is None or job.spec is None:
+            return None
+        if job.spec.suspend:
+            self._pending_since[identifier] = time.monotonic()  # waiting in a queue is not a stuck pod
+            return JobStatus("pending", detail="queued: waiting for its capacity (Kueue / queued provisioning)")
+        conditions = {c.type: c for c in (job.status.conditions or []) if c.status == "True"} if job.status else {}
+        failed = conditions.get("Failed") or conditions.get("FailureTarget")
+        if failed is None:
+            return None
+        preempted = await anyio.to_thread.run_sync(follower.disruption, None)
+        return JobStatus("exited", exit_code=None, detail=f"Job failed ({failed.reason}: {failed.message}); its pod "
+                         "is gone", preempted=preempted or ("its pod was deleted with its node" if
+                                                            failed.reason == "PodFailurePolicy" else None))
+
+    async def _pending_capacity(self, follower: JobFollower, pod, configuration) -> str | None:
+        """capacity.NO_NODE_POOL / INSUFFICIENT_CAPACITY for a pod the scheduler cannot place; the events (the
+        autoscaler's) are read only when a fallback list makes the difference."""
+        if pod is None:
+            return None
+        from kubernetes.client import ApiClient
+
+        from kinetic_prefect.workers import gke_capacity
+
+        reasons: list[str] = []
+        if len(configuration._accelerator_choices) > 1:
+            reasons = await anyio.to_thread.run_sync(follower.event_reasons, pod.metadata.name)
+        return gke_capacity.pending_capacity(ApiClient().sanitize_for_serialization(pod), reasons)
 
     def diagnose(self, pod, configuration: KineticGKEJobConfiguration) -> dict[str, str] | None:
         """prefect-kubernetes' diagnosis of the pod (its categories are what automations match on), with
@@ -548,6 +635,23 @@ class GKEJobLauncher(JobLauncher):
     async def cancel(self, identifier: str, configuration: KineticGKEJobConfiguration, grace_seconds: float) -> None:
         follower = self.follower(identifier, configuration)
         await anyio.to_thread.run_sync(follower.delete)
+
+    can_relaunch = True
+
+    async def relaunch(self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration, identifier: str,
+                       spec: accelerators.AcceleratorSpec, attempt: int, log: Callable[[str], None]) -> str:
+        """A new Job (``-a<attempt>``) for the same run on ``spec``: the old one is deleted first (its pod is
+        pending, or gone with its node), so one run never holds two accelerators."""
+        from kinetic_prefect import capacity
+
+        await self.cancel(identifier, configuration, 0)
+        await self.cleanup(identifier, configuration)
+        configuration.accelerator, configuration.spot = capacity.label(spec.with_spot(False)), spec.spot
+        if not configuration._image_given:
+            configuration.image = None  # built (or found) again for this accelerator's family
+        configuration.labels["kinetic.prefect.io/accelerator"] = configuration.labels["kinetic.accelerator"] = spec.name
+        configuration.job_manifest = configuration.render_manifest(spec, flow_run, attempt)
+        return await self.submit(flow_run, configuration, log)
 
     async def cleanup(self, identifier: str, configuration: KineticGKEJobConfiguration) -> None:
         for table in (self._followers, self._emitters, self._pending_since, self._group_failed_at):
@@ -636,8 +740,10 @@ def pod_span(pod: Any, gone_at: float | None = None) -> Any:
         from kubernetes import client
 
         jobs = client.BatchV1Api(api).list_namespaced_job(namespace, label_selector=f"{FLOW_RUN_LABEL}={flow_run.id}").items
-        mine = [j for j in jobs if j.metadata and (j.metadata.labels or {}).get(FLOW_RUN_LABEL) == str(flow_run.id)]
-        return mine[0].metadata.name if mine else None  # type: ignore[union-attr]  # filtered above
+        mine = [j for j in jobs if j.metadata and (j.metadata.labels or {}).get(FLOW_RUN_LABEL) == str(flow_run.id)
+                and j.metadata.deletion_timestamp is None]
+        mine.sort(key=lambda j: int((j.metadata.labels or {}).get("kinetic.prefect.io/attempt") or 1))
+        return mine[-1].metadata.name if mine else None  # type: ignore[union-attr]  # filtered above
 
     @staticmethod
     def _create_job(api, configuration: KineticGKEJobConfiguration) -> str:
@@ -718,6 +824,7 @@ class KineticGKEWorker(KineticWorker, BaseWorker):  # type: ignore[misc]  # run(
         """Image settings must be complete before a payload is uploaded: an unset project used to build
         ``projects/None/locations/None``, an unset bucket failed with an AttributeError mid-build."""
         settings = {**defaults, **{k: v for k, v in job_variables.items() if v is not None}}
+        gke_capacity.check_settings(pool_name, settings)
         if settings.get("image"):
             return
         builder = settings.get("image_builder") or "none"

@@ -92,7 +92,27 @@ class KineticGKEVariables(CallVariables):
     accelerator: str = Field(
         default="cpu", title="Accelerator",
         description="Accelerator name from the kinetic catalog (`l4`, `a100x2`, `h100x8`, `tpu-v6e-8`, "
-                    "`tpu-v5litepod-4`, ...). Decides the node selector, tolerations and accelerator limits.")
+                    "`tpu-v5litepod-4`, ...). Decides the node selector, tolerations and accelerator limits. A "
+                    "comma-separated list (`tpu-v6e-8,a100x4,l4x4`) is a fallback list, tried in order.")
+    reservation: Optional[str] = Field(
+        default=None, title="Reservation",
+        description="A Compute Engine reservation (specific affinity) the first accelerator's pods consume: node "
+                    "selectors cloud.google.com/reservation-name and cloud.google.com/reservation-affinity=specific. "
+                    "Not with spot.")
+    reservation_project: Optional[str] = Field(
+        default=None, title="Reservation project",
+        description="The project owning a shared reservation (cloud.google.com/reservation-project); empty: the "
+                    "cluster's project.")
+    flex_start: bool = Field(
+        default=False, title="Flex-start",
+        description="Run on flex-start VMs (Dynamic Workload Scheduler): node selector "
+                    "cloud.google.com/gke-flex-start=true. The pod waits for capacity instead of failing; raise "
+                    "pod_watch_timeout_seconds to match.")
+    queued_provisioning: Optional[str] = Field(
+        default=None, title="Queued provisioning (Kueue queue)",
+        description="Name of a Kueue LocalQueue backed by flex-start with queued provisioning: the Job is created "
+                    "suspended with kueue.x-k8s.io/queue-name, and starts when all its capacity is provisioned at "
+                    "once. Waiting in the queue does not count toward pod_watch_timeout_seconds.")
     spot: bool = Field(default=False, title="Spot",
                        description="Schedule on Spot VMs (cloud.google.com/gke-spot node selector and toleration).")
     hosts: Optional[int] = Field(

@@ -69,6 +69,10 @@ class JobStatus:
     diagnosis: dict[str, str] | None = None
     # A multi-host group ended because this host (not the coordinator) exited non-zero: the group's failure is its.
     failed_host: int | None = None
+    # Pending: why the cluster cannot place it (capacity.NO_NODE_POOL / INSUFFICIENT_CAPACITY), for fallbacks.
+    capacity: str | None = None
+    # Exited: the infrastructure took the job away (spot preemption, node lost), said for a person; not a failure.
+    preempted: str | None = None
 
 
 class JobLauncher(abc.ABC):
@@ -99,6 +103,15 @@ class JobLauncher(abc.ABC):
 
     async def cleanup(self, identifier: str, configuration: Any) -> None:  # noqa: B027 - optional, not abstract
         """Remove what the launcher keeps for a job whose run is final."""
+
+    # Launchers that implement ``relaunch`` say so: their jobs get fallbacks and preemption retries.
+    can_relaunch: bool = False
+
+    async def relaunch(self, flow_run: FlowRun, configuration: Any, identifier: str,
+                       spec: accelerators.AcceleratorSpec, attempt: int, log: Callable[[str], None]) -> str:
+        """Replace the job ``identifier`` (pending or ended) by a new attempt on ``spec``; return its identifier.
+        Launchers that cannot do this leave it out: their jobs get no fallbacks and no preemption retries."""
+        raise NotImplementedError
 
     async def unfinished_jobs(self, work_pool: Any) -> list[tuple[str, str]]:
         """``(flow_run_id, identifier)`` of the jobs ``work_pool`` started that may still run."""
@@ -221,9 +234,9 @@ class KineticWorker:
         self.get_flow_run_logger(flow_run).error(message)
         await self._propose(flow_run, Crashed(message=message))
 
-    async def mark_from_outcome(self, flow_run: FlowRun, outcome: Outcome) -> None:
-        summary = outcome.summary()
-        state: State[Any] = Completed(message=summary) if outcome.completed else Failed(message=summary)
+    async def mark_from_outcome(self, flow_run: FlowRun, outcome: Outcome, note: str = "") -> None:
+        message = outcome.summary() + note
+        state: State[Any] = Completed(message=message) if outcome.completed else Failed(message=message)
         await self._propose(flow_run, state)
 
     # ------------------------------------------------------------------ events
@@ -345,8 +358,11 @@ class KineticWorker:
     async def follow(self, flow_run: FlowRun, configuration: Any, identifier: str) -> KineticWorkerResult:
         """Follow one job to its end and set the run's final state."""
         from kinetic_prefect.workers.log_forwarding import JobLogForwarder
+        from kinetic_prefect.workers import attempts
 
         logger = self.get_flow_run_logger(flow_run)
+        plan = attempts.plan_for(configuration)
+        pending_since = time.monotonic()
         progress = ProgressArtifact(self.client, flow_run)
         outage = Outage(f"the worker following {flow_run.name}", logger.warning)
         output = JobLogForwarder(self.client, flow_run.id, logger, outage)
@@ -403,8 +419,12 @@ class KineticWorker:
                     last_phase = status.phase
                     self.emit_job_event(flow_run, status.phase, configuration, identifier=identifier, detail=status.detail)
                 if status.phase == "running" and not marked_running:
-                    marked_running = True
-                    await self.mark_running(flow_run, status.detail or "Job running")
+                    marked_running = plan.started = True
+                    await self.mark_running(flow_run, (status.detail or "Job running") + attempts.final_note(plan))
+                elif status.phase == "pending" and (moved := await attempts.on_pending(
+                        self, flow_run, configuration, identifier, status, plan, time.monotonic() - pending_since)):
+                    identifier, last_phase, last_diagnosis, pending_since = moved, None, None, time.monotonic()
+                    continue
                 elif status.phase == "pending" and status.fatal:
                     self.emit_job_event(flow_run, "unschedulable", configuration, identifier=identifier,
                                         diagnosis=status.detail,
@@ -418,7 +438,14 @@ class KineticWorker:
                     await self._end_of_output(output, identifier)
                     self.emit_job_event(flow_run, "exited", configuration, identifier=identifier,
                                         exit_code=status.exit_code, detail=status.detail)
-                    await self.finish(flow_run, configuration, identifier, status)
+                    moved = await attempts.on_exit(self, flow_run, configuration, identifier, status, plan,
+                                                   progress.latest)
+                    if moved == attempts.HANDLED:
+                        return result
+                    if moved:
+                        identifier, last_phase, last_diagnosis = moved, None, None
+                        continue
+                    await self.finish(flow_run, configuration, identifier, status, note=attempts.final_note(plan))
                     return result
                 elif status.phase == "gone":
                     await self.mark_crashed(flow_run, f"Job {identifier} disappeared before it finished "
@@ -485,7 +512,8 @@ class KineticWorker:
             return open_store(url)
         return gcp.open_store(url, await gcp.credentials_block("worker", name))
 
-    async def finish(self, flow_run: FlowRun, configuration: Any, identifier: str, status: JobStatus) -> None:
+    async def finish(self, flow_run: FlowRun, configuration: Any, identifier: str, status: JobStatus,
+                     note: str = "") -> None:
         """Completed/Failed from the outcome record; no record means the job crashed."""
         from kinetic_prefect import signing
         from kinetic_prefect.storage import ObjectNotFound as NoObject
@@ -514,9 +542,9 @@ class KineticWorker:
             code = status.exit_code
             await self.mark_crashed(flow_run, f"Job {identifier} ended without reporting an outcome "
                                               f"(exit status {code if code is not None else 'unknown'}"
-                                              f"{'; ' + status.detail if status.detail else ''})")
+                                              f"{'; ' + status.detail if status.detail else ''}){note}")
             return
-        await self.mark_from_outcome(flow_run, outcome)
+        await self.mark_from_outcome(flow_run, outcome, note)
 
     async def _report_group_failure(self, flow_run: FlowRun, identifier: str, status: JobStatus, store: Any,
                                     layout: RunLayout, key: bytes | None, hosts: int) -> bool:

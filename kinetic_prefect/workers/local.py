@@ -152,6 +152,21 @@ class KineticLocalJobConfiguration(KineticJobConfiguration):
         return accelerators.host_count(accelerators.resolve(self.accelerator), self.hosts)
 
 
+def _choose_local_accelerator(configuration: KineticLocalJobConfiguration) -> None:
+    """A fallback list on this machine: the first accelerator it has; none: the first, on the CPU (warned)."""
+    from kinetic_prefect import capacity
+
+    if len(configuration._accelerator_choices) < 2 or configuration.accelerator != configuration._accelerator_choices[0]:
+        return
+    for name in configuration._accelerator_choices:
+        spec = accelerators.resolve(name)
+        if accelerators.local_platform_available(spec.jax_platform):
+            configuration.accelerator = name
+            configuration.env.update({Env.ACCELERATOR: spec.name, Env.ACCELERATOR_CHIPS: str(capacity.chip_count(spec)),
+                                      "JAX_PLATFORMS": spec.jax_platform})
+            return
+
+
 def _process_start_ticks(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (so a reused pid is not mistaken for it)."""
     try:
@@ -326,6 +341,7 @@ class LocalJobLauncher(JobLauncher):
     async def submit(self, flow_run: FlowRun, configuration: KineticLocalJobConfiguration,
                      log: Callable[[str], None]) -> str:
         identifier = str(flow_run.id)
+        _choose_local_accelerator(configuration)
         wanted = configuration.env.get("JAX_PLATFORMS") or ""
         if not accelerators.local_platform_available(wanted):
             log(f"WARNING: accelerator {configuration.accelerator!r} is not on this machine (no {wanted} device for "
@@ -479,6 +495,26 @@ class LocalJobLauncher(JobLauncher):
     async def cancel(self, identifier: str, configuration: KineticLocalJobConfiguration,
                      grace_seconds: float) -> None:
         await self._stop_group(identifier, grace_seconds)
+
+    # The worker stops its jobs only through cancel(): a SIGTERM from anyone else (the machine shutting down, an
+    # orchestrator draining it) takes the job away like a preemption, and is retried from preemption_retries.
+    outside_sigterm_is_preemption = True
+
+    can_relaunch = True
+
+    async def relaunch(self, flow_run: FlowRun, configuration: KineticLocalJobConfiguration, identifier: str,
+                       spec: accelerators.AcceleratorSpec, attempt: int, log: Callable[[str], None]) -> str:
+        """The same job again (same identifier and log files): the log is forwarded on from where it was."""
+        offsets = [cursor.offset for cursor in self._cursors.get(identifier, [])]
+        await self._stop_group(identifier, 0)
+        self._children.pop(identifier, None)
+        self._group_failure.pop(identifier, None)
+        self._coordinator_exited_at.pop(identifier, None)
+        configuration.accelerator = spec.name
+        new = await self.submit(flow_run, configuration, log)
+        for cursor, offset in zip(self._cursors.get(new, []), offsets):
+            cursor.offset = offset
+        return new
 
     async def cleanup(self, identifier: str, configuration: KineticLocalJobConfiguration) -> None:
         cursors = self._cursors.pop(identifier, None) or []

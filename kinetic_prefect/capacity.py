@@ -1,0 +1,225 @@
+"""Capacity: accelerator fallback lists, and telling a preemption from a failure.
+
+Leaf module (stdlib and the catalog only): the caller validates fallback lists with it at decoration, the worker
+decides with it what to try next, and the pod never needs it. Kubernetes objects are read as plain dicts
+(``ApiClient().sanitize_for_serialization``), so every rule here is testable without a cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from kinetic_prefect import accelerators
+from kinetic_prefect.accelerators import AcceleratorSpec
+
+# How the accelerators of a fallback list travel in the pool's `accelerator` variable: one string, in order.
+SEPARATOR = ","
+DEFAULT_PREEMPTION_RETRIES = 3
+DEFAULT_CAPACITY_WAIT_SECONDS = 300
+
+# What the cluster said about a pod that is not placed (JobStatus.capacity).
+NO_NODE_POOL = "no-node-pool"            # no node carries the accelerator: nothing will change by waiting
+INSUFFICIENT_CAPACITY = "insufficient"    # nodes exist but are full, or the autoscaler failed to add one
+
+# The reasons Kubernetes gives a pod's DisruptionTarget condition, said for a person.
+DISRUPTION_REASONS = {
+    "TerminationByKubelet": "its node shut down (spot preemption, maintenance or node-pressure eviction)",
+    "DeletionByPodGC": "its node was deleted",
+    "DeletionByTaintManager": "its node became unreachable (NoExecute taint)",
+    "PreemptionByScheduler": "a higher-priority pod took its place",
+    "EvictionByEvictionAPI": "it was evicted (node drain or upgrade)",
+}
+GRACEFUL_SHUTDOWN_REASONS = ("Terminated", "Shutdown", "NodeShutdown")
+
+
+def choices(accelerator: str | AcceleratorSpec | Sequence[str | AcceleratorSpec],
+            hosts: int | None = None) -> list[AcceleratorSpec]:
+    """Resolve one accelerator or a fallback list (a list, or names joined by commas), in order.
+
+    Every name must be in the catalog, none twice, and every entry must run the same number of hosts: the body
+    cannot be written for one process on an l4 and four on a multi-host slice at once."""
+    if isinstance(accelerator, (str, AcceleratorSpec)):
+        items: list[Any] = split(accelerator) if isinstance(accelerator, str) else [accelerator]
+    elif isinstance(accelerator, (list, tuple)):
+        items = list(accelerator)
+    else:
+        raise TypeError(f"accelerator must be a name or a list of names, not {type(accelerator).__name__}")
+    if not items:
+        raise ValueError("accelerator=[]: give at least one accelerator name, e.g. accelerator=['a100x4', 'l4x4']")
+    specs: list[AcceleratorSpec] = []
+    for item in items:
+        try:
+            specs.append(accelerators.resolve(item))
+        except accelerators.UnknownAcceleratorError as exc:
+            if len(items) == 1:
+                raise
+            raise accelerators.UnknownAcceleratorError(f"in the fallback list {items!r}: {exc}") from None
+    seen: dict[str, int] = {}
+    for index, spec in enumerate(specs):
+        if label(spec) in seen:
+            raise ValueError(f"accelerator list {items!r} names {label(spec)!r} twice (positions {seen[label(spec)]}"
+                             f" and {index}): drop the repeat")
+        seen[label(spec)] = index
+    counts = {label(spec): accelerators.host_count(spec, hosts) for spec in specs}
+    if len(set(counts.values())) > 1:
+        shown = ", ".join(f"{name}: {count}" for name, count in counts.items())
+        multi = max(counts.values())
+        raise ValueError(f"accelerator list {items!r} mixes host counts ({shown}): one body cannot expect both. "
+                         f"List accelerators with the same hosts, or set hosts={multi} so every single-host entry "
+                         f"runs as a group of {multi} (a multi-host slice must have exactly that many hosts)")
+    return specs
+
+
+def split(text: str) -> list[str]:
+    return [part.strip() for part in text.split(SEPARATOR) if part.strip()] or [text]
+
+
+def label(spec: AcceleratorSpec) -> str:
+    """The spelling that round-trips through `resolve` (``:spot`` kept)."""
+    return spec.name + (":spot" if spec.spot else "")
+
+
+def join(specs: Iterable[AcceleratorSpec]) -> str:
+    return SEPARATOR.join(label(spec) for spec in specs)
+
+
+def chip_count(spec: AcceleratorSpec) -> int:
+    """Chips one host of the job sees (what the body sizes its per-host batch by); 0 on the CPU."""
+    return spec.chips_per_host if spec.resource_name else 0
+
+
+# ----------------------------------------------------------------------------- preemption
+
+
+def _conditions(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    return list((pod.get("status") or {}).get("conditions") or [])
+
+
+def oom_killed(pod: dict[str, Any]) -> bool:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        terminated = ((status.get("state") or {}).get("terminated") or {})
+        if terminated.get("reason") == "OOMKilled":
+            return True
+    return False
+
+
+def pod_disruption(pod: dict[str, Any] | None, node_exists: bool | None = None) -> str | None:
+    """Why the infrastructure took this pod away (a preemption), or None when it ended by itself.
+
+    The signals, as Kubernetes gives them: the ``DisruptionTarget`` condition with its reason (set by the kubelet
+    on a graceful node shutdown, by the pod GC when the node is deleted, by the taint manager, the scheduler and
+    the eviction API); a graceful node shutdown's pod reason from kubelets that predate the condition; a pod
+    bound to a node that no longer exists. A container the kernel OOM-killed is the job's own doing, never a
+    preemption, whatever else is set."""
+    if not pod:
+        return None
+    if oom_killed(pod):
+        return None
+    for condition in _conditions(pod):
+        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
+            reason = condition.get("reason") or ""
+            said = DISRUPTION_REASONS.get(reason, condition.get("message") or "it was disrupted")
+            return f"{said} [DisruptionTarget: {reason or '?'}]"
+    status = pod.get("status") or {}
+    message = (status.get("message") or "").lower()
+    if status.get("reason") in GRACEFUL_SHUTDOWN_REASONS and "shutdown" in message:
+        return f"its node shut down [{status.get('reason')}: {status.get('message')}]"
+    node = (pod.get("spec") or {}).get("nodeName")
+    if node and node_exists is False:
+        return f"its node {node} was deleted under it"
+    return None
+
+
+def job_disruption(job: dict[str, Any] | None) -> str | None:
+    """The Job's own record of a disruption: a ``podFailurePolicy`` rule on ``DisruptionTarget`` matched (the
+    record survives the pod, which the pod GC deletes with its node)."""
+    for condition in ((job or {}).get("status") or {}).get("conditions") or []:
+        if condition.get("type") in ("Failed", "FailureTarget") and condition.get("status") == "True" \
+                and condition.get("reason") == "PodFailurePolicy" and "DisruptionTarget" in (condition.get("message") or ""):
+            return f"its pod was disrupted [{condition.get('message')}]"
+    return None
+
+
+# ----------------------------------------------------------------------------- the plan of attempts
+
+
+@dataclass
+class Attempt:
+    accelerator: str
+    spot: bool
+    ended: str = ""  # why the next attempt was made ("no node pool", "preempted: ..."), empty for the last
+
+
+@dataclass
+class CapacityPlan:
+    """What to try next, for one job's run: the fallback list in order until one is placed, then, once the job
+    has started, the same accelerator again after each preemption while the budget lasts (on-demand for the last
+    attempt with ``spot_fallback``). Pure bookkeeping: the worker feeds it what the cluster says."""
+
+    specs: list[AcceleratorSpec]
+    preemption_retries: int = DEFAULT_PREEMPTION_RETRIES
+    spot_fallback: bool = False
+    capacity_wait_seconds: float = DEFAULT_CAPACITY_WAIT_SECONDS
+    index: int = 0
+    started: bool = False
+    preemptions: int = 0
+    on_demand: bool = False
+    resumed: str | None = None  # how far the last preempted attempt had come ("step 1,200")
+    attempts: list[Attempt] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.attempts:
+            self.attempts.append(Attempt(label(self.current), self.current.spot))
+
+    @property
+    def current(self) -> AcceleratorSpec:
+        spec = self.specs[self.index]
+        return spec.with_spot(False) if self.on_demand else spec
+
+    @property
+    def has_fallback(self) -> bool:
+        return not self.started and self.index + 1 < len(self.specs)
+
+    def fallback_after(self, capacity: str | None, waited_seconds: float) -> AcceleratorSpec | None:
+        """The next accelerator when this one cannot be placed: at once when no node pool has it, after the
+        capacity wait when its nodes are full; never once the job has started, never past the list's end."""
+        if not capacity or not self.has_fallback:
+            return None
+        if capacity == INSUFFICIENT_CAPACITY and waited_seconds < self.capacity_wait_seconds:
+            return None
+        why = "no node pool has it" if capacity == NO_NODE_POOL else \
+            f"no capacity for {waited_seconds:.0f}s (capacity_wait_seconds={self.capacity_wait_seconds:g})"
+        self.attempts[-1].ended = why
+        self.index += 1
+        self.attempts.append(Attempt(label(self.current), self.current.spot))
+        return self.current
+
+    def retry_after_preemption(self, reason: str) -> AcceleratorSpec | None:
+        """The spec for the next attempt after a preemption, or None when the budget is spent."""
+        self.preemptions += 1
+        self.attempts[-1].ended = f"preempted: {reason}"
+        if self.preemptions > self.preemption_retries:
+            return None
+        last = self.preemptions == self.preemption_retries
+        if last and self.spot_fallback and self.specs[self.index].spot:
+            self.on_demand = True
+        self.attempts.append(Attempt(label(self.current), self.current.spot))
+        return self.current
+
+    def summary(self) -> str:
+        """One line for a state message and the artifact: which accelerator ran, what was tried before it."""
+        parts = [f"ran on {label(self.current)}"]
+        tried = [f"{a.accelerator} ({a.ended})" for a in self.attempts[:-1] if not a.ended.startswith("preempted")]
+        if tried:
+            parts.append("after " + ", ".join(tried))
+        if self.preemptions:
+            text = f"preempted {self.preemptions}×"
+            if self.resumed:
+                text += f", resumed from {self.resumed}"
+            parts.append(text)
+        return "; ".join(parts)
+
+    @property
+    def eventful(self) -> bool:
+        return len(self.attempts) > 1 or self.preemptions > 0

@@ -1,0 +1,220 @@
+"""Capacity without a cluster: fallback lists validated at decoration, the plan of attempts, what counts as a
+preemption (the pod and Job records Kubernetes writes), and the capacity documents of a kinetic-gke Job (validated
+against the Kubernetes schema)."""
+
+from __future__ import annotations
+
+import kubernetes_validate
+import pytest
+
+from kinetic_prefect import accelerators, capacity, kinetic_task
+from kinetic_prefect.workers import gke_capacity
+from test_gke_manifests import K8S_VERSION, render
+
+
+# --------------------------------------------------------------------------- fallback lists
+
+
+def test_a_list_resolves_in_order_and_travels_as_one_job_variable():
+    specs = capacity.choices(["tpu-v6e-8", "a100x4", "l4x4:spot"])
+    assert [capacity.label(s) for s in specs] == ["tpu-v6e-8", "a100x4", "l4x4:spot"]
+    assert capacity.choices(capacity.join(specs)) == specs  # the pool variable form: "tpu-v6e-8,a100x4,l4x4:spot"
+    assert [capacity.chip_count(s) for s in specs] == [8, 4, 4]
+
+
+@pytest.mark.parametrize("bad, culprit", [
+    (["a100x4", "l4x3"], "l4x3"),          # a size that does not exist
+    (["a100x4", "nvidia-zz"], "nvidia-zz"),
+    (["l4", "gpu"], "twice"),               # gpu is the l4's other spelling
+    ([], "at least one"),
+])
+def test_a_bad_list_fails_at_decoration_naming_the_culprit(bad, culprit):
+    with pytest.raises(ValueError, match=culprit):
+        kinetic_task(lambda: None, accelerator=bad)
+
+
+def test_multi_host_and_single_host_mix_only_where_hosts_allows():
+    with pytest.raises(ValueError, match=r"mixes host counts \(tpu-v5p-16: 2, l4: 1\).*hosts=2"):
+        kinetic_task(lambda: None, accelerator=["tpu-v5p-16", "l4"])
+    task = kinetic_task(lambda: None, accelerator=["tpu-v5p-16", "l4"], hosts=2)  # both run as 2 hosts
+    assert [s.name for s in (task.kinetic.accelerator, *task.kinetic.fallbacks)] == ["tpu-v5p-16", "l4"]
+    with pytest.raises(ValueError, match="slice of 2 hosts"):
+        kinetic_task(lambda: None, accelerator=["tpu-v5p-16", "l4"], hosts=4)
+
+
+def test_with_options_takes_a_list_and_keeps_the_capacity_options():
+    task = kinetic_task(lambda: None, accelerator="l4", preemption_retries=1, spot_fallback=True)
+    other = task.with_options(accelerator=["a100x4", "l4x4"])
+    assert other.kinetic.accelerator.name == "a100x4" and [s.name for s in other.kinetic.fallbacks] == ["l4x4"]
+    assert other.kinetic.preemption_retries == 1 and other.kinetic.spot_fallback is True
+    with pytest.raises(ValueError, match="preemption_retries=-1"):
+        task.with_options(preemption_retries=-1)
+
+
+def test_job_variables_carry_the_list_and_the_budget():
+    from kinetic_prefect.dispatch import PreparedCall, _job_variables
+    from kinetic_prefect.contract import RunLayout
+
+    task = kinetic_task(lambda: None, accelerator=["a100x4", "l4x4:spot"], preemption_retries=2)
+    call = PreparedCall(RunLayout("r"), b"", "0" * 64, None, {}, [])
+    variables = _job_variables(task.kinetic, call, "/tmp/store", {"preemption_retries", "spot_fallback"})
+    assert variables["accelerator"] == "a100x4,l4x4:spot" and variables["preemption_retries"] == 2
+    assert "spot_fallback" not in variables  # not set: the pool's own default stands
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def _plan(names, **kw) -> capacity.CapacityPlan:
+    return capacity.CapacityPlan(capacity.choices(names), **kw)
+
+
+def test_no_node_pool_falls_back_at_once_insufficient_capacity_after_the_wait():
+    plan = _plan(["tpu-v6e-8", "a100x4", "l4x4"], capacity_wait_seconds=60)
+    assert plan.fallback_after(capacity.NO_NODE_POOL, 0).name == "a100x4"
+    assert plan.fallback_after(capacity.INSUFFICIENT_CAPACITY, 59) is None
+    assert plan.fallback_after(None, 10_000) is None  # pending for no capacity reason (an image pull): wait
+    assert plan.fallback_after(capacity.INSUFFICIENT_CAPACITY, 61).name == "l4x4"
+    assert plan.fallback_after(capacity.NO_NODE_POOL, 0) is None  # the end of the list: today's timeout decides
+    assert plan.summary().startswith("ran on l4x4; after tpu-v6e-8 (no node pool has it), a100x4 (no capacity")
+
+
+def test_never_a_fallback_once_the_job_started():
+    plan = _plan(["a100x4", "l4x4"])
+    plan.started = True
+    assert plan.fallback_after(capacity.NO_NODE_POOL, 0) is None and plan.current.name == "a100x4"
+
+
+def test_the_preemption_budget_and_spot_fallback_on_the_last_attempt():
+    plan = _plan(["l4:spot"], preemption_retries=2, spot_fallback=True)
+    plan.started = True
+    assert plan.retry_after_preemption("node shut down").spot  # 1 of 2: spot again
+    last = plan.retry_after_preemption("node shut down")
+    assert last.name == "l4" and not last.spot  # 2 of 2, the last attempt: on-demand
+    plan.resumed = "step 1,200"
+    assert plan.summary() == "ran on l4; preempted 2×, resumed from step 1,200"
+    assert plan.retry_after_preemption("again") is None  # 3 > 2: spent
+    assert _plan(["l4:spot"], preemption_retries=0).retry_after_preemption("x") is None
+
+
+# --------------------------------------------------------------------------- what a preemption is
+
+
+def _pod(phase="Failed", conditions=(), reason=None, message=None, terminated=None, node="gke-l4-spot-1"):
+    status = {"phase": phase, "conditions": list(conditions), "reason": reason, "message": message}
+    if terminated:
+        status["containerStatuses"] = [{"name": "prefect-job", "state": {"terminated": terminated}}]
+    return {"spec": {"nodeName": node}, "status": status}
+
+
+DISRUPTED = {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
+             "message": "Pod was terminated in response to imminent node shutdown."}
+
+
+@pytest.mark.parametrize("pod, node_exists, expected", [
+    (_pod(conditions=[DISRUPTED], terminated={"exitCode": 0, "reason": "Completed"}), True, "TerminationByKubelet"),
+    (_pod(conditions=[{**DISRUPTED, "reason": "DeletionByPodGC"}]), False, "its node was deleted"),
+    (_pod(conditions=[{**DISRUPTED, "reason": "EvictionByEvictionAPI"}]), True, "evicted"),
+    (_pod(reason="Terminated", message="Pod was terminated in response to imminent node shutdown."), True,
+     "its node shut down"),  # a kubelet older than the DisruptionTarget condition
+    (_pod(terminated={"exitCode": 1, "reason": "Error"}), False, "was deleted under it"),  # node gone, no record
+    (_pod(terminated={"exitCode": 1, "reason": "Error"}), True, None),  # the body's failure
+    (_pod(conditions=[DISRUPTED], terminated={"exitCode": 137, "reason": "OOMKilled"}), True, None),  # OOM
+    (_pod(terminated={"exitCode": 137, "reason": "OOMKilled"}), True, None),
+])
+def test_a_preemption_is_told_from_a_failure_and_from_an_oom(pod, node_exists, expected):
+    found = capacity.pod_disruption(pod, node_exists)
+    assert (found is None) if expected is None else (expected in found), found
+
+
+def test_the_jobs_own_record_of_a_disruption_outlives_the_pod():
+    job = {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "PodFailurePolicy",
+                                      "message": "Pod default/x-abc has condition DisruptionTarget matching FailJob "
+                                                 "rule at index 0"}]}}
+    assert "DisruptionTarget" in capacity.job_disruption(job)
+    backoff = {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}}
+    assert capacity.job_disruption(backoff) is None
+
+
+def _unschedulable(message: str) -> dict:
+    return {"status": {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]}}
+
+
+@pytest.mark.parametrize("message, events, expected", [
+    ("0/5 nodes are available: 5 node(s) didn't match Pod's node affinity/selector.", [], capacity.NO_NODE_POOL),
+    ("0/5 nodes are available: 1 Insufficient nvidia.com/gpu, 3 node(s) had untolerated taint {google.com/tpu: "
+     "present}, 1 node(s) didn't match Pod's node affinity/selector.", [], capacity.INSUFFICIENT_CAPACITY),
+    ("0/5 nodes are available: 5 node(s) didn't match Pod's node affinity/selector.", ["NotTriggerScaleUp"],
+     capacity.NO_NODE_POOL),
+    # node auto-provisioning (or a pool at zero nodes) is adding a node: wait like for a full pool
+    ("0/5 nodes are available: 5 node(s) didn't match Pod's node affinity/selector.", ["TriggeredScaleUp"],
+     capacity.INSUFFICIENT_CAPACITY),
+    ("0/5 nodes are available: 5 node(s) didn't match Pod's node affinity/selector.",
+     ["TriggeredScaleUp", "FailedScaleUp"], capacity.INSUFFICIENT_CAPACITY),
+])
+def test_what_the_scheduler_and_autoscaler_say_about_capacity(message, events, expected):
+    assert gke_capacity.pending_capacity(_unschedulable(message), events) == expected
+
+
+# --------------------------------------------------------------------------- kinetic-gke documents
+
+
+def test_every_job_fails_fast_on_disruption_and_is_named_per_attempt():
+    configuration = render("l4", spot=True)
+    manifest = configuration.job_manifest
+    kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+    assert manifest["spec"]["podFailurePolicy"]["rules"][0]["onPodConditions"][0]["type"] == "DisruptionTarget"
+    from prefect.client.schemas.objects import FlowRun
+    import uuid
+
+    run = FlowRun(id=uuid.uuid4(), name="brave-otter-job1", flow_id=uuid.uuid4())
+    second = configuration.render_manifest(accelerators.resolve("l4"), run, attempt=2)
+    kubernetes_validate.validate(second, K8S_VERSION, strict=True)
+    assert second["metadata"]["name"].endswith("-a2") and second["metadata"]["labels"][gke_capacity.ATTEMPT_LABEL] == "2"
+    pod = second["spec"]["template"]["spec"]
+    assert "cloud.google.com/gke-spot" not in pod["nodeSelector"]  # re-rendered from the template: on-demand
+    assert len(pod["tolerations"]) == len(manifest["spec"]["template"]["spec"]["tolerations"]) - 1
+
+
+def test_a_reservation_is_consumed_by_the_first_accelerator_only():
+    configuration = render("a100x8,l4x4", reservation="a2-res", reservation_project="shared-proj")
+    manifest = configuration.job_manifest
+    kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+    selector = manifest["spec"]["template"]["spec"]["nodeSelector"]
+    assert selector["cloud.google.com/reservation-name"] == "a2-res"
+    assert selector["cloud.google.com/reservation-affinity"] == "specific"
+    assert selector["cloud.google.com/reservation-project"] == "shared-proj"
+    assert selector["cloud.google.com/gke-accelerator"] == "nvidia-tesla-a100"
+    from prefect.client.schemas.objects import FlowRun
+    import uuid
+
+    fallback = configuration.render_manifest(accelerators.resolve("l4x4"), FlowRun(id=uuid.uuid4(), name="r",
+                                                                                     flow_id=uuid.uuid4()), 2)
+    assert "cloud.google.com/reservation-name" not in fallback["spec"]["template"]["spec"]["nodeSelector"]
+
+
+def test_flex_start_and_queued_provisioning_render_as_gke_documents():
+    flex = render("h100x8", flex_start=True).job_manifest
+    kubernetes_validate.validate(flex, K8S_VERSION, strict=True)
+    assert flex["spec"]["template"]["spec"]["nodeSelector"]["cloud.google.com/gke-flex-start"] == "true"
+    queued = render("h100x8", queued_provisioning="dws-local-queue").job_manifest
+    kubernetes_validate.validate(queued, K8S_VERSION, strict=True)
+    assert queued["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "dws-local-queue"
+    assert queued["spec"]["suspend"] is True
+    assert {"key": "cloud.google.com/gke-queued", "operator": "Equal", "value": "true", "effect": "NoSchedule"} \
+        in queued["spec"]["template"]["spec"]["tolerations"]
+
+
+@pytest.mark.parametrize("settings, culprit", [
+    ({"reservation": "r", "spot": True}, "Spot VMs never consume reservations"),
+    ({"flex_start": True, "spot": True}, "not Spot"),
+    ({"reservation": "r", "flex_start": True}, "set one of them"),
+    ({"preemption_retries": -1}, "preemption_retries=-1"),
+    ({"capacity_wait_seconds": "soon"}, "capacity_wait_seconds='soon'"),
+])
+def test_capacity_settings_that_cannot_work_are_refused_before_upload(settings, culprit):
+    from kinetic_prefect.workers.gke import KineticGKEWorker
+
+    with pytest.raises(ValueError, match=culprit):
+        KineticGKEWorker.check_pool_settings("gke", {"image": "x"}, settings)
