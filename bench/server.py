@@ -1,4 +1,5 @@
-"""A dedicated Prefect server for benchmarks (SQLite in a temp dir), like the test suite's."""
+"""A dedicated Prefect server for benchmarks, like the test suite's: SQLite in a temp dir (the embedded default), or
+a throw-away PostgreSQL cluster (a production server's database; tests/postgres_cluster.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,21 @@ from pathlib import Path
 
 
 @contextlib.contextmanager
-def prefect_server():
+def prefect_server(database: str = "sqlite"):
+    if database == "postgresql":
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+        from postgres_cluster import postgres_cluster
+
+        with postgres_cluster(durable=True) as url:
+            with _server(url) as home:
+                yield home
+        return
+    with _server(None) as home:
+        yield home
+
+
+@contextlib.contextmanager
+def _server(database_url: str | None):
     home = Path(tempfile.mkdtemp(prefix="kinetic-bench-"))
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -23,7 +38,7 @@ def prefect_server():
         "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
         "PREFECT_HOME": str(home / "prefect-home"),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home}/prefect.db",
+        "PREFECT_API_DATABASE_CONNECTION_URL": database_url or f"sqlite+aiosqlite:///{home}/prefect.db",
         "KINETIC_CACHE_DIR": str(home / "kinetic-cache"),
         "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",  # standalone task calls are measured too
     }
@@ -32,7 +47,7 @@ def prefect_server():
     proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
                              "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + 300
         while True:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2):
