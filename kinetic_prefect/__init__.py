@@ -19,6 +19,7 @@ _LAZY = {
     "ImageSpec": "kinetic_prefect.image",
     "Data": "kinetic_prefect.data",
     "JobOutputs": "kinetic_prefect.outputs",
+    "fail_fast": "kinetic_prefect.sweeps",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -27,6 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from kinetic_prefect.errors import KineticJobCrashed, RemoteTraceback
     from kinetic_prefect.image import ImageSpec
     from kinetic_prefect.outputs import JobOutputs
+    from kinetic_prefect.sweeps import fail_fast
 
 __all__ = ["__version__", *_LAZY]
 

@@ -332,6 +332,20 @@ async def cancel_flow_run(client: PrefectClient, flow_run_id: UUID, message: str
             pass
 
 
+async def cancel_unstarted_run(client: PrefectClient, flow_run_id: UUID, message: str) -> None:
+    """End a job's run Cancelled if it never started (an in-process run still Pending); shielded, best effort."""
+    import anyio
+    from prefect.states import Cancelled
+
+    with anyio.CancelScope(shield=True):
+        try:
+            current = await client.read_flow_run(flow_run_id)
+            if current.state is not None and current.state.is_pending():
+                await client.set_flow_run_state(flow_run_id, Cancelled(message=message), force=True)
+        except Exception:  # best effort while the caller is already failing
+            pass
+
+
 async def finish_cancelled_parent(client: PrefectClient, task_run: Any) -> None:
     """A flow run cancelled while it ran as a plain script has nobody to move it past Cancelling
     (no worker or runner owns the process). The job it waited for is stopped now, so the calling
@@ -473,6 +487,8 @@ def run_interruptibly(coro: Any) -> Any:
     from prefect._internal.concurrency.api import cast_to_call
     from prefect._internal.concurrency.threads import get_run_sync_loop
 
+    from kinetic_prefect.sweeps import check_caller
+
     finished = threading.Event()
 
     async def tracked() -> Any:
@@ -486,6 +502,7 @@ def run_interruptibly(coro: Any) -> Any:
     try:
         while not call.future.done():
             finished.wait(0.2)
+            check_caller()  # a Ctrl-C / SIGTERM of the script, when this is a task runner's thread
         return call.result()
     except BaseException:
         if not call.future.done():

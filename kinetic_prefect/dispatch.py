@@ -392,6 +392,9 @@ async def _submit_and_collect(options: KineticOptions, call: PreparedCall, task_
                 await _prefect.cancel_flow_run(client, flow_run.id, "The calling task stopped waiting "
                                                                    "(timeout, interrupt or error in the caller)",
                                                wait_seconds=20)
+            else:  # still queued for an in-process slot: nobody else would ever end its run
+                await _prefect.cancel_unstarted_run(client, flow_run.id, "The calling task stopped waiting "
+                                                                         "before its job started")
             raise
         if state is not None and state.is_cancelled():
             await to_thread.run_sync(_discard_run, store, call)
