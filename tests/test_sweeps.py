@@ -18,7 +18,9 @@ import pytest
 from prefect import flow
 
 from kinetic_prefect import kinetic_task
-from test_lifecycle import STOP_WITHIN_SECONDS, _as_from_a_terminal, alive, final_job_run, job_runs, route, wait_for
+from test_lifecycle import (
+    STOP_WITHIN_SECONDS, _as_from_a_terminal, alive, final_job_run, route, task_run_of, wait_for,
+)
 
 __all__ = ["route"]  # the fixture: both submission paths
 
@@ -93,6 +95,8 @@ def test_stopping_the_calling_script_stops_every_job_of_the_sweep(route, tmp_pat
     runs = final_job_run(name)
     assert len(runs) == JOBS
     assert all(run.state.is_cancelled() for run in runs), [(run.name, run.state.name) for run in runs]
+    callers = [wait_for(lambda r=run: (t := task_run_of(r)).state.is_final() and t, 30, "the task run") for run in runs]
+    assert {t.state.name for t in callers} == {"Crashed"}, [t.state.name for t in callers]  # the script ended
 
 
 def test_fail_fast_stops_the_rest_of_the_sweep_after_the_first_failure(route, tmp_path):
@@ -134,3 +138,5 @@ def test_fail_fast_stops_the_rest_of_the_sweep_after_the_first_failure(route, tm
     by_state = sorted(run.state.name for run in runs)
     # trial 0 failed twice (retries=1); the others were stopped once, and not retried
     assert by_state == ["Cancelled"] * (JOBS - 1) + ["Failed"] * 2, by_state
+    stopped = [task_run_of(run) for run in runs if run.state.is_cancelled()]
+    assert [t.state.name for t in stopped] == ["Cancelled"] * (JOBS - 1)  # not retried

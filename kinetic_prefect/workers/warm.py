@@ -22,7 +22,6 @@ import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kinetic_prefect.contract import WARM_RUNNER_MODULE, Env, WarmRunnerFiles
 
