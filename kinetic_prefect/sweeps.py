@@ -25,10 +25,16 @@ class CallerStopped(BaseException):
     """
 
 
-def _interrupts() -> tuple[type[BaseException], ...]:
-    from prefect.exceptions import TerminationSignal
+_INTERRUPTS: tuple[type[BaseException], ...] = ()
 
-    return KeyboardInterrupt, TerminationSignal
+
+def _interrupts() -> tuple[type[BaseException], ...]:
+    global _INTERRUPTS
+    if not _INTERRUPTS:  # imported once, while the process runs (not while it shuts down)
+        from prefect.exceptions import TerminationSignal
+
+        _INTERRUPTS = (KeyboardInterrupt, TerminationSignal)
+    return _INTERRUPTS
 
 
 def caller_interrupted() -> bool:
@@ -37,6 +43,8 @@ def caller_interrupted() -> bool:
     main = threading.main_thread()
     if threading.current_thread() is main:
         return False
+    if getattr(threading, "_SHUTTING_DOWN", False) and isinstance(getattr(sys, "last_value", None), _interrupts()):
+        return True  # the script already ended with the interrupt; the interpreter now waits for its threads
     # CPython's view of each thread's exception being handled (an exc_info tuple before 3.12, the exception after).
     handled = sys._current_exceptions().get(main.ident)  # noqa: SLF001
     exc = handled[1] if isinstance(handled, tuple) else handled
