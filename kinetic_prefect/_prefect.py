@@ -65,6 +65,24 @@ async def ensure_work_pool(client: PrefectClient, name: str) -> WorkPool:
     cached = _pool_cache.get(key)
     if cached is not None and time.monotonic() - cached[0] < _POOL_TTL_SECONDS:
         return cached[1]
+    async with _pool_read_lock(key):  # a .map()'s calls arrive together: one reads, the others take its answer
+        cached = _pool_cache.get(key)
+        if cached is not None and time.monotonic() - cached[0] < _POOL_TTL_SECONDS:
+            return cached[1]
+        return await _read_or_create_pool(client, name, key)
+
+
+_pool_read_locks: dict[tuple[int, tuple[str, str]], asyncio.Lock] = {}
+
+
+def _pool_read_lock(key: tuple[str, str]) -> asyncio.Lock:
+    loop_key = (id(asyncio.get_running_loop()), key)
+    if loop_key not in _pool_read_locks:
+        _pool_read_locks[loop_key] = asyncio.Lock()
+    return _pool_read_locks[loop_key]
+
+
+async def _read_or_create_pool(client: PrefectClient, name: str, key: tuple[str, str]) -> WorkPool:
     try:
         pool = await client.read_work_pool(name)
     except ObjectNotFound:
@@ -95,12 +113,22 @@ def pool_default(pool: WorkPool, variable: str) -> Any:
     return pool.base_job_template.get("variables", {}).get("properties", {}).get(variable, {}).get("default")
 
 
+_ONLINE_TTL_SECONDS = 2.0  # a .map()'s calls share one answer; a worker coming or going is seen within this
+_online_cache: dict[tuple[str, str], tuple[float, bool]] = {}
+
+
 async def has_online_worker(client: PrefectClient, pool_name: str) -> bool:
+    key = (str(client.api_url), pool_name)
+    cached = _online_cache.get(key)
+    if cached is not None and time.monotonic() - cached[0] < _ONLINE_TTL_SECONDS:
+        return cached[1]
     try:
         workers = await client.read_workers_for_work_pool(pool_name)
+        online = any(w.status == WorkerStatus.ONLINE for w in workers)
     except ObjectNotFound:
-        return False
-    return any(w.status == WorkerStatus.ONLINE for w in workers)
+        online = False
+    _online_cache[key] = (time.monotonic(), online)
+    return online
 
 
 async def create_job_flow_run(
@@ -127,10 +155,43 @@ async def create_job_flow_run(
     # Pending runs are invisible to polling workers, so an in-process submission cannot be
     # picked up twice; Scheduled runs are what a polling worker claims.
     state = Scheduled() if for_polling_worker else Pending()
-    return await with_retries(lambda: client.create_flow_run(
-        flow, name=run_name, state=state, work_pool_name=pool.name, job_variables=job_variables,
+    return await with_retries(lambda: _create_flow_run(
+        client, flow, name=run_name, state=state, work_pool_name=pool.name, job_variables=job_variables,
         parent_task_run_id=tracker_id, tags=tags,
     ), what="creating the job's flow run")
+
+
+_flow_ids: dict[tuple[str, str], UUID] = {}
+
+
+async def _create_flow_run(client: PrefectClient, flow: Any, *, name: str, state: State, work_pool_name: str,
+                           job_variables: dict[str, Any], parent_task_run_id: UUID | None, tags: list[str]) -> FlowRun:
+    """``client.create_flow_run`` without its per-call ``POST /flows/``: the flow's id is looked up once per
+    name and API (a 64-input map made 64 identical upserts), and again if the server no longer has it."""
+    from prefect.client.schemas.actions import FlowRunCreate
+    from prefect.client.schemas.objects import FlowRunPolicy
+    from prefect.exceptions import PrefectHTTPStatusError
+    from prefect.states import to_state_create
+
+    key = (str(client.api_url), flow.name)
+    for attempt in range(2):
+        if key not in _flow_ids:
+            _flow_ids[key] = await client.create_flow_from_name(flow.name)
+        create = FlowRunCreate(
+            flow_id=_flow_ids[key], flow_version=flow.version, name=name, parameters={}, context={}, tags=tags,
+            parent_task_run_id=parent_task_run_id, state=to_state_create(state),
+            empirical_policy=FlowRunPolicy(retries=flow.retries, retry_delay=int(flow.retry_delay_seconds or 0)),
+            work_pool_name=work_pool_name, job_variables=job_variables)
+        try:
+            response = await client.request("POST", "/flow_runs/", json=create.model_dump(mode="json",
+                                                                                         exclude_unset=True))
+        except PrefectHTTPStatusError as exc:
+            if attempt == 0 and exc.response.status_code in (404, 409, 422):  # the flow was deleted meanwhile
+                _flow_ids.pop(key, None)
+                continue
+            raise
+        return FlowRun.model_validate(response.json())
+    raise AssertionError("unreachable")
 
 
 def _tracking_task(flow_name: str) -> Any:
