@@ -61,6 +61,9 @@ def prefect_database(request: pytest.FixtureRequest):
 
     with postgres_cluster() as url:
         os.environ["PREFECT_API_DATABASE_CONNECTION_URL"] = url
+        # More than Prefect's 5 (+10) connections: a fan-out on a loaded machine waited out the 30 s checkout (500s).
+        os.environ["PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_SIZE"] = "20"
+        os.environ["PREFECT_SERVER_DATABASE_SQLALCHEMY_MAX_OVERFLOW"] = "40"
         yield url
 
 
