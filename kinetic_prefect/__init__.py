@@ -20,6 +20,7 @@ _LAZY = {
     "Data": "kinetic_prefect.data",
     "JobOutputs": "kinetic_prefect.outputs",
     "attach": "kinetic_prefect.kinetic.jobs",
+    "fail_fast": "kinetic_prefect.sweeps",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -31,6 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from kinetic_prefect.image import ImageSpec as ImageSpec
     from kinetic_prefect.kinetic.jobs import attach as attach
     from kinetic_prefect.outputs import JobOutputs as JobOutputs
+    from kinetic_prefect.sweeps import fail_fast as fail_fast
 
 __all__ = ["__version__", *_LAZY]
 

@@ -12,14 +12,14 @@ from kinetic_prefect.embedded_server import EPHEMERAL_STARTUP_SECONDS, start_emb
 from kinetic_prefect.in_process import in_process_slots, run_in_process
 from kinetic_prefect.pools import WorkPoolError, ensure_work_pool, has_online_worker, pool_default, worker_class_for
 from kinetic_prefect.prefect_runs import (
-    LOG_PAGE, calling_task_run_id, cancel_flow_run, create_job_flow_run, finish_cancelled_parent, is_transient,
+    LOG_PAGE, calling_task_run_id, cancel_flow_run, cancel_unstarted_run, create_job_flow_run, finish_cancelled_parent, is_transient,
     read_task_run_or_none, run_interruptibly, wait_for_final_state, with_retries,
 )
 from kinetic_prefect.secret_blocks import _signing_key_cache, signing_key, store_secret_env
 
 __all__ = [
     "EPHEMERAL_STARTUP_SECONDS", "LOG_PAGE", "WorkPoolError", "_signing_key_cache", "calling_task_run_id",
-    "cancel_flow_run", "create_job_flow_run", "ensure_work_pool", "finish_cancelled_parent", "has_online_worker",
+    "cancel_flow_run", "cancel_unstarted_run", "create_job_flow_run", "ensure_work_pool", "finish_cancelled_parent", "has_online_worker",
     "in_process_slots", "is_transient", "pool_default", "read_task_run_or_none", "run_in_process",
     "run_interruptibly", "signing_key", "start_embedded_server", "store_secret_env", "wait_for_final_state",
     "with_retries", "worker_class_for",

@@ -117,6 +117,30 @@ class Env:
     # On a kinetic-local machine: the devices a job may use (e.g. ``cuda``), instead of the detected ones.
     LOCAL_DEVICES = "KINETIC_LOCAL_DEVICES"
     USAGE_SAMPLE_SECONDS = "KINETIC_USAGE_SAMPLE_SECONDS"  # the usage sampler's interval (default 2; 0: off)
+    # A warm runner (kinetic-local) leaves once the process that started it (worker or caller) is gone.
+    WARM_LAUNCHER_PID = "KINETIC_WARM_LAUNCHER_PID"
+
+
+# --------------------------------------------------------------------------- warm runners (kinetic-local)
+
+WARM_RUNNER_MODULE = "kinetic_prefect.warm_runner"
+
+
+class WarmRunnerFiles:
+    """The hand-over between a launcher and a warm runner (see warm_runner.py): files in the runner's control
+    folder, except EXIT_STATUS, which the runner writes into the call's own job folder."""
+
+    IDLE = "idle"              # the runner waits for a call; the launcher claims it by renaming this to CLAIMED
+    CLAIMED = "claimed"
+    LEAVING = "leaving"        # the runner's keep-warm time is over (renamed from IDLE, so no claim can race it)
+    CALL = "call.json"         # {"job_dir", "log", "env", "keep_warm_seconds"}
+    EXIT_STATUS = "exit_status"  # the call's runner exit status (EXIT_OUTCOME_RECORDED, EXIT_NO_OUTCOME...)
+
+    # Variables that differ from call to call of one environment; every other one must match for a runner to
+    # take a call (a variable read at import time, such as XLA_FLAGS, could not change in a running process).
+    PER_CALL_ENV = (Env.RUN_ID, Env.RUN_PREFIX, Env.PAYLOAD_SHA256, Env.CODE_KEY, Env.CODE_SHA256,
+                    Env.CHECKPOINT_KEY, Env.FLOW_RUN_ID, Env.ENV_BLOCK)
+    PER_CALL_ENV_PREFIXES = ("PREFECT__",)  # Prefect's own per-run variables (PREFECT__FLOW_RUN_ID...)
 
 
 JAX_COORDINATOR_PORT = 8476  # the port GKE's TPU tooling and jax.distributed use by default

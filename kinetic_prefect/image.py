@@ -96,7 +96,7 @@ def normalize_requirements(requirements: str | Path | Sequence[str] | None) -> t
 
 # What `python -m kinetic_prefect.runner` imports from this package; environments and images get
 # copies of exactly these files (kinetic-prefect itself, and Prefect, stay out of job environments).
-RUNNER_MODULES = ("__init__", "runner", "contract", "outputs", "progress", "signing", "storage", "errors", "accelerators", "data", "config",
+RUNNER_MODULES = ("__init__", "runner", "warm_runner", "contract", "outputs", "progress", "signing", "storage", "errors", "accelerators", "data", "config",
                   "utilization")
 
 

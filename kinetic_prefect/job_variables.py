@@ -107,6 +107,12 @@ class KineticLocalVariables(CallVariables):
                     "through gloo); host 0 is the coordinator and its return value is the result. Empty: the "
                     "accelerator's own hosts (a multi-host TPU slice), else 1. Set per task with "
                     "@kinetic_task(hosts=N).")
+    keep_warm_seconds: float = Field(
+        default=0, title="Keep warm (seconds)", ge=0,
+        description='How long a runner process that finished a call waits for the next call of the same environment (interpreter, accelerator, environment variables) before it exits; 0 starts a fresh process per call. A sweep then pays one start per concurrent slot instead of one per input. Single-host jobs only.')
+    min_warm: int = Field(
+        default=0, title="Minimum warm runners", ge=0,
+        description='How many runners of an environment stay ready however long they wait (until the worker, or the calling process for in-process submission, ends). Needs keep_warm_seconds > 0.')
     working_dir: Optional[str] = Field(
         default=None, title="Working directory",
         description="Directory the job process starts in (the runner then moves into the shipped project).")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -46,6 +47,24 @@ async def ensure_work_pool(client: PrefectClient, name: str) -> WorkPool:
     cached = _pool_cache.get(key)
     if cached is not None and time.monotonic() - cached[0] < _POOL_TTL_SECONDS:
         return cached[1]
+    async with _pool_read_lock(key):  # a .map()'s calls arrive together: one reads, the others take its answer
+        cached = _pool_cache.get(key)
+        if cached is not None and time.monotonic() - cached[0] < _POOL_TTL_SECONDS:
+            return cached[1]
+        return await _read_or_create_pool(client, name, key)
+
+
+_pool_read_locks: dict[tuple[int, tuple[str, str]], asyncio.Lock] = {}
+
+
+def _pool_read_lock(key: tuple[str, str]) -> asyncio.Lock:
+    loop_key = (id(asyncio.get_running_loop()), key)
+    if loop_key not in _pool_read_locks:
+        _pool_read_locks[loop_key] = asyncio.Lock()
+    return _pool_read_locks[loop_key]
+
+
+async def _read_or_create_pool(client: PrefectClient, name: str, key: tuple[str, str]) -> WorkPool:
     try:
         pool = await client.read_work_pool(name)
     except ObjectNotFound:
@@ -72,9 +91,19 @@ async def ensure_work_pool(client: PrefectClient, name: str) -> WorkPool:
     return pool
 
 
+_ONLINE_TTL_SECONDS = 2.0  # a .map()'s calls share one answer; a worker coming or going is seen within this
+_online_cache: dict[tuple[str, str], tuple[float, bool]] = {}
+
+
 async def has_online_worker(client: PrefectClient, pool_name: str) -> bool:
+    key = (str(client.api_url), pool_name)
+    cached = _online_cache.get(key)
+    if cached is not None and time.monotonic() - cached[0] < _ONLINE_TTL_SECONDS:
+        return cached[1]
     try:
         workers = await client.read_workers_for_work_pool(pool_name)
+        online = any(w.status == WorkerStatus.ONLINE for w in workers)
     except ObjectNotFound:
-        return False
-    return any(w.status == WorkerStatus.ONLINE for w in workers)
+        online = False
+    _online_cache[key] = (time.monotonic(), online)
+    return online

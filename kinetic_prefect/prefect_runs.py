@@ -32,6 +32,7 @@ from prefect.states import Cancelled, Cancelling, Pending, Scheduled, State
 
 from kinetic_prefect.contract import LOG_END_MARKER, TRACKING_TASK_KEY_PREFIX
 from kinetic_prefect.outages import Outage, _client_retries_off, is_transient
+from kinetic_prefect.sweeps import check_caller
 
 logger = logging.getLogger("kinetic_prefect.api")
 
@@ -60,11 +61,44 @@ async def create_job_flow_run(
     # Pending runs are invisible to polling workers, so an in-process submission cannot be
     # picked up twice; Scheduled runs are what a polling worker claims.
     state: State[Any] = Scheduled() if for_polling_worker else Pending()
-    return await with_retries(lambda: client.create_flow_run(
-        flow,  # type: ignore[arg-type]  # the fields create_flow_run reads, not a Flow
+    return await with_retries(lambda: _create_flow_run(
+        client, flow,
         name=run_name, state=state, work_pool_name=pool.name, job_variables=job_variables,
         parent_task_run_id=tracker_id, tags=tags,
     ), what="creating the job's flow run")
+
+
+_flow_ids: dict[tuple[str, str], UUID] = {}
+
+
+async def _create_flow_run(client: PrefectClient, flow: Any, *, name: str, state: State, work_pool_name: str,
+                           job_variables: dict[str, Any], parent_task_run_id: UUID | None, tags: list[str]) -> FlowRun:
+    """``client.create_flow_run`` without its per-call ``POST /flows/``: the flow's id is looked up once per
+    name and API (a 64-input map made 64 identical upserts), and again if the server no longer has it."""
+    from prefect.client.schemas.actions import FlowRunCreate
+    from prefect.client.schemas.objects import FlowRunPolicy
+    from prefect.exceptions import PrefectHTTPStatusError
+    from prefect.states import to_state_create
+
+    key = (str(client.api_url), flow.name)
+    for attempt in range(2):
+        if key not in _flow_ids:
+            _flow_ids[key] = await client.create_flow_from_name(flow.name)
+        create = FlowRunCreate(
+            flow_id=_flow_ids[key], flow_version=flow.version, name=name, parameters={}, context={}, tags=tags,
+            parent_task_run_id=parent_task_run_id, state=to_state_create(state),
+            empirical_policy=FlowRunPolicy(retries=flow.retries, retry_delay=int(flow.retry_delay_seconds or 0)),
+            work_pool_name=work_pool_name, job_variables=job_variables)
+        try:
+            response = await client.request("POST", "/flow_runs/", json=create.model_dump(mode="json",
+                                                                                         exclude_unset=True))
+        except PrefectHTTPStatusError as exc:
+            if attempt == 0 and exc.response.status_code in (404, 409, 422):  # the flow was deleted meanwhile
+                _flow_ids.pop(key, None)
+                continue
+            raise
+        return FlowRun.model_validate(response.json())
+    raise AssertionError("unreachable")
 
 
 def _tracking_task(flow_name: str) -> Any:
@@ -201,6 +235,20 @@ async def finish_cancelled_parent(client: PrefectClient, task_run: Any) -> None:
         await client.set_flow_run_state(parent.id, Cancelled(message=parent.state.message or "Cancelled"), force=True)
 
 
+async def cancel_unstarted_run(client: PrefectClient, flow_run_id: UUID, message: str) -> None:
+    """End a job's run Cancelled if it never started (an in-process run still Pending); shielded, best effort."""
+    import anyio
+    from prefect.states import Cancelled
+
+    with anyio.CancelScope(shield=True):
+        try:
+            current = await client.read_flow_run(flow_run_id)
+            if current.state is not None and current.state.is_pending():
+                await client.set_flow_run_state(flow_run_id, Cancelled(message=message), force=True)
+        except Exception:  # best effort while the caller is already failing
+            pass
+
+
 def run_interruptibly(coro: Any) -> Any:
     """Run ``coro`` on Prefect's run-sync loop (where its clients already live) and wait in slices.
 
@@ -224,6 +272,7 @@ def run_interruptibly(coro: Any) -> Any:
     try:
         while not call.future.done():
             finished.wait(0.2)
+            check_caller()  # a Ctrl-C / SIGTERM of the script, when this is a task runner's thread
         return call.result()
     except BaseException:
         if not call.future.done():

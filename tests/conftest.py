@@ -1,4 +1,5 @@
-"""Test session: a real Prefect server (SQLite) in its own process, shared by all tests.
+"""Test session: a real Prefect server (SQLite, or PostgreSQL with ``--prefect-database=postgresql``) in its own
+process, shared by all tests.
 
 The API URL and the kinetic cache are set in the environment *before* any test module imports
 Prefect (conftest is imported first), so this process, the job processes and the worker
@@ -44,8 +45,30 @@ os.environ.pop("KINETIC_STORE", None)
 os.environ.pop("KINETIC_WORK_POOL", None)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--prefect-database", choices=["sqlite", "postgresql"], default="sqlite",
+                     help="the database of the session's Prefect server: SQLite (the embedded default) or a "
+                          "throw-away PostgreSQL cluster (a production server's; Debian's postgresql package)")
+
+
+@pytest.fixture(scope="session")
+def prefect_database(request: pytest.FixtureRequest):
+    """The server's database URL: SQLite in the session dir, or a PostgreSQL cluster started for the session."""
+    if request.config.getoption("--prefect-database") == "sqlite":
+        yield os.environ["PREFECT_API_DATABASE_CONNECTION_URL"]
+        return
+    from postgres_cluster import postgres_cluster
+
+    with postgres_cluster() as url:
+        os.environ["PREFECT_API_DATABASE_CONNECTION_URL"] = url
+        # More than Prefect's 5 (+10) connections: a fan-out on a loaded machine waited out the 30 s checkout (500s).
+        os.environ["PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_SIZE"] = "20"
+        os.environ["PREFECT_SERVER_DATABASE_SQLALCHEMY_MAX_OVERFLOW"] = "40"
+        yield url
+
+
 @pytest.fixture(scope="session", autouse=True)
-def prefect_server():
+def prefect_server(prefect_database):
     """`prefect server start` as a separate process; waits for /api/health."""
     log = open(_session_dir / "prefect-server.log", "wb")
     proc = subprocess.Popen(
@@ -66,6 +89,10 @@ def prefect_server():
             raise RuntimeError(f"Prefect server did not start; see {_session_dir / 'prefect-server.log'}:\n"
                                + (_session_dir / "prefect-server.log").read_text()[-3000:])
         time.sleep(0.3)
+    if prefect_database.startswith("postgresql"):
+        from postgres_cluster import prefect_tables
+
+        assert "flow_run" in prefect_tables(prefect_database), "the server did not make its tables in PostgreSQL"
     yield os.environ["PREFECT_API_URL"]
     from prefect.logging.handlers import APILogWorker
 

@@ -19,8 +19,9 @@ PACKAGE = "kinetic_prefect"
 
 # The sides (docs/ARCHITECTURE.md, "Who imports whom"). A module not listed here fails the test: say where it lives.
 CONTRACT = {"contract"}
-POD = {"runner", "outputs", "progress", "signing", "storage", "errors", "accelerators", "data", "config", "utilization"}
-SHARED = {"gcp", "image", "builders", "job_variables", "prefect_runs", "secret_blocks", "locks", "outages", "cost", "prices", "capacity",
+POD = {"runner", "outputs", "progress", "signing", "storage", "errors", "accelerators", "data", "config", "utilization",
+       "warm_runner"}
+SHARED = {"gcp", "image", "builders", "job_variables", "prefect_runs", "secret_blocks", "locks", "outages", "cost", "prices", "capacity", "sweeps",
           "cost_records"}
 CALLER = {"__init__", "_prefect", "decorator", "dispatch", "payload", "results", "pools", "in_process", "task_calls", "data_repair", "budgets", "capacity_report",
           "embedded_server"}

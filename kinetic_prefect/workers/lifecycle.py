@@ -373,7 +373,9 @@ class KineticWorker:
         usage = usage_report.UsageReport(self.client, flow_run, meter.spec)
         emit = usage.wrap(emit)
         poll = float(getattr(configuration, "poll_seconds", 0.5) or 0.5)
-        last_parent_check = last_run_check = 0.0
+        # In-process, the caller created this run a moment ago: the first look for a cancel waits one interval
+        # (4 requests a call fewer; a sub-second job then ends before it).
+        last_parent_check = last_run_check = time.monotonic() if self.owner_is_caller else 0.0
         first_error_at: float | None = None
         marked_running = False
         last_phase: str | None = None

@@ -32,6 +32,7 @@ from pydantic import Field
 from kinetic_prefect import accelerators, config
 from kinetic_prefect.contract import RUNNER_COMMAND, Env
 from kinetic_prefect.image import ImageSpec, runner_digest, runner_sources
+from kinetic_prefect.workers import warm
 from kinetic_prefect.job_variables import KineticLocalVariables
 from kinetic_prefect.workers.base import KineticJobConfiguration, load_template
 from kinetic_prefect.workers.lifecycle import JobLauncher, JobStatus, KineticWorker
@@ -144,6 +145,8 @@ class KineticLocalJobConfiguration(KineticJobConfiguration):
     log_lines_per_second: int = Field(default=2000)
     inherit_env: list[str] = Field(default_factory=list)
     hosts: int | None = Field(default=None)  # a group of N job processes; a multi-host accelerator sets its own
+    keep_warm_seconds: float = Field(default=0)  # > 0: warm runners (workers/warm.py); single-host jobs only
+    min_warm: int = Field(default=0)
 
     @property
     def host_count(self) -> int:
@@ -295,6 +298,7 @@ class LocalJobLauncher(JobLauncher):
         self._ended_at: dict[str, dict[int, float]] = {}  # metering: when each host was first seen gone
         self._last_spans: dict[str, list[Any]] = {}
         self.owner_pid: int | None = None  # in-process submission: the caller's pid
+        self.warm_runners = warm.runners_for(self.jobs_dir.parent / "warm")
         self.api_env: dict[str, str] = {}
 
     # -------------------------------------------------------------- records
@@ -356,8 +360,13 @@ class LocalJobLauncher(JobLauncher):
             log(f"Starting a group of {hosts} job processes "
                 f"(host 0 is the coordinator, {base_env[Env.COORDINATOR_ADDRESS]})")
         processes: list[subprocess.Popen] = []
+        warm_call = hosts == 1 and configuration.keep_warm_seconds > 0
         try:
-            for index in range(hosts):
+            if warm_call:
+                processes.append(self.warm_runners.hand_over(
+                    argv, configuration.working_dir, base_env, job_dir, self.log_name(0),
+                    configuration.keep_warm_seconds, configuration.min_warm))
+            for index in range(0 if warm_call else hosts):
                 env = {**base_env, Env.HOST_INDEX: str(index)} if hosts > 1 else base_env
                 with open(job_dir / self.log_name(index), "ab") as out:
                     processes.append(subprocess.Popen(
@@ -376,7 +385,7 @@ class LocalJobLauncher(JobLauncher):
         record = {"pid": processes[0].pid, "start_ticks": entries[0]["start_ticks"], "flow_run_id": identifier,
                   "owner": "caller" if self.owner_pid is not None else "worker",
                   "pool": configuration.labels.get("prefect.io/work-pool-name"), "log_offset": 0,
-                  "hosts": entries}
+                  "hosts": entries, "warm": warm_call}
         (job_dir / "job.json").write_text(json.dumps(record))
         self._cursors[identifier] = [_LogCursor(job_dir / self.log_name(i), 0, configuration.log_lines_per_second)
                                      for i in range(hosts)]
@@ -410,8 +419,10 @@ class LocalJobLauncher(JobLauncher):
     async def status(self, identifier: str, configuration: KineticLocalJobConfiguration) -> JobStatus:
         if identifier in self._group_failure:
             return self._group_failure[identifier]
-        states = self._host_states(identifier)
         record = self._record(identifier) or {}
+        if record.get("warm") and (code := warm.exit_status(self.job_dir(identifier))) is not None:
+            return JobStatus("exited", exit_code=code)  # the call is over; its runner waits for the next one
+        states = self._host_states(identifier)
         if len(states) <= 1:
             alive, code = states[0] if states else (False, None)
             if alive:
@@ -476,6 +487,8 @@ class LocalJobLauncher(JobLauncher):
         record = self._record(identifier)
         if record is None:
             return
+        if record.get("warm") and not self.warm_runners.retire_for(record["pid"], self.job_dir(identifier)):
+            return  # the call is over: its runner is not this job's any more
         pids = [host["pid"] for host in self._hosts(record)]
         alive = lambda: any(a for a, _ in self._host_states(identifier))  # noqa: E731
         if alive():

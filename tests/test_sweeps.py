@@ -1,0 +1,142 @@
+"""Sweeps: stopping a whole ``.map()`` / ``.submit()`` fan-out from the calling script, and fail-fast.
+
+Each stop test runs a real calling script (its own process, a terminal's Ctrl-C or a SIGTERM), on both submission
+paths, and asserts that every job's process is gone within 10 s of the signal and every job's run ends Cancelled.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from prefect import flow
+
+from kinetic_prefect import kinetic_task
+from test_lifecycle import (
+    STOP_WITHIN_SECONDS, _as_from_a_terminal, alive, final_job_run, route, task_run_of, wait_for,
+)
+
+__all__ = ["route"]  # the fixture: both submission paths
+
+JOBS = 4
+
+SWEEP_SCRIPT = textwrap.dedent('''
+    import pathlib, sys
+    from prefect import flow
+    from kinetic_prefect import kinetic_task
+
+    NAME, POOL, SUBMISSION, PID_DIR, HOW = sys.argv[1:6]
+
+    @kinetic_task(name=NAME, work_pool=POOL, submission=SUBMISSION)
+    def sleepy(pid_path: str) -> int:
+        import os, pathlib, time
+        pathlib.Path(pid_path).write_text(str(os.getpid()))
+        time.sleep(60)
+        return 42
+
+    @flow(name=NAME + "-flow")
+    def sweep():
+        paths = [str(pathlib.Path(PID_DIR) / f"{i}.pid") for i in range(JOBS)]
+        if HOW == "map":
+            return sweep_results(sleepy.map(paths))
+        return sweep_results([sleepy.submit(p) for p in paths])
+
+    def sweep_results(futures):
+        return [f.result() for f in futures]
+
+    if __name__ == "__main__":
+        print("VALUES", sweep(), flush=True)
+''').replace("JOBS", str(JOBS))
+
+
+def read_pids(pid_dir: Path, count: int, timeout: float = 120.0) -> list[int]:
+    def ready() -> list[int] | None:
+        files = [pid_dir / f"{i}.pid" for i in range(count)]
+        texts = [f.read_text().strip() if f.exists() else "" for f in files]
+        return [int(t) for t in texts] if all(texts) else None
+
+    return wait_for(ready, timeout, f"{count} jobs to start")
+
+
+@pytest.mark.parametrize("how,sig", [("map", signal.SIGINT), ("submit", signal.SIGTERM)],
+                         ids=["map-ctrl-c", "submit-sigterm"])
+def test_stopping_the_calling_script_stops_every_job_of_the_sweep(route, tmp_path, how, sig):
+    pool, submission = route
+    name = f"sweep-stop-{uuid.uuid4().hex[:6]}"
+    script = tmp_path / "sweep.py"
+    script.write_text(SWEEP_SCRIPT)
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    proc = subprocess.Popen([sys.executable, str(script), name, pool, submission, str(pid_dir), how],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_as_from_a_terminal)
+    try:
+        pids = read_pids(pid_dir, JOBS)
+        signalled = time.time()
+        proc.send_signal(sig)
+        deadline = signalled + STOP_WITHIN_SECONDS
+        while any(alive(pid) for pid in pids) and time.time() < deadline:
+            time.sleep(0.2)
+        left = [pid for pid in pids if alive(pid)]
+        took = time.time() - signalled
+        proc.wait(60)  # every job stopped: the script has nothing left to wait for
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = proc.stdout.read()
+    assert not left, f"{len(left)} of {JOBS} jobs still ran {took:.1f}s after the signal:\n{output[-3000:]}"
+    assert proc.returncode != 0, output[-3000:]
+    runs = final_job_run(name)
+    assert len(runs) == JOBS
+    assert all(run.state.is_cancelled() for run in runs), [(run.name, run.state.name) for run in runs]
+    callers = [wait_for(lambda r=run: (t := task_run_of(r)).state.is_final() and t, 30, "the task run") for run in runs]
+    assert {t.state.name for t in callers} == {"Crashed"}, [t.state.name for t in callers]  # the script ended
+
+
+def test_fail_fast_stops_the_rest_of_the_sweep_after_the_first_failure(route, tmp_path):
+    from kinetic_prefect import fail_fast
+
+    pool, submission = route
+    name = f"fail-fast-{uuid.uuid4().hex[:6]}"
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+
+    @kinetic_task(name=name, work_pool=pool, submission=submission, retries=1)
+    def trial(i: int, pid_dir: str, others: int) -> int:
+        import os as _os
+        import pathlib
+        import time as _time
+
+        folder = pathlib.Path(pid_dir)
+        if i == 0:  # fails once every other trial runs
+            deadline = _time.time() + 60
+            while len(list(folder.glob("*.pid"))) < others and _time.time() < deadline:
+                _time.sleep(0.1)
+            raise ValueError("trial 0 diverged")
+        (folder / f"{i}.pid").write_text(str(_os.getpid()))
+        _time.sleep(60)
+        return i
+
+    @flow
+    def sweep():
+        return fail_fast(trial.map(range(JOBS), pid_dir=str(pid_dir), others=JOBS - 1))
+
+    started = time.time()
+    with pytest.raises(ValueError, match="trial 0 diverged"):
+        sweep()
+    took = time.time() - started
+    pids = [int((pid_dir / f"{i}.pid").read_text()) for i in range(1, JOBS)]
+    assert not [pid for pid in pids if alive(pid)], "jobs of the rest of the sweep still run"
+    assert took < 50, f"the sweep took {took:.0f}s: the rest was not stopped (each sleeps 60 s)"
+    runs = final_job_run(name)
+    by_state = sorted(run.state.name for run in runs)
+    # trial 0 failed twice (retries=1); the others were stopped once, and not retried
+    assert by_state == ["Cancelled"] * (JOBS - 1) + ["Failed"] * 2, by_state
+    stopped = [task_run_of(run) for run in runs if run.state.is_cancelled()]
+    assert [t.state.name for t in stopped] == ["Cancelled"] * (JOBS - 1)  # not retried

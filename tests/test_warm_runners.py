@@ -1,0 +1,104 @@
+"""Warm runners on kinetic-local: a runner process that finished a call takes the next call of its environment.
+
+Every call keeps its own job run (state, logs, value), a stopped call stops its runner, the user's project modules
+are imported afresh per call, idle runners leave after the pool's keep-warm time, and ``min_warm`` keep some ready.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from prefect import flow, get_client
+from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+from prefect.states import Cancelling
+
+from kinetic_prefect import kinetic_task
+from test_lifecycle import alive, final_job_run, job_runs, wait_for
+from worker_fixture import new_pool
+
+
+def warm_task(name: str, pool: str, submission: str = "in-process", keep_warm: float = 20, min_warm: int = 0):
+    import warm_state  # a project module: imported by the job from the shipped project
+
+    @kinetic_task(name=name, work_pool=pool, submission=submission,
+                  job_variables={"keep_warm_seconds": keep_warm, "min_warm": min_warm})
+    def call(i: int, sleep: float = 0.0) -> tuple[int, list[int]]:
+        import os
+        import time as _time
+
+        warm_state.CALLS.append(i)
+        print(f"warm call {i} in {os.getpid()}", flush=True)
+        _time.sleep(sleep)
+        return os.getpid(), list(warm_state.CALLS)
+
+    return call
+
+
+def log_lines(flow_run_id) -> list[str]:
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+    return [log.message for log in logs]
+
+
+def test_a_sweep_reuses_runners_and_every_call_keeps_its_own_run_and_logs():
+    name = f"warm-{uuid.uuid4().hex[:6]}"
+    call = warm_task(name, new_pool("warm"), keep_warm=20)
+
+    @flow
+    def sweep(n: int):
+        return call.map(range(n), sleep=0.5).result()
+
+    first = sweep(8)
+    pids = {pid for pid, _ in first}
+    # 8 calls, at most 4 at a time in-process (KINETIC_IN_PROCESS_CONCURRENCY on 2 cores): runners were reused.
+    assert len(pids) < 8, first
+    # Fresh import of the project module per call: its state never carries over from an earlier call.
+    assert [calls for _, calls in first] == [[i] for i in range(8)], first
+    runs = final_job_run(name)
+    assert len(runs) == 8 and all(r.state.is_completed() for r in runs), [r.state.name for r in runs]
+    for run in runs:  # each call's output reached its own run only
+        mine = [line for line in log_lines(run.id) if line.startswith("warm call")]
+        assert len(mine) == 1, (run.name, mine)
+    second = sweep(2)  # a sweep right after: the idle runners take it
+    assert {pid for pid, _ in second} <= pids, (pids, second)
+
+
+def test_idle_runners_leave_after_the_keep_warm_time_and_min_warm_stay():
+    name = f"warm-idle-{uuid.uuid4().hex[:6]}"
+    pool = new_pool("warm")
+    short = warm_task(name, pool, keep_warm=1)
+    kept = warm_task(f"{name}-min", pool, keep_warm=1, min_warm=1)
+
+    @flow
+    def sweeps():
+        return short.map(range(3)).result(), kept.map(range(3), sleep=0.3).result()
+
+    gone, stays = sweeps()
+    gone_pids, stays_pids = {p for p, _ in gone}, {p for p, _ in stays}
+    wait_for(lambda: not any(alive(p) for p in gone_pids), 30, "idle runners to leave")
+    time.sleep(2)
+    assert sum(alive(p) for p in stays_pids) == 1, "min_warm=1 keeps exactly one runner of that environment"
+
+
+def test_stopping_a_call_stops_its_runner_and_the_next_call_gets_a_fresh_one(tmp_path):
+    name = f"warm-stop-{uuid.uuid4().hex[:6]}"
+    call = warm_task(name, new_pool("warm"), keep_warm=20)
+
+    @flow
+    def one(i: int, sleep: float):
+        return call(i, sleep, return_state=True)
+
+    pid, _ = one(0, 0.0).result()
+    from test_lifecycle import in_thread
+
+    thread, box = in_thread(lambda: one(1, 60.0, return_state=True))
+    running = wait_for(lambda: [r for r in job_runs(name) if r.state.is_running()], 60, "the second call to run")
+    wait_for(lambda: any(line.startswith("warm call 1") for line in log_lines(running[0].id)), 30, "its output")
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(running[0].id, Cancelling(message="stop it"), force=True)
+    thread.join(60)
+    assert box["value"].is_cancelled(), box  # the flow that waited for it ends Cancelled too
+    assert not alive(pid), "the stopped call's runner (the one the first call warmed) is gone"
+    fresh, calls = one(2, 0.0).result()
+    assert fresh != pid and calls == [2]
