@@ -20,7 +20,7 @@ import ui_check
 from kinetic_prefect.workers.base import load_template
 
 WORKER_TYPES = ("kinetic-gke", "kinetic-local")
-NONE_MESSAGE = 'Property is type "None"'
+NONE_MESSAGE = ui_check.NONE_MESSAGE
 
 
 def _variables(worker_type: str) -> dict:
@@ -100,39 +100,12 @@ def pools(prefect_server):
     return names
 
 
-def _labels(worker_type: str) -> list[str]:
-    """The label each property gets: its title (a block reference shows its block type's title in V1)."""
-    variables = _variables(worker_type)
-    labels = []
-    for prop in variables["properties"].values():
-        if "$ref" in prop:
-            continue  # checked through the block type's name below
-        labels.append(prop["title"])
-    return labels
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("ui", ["v1", "v2"])
 @pytest.mark.parametrize("worker_type", WORKER_TYPES)
 def test_pool_edit_page_shows_the_form(browser, pools, prefect_server, worker_type, ui):
-    base = prefect_server.removesuffix("/api") + ("/v2" if ui == "v2" else "")
-    pool = pools[worker_type]
-    browser.goto(f"{base}/work-pools/work-pool/{pool}/edit")
-    browser.wait_text("Base Job Template", "The fields below control the default values", timeout=90)
-    labels = _labels(worker_type)
-    browser.wait_text(*labels, timeout=60)
-    if worker_type == "kinetic-gke":
-        browser.wait_text("KubernetesClusterConfig" if ui == "v1" else "Cluster config", timeout=30)
-    browser.settle(1.0)
-    text = browser.text()
-    assert NONE_MESSAGE not in text, f"{ui} shows {NONE_MESSAGE} {text.count(NONE_MESSAGE)} times for {pool}"
-    fields = browser.evaluate(
-        "document.querySelectorAll('input:not([type=hidden]), textarea, select, [role=combobox], "
-        "[role=switch], .cm-content, .p-code-highlight').length")
-    assert fields >= len(labels) - 2, f"{ui}: only {fields} form controls for {len(labels)} variables of {pool}"
-    if ui == "v2":
-        browser.wait_text(worker_type, timeout=30)  # the V2 UI shows the pool's type (V1: only registry types)
     out = os.environ.get("KINETIC_UI_SCREENSHOTS")
-    if out:
-        browser.screenshot(Path(out) / f"pool-form-{worker_type}-{ui}.png", height=2200)
+    shot = Path(out) / f"pool-form-{worker_type}-{ui}.png" if out else None
+    ui_check.check_pool_form(browser, prefect_server.removesuffix("/api"), pools[worker_type], worker_type,
+                             load_template(worker_type), ui, shot)
