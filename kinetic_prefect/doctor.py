@@ -536,8 +536,10 @@ def set_pool_variables(pool_name: str, assignments: list[str]) -> dict[str, Any]
             except ValueError:
                 value = raw
             if raw == "":
-                value = None
-            properties[key]["default"] = value
+                value = None  # unset: no default at all (a null default is not of the variable's type)
+                properties[key].pop("default", None)
+            else:
+                properties[key]["default"] = value
             changed[key] = value
         client.update_work_pool(pool_name, WorkPoolUpdate(base_job_template=template))
     return changed

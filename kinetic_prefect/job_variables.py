@@ -8,7 +8,7 @@ configuration: ``python -m kinetic_prefect.workers.templates`` writes them, a te
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 from prefect.workers.base import BaseVariables
 from pydantic import Field
@@ -54,11 +54,11 @@ class CallVariables(BaseVariables):
         description="Default budget of each job on this pool: the worker stops a job when its metered cost (hosts x "
                     "minutes x price) reaches it, and its run ends Failed (not retried; checkpoints and outputs "
                     "kept). @kinetic_task(max_cost_usd=...) sets it per task. Empty: no budget.")
-    prices: Union[dict[str, Any], str, None] = Field(
+    prices: Optional[dict[str, Any]] = Field(
         default=None, title="Prices (USD per hour)",
         description='Price overrides by accelerator name, for another region, a committed-use discount or a private '
                     'price sheet: {"l4": {"on_demand": 0.85, "spot": 0.34, "unit": "host"}} (unit host: a whole node; '
-                    "chip: one TPU chip), or the path of a JSON file holding that. Empty: the built-in us-central1 "
+                    "chip: one TPU chip). Empty: the built-in us-central1 "
                     "list prices (kinetic_prefect/prices.py).")
     preemption_retries: int = Field(
         default=3, title="Preemption retries", ge=0,

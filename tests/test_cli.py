@@ -197,6 +197,19 @@ def test_pool_set_parses_values_and_refuses_unknown_variables(capsys):
     assert props["store"]["default"] == "/tmp/x"
 
 
+def test_pool_set_with_an_empty_value_unsets_the_variable():
+    """`KEY=` leaves the variable without a default (the pools' forms need no null defaults): the job then gets
+    the configuration's own default."""
+    pool = _pool()
+    assert main(["pool-set", pool, "store=/tmp/x"]) == 0
+    assert main(["pool-set", pool, "store="]) == 0
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        template = client.read_work_pool(pool).base_job_template
+    assert "default" not in template["variables"]["properties"]["store"], template["variables"]["properties"]["store"]
+
+
 def test_catalog_and_accelerators_commands(tmp_path, capsys):
     assert main(["catalog"]) == 0
     assert capsys.readouterr().out == accelerators.markdown_table()

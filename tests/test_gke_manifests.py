@@ -176,7 +176,8 @@ def test_the_pool_form_is_prefect_kubernetes_form_plus_the_kinetic_variables():
     ours = KineticGKEWorker.get_default_base_job_template()["variables"]
     theirs = KubernetesWorker.get_default_base_job_template()["variables"]
     assert set(theirs["properties"]) - set(ours["properties"]) == {"backoff_limit"}
-    assert ours["properties"]["cluster_config"]["anyOf"][0] == {"$ref": "#/definitions/KubernetesClusterConfig"}
+    # a bare reference (not anyOf it and null, as prefect-kubernetes has it): see tests/test_pool_form.py
+    assert ours["properties"]["cluster_config"]["$ref"] == "#/definitions/KubernetesClusterConfig"
     assert ours["definitions"]["KubernetesClusterConfig"]["block_type_slug"] == "kubernetes-cluster-config"
     assert {"accelerator", "spot", "image_builder", "store", "shm_size"} <= set(ours["properties"])
     assert issubclass(KineticGKEJobConfiguration, KubernetesWorkerJobConfiguration)

@@ -114,11 +114,11 @@ def test_secret_looking_files_are_warned_about(tmp_path):
     assert any(".env" in str(w.message) and ".kineticignore" in str(w.message) for w in caught)
 
 
-def test_readme_catalog_is_generated_from_the_code():
+def test_docs_catalog_is_generated_from_the_code():
     from pathlib import Path
 
     from kinetic_prefect.cli import readme_with_catalog
 
-    readme = Path(__file__).resolve().parent.parent / "README.md"
-    text = readme.read_text()
-    assert readme_with_catalog(text) == text, "run: uv run kinetic-prefect catalog --write-readme README.md"
+    page = Path(__file__).resolve().parent.parent / "docs" / "accelerators.md"
+    text = page.read_text()
+    assert readme_with_catalog(text) == text, "run: uv run kinetic-prefect catalog --write-readme docs/accelerators.md"

@@ -7,7 +7,10 @@ Used by ``tests/test_ui.py``; also a script that regenerates the README's screen
 The script starts its own ``prefect server start`` (UI included) with a temporary PREFECT_HOME, runs
 the EuroSAT flow on the shared sample (tiny preset, 1 epoch), then opens the flow run page, its logs,
 the training job's page and the artifacts in headless Chromium (Debian's ``chromium``), checks what the
-rendered DOM shows and saves screenshots. Only ``websockets`` (a Prefect dependency) is used besides
+rendered DOM shows and saves screenshots; then the edit page of a ``kinetic-gke`` and a ``kinetic-local`` pool in
+both of Prefect's UIs (``--pool-forms-only``: those alone). Before each screenshot this machine's folders in the
+page's text are replaced by neutral names (``../shared``, ``$TMPDIR``, ``~``). Only ``websockets`` (a Prefect
+dependency) is used besides
 the standard library.
 """
 
@@ -190,6 +193,24 @@ class Browser:
     def text(self) -> str:
         return self.evaluate("document.body ? document.body.innerText : ''") or ""
 
+    def redact_paths(self, replacements: dict[str, str] | None = None) -> None:
+        """Replaces this machine's absolute paths in the page's text with neutral names (``../shared``,
+        ``$TMPDIR``, ``~``), so a committed screenshot shows no machine's layout; fails if any is left."""
+        replacements = replacements or machine_paths()
+        pairs = sorted(replacements.items(), key=lambda item: -len(item[0]))
+        self.evaluate(f"""(() => {{
+            const pairs = {json.dumps(pairs)};
+            const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+            for (let node = walker.nextNode(); node; node = walker.nextNode()) {{
+                let text = node.nodeValue;
+                for (const [path, name] of pairs) text = text.split(path).join(name);
+                if (text !== node.nodeValue) node.nodeValue = text;
+            }}
+        }})()""")
+        left = [path for path in replacements if path in self.text()]
+        if left:
+            raise AssertionError(f"the page still shows machine paths {left} after redaction")
+
     def settle(self, seconds: float = 1.5) -> None:
         """Lets animations and late requests finish before a screenshot."""
         end = time.time() + seconds
@@ -236,6 +257,18 @@ class Browser:
         shutil.rmtree(self.profile, ignore_errors=True)
 
 
+def machine_paths() -> dict[str, str]:
+    """This machine's absolute paths that pages may show (data, checkout, temp and home folders), each with the
+    name the docs use for it."""
+    names = {ROOT.parent / "shared": "../shared", ROOT: ".", Path(tempfile.gettempdir()): "$TMPDIR", Path.home(): "~"}
+    paths = {}
+    for path, name in names.items():
+        for spelling in (str(path), os.path.realpath(path)):  # ../shared may be a link, logs show its target
+            if len(spelling) > 1:
+                paths.setdefault(spelling, name)
+    return paths
+
+
 def shrink_png(data: bytes, max_bytes: int) -> bytes:
     """The screenshot as a small PNG (at most ``max_bytes``): 128-colour palette, downscaled if need be."""
     from PIL import Image
@@ -258,7 +291,7 @@ def shrink_png(data: bytes, max_bytes: int) -> bytes:
 class Server:
     """``prefect server start`` (UI included) with a temporary PREFECT_HOME and SQLite database."""
 
-    def __init__(self, port: int | None = None):
+    def __init__(self, port: int | None = None, start_timeout: float = 180):
         self.dir = Path(tempfile.mkdtemp(prefix="kinetic-ui-server-"))
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -278,11 +311,11 @@ class Server:
             [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
             stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
         try:
-            wait_http(f"{self.url}/api/health", 180, self.proc)
-        except RuntimeError as exc:
+            wait_http(f"{self.url}/api/health", start_timeout, self.proc)
+        except RuntimeError:
+            log = (self.dir / "server.log").read_text()[-3000:]  # before stop() removes the folder
             self.stop()
-            log = (self.dir / "server.log").read_text()[-3000:]
-            raise RuntimeError("prefect server start failed:\n" + log) from exc
+            raise RuntimeError("prefect server start failed:\n" + log) from None
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -392,6 +425,7 @@ class UICheck:
 
     def _shot(self, name: str, height: int | None = None) -> None:
         self.browser.settle()
+        self.browser.redact_paths()
         self.report["screenshots"][name] = str(self.browser.screenshot(self.out_dir / name, height=height))
 
     def _scroll_to(self, needle: str) -> None:
@@ -525,6 +559,64 @@ class UICheck:
         return self.report
 
 
+# ------------------------------------------------------------------------------------------ pool forms
+
+
+NONE_MESSAGE = 'Property is type "None"'
+
+
+def pool_form_labels(template: dict) -> list[str]:
+    """The label each variable gets in the form: its title (a block reference is labelled by its block type)."""
+    return [prop["title"] for prop in template["variables"]["properties"].values() if "$ref" not in prop]
+
+
+def check_pool_form(browser: Browser, server_url: str, pool: str, worker_type: str, template: dict, ui: str,
+                    screenshot: Path | None = None) -> str:
+    """Opens the pool's edit page in the V1 (``/``) or V2 (``/v2``) UI and checks that "Base Job Template" shows
+    the template's variables as form fields, none of them `Property is type "None"`."""
+    base = server_url.rstrip("/") + ("/v2" if ui == "v2" else "")
+    browser.goto(f"{base}/work-pools/work-pool/{pool}/edit")
+    browser.wait_text("Base Job Template", "The fields below control the default values", timeout=90)
+    labels = pool_form_labels(template)
+    browser.wait_text(*labels, timeout=60)
+    if any("$ref" in prop for prop in template["variables"]["properties"].values()):
+        browser.wait_text("KubernetesClusterConfig" if ui == "v1" else "Cluster config", timeout=30)
+    browser.settle(1.0)
+    text = browser.text()
+    assert NONE_MESSAGE not in text, f"{ui} shows {NONE_MESSAGE} {text.count(NONE_MESSAGE)} times for {pool}"
+    fields = browser.evaluate(
+        "document.querySelectorAll('input:not([type=hidden]), textarea, select, [role=combobox], "
+        "[role=switch], .cm-content, .p-code-highlight').length")
+    assert fields >= len(labels) - 2, f"{ui}: only {fields} form controls for {len(labels)} variables of {pool}"
+    if ui == "v2":  # V2 shows the pool's type (a disabled input); V1 only types in Prefect's registry
+        shows_type = f"Array.from(document.querySelectorAll('input')).some(i => i.value === {json.dumps(worker_type)})"
+        browser.wait_for(shows_type, 30, what=f"the pool's type {worker_type} in the Type field")
+    if screenshot:
+        browser.redact_paths()
+        browser.screenshot(screenshot, height=2200)
+    return f"{ui} edit page of {pool}: {len(labels)} labelled variables, {fields} form controls"
+
+
+def pool_form_screenshots(server_url: str, out_dir: Path, chromium: str) -> list[str]:
+    """A pool of each kinetic type made from the shipped templates, its edit page in both UIs, screenshots."""
+    from kinetic_prefect.workers.base import load_template
+
+    browser = Browser(chromium)
+    checks = []
+    try:
+        for worker_type in ("kinetic-gke", "kinetic-local"):
+            template = load_template(worker_type)
+            pool = f"my-{worker_type.removeprefix('kinetic-')}-pool"
+            post_json(f"{server_url}/api/work_pools/", {"name": pool, "type": worker_type,
+                                                         "base_job_template": template})
+            for ui in ("v2", "v1"):
+                shot = out_dir / f"pool-form-{worker_type}-{ui}.png"
+                checks.append(check_pool_form(browser, server_url, pool, worker_type, template, ui, shot))
+    finally:
+        browser.close()
+    return checks
+
+
 def carries_image(artifact: dict) -> bool:
     data = str(artifact.get("data"))
     return artifact["type"] == "image" or "![" in data or "<img" in data
@@ -538,11 +630,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", default=str(SAMPLE_ZIP))
     parser.add_argument("--url", help="check a run on this running server (http://host:port) instead")
     parser.add_argument("--flow-run-id", help="with --url: the EuroSAT flow run to check")
+    parser.add_argument("--pool-forms-only", action="store_true",
+                        help="only the work pools' edit pages (no EuroSAT run)")
     args = parser.parse_args(argv)
     chromium = find_chromium()
     if not chromium:
         print("chromium is not installed (Debian: apt-get install -y chromium)", file=sys.stderr)
         return 2
+    if args.pool_forms_only:
+        server = Server(start_timeout=600)
+        try:
+            print("\n".join(pool_form_screenshots(server.url, Path(args.out), chromium)))
+        finally:
+            server.stop()
+        return 0
     if args.url:
         check = UICheck(args.url, f"{args.url}/api", args.flow_run_id, Path(args.out), chromium)
         try:
@@ -551,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
             check.close()
         return _print(report)
     t0 = time.time()
-    server = Server()
+    server = Server(start_timeout=600)  # a first start creates the database: minutes on busy cores
     print(f"prefect server start: {server.url} ({time.time() - t0:.0f} s)", flush=True)
     try:
         with tempfile.TemporaryDirectory(prefix="kinetic-ui-run-") as work:
@@ -565,6 +666,7 @@ def main(argv: list[str] | None = None) -> int:
                 check.close()
             report["timings_s"]["browser_total"] = round(time.time() - t1, 1)
             report["timings_s"]["flow"] = run["seconds"]
+            report["checks"] += pool_form_screenshots(server.url, Path(args.out), chromium)
     finally:
         server.stop()
     return _print(report)

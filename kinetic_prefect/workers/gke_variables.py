@@ -80,7 +80,7 @@ class KineticGKEVariables(CallVariables):
         default=True, title="Stream output",
         description="Forward the job's stdout/stderr to the flow run's logs as it runs.")
     cluster_config: Optional[KubernetesClusterConfig] = Field(
-        default=None,
+        default=None, title="Cluster config",
         description="A saved KubernetesClusterConfig block (prefect-kubernetes): the cluster the Jobs run in. Empty: "
                     "kubeconfig_path / kube_context below, else in-cluster credentials, else ~/.kube/config.")
     cpu_request: Optional[str] = Field(default=None, title="CPU request",

@@ -40,7 +40,25 @@ def generated_template(worker_type: str) -> dict[str, Any]:
     schema = variables.model_json_schema()
     schema.pop("title", None)
     schema.pop("description", None)
+    for prop in schema.get("properties", {}).values():
+        _as_the_ui_reads_it(prop)
     return {"job_configuration": job_configuration, "variables": schema}
+
+
+def _as_the_ui_reads_it(prop: dict[str, Any]) -> None:
+    """Optional variables as both Prefect UIs render them (docs/ui.md): one type, not ``anyOf`` with null (the
+    V2 form opens a "None" tab, the default UI renders no form at all), and no null default, so an unset
+    variable is absent from the job configuration and the configuration field's own default applies."""
+    options = prop.get("anyOf")
+    if options is not None:
+        kept = [option for option in options if option != {"type": "null"}]
+        if len(kept) == 1:
+            del prop["anyOf"]
+            prop.update(kept[0])
+        else:
+            prop["anyOf"] = kept
+    if "default" in prop and prop["default"] is None:
+        del prop["default"]
 
 
 def template_text(worker_type: str) -> str:
