@@ -62,16 +62,24 @@ def fetch(source: str, checksum: str | None, fingerprint: str, cache_dir: str) -
 @task(name="eurosat-decode", cache_policy=CACHE_POLICY, persist_result=True)
 def decode(fetched: dict, cache_dir: str, class_names: list[str]) -> dict:
     decoded = ds.prepare(ds.Fetched(**fetched), cache_dir, tuple(class_names))
-    get_run_logger().info(f"decoded {decoded.num_images} images into {decoded.path}; per class "
-                          + ", ".join(f"{n} {c}" for n, c in zip(decoded.class_names, decoded.class_counts)))
+    get_run_logger().info(
+        f"decoded {decoded.num_images} images into {decoded.path}; per class "
+        + ", ".join(f"{n} {c}" for n, c in zip(decoded.class_names, decoded.class_counts))
+    )
     return decoded.as_dict()
 
 
 @task(name="eurosat-split", cache_policy=CACHE_POLICY, persist_result=True)
 def split(decoded: dict, val_fraction: float, test_fraction: float, seed: int, cache_dir: str) -> dict:
-    path, sizes = ds.save_split(ds.Decoded(**{**decoded, "class_names": tuple(decoded["class_names"]),
-                                              "class_counts": tuple(decoded["class_counts"])}),
-                                val_fraction, test_fraction, seed, cache_dir)
+    path, sizes = ds.save_split(
+        ds.Decoded(
+            **{**decoded, "class_names": tuple(decoded["class_names"]), "class_counts": tuple(decoded["class_counts"])}
+        ),
+        val_fraction,
+        test_fraction,
+        seed,
+        cache_dir,
+    )
     get_run_logger().info(f"split (seed {seed}): {sizes}; stored in {path}")
     return {"path": path, "sizes": sizes}
 
@@ -85,8 +93,14 @@ def _flows_dir() -> Path:
 
 
 @kinetic_task(name="eurosat-train", accelerator="cpu", retries=2, retry_delay_seconds=0)
-def train(dataset: Path, split_file: Path, model_config: dict, train_config: dict,
-          kill_after_epoch: int | None = None, train_limit: int | None = None) -> dict:
+def train(
+    dataset: Path,
+    split_file: Path,
+    model_config: dict,
+    train_config: dict,
+    kill_after_epoch: int | None = None,
+    train_limit: int | None = None,
+) -> dict:
     """The job: train, checkpoint every epoch, evaluate on the test split, write outputs."""
     flows_dir = str(_flows_dir())
     if flows_dir not in sys.path:
@@ -94,8 +108,9 @@ def train(dataset: Path, split_file: Path, model_config: dict, train_config: dic
     os.environ.setdefault("KERAS_BACKEND", "jax")
     from eurosat.train import train_and_evaluate
 
-    result = train_and_evaluate(dataset, split_file, model_config, train_config, kill_after_epoch=kill_after_epoch,
-                                train_limit=train_limit)
+    result = train_and_evaluate(
+        dataset, split_file, model_config, train_config, kill_after_epoch=kill_after_epoch, train_limit=train_limit
+    )
     result["store"] = os.environ.get("KINETIC_STORE")
     return result
 
@@ -117,7 +132,8 @@ def evaluate(trained: dict) -> dict:
     get_run_logger().info(
         f"test accuracy {metrics['accuracy']:.4f}, macro F1 {metrics['macro_f1']:.4f}, weighted F1 "
         f"{metrics['weighted_f1']:.4f} ({metrics['num_test']} images, {metrics.get('scoring', 'single view')}: "
-        f"what `predict` delivers by default); single view {other.get('accuracy', float('nan')):.4f}")
+        f"what `predict` delivers by default); single view {other.get('accuracy', float('nan')):.4f}"
+    )
     return metrics
 
 
@@ -145,36 +161,43 @@ def publish(trained: dict, metrics: dict, output_dir: str, data_source: str) -> 
 
     files = _download_outputs(trained, Path(output_dir))
     create_table_artifact(
-        key="eurosat-per-class-metrics", table=metrics["per_class"],
-        description=f"EuroSAT ViT: per-class precision/recall/F1 on the held-out test split ({metrics['num_test']} images)")
+        key="eurosat-per-class-metrics",
+        table=metrics["per_class"],
+        description=f"EuroSAT ViT: per-class precision/recall/F1 on the held-out test split ({metrics['num_test']} images)",
+    )
     names = metrics["class_names"]
     create_table_artifact(
         key="eurosat-confusion-matrix",
-        table=[{"true \\ predicted": names[i], **{n: int(v) for n, v in zip(names, row)}}
-               for i, row in enumerate(metrics["confusion_matrix"])],
-        description="EuroSAT ViT: confusion matrix on the test split (rows: true class, columns: predicted)")
+        table=[
+            {"true \\ predicted": names[i], **{n: int(v) for n, v in zip(names, row)}}
+            for i, row in enumerate(metrics["confusion_matrix"])
+        ],
+        description="EuroSAT ViT: confusion matrix on the test split (rows: true class, columns: predicted)",
+    )
     history = trained["history"]
     curve = "\n".join(
         f"| {i + 1} | {history['loss'][i]:.4f} | {history['accuracy'][i]:.4f} | {history['val_loss'][i]:.4f} | "
-        f"{history['val_accuracy'][i]:.4f} |" for i in range(len(history.get("loss", []))))
+        f"{history['val_accuracy'][i]:.4f} |"
+        for i in range(len(history.get("loss", [])))
+    )
     sizes = trained["split_sizes"]
     single = metrics.get("single_view", {})
     markdown = f"""# EuroSAT ViT
 
 | metric | value |
 | --- | --- |
-| test accuracy ({metrics.get('scoring', 'single view')}: what `predict` delivers by default) | **{metrics['accuracy']:.4f}** |
-| macro F1 | **{metrics['macro_f1']:.4f}** |
-| single view (`predict --no-tta`): accuracy / macro F1 | {single.get('accuracy', metrics['accuracy']):.4f} / {single.get('macro_f1', metrics['macro_f1']):.4f} |
-| scoring cost | {metrics.get('scoring_ms_per_image', 'n/a')} ms per image |
-| weighted F1 | {metrics['weighted_f1']:.4f} |
-| split (train / val / test) | {sizes['train']} / {sizes['val']} / {sizes['test']} |
-| epochs run (best) | {trained['epochs_run']} ({trained['best_epoch']}) |
-| resumed from epoch | {trained['resumed_from_epoch']} |
-| training time | {trained['train_seconds']:.0f} s ({trained['ms_per_step']} ms/step) |
-| parameters | {trained['parameters']:,} |
+| test accuracy ({metrics.get("scoring", "single view")}: what `predict` delivers by default) | **{metrics["accuracy"]:.4f}** |
+| macro F1 | **{metrics["macro_f1"]:.4f}** |
+| single view (`predict --no-tta`): accuracy / macro F1 | {single.get("accuracy", metrics["accuracy"]):.4f} / {single.get("macro_f1", metrics["macro_f1"]):.4f} |
+| scoring cost | {metrics.get("scoring_ms_per_image", "n/a")} ms per image |
+| weighted F1 | {metrics["weighted_f1"]:.4f} |
+| split (train / val / test) | {sizes["train"]} / {sizes["val"]} / {sizes["test"]} |
+| epochs run (best) | {trained["epochs_run"]} ({trained["best_epoch"]}) |
+| resumed from epoch | {trained["resumed_from_epoch"]} |
+| training time | {trained["train_seconds"]:.0f} s ({trained["ms_per_step"]} ms/step) |
+| parameters | {trained["parameters"]:,} |
 
-Data: `{data_source}`. Model: `{json.dumps(trained['model_config'])}`.
+Data: `{data_source}`. Model: `{json.dumps(trained["model_config"])}`.
 
 ## Learning curve
 
@@ -192,10 +215,14 @@ Data: `{data_source}`. Model: `{json.dumps(trained['model_config'])}`.
         import base64
 
         create_markdown_artifact(
-            key="eurosat-plots", description="EuroSAT ViT: confusion matrix and learning curves",
+            key="eurosat-plots",
+            description="EuroSAT ViT: confusion matrix and learning curves",
             markdown="\n\n".join(
                 f"## {Path(f).stem.replace('_', ' ')}\n\n![{Path(f).stem}](data:image/png;base64,"
-                f"{base64.b64encode(Path(f).read_bytes()).decode()})" for f in pngs))
+                f"{base64.b64encode(Path(f).read_bytes()).decode()})"
+                for f in pngs
+            ),
+        )
     model_path = next(f for f in files if f.endswith(".keras"))
     return {"files": files, "model_path": model_path}
 
@@ -276,32 +303,61 @@ def eurosat_vit(
     if not Path(parts["path"]).exists():
         parts = split.with_options(refresh_cache=True)(decoded, val_fraction, test_fraction, seed, cache)
 
-    optional = dict(learning_rate=learning_rate, weight_decay=weight_decay, label_smoothing=label_smoothing,
-                    **AUGMENT_LEVELS.get(augment, {}))
+    optional = dict(
+        learning_rate=learning_rate,
+        weight_decay=weight_decay,
+        label_smoothing=label_smoothing,
+        **AUGMENT_LEVELS.get(augment, {}),
+    )
     if augment not in AUGMENT_LEVELS and not isinstance(augment, bool):
         raise ValueError(f"augment={augment!r}: choose True/False or one of {', '.join(AUGMENT_LEVELS)}")
-    model_config, train_config = _resolve_configs(model_size, model_overrides, dict(
-        epochs=epochs, batch_size=batch_size, augment=augment != "none" and augment is not False, mix_prob=mix_prob,
-        tta=tta, seed=seed,
-        precision=precision, early_stopping_patience=early_stopping_patience,
-        time_budget_s=time_budget_minutes * 60 if time_budget_minutes else None,
-        **{k: v for k, v in optional.items() if v is not None}))
+    model_config, train_config = _resolve_configs(
+        model_size,
+        model_overrides,
+        dict(
+            epochs=epochs,
+            batch_size=batch_size,
+            augment=augment != "none" and augment is not False,
+            mix_prob=mix_prob,
+            tta=tta,
+            seed=seed,
+            precision=precision,
+            early_stopping_patience=early_stopping_patience,
+            time_budget_s=time_budget_minutes * 60 if time_budget_minutes else None,
+            **{k: v for k, v in optional.items() if v is not None},
+        ),
+    )
     if hosts < 1 or batch_size % hosts:
         raise ValueError(f"hosts={hosts} with batch_size={batch_size}: hosts must be >= 1 and divide the global batch")
     trainer = train.with_options(accelerator=accelerator, retries=retries, hosts=hosts if hosts > 1 else None)
-    trained = trainer(Data(decoded["path"]), Data(parts["path"]), model_config, train_config,
-                      kill_after_epoch=kill_after_epoch, train_limit=train_limit)
+    trained = trainer(
+        Data(decoded["path"]),
+        Data(parts["path"]),
+        model_config,
+        train_config,
+        kill_after_epoch=kill_after_epoch,
+        train_limit=train_limit,
+    )
     metrics = evaluate(trained)
     run_name = get_run_context().flow_run.name
     out = Path(output_dir or Path.cwd() / "eurosat-outputs" / run_name).resolve()
     published = publish(trained, metrics, str(out), source)
     return {
-        "accuracy": metrics["accuracy"], "macro_f1": metrics["macro_f1"], "weighted_f1": metrics["weighted_f1"],
-        "metrics": metrics, "split_sizes": parts["sizes"], "epochs_run": trained["epochs_run"],
-        "best_epoch": trained["best_epoch"], "resumed_from_epoch": trained["resumed_from_epoch"],
-        "history": trained["history"], "train_seconds": trained["train_seconds"],
-        "ms_per_step": trained["ms_per_step"], "model_path": published["model_path"], "files": published["files"],
-        "class_names": trained["class_names"], "flow_run_name": run_name,
+        "accuracy": metrics["accuracy"],
+        "macro_f1": metrics["macro_f1"],
+        "weighted_f1": metrics["weighted_f1"],
+        "metrics": metrics,
+        "split_sizes": parts["sizes"],
+        "epochs_run": trained["epochs_run"],
+        "best_epoch": trained["best_epoch"],
+        "resumed_from_epoch": trained["resumed_from_epoch"],
+        "history": trained["history"],
+        "train_seconds": trained["train_seconds"],
+        "ms_per_step": trained["ms_per_step"],
+        "model_path": published["model_path"],
+        "files": published["files"],
+        "class_names": trained["class_names"],
+        "flow_run_name": run_name,
         "flow_run_id": str(get_run_context().flow_run.id),
     }
 
@@ -309,8 +365,9 @@ def eurosat_vit(
 # ------------------------------------------------------------------------------------------- predict
 
 
-def predict(model_path: str | Path, folder: str | Path, batch_size: int | None = None,
-            tta: bool | None = None) -> list[dict]:
+def predict(
+    model_path: str | Path, folder: str | Path, batch_size: int | None = None, tta: bool | None = None
+) -> list[dict]:
     """Classify every image under ``folder`` with a saved model; one dict per file (sorted by path).
 
     By default it scores as the flow scored the model (``tta`` stored in the model: the published accuracy
@@ -332,22 +389,39 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--batch-size", type=int, default=128)
     run.add_argument("--model-size", default="auto", help="auto (hybrid on CPU, hybrid-large on a GPU/TPU) or a preset")
     run.add_argument("--precision", default="auto", help="auto (mixed_bfloat16 on a GPU/TPU) or a Keras dtype policy")
-    run.add_argument("--augment", default="full", choices=list(AUGMENT_LEVELS),
-                     help="full (default), dihedral (flips/rotations only: for minutes-long runs) or none")
-    run.add_argument("--no-tta", dest="tta", action="store_false",
-                     help="score (and let predict score) single views instead of 8 flips/rotations averaged")
+    run.add_argument(
+        "--augment",
+        default="full",
+        choices=list(AUGMENT_LEVELS),
+        help="full (default), dihedral (flips/rotations only: for minutes-long runs) or none",
+    )
+    run.add_argument(
+        "--no-tta",
+        dest="tta",
+        action="store_false",
+        help="score (and let predict score) single views instead of 8 flips/rotations averaged",
+    )
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--time-budget-minutes", type=float, default=None)
     run.add_argument("--output-dir", default=None)
     run.add_argument("--train-limit", type=int, default=None)
-    run.add_argument("--hosts", type=int, default=1,
-                     help="train data-parallel on this many hosts (kinetic-local: processes), one jax.distributed group")
+    run.add_argument(
+        "--hosts",
+        type=int,
+        default=1,
+        help="train data-parallel on this many hosts (kinetic-local: processes), one jax.distributed group",
+    )
     pred = sub.add_parser("predict", help="classify a folder of images with a saved .keras model")
     pred.add_argument("model")
     pred.add_argument("folder")
     pred.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    pred.add_argument("--tta", dest="tta", action="store_true", default=None,
-                      help="average 8 flips/rotations (8x the compute); default: as the flow scored the model")
+    pred.add_argument(
+        "--tta",
+        dest="tta",
+        action="store_true",
+        default=None,
+        help="average 8 flips/rotations (8x the compute); default: as the flow scored the model",
+    )
     pred.add_argument("--no-tta", dest="tta", action="store_false", help="single view (8x cheaper)")
     args = parser.parse_args(argv)
     if args.cmd == "predict":
@@ -360,13 +434,28 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.cmd is None:
         args = parser.parse_args(["run", *(argv or sys.argv[1:])])
-    result = eurosat_vit(source=args.source, checksum=args.checksum, accelerator=args.accelerator,
-                         epochs=args.epochs, batch_size=args.batch_size, model_size=args.model_size, seed=args.seed,
-                         time_budget_minutes=args.time_budget_minutes, output_dir=args.output_dir,
-                         train_limit=args.train_limit, tta=args.tta, precision=args.precision, augment=args.augment,
-                         hosts=args.hosts)
-    print(json.dumps({k: result[k] for k in ("accuracy", "macro_f1", "weighted_f1", "split_sizes", "epochs_run",
-                                             "model_path")}, indent=1))
+    result = eurosat_vit(
+        source=args.source,
+        checksum=args.checksum,
+        accelerator=args.accelerator,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        model_size=args.model_size,
+        seed=args.seed,
+        time_budget_minutes=args.time_budget_minutes,
+        output_dir=args.output_dir,
+        train_limit=args.train_limit,
+        tta=args.tta,
+        precision=args.precision,
+        augment=args.augment,
+        hosts=args.hosts,
+    )
+    print(
+        json.dumps(
+            {k: result[k] for k in ("accuracy", "macro_f1", "weighted_f1", "split_sizes", "epochs_run", "model_path")},
+            indent=1,
+        )
+    )
     print(where_to_look(result))
 
 
@@ -402,10 +491,12 @@ def where_to_look(result: dict, api_url: str | None | bool = True) -> str:
         run = result.get("flow_run_id")
         lines.append(f"UI:      {ui}/runs/flow-run/{run}" if run else f"UI:      {ui}")
     else:
-        lines.append("UI:      this run used Prefect's temporary server, gone now. To keep runs and browse them: "
-                     "`uv run prefect server start` in another terminal, then "
-                     "`uv run prefect config set PREFECT_API_URL=http://127.0.0.1:4200/api` and run again; "
-                     "the run, its logs and artifacts are at http://127.0.0.1:4200")
+        lines.append(
+            "UI:      this run used Prefect's temporary server, gone now. To keep runs and browse them: "
+            "`uv run prefect server start` in another terminal, then "
+            "`uv run prefect config set PREFECT_API_URL=http://127.0.0.1:4200/api` and run again; "
+            "the run, its logs and artifacts are at http://127.0.0.1:4200"
+        )
     return "\n".join(lines)
 
 

@@ -48,14 +48,17 @@ def _cache_dir(cache_dir: str | None) -> str:
 @task(name="gemma-locate-data")
 def locate_data(dataset: str, data_path: str | None, cache_dir: str) -> dict:
     source = gd.resolve_source(dataset, data_path, cache_dir)
-    get_run_logger().info(f"{source.dataset}: {', '.join(f'{k} = {v}' for k, v in source.files.items())} "
-                          f"(content sha256 {source.fingerprint[:12]})")
+    get_run_logger().info(
+        f"{source.dataset}: {', '.join(f'{k} = {v}' for k, v in source.files.items())} "
+        f"(content sha256 {source.fingerprint[:12]})"
+    )
     return source.as_dict()
 
 
 @task(name="gemma-prepare-data", cache_policy=CACHE_POLICY, persist_result=True)
-def prepare_data(source: dict, cache_dir: str, seed: int, max_examples: int | None,
-                 max_eval_examples: int | None) -> dict:
+def prepare_data(
+    source: dict, cache_dir: str, seed: int, max_examples: int | None, max_eval_examples: int | None
+) -> dict:
     """Cached on the files' content (``source["fingerprint"]``) and the settings."""
     prepared = gd.prepare(gd.Source(**source), cache_dir, seed, max_examples, max_eval_examples)
     sizes, train = prepared["sizes"], prepared["train"]
@@ -63,7 +66,8 @@ def prepare_data(source: dict, cache_dir: str, seed: int, max_examples: int | No
         f"{sizes['train']} training / {sizes['eval']} held-out examples (of {prepared['available']['train']} / "
         f"{prepared['available']['eval']}) in {prepared['path']}; prompt characters median "
         f"{train['prompt_chars'].get('median')} / max {train['prompt_chars'].get('max')}, answer characters median "
-        f"{train['response_chars'].get('median')} / max {train['response_chars'].get('max')}")
+        f"{train['response_chars'].get('median')} / max {train['response_chars'].get('max')}"
+    )
     return prepared
 
 
@@ -78,8 +82,11 @@ def _caller_tokenizer(ref: presets.PresetRef):
     try:
         return keras_hub.models.Gemma3Tokenizer.from_preset(ref.value), None
     except Exception as exc:  # e.g. Kaggle unreachable from the caller
-        return None, f"could not load the tokenizer of {ref.value!r} here ({type(exc).__name__}: {exc}); " \
-                     "the lengths are checked in the job"
+        return (
+            None,
+            f"could not load the tokenizer of {ref.value!r} here ({type(exc).__name__}: {exc}); "
+            "the lengths are checked in the job",
+        )
 
 
 @task(name="gemma-check-lengths", cache_policy=CACHE_POLICY, persist_result=True)
@@ -95,10 +102,17 @@ def check_lengths(prepared: dict, preset_ref: dict, sequence_length: int, max_ne
     tokenize = tokens.make_tokenize(tokenizer)
     bos, pad = int(tokenizer.start_token_id), int(tokenizer.pad_token_id)
     root = Path(prepared["path"])
-    train = tokens.pack(tokens.segment(gd.read_jsonl(root / "train.jsonl"), tokenize), sequence_length, bos, pad,
-                        what="training")
-    held_out = tokens.pack(tokens.segment(gd.read_jsonl(root / "eval.jsonl"), tokenize), sequence_length, bos, pad,
-                           generate_tokens=max_new_tokens, what="evaluation")
+    train = tokens.pack(
+        tokens.segment(gd.read_jsonl(root / "train.jsonl"), tokenize), sequence_length, bos, pad, what="training"
+    )
+    held_out = tokens.pack(
+        tokens.segment(gd.read_jsonl(root / "eval.jsonl"), tokenize),
+        sequence_length,
+        bos,
+        pad,
+        generate_tokens=max_new_tokens,
+        what="evaluation",
+    )
     for stats in (train.stats, held_out.stats):
         logger.info(tokens.describe(stats))
     return {"checked": True, "train": train.stats, "eval": held_out.stats}
@@ -112,10 +126,22 @@ def _flows_dir() -> Path:
     raise RuntimeError(f"cannot find the gemma package (cwd {Path.cwd()})")
 
 
-@kinetic_task(name="gemma-train", accelerator="cpu", retries=1, retry_delay_seconds=0, cache_policy=CACHE_POLICY,
-              persist_result=True)
-def train(data_dir: Path, preset: str | Path, config: dict, fingerprints: dict,
-          kill_after_epoch: int | None = None, report_env: list[str] | None = None) -> dict:
+@kinetic_task(
+    name="gemma-train",
+    accelerator="cpu",
+    retries=1,
+    retry_delay_seconds=0,
+    cache_policy=CACHE_POLICY,
+    persist_result=True,
+)
+def train(
+    data_dir: Path,
+    preset: str | Path,
+    config: dict,
+    fingerprints: dict,
+    kill_after_epoch: int | None = None,
+    report_env: list[str] | None = None,
+) -> dict:
     """The job. ``fingerprints`` (data and preset content) only key the cache; ``report_env`` names variables
     whose presence (never their values) the job reports back."""
     flows_dir = str(_flows_dir())
@@ -136,8 +162,10 @@ def evaluate(dataset: str, trained: dict) -> dict:
 
     metrics = score(dataset, trained["generations"])
     before = "n/a" if metrics["before"] is None else metrics["before"]
-    get_run_logger().info(f"{metrics['metric']} on {metrics['count']} held-out examples: before fine-tuning "
-                          f"{before}, after {metrics['after']}")
+    get_run_logger().info(
+        f"{metrics['metric']} on {metrics['count']} held-out examples: before fine-tuning "
+        f"{before}, after {metrics['after']}"
+    )
     return metrics
 
 
@@ -163,12 +191,20 @@ def _short(text: str | None, limit: int = 300) -> str:
     if text is None:
         return ""
     text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @task(name="gemma-publish")
-def publish(dataset: str, trained: dict, metrics: dict, prepared: dict, lengths: dict, output_dir: str,
-            num_samples: int, download_merged_preset: bool) -> dict:
+def publish(
+    dataset: str,
+    trained: dict,
+    metrics: dict,
+    prepared: dict,
+    lengths: dict,
+    output_dir: str,
+    num_samples: int,
+    download_merged_preset: bool,
+) -> dict:
     """Artifacts on the flow run (sample generations before/after, a report); outputs copied to output_dir."""
     from gemma.data import parse_decision
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -176,50 +212,59 @@ def publish(dataset: str, trained: dict, metrics: dict, prepared: dict, lengths:
     files = _download_outputs(trained, Path(output_dir), download_merged_preset)
     samples = []
     for g in trained["generations"][:num_samples]:
-        row = {"id": g["id"], "input": _short(g["input"]), "reference": _short(g["target"] if dataset == "pubmedqa"
-                                                                              else g["references"][0]),
-               "before fine-tuning": _short(g["before"]), "after fine-tuning": _short(g["after"])}
+        row = {
+            "id": g["id"],
+            "input": _short(g["input"]),
+            "reference": _short(g["target"] if dataset == "pubmedqa" else g["references"][0]),
+            "before fine-tuning": _short(g["before"]),
+            "after fine-tuning": _short(g["after"]),
+        }
         if dataset == "pubmedqa":
             row["decision before"] = parse_decision(g["before"] or "") or "?"
             row["decision after"] = parse_decision(g["after"] or "") or "?"
         samples.append(row)
-    create_table_artifact(key="gemma-sample-generations", table=samples,
-                          description=f"Gemma LoRA ({dataset}): held-out prompts, generations before and after "
-                                      "fine-tuning (greedy)")
+    create_table_artifact(
+        key="gemma-sample-generations",
+        table=samples,
+        description=f"Gemma LoRA ({dataset}): held-out prompts, generations before and after fine-tuning (greedy)",
+    )
     stats = trained["token_stats"]
 
     def stat_row(name: str, s: dict) -> str:
         full = s["full_tokens"]
-        return (f"| {name} | {s['examples']} | {full.get('median', '-')} / {full.get('p95', '-')} / "
-                f"{full.get('max', '-')} | {s['body_truncated']} | {s['response_truncated']} | {s['tokens_dropped']} |")
+        return (
+            f"| {name} | {s['examples']} | {full.get('median', '-')} / {full.get('p95', '-')} / "
+            f"{full.get('max', '-')} | {s['body_truncated']} | {s['response_truncated']} | {s['tokens_dropped']} |"
+        )
 
     history = trained["history"]
-    curve = "\n".join(f"| {i + 1} | {history['loss'][i]:.4f} | {history['accuracy'][i]:.4f} |"
-                      for i in range(len(history["loss"])))
+    curve = "\n".join(
+        f"| {i + 1} | {history['loss'][i]:.4f} | {history['accuracy'][i]:.4f} |" for i in range(len(history["loss"]))
+    )
     cfg = trained["config"]
     markdown = f"""# Gemma LoRA: {dataset}
 
 | | before fine-tuning | after |
 | --- | ---: | ---: |
-| {metrics['metric']} ({metrics['count']} held-out examples) | {metrics['before']} | **{metrics['after']}** |
+| {metrics["metric"]} ({metrics["count"]} held-out examples) | {metrics["before"]} | **{metrics["after"]}** |
 
 | setting | value |
 | --- | --- |
-| preset | `{trained['preset']}` |
-| LoRA rank | {cfg['lora_rank']} |
-| trainable / total parameters | {trained['trainable_params']:,} / {trained['total_params']:,} |
-| sequence length, batch, epochs, learning rate | {cfg['sequence_length']}, {cfg['batch_size']}, {cfg['epochs']}, {cfg['learning_rate']} |
-| dtype | {trained['dtype']} |
-| training examples (held out) | {prepared['sizes']['train']} ({prepared['sizes']['eval']}) |
-| resumed from epoch | {trained['resumed_from_epoch']} |
-| training time | {trained['train_seconds']:.1f} s ({trained['ms_per_step']} ms/step) |
+| preset | `{trained["preset"]}` |
+| LoRA rank | {cfg["lora_rank"]} |
+| trainable / total parameters | {trained["trainable_params"]:,} / {trained["total_params"]:,} |
+| sequence length, batch, epochs, learning rate | {cfg["sequence_length"]}, {cfg["batch_size"]}, {cfg["epochs"]}, {cfg["learning_rate"]} |
+| dtype | {trained["dtype"]} |
+| training examples (held out) | {prepared["sizes"]["train"]} ({prepared["sizes"]["eval"]}) |
+| resumed from epoch | {trained["resumed_from_epoch"]} |
+| training time | {trained["train_seconds"]:.1f} s ({trained["ms_per_step"]} ms/step) |
 
 ## Token lengths and truncation (`<bos>` + prompt + answer)
 
 | part | examples | full length median / p95 / max | bodies cut | answers cut | tokens dropped |
 | --- | ---: | --- | ---: | ---: | ---: |
-{stat_row('training', stats['train'])}
-{stat_row('evaluation prompts', stats['eval'])}
+{stat_row("training", stats["train"])}
+{stat_row("evaluation prompts", stats["eval"])}
 
 ## Learning curve (loss on answer tokens)
 
@@ -229,24 +274,37 @@ def publish(dataset: str, trained: dict, metrics: dict, prepared: dict, lengths:
 
 ## Outputs
 
-- LoRA weights: `{_store_url(trained, 'gemma_lora.lora.h5')}`
-- merged preset (`Gemma3CausalLM.from_preset(...)`): `{_store_url(trained, 'merged_preset')}`
+- LoRA weights: `{_store_url(trained, "gemma_lora.lora.h5")}`
+- merged preset (`Gemma3CausalLM.from_preset(...)`): `{_store_url(trained, "merged_preset")}`
 """ + "\n".join(f"- `{f}`" for f in files)
     create_markdown_artifact(key="gemma-report", markdown=markdown, description=f"Gemma LoRA report ({dataset})")
-    return {"files": files, "samples": samples,
-            "merged_preset": _store_url(trained, "merged_preset"), "lora_weights": _store_url(trained, "gemma_lora.lora.h5")}
+    return {
+        "files": files,
+        "samples": samples,
+        "merged_preset": _store_url(trained, "merged_preset"),
+        "lora_weights": _store_url(trained, "gemma_lora.lora.h5"),
+    }
 
 
-def _validate(lora_rank: int, sequence_length: int, epochs: int, batch_size: int, learning_rate: float,
-              max_new_tokens: int, max_examples: int | None) -> None:
+def _validate(
+    lora_rank: int,
+    sequence_length: int,
+    epochs: int,
+    batch_size: int,
+    learning_rate: float,
+    max_new_tokens: int,
+    max_examples: int | None,
+) -> None:
     checks = [
         (lora_rank >= 1, f"lora_rank={lora_rank}: use a positive rank (4-16 is typical)"),
         (sequence_length >= 16, f"sequence_length={sequence_length}: use at least 16 (512 suits PubMedQA)"),
         (epochs >= 1, f"epochs={epochs}: use 1 or more"),
         (batch_size >= 1, f"batch_size={batch_size}: use 1 or more"),
         (learning_rate > 0, f"learning_rate={learning_rate}: use a positive value (1e-4 is typical for LoRA)"),
-        (1 <= max_new_tokens < sequence_length,
-         f"max_new_tokens={max_new_tokens}: use 1..sequence_length-1 ({sequence_length - 1})"),
+        (
+            1 <= max_new_tokens < sequence_length,
+            f"max_new_tokens={max_new_tokens}: use 1..sequence_length-1 ({sequence_length - 1})",
+        ),
         (max_examples is None or max_examples >= 1, f"max_examples={max_examples}: use a positive number or None"),
     ]
     for ok, message in checks:
@@ -307,9 +365,20 @@ def gemma_lora(
         raise gd.GemmaDataError(f"{dataset}: no training examples after preparation ({prepared['available']})")
     lengths = check_lengths(prepared, ref.as_dict(), sequence_length, max_new_tokens)
 
-    config = dict(lora_rank=lora_rank, sequence_length=sequence_length, epochs=epochs, batch_size=batch_size,
-                  learning_rate=learning_rate, max_new_tokens=max_new_tokens, eval_batch_size=eval_batch_size,
-                  eval_before=eval_before, num_samples=num_samples, seed=seed, dtype=dtype, preset_name=preset)
+    config = dict(
+        lora_rank=lora_rank,
+        sequence_length=sequence_length,
+        epochs=epochs,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        max_new_tokens=max_new_tokens,
+        eval_batch_size=eval_batch_size,
+        eval_before=eval_before,
+        num_samples=num_samples,
+        seed=seed,
+        dtype=dtype,
+        preset_name=preset,
+    )
     preset_arg = Data(ref.value) if ref.kind in ("local", "gcs") else ref.value
     options: dict = dict(accelerator=accelerator, retries=retries, env=env)
     if requirements:
@@ -318,23 +387,41 @@ def gemma_lora(
         options["refresh_cache"] = True
     trainer = train.with_options(**options)
     report_env = [name for name in env if not any(ch in name for ch in "*?[")]
-    trained = trainer(Data(prepared["path"]), preset_arg, config,
-                      {"data": prepared["fingerprint"], "prepared": prepared["path"], "preset": ref.fingerprint},
-                      kill_after_epoch=kill_after_epoch, report_env=report_env)
+    trained = trainer(
+        Data(prepared["path"]),
+        preset_arg,
+        config,
+        {"data": prepared["fingerprint"], "prepared": prepared["path"], "preset": ref.fingerprint},
+        kill_after_epoch=kill_after_epoch,
+        report_env=report_env,
+    )
     metrics = evaluate(prepared["dataset"], trained)
     run_name = get_run_context().flow_run.name
     out = Path(output_dir or Path.cwd() / "gemma-outputs" / run_name).resolve()
-    published = publish(prepared["dataset"], trained, metrics, prepared, lengths, str(out), num_samples,
-                        download_merged_preset)
+    published = publish(
+        prepared["dataset"], trained, metrics, prepared, lengths, str(out), num_samples, download_merged_preset
+    )
     return {
-        "metric": metrics["metric"], "before": metrics["before"], "after": metrics["after"], "metrics": metrics,
-        "sizes": prepared["sizes"], "token_stats": trained["token_stats"], "caller_lengths": lengths,
-        "history": trained["history"], "epochs_run": trained["epochs_run"],
-        "resumed_from_epoch": trained["resumed_from_epoch"], "ms_per_step": trained["ms_per_step"],
-        "trainable_params": trained["trainable_params"], "total_params": trained["total_params"],
-        "dtype": trained["dtype"], "files": published["files"], "output_dir": str(out),
-        "merged_preset": published["merged_preset"], "lora_weights": published["lora_weights"],
-        "samples": published["samples"], "env_seen": trained["env_seen"],
+        "metric": metrics["metric"],
+        "before": metrics["before"],
+        "after": metrics["after"],
+        "metrics": metrics,
+        "sizes": prepared["sizes"],
+        "token_stats": trained["token_stats"],
+        "caller_lengths": lengths,
+        "history": trained["history"],
+        "epochs_run": trained["epochs_run"],
+        "resumed_from_epoch": trained["resumed_from_epoch"],
+        "ms_per_step": trained["ms_per_step"],
+        "trainable_params": trained["trainable_params"],
+        "total_params": trained["total_params"],
+        "dtype": trained["dtype"],
+        "files": published["files"],
+        "output_dir": str(out),
+        "merged_preset": published["merged_preset"],
+        "lora_weights": published["lora_weights"],
+        "samples": published["samples"],
+        "env_seen": trained["env_seen"],
     }
 
 
@@ -357,15 +444,44 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--retrain", action="store_true", help="train even if a cached result exists")
     parser.add_argument("--download-merged-preset", action="store_true")
     args = parser.parse_args(argv)
-    result = gemma_lora(dataset=args.dataset, data_path=args.data_path, preset=args.preset, lora_rank=args.lora_rank,
-                        sequence_length=args.sequence_length, epochs=args.epochs, batch_size=args.batch_size,
-                        learning_rate=args.learning_rate, accelerator=args.accelerator, max_examples=args.max_examples,
-                        max_eval_examples=args.max_eval_examples, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                        output_dir=args.output_dir, retrain=args.retrain,
-                        download_merged_preset=args.download_merged_preset)
-    print(json.dumps({k: result[k] for k in ("metric", "before", "after", "sizes", "epochs_run", "ms_per_step",
-                                             "trainable_params", "total_params", "merged_preset", "output_dir")},
-                     indent=1))
+    result = gemma_lora(
+        dataset=args.dataset,
+        data_path=args.data_path,
+        preset=args.preset,
+        lora_rank=args.lora_rank,
+        sequence_length=args.sequence_length,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        accelerator=args.accelerator,
+        max_examples=args.max_examples,
+        max_eval_examples=args.max_eval_examples,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        output_dir=args.output_dir,
+        retrain=args.retrain,
+        download_merged_preset=args.download_merged_preset,
+    )
+    print(
+        json.dumps(
+            {
+                k: result[k]
+                for k in (
+                    "metric",
+                    "before",
+                    "after",
+                    "sizes",
+                    "epochs_run",
+                    "ms_per_step",
+                    "trainable_params",
+                    "total_params",
+                    "merged_preset",
+                    "output_dir",
+                )
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -83,26 +83,46 @@ _GPU_TABLE: list[tuple[str, str, dict[int, str], tuple[str, ...]]] = [
     ("t4", "nvidia-tesla-t4", {1: "n1-standard-8", 2: "n1-standard-16", 4: "n1-standard-32"}, ()),
     ("p4", "nvidia-tesla-p4", {1: "n1-standard-8", 2: "n1-standard-16", 4: "n1-standard-32"}, ()),
     ("p100", "nvidia-tesla-p100", {1: "n1-standard-8", 2: "n1-standard-16", 4: "n1-standard-32"}, ()),
-    ("v100", "nvidia-tesla-v100",
-     {1: "n1-standard-8", 2: "n1-standard-16", 4: "n1-standard-32", 8: "n1-standard-64"}, ()),
-    ("l4", "nvidia-l4",
-     {1: "g2-standard-8", 2: "g2-standard-24", 4: "g2-standard-48", 8: "g2-standard-96"},
-     ("gpu",)),  # plain "gpu" means the cheap, widely available L4
-    ("a100", "nvidia-tesla-a100",
-     {1: "a2-highgpu-1g", 2: "a2-highgpu-2g", 4: "a2-highgpu-4g", 8: "a2-highgpu-8g",
-      16: "a2-megagpu-16g"}, ("a100-40gb",)),
-    ("a100-80gb", "nvidia-a100-80gb",
-     {1: "a2-ultragpu-1g", 2: "a2-ultragpu-2g", 4: "a2-ultragpu-4g", 8: "a2-ultragpu-8g"}, ()),
-    ("h100", "nvidia-h100-80gb",
-     {1: "a3-highgpu-1g", 2: "a3-highgpu-2g", 4: "a3-highgpu-4g", 8: "a3-highgpu-8g"},
-     ("h100-80gb",)),
+    (
+        "v100",
+        "nvidia-tesla-v100",
+        {1: "n1-standard-8", 2: "n1-standard-16", 4: "n1-standard-32", 8: "n1-standard-64"},
+        (),
+    ),
+    (
+        "l4",
+        "nvidia-l4",
+        {1: "g2-standard-8", 2: "g2-standard-24", 4: "g2-standard-48", 8: "g2-standard-96"},
+        ("gpu",),
+    ),  # plain "gpu" means the cheap, widely available L4
+    (
+        "a100",
+        "nvidia-tesla-a100",
+        {1: "a2-highgpu-1g", 2: "a2-highgpu-2g", 4: "a2-highgpu-4g", 8: "a2-highgpu-8g", 16: "a2-megagpu-16g"},
+        ("a100-40gb",),
+    ),
+    (
+        "a100-80gb",
+        "nvidia-a100-80gb",
+        {1: "a2-ultragpu-1g", 2: "a2-ultragpu-2g", 4: "a2-ultragpu-4g", 8: "a2-ultragpu-8g"},
+        (),
+    ),
+    (
+        "h100",
+        "nvidia-h100-80gb",
+        {1: "a3-highgpu-1g", 2: "a3-highgpu-2g", 4: "a3-highgpu-4g", 8: "a3-highgpu-8g"},
+        ("h100-80gb",),
+    ),
     ("h100-mega", "nvidia-h100-mega-80gb", {8: "a3-megagpu-8g"}, ("h100-mega-80gb",)),
     ("h200", "nvidia-h200-141gb", {8: "a3-ultragpu-8g"}, ("h200-141gb",)),
     ("b200", "nvidia-b200", {8: "a4-highgpu-8g"}, ()),
     ("gb200", "nvidia-gb200", {4: "a4x-highgpu-4g"}, ()),
-    ("rtx-pro-6000", "nvidia-rtx-pro-6000",
-     {1: "g4-standard-48", 2: "g4-standard-96", 4: "g4-standard-192", 8: "g4-standard-384"},
-     ("rtx-pro", "rtxpro6000")),
+    (
+        "rtx-pro-6000",
+        "nvidia-rtx-pro-6000",
+        {1: "g4-standard-48", 2: "g4-standard-96", 4: "g4-standard-192", 8: "g4-standard-384"},
+        ("rtx-pro", "rtxpro6000"),
+    ),
 ]
 
 # --------------------------------------------------------------------------
@@ -139,20 +159,52 @@ class _TpuFamily:
 
 
 _TPU_TABLE = [
-    _TpuFamily("tpu-v4", "tpu-v4-podslice", 2, (("2x2x1", "ct4p-hightpu-4t"),),
-               "ct4p-hightpu-4t", tuple(_CUBE_SHAPES), ("v4", "tpu-v4-podslice")),
-    _TpuFamily("tpu-v5litepod", "tpu-v5-lite-podslice", 1,
-               (("1x1", "ct5lp-hightpu-1t"), ("2x2", "ct5lp-hightpu-4t"), ("2x4", "ct5lp-hightpu-8t")),
-               "ct5lp-hightpu-4t", tuple(_PLANE_SHAPES),
-               ("v5e", "tpu-v5e", "v5litepod", "v5lite", "tpu-v5-lite-podslice")),
-    _TpuFamily("tpu-v5p", "tpu-v5p-slice", 2, (("2x2x1", "ct5p-hightpu-4t"),),
-               "ct5p-hightpu-4t", tuple(_CUBE_SHAPES), ("v5p", "tpu-v5p-slice")),
-    _TpuFamily("tpu-v6e", "tpu-v6e-slice", 1,
-               (("1x1", "ct6e-standard-1t"), ("2x2", "ct6e-standard-4t"), ("2x4", "ct6e-standard-8t")),
-               "ct6e-standard-4t", tuple(_PLANE_SHAPES), ("v6e", "tpu-v6e-slice", "trillium"), ("2x4",)),
-    _TpuFamily("tpu7x", "tpu7x", 2, (("2x2x1", "tpu7x-standard-4t"),),
-               "tpu7x-standard-4t", tuple(_CUBE_SHAPES),
-               ("v7x", "tpu-v7x", "tpu-7x", "ironwood")),
+    _TpuFamily(
+        "tpu-v4",
+        "tpu-v4-podslice",
+        2,
+        (("2x2x1", "ct4p-hightpu-4t"),),
+        "ct4p-hightpu-4t",
+        tuple(_CUBE_SHAPES),
+        ("v4", "tpu-v4-podslice"),
+    ),
+    _TpuFamily(
+        "tpu-v5litepod",
+        "tpu-v5-lite-podslice",
+        1,
+        (("1x1", "ct5lp-hightpu-1t"), ("2x2", "ct5lp-hightpu-4t"), ("2x4", "ct5lp-hightpu-8t")),
+        "ct5lp-hightpu-4t",
+        tuple(_PLANE_SHAPES),
+        ("v5e", "tpu-v5e", "v5litepod", "v5lite", "tpu-v5-lite-podslice"),
+    ),
+    _TpuFamily(
+        "tpu-v5p",
+        "tpu-v5p-slice",
+        2,
+        (("2x2x1", "ct5p-hightpu-4t"),),
+        "ct5p-hightpu-4t",
+        tuple(_CUBE_SHAPES),
+        ("v5p", "tpu-v5p-slice"),
+    ),
+    _TpuFamily(
+        "tpu-v6e",
+        "tpu-v6e-slice",
+        1,
+        (("1x1", "ct6e-standard-1t"), ("2x2", "ct6e-standard-4t"), ("2x4", "ct6e-standard-8t")),
+        "ct6e-standard-4t",
+        tuple(_PLANE_SHAPES),
+        ("v6e", "tpu-v6e-slice", "trillium"),
+        ("2x4",),
+    ),
+    _TpuFamily(
+        "tpu7x",
+        "tpu7x",
+        2,
+        (("2x2x1", "tpu7x-standard-4t"),),
+        "tpu7x-standard-4t",
+        tuple(_CUBE_SHAPES),
+        ("v7x", "tpu-v7x", "tpu-7x", "ironwood"),
+    ),
 ]
 
 
@@ -179,8 +231,7 @@ def _build() -> tuple[list[AcceleratorSpec], dict[str, list[AcceleratorSpec]], d
 
     for short, label, machines, extra in _GPU_TABLE:
         members = [
-            AcceleratorSpec(short if n == 1 else f"{short}x{n}", "gpu", n, label, None, n, 1,
-                            "nvidia.com/gpu", machine)
+            AcceleratorSpec(short if n == 1 else f"{short}x{n}", "gpu", n, label, None, n, 1, "nvidia.com/gpu", machine)
             for n, machine in sorted(machines.items())
         ]
         keys = [short, label, label.removeprefix("nvidia-"), *extra]
@@ -194,14 +245,34 @@ def _build() -> tuple[list[AcceleratorSpec], dict[str, list[AcceleratorSpec]], d
         members = []
         for topology, machine, per_host in shapes:
             chips = _topology_chips(topology)
-            members.append(AcceleratorSpec(
-                f"{fam.prefix}-{chips * fam.cores_per_chip}", "tpu", chips, fam.label, topology,
-                per_host, chips // per_host, "google.com/tpu", machine))
+            members.append(
+                AcceleratorSpec(
+                    f"{fam.prefix}-{chips * fam.cores_per_chip}",
+                    "tpu",
+                    chips,
+                    fam.label,
+                    topology,
+                    per_host,
+                    chips // per_host,
+                    "google.com/tpu",
+                    machine,
+                )
+            )
         for topology in fam.multi_host_too:
             chips = _topology_chips(topology)
-            members.append(AcceleratorSpec(
-                f"{fam.prefix}-{chips * fam.cores_per_chip}-{chips // 4}hosts", "tpu", chips, fam.label, topology,
-                4, chips // 4, "google.com/tpu", fam.multi_host_machine))
+            members.append(
+                AcceleratorSpec(
+                    f"{fam.prefix}-{chips * fam.cores_per_chip}-{chips // 4}hosts",
+                    "tpu",
+                    chips,
+                    fam.label,
+                    topology,
+                    4,
+                    chips // 4,
+                    "google.com/tpu",
+                    fam.multi_host_machine,
+                )
+            )
         add_family([fam.prefix, *fam.spellings], members)
 
     for spec in specs:
@@ -230,8 +301,7 @@ def _unknown(raw: str, key: str, family: list[AcceleratorSpec] | None = None) ->
     if family and family[0].family == "tpu":
         fam = next(f for f in _TPU_TABLE if f.label == family[0].gke_accelerator)
         if fam.cores_per_chip > 1:
-            msg += (f" ({fam.prefix} names count TensorCores, {fam.cores_per_chip} per chip:"
-                    f" {fam.prefix}-8 is 4 chips.)")
+            msg += f" ({fam.prefix} names count TensorCores, {fam.cores_per_chip} per chip: {fam.prefix}-8 is 4 chips.)"
     return UnknownAcceleratorError(f"{msg} {_LIST_HINT}")
 
 
@@ -329,12 +399,16 @@ def host_count(spec: AcceleratorSpec, hosts: int | None = None) -> int:
     """How many hosts (job processes, pods) run one call: a multi-host slice's own count, else ``hosts``
     (``@kinetic_task(hosts=N)``: N processes of one ``jax.distributed`` group), else 1."""
     if hosts is not None and (isinstance(hosts, bool) or not isinstance(hosts, int) or hosts < 1):
-        raise ValueError(f"hosts={hosts!r}: a job runs on at least one host; leave hosts unset (1, or the "
-                         f"accelerator's own hosts) or give a whole number >= 1, e.g. hosts=2")
+        raise ValueError(
+            f"hosts={hosts!r}: a job runs on at least one host; leave hosts unset (1, or the "
+            f"accelerator's own hosts) or give a whole number >= 1, e.g. hosts=2"
+        )
     if spec.multi_host:
         if hosts not in (None, spec.hosts):
-            raise ValueError(f"hosts={hosts}: accelerator {spec.name!r} is a slice of {spec.hosts} hosts; "
-                             f"hosts={hosts} contradicts it: leave hosts unset, or pick the slice shape with "
-                             f"{hosts} hosts")
+            raise ValueError(
+                f"hosts={hosts}: accelerator {spec.name!r} is a slice of {spec.hosts} hosts; "
+                f"hosts={hosts} contradicts it: leave hosts unset, or pick the slice shape with "
+                f"{hosts} hosts"
+            )
         return spec.hosts
     return hosts or 1

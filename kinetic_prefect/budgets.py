@@ -24,7 +24,7 @@ def flow_budget(tags: list[str] | set[str] | tuple[str, ...]) -> float | None:
     """The budget a flow run's tags give (``kinetic-max-cost-usd:25``), or None."""
     for tag in tags or ():
         if tag.startswith(FLOW_BUDGET_TAG_PREFIX):
-            raw = tag[len(FLOW_BUDGET_TAG_PREFIX):]
+            raw = tag[len(FLOW_BUDGET_TAG_PREFIX) :]
             try:
                 value = float(raw)
             except ValueError:
@@ -43,7 +43,8 @@ def check_priced(spec: accelerators.AcceleratorSpec, budget: float | None, pool_
         raise cost.PriceTableError(
             f"max_cost_usd={budget:g}: pool {pool_name!r} has no {kind} price for accelerator {spec.name!r}, so the "
             f"budget could not be enforced. Give the pool one, e.g. `kinetic-prefect pool-set {pool_name} "
-            f"'prices={{\"{spec.name}\": {{\"on_demand\": 0.5, \"spot\": 0.2}}}}'`, or drop max_cost_usd.")
+            f'\'prices={{"{spec.name}": {{"on_demand": 0.5, "spot": 0.2}}}}\'`, or drop max_cost_usd.'
+        )
 
 
 async def call_budget(client: Any, task_budget: float | None, pool: Any, pool_variables: set[str]) -> float | None:
@@ -52,8 +53,11 @@ async def call_budget(client: Any, task_budget: float | None, pool: Any, pool_va
 
     from kinetic_prefect import _prefect
 
-    budget = task_budget if task_budget is not None else cost.check_budget(
-        _prefect.pool_default(pool, "max_cost_usd"), what=f"pool {pool.name!r}'s max_cost_usd")
+    budget = (
+        task_budget
+        if task_budget is not None
+        else cost.check_budget(_prefect.pool_default(pool, "max_cost_usd"), what=f"pool {pool.name!r}'s max_cost_usd")
+    )
     context = FlowRunContext.get()
     flow_run = context.flow_run if context is not None else None
     limit = flow_budget(flow_run.tags) if flow_run is not None else None
@@ -63,13 +67,17 @@ async def call_budget(client: Any, task_budget: float | None, pool: Any, pool_va
         spent = (await flow_cost(client, flow_run.id)).total_usd
         left = limit - spent
         if left <= 0:
-            raise BudgetExceeded(f"flow run {flow_run.name!r}: budget of ${limit:g} reached (its kinetic calls cost "
-                                 f"${spent:.4f}); no further call starts")
+            raise BudgetExceeded(
+                f"flow run {flow_run.name!r}: budget of ${limit:g} reached (its kinetic calls cost "
+                f"${spent:.4f}); no further call starts"
+            )
         budget = left if budget is None else min(budget, left)
     if budget is not None and "max_cost_usd" not in pool_variables:
-        raise ValueError(f"max_cost_usd={budget:g}: pool {pool.name!r} (type {pool.type!r}) cannot enforce a budget: "
-                         f"its base job template has no `max_cost_usd` variable (made before budgets). Update it, e.g. "
-                         f"`prefect work-pool update {pool.name} --base-job-template work_pools/{pool.type}.json`.")
+        raise ValueError(
+            f"max_cost_usd={budget:g}: pool {pool.name!r} (type {pool.type!r}) cannot enforce a budget: "
+            f"its base job template has no `max_cost_usd` variable (made before budgets). Update it, e.g. "
+            f"`prefect work-pool update {pool.name} --base-job-template work_pools/{pool.type}.json`."
+        )
     return budget
 
 

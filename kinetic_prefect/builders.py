@@ -43,8 +43,17 @@ if TYPE_CHECKING:  # pragma: no cover
     from google.cloud.devtools import cloudbuild_v1
 
 __all__ = [
-    "CloudBuildBuilder", "DockerBuilder", "ImageBuildError", "ImageBuilder", "PrebuiltImage",
-    "build_context", "builder_from_settings", "context_archive", "dockerfile", "image_name", "requirements_lines",
+    "CloudBuildBuilder",
+    "DockerBuilder",
+    "ImageBuildError",
+    "ImageBuilder",
+    "PrebuiltImage",
+    "build_context",
+    "builder_from_settings",
+    "context_archive",
+    "dockerfile",
+    "image_name",
+    "requirements_lines",
 ]
 
 IMAGE_NAME = "kinetic"
@@ -178,8 +187,9 @@ def _context_files(spec: ImageSpec, base_image: str | None, extra_files: dict[st
     return dict(sorted(files.items()))
 
 
-def build_context(spec: ImageSpec, dest: Path, *, base_image: str | None = None,
-                  extra_files: dict[str, bytes] | None = None) -> Path:
+def build_context(
+    spec: ImageSpec, dest: Path, *, base_image: str | None = None, extra_files: dict[str, bytes] | None = None
+) -> Path:
     """Write the Docker build context for ``spec`` into ``dest`` and return ``dest``.
 
     ``base_image`` is used when ``spec.base_image`` is unset (default ``python:<spec.python>-slim``).
@@ -193,8 +203,9 @@ def build_context(spec: ImageSpec, dest: Path, *, base_image: str | None = None,
     return dest
 
 
-def context_archive(spec: ImageSpec, *, base_image: str | None = None,
-                    extra_files: dict[str, bytes] | None = None) -> bytes:
+def context_archive(
+    spec: ImageSpec, *, base_image: str | None = None, extra_files: dict[str, bytes] | None = None
+) -> bytes:
     """The build context as a reproducible tar.gz (fixed order, owners, modes and times): Cloud Build's source."""
     buffer = io.BytesIO()
     with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tar:
@@ -230,12 +241,14 @@ def _is_loopback(host: str) -> bool:
     return name.strip("[]") in ("localhost", "127.0.0.1", "::1") or name.startswith("127.")
 
 
-_MANIFEST_TYPES = ", ".join([
-    "application/vnd.docker.distribution.manifest.v2+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.oci.image.index.v1+json",
-])
+_MANIFEST_TYPES = ", ".join(
+    [
+        "application/vnd.docker.distribution.manifest.v2+json",
+        "application/vnd.docker.distribution.manifest.list.v2+json",
+        "application/vnd.oci.image.manifest.v1+json",
+        "application/vnd.oci.image.index.v1+json",
+    ]
+)
 
 
 class DockerBuilder:
@@ -245,8 +258,15 @@ class DockerBuilder:
     host's own network setup); ``extra_files`` go into the image first (see :func:`build_context`).
     """
 
-    def __init__(self, repository: str, *, base_image: str | None = None, docker: str = "docker",
-                 network: str | None = None, extra_files: dict[str, bytes] | None = None):
+    def __init__(
+        self,
+        repository: str,
+        *,
+        base_image: str | None = None,
+        docker: str = "docker",
+        network: str | None = None,
+        extra_files: dict[str, bytes] | None = None,
+    ):
         self.repository = repository.rstrip("/")
         self.base_image = base_image
         self.docker = docker
@@ -259,8 +279,9 @@ class DockerBuilder:
         any other through ``docker manifest inspect``, which uses the CLI's credentials."""
         host, path, tag = _split_image(image)
         if _is_loopback(host):
-            request = urllib.request.Request(f"http://{host}/v2/{path}/manifests/{tag}", method="HEAD",
-                                             headers={"Accept": _MANIFEST_TYPES})
+            request = urllib.request.Request(
+                f"http://{host}/v2/{path}/manifests/{tag}", method="HEAD", headers={"Accept": _MANIFEST_TYPES}
+            )
             try:
                 with urllib.request.urlopen(request, timeout=30):
                     return True
@@ -280,8 +301,15 @@ class DockerBuilder:
     def _run(self, args: list[str], log: Callable[[str], None], image: str) -> None:
         """Run a docker command, passing each output line to ``log``; on failure raise with the last lines."""
         tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                text=True, errors="replace", bufsize=1)
+        proc = subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            bufsize=1,
+        )
         assert proc.stdout is not None
         with proc:
             for line in proc.stdout:
@@ -290,8 +318,10 @@ class DockerBuilder:
                 log(line)
         if proc.returncode != 0:
             text = "\n".join(tail)
-            raise ImageBuildError(f"`{' '.join(args[:2])}` failed with exit status {proc.returncode} for {image}; "
-                                  f"last output:\n{text}", log_tail=text)
+            raise ImageBuildError(
+                f"`{' '.join(args[:2])}` failed with exit status {proc.returncode} for {image}; last output:\n{text}",
+                log_tail=text,
+            )
 
     def ensure(self, spec: ImageSpec, log: Callable[[str], None] = print) -> str:
         image = image_name(self.repository, spec)
@@ -327,14 +357,28 @@ class CloudBuildBuilder:
 
     TERMINAL = ("SUCCESS", "FAILURE", "INTERNAL_ERROR", "TIMEOUT", "CANCELLED", "EXPIRED")
 
-    def __init__(self, project: str, region: str, repository: str, staging_bucket: str, *,
-                 base_image: str | None = None, timeout_seconds: int = 3600, machine_type: str | None = None,
-                 build_client=None, registry_client=None, storage_client=None, poll_seconds: float = 3.0,
-                 extra_files: dict[str, bytes] | None = None, credentials=None):
+    def __init__(
+        self,
+        project: str,
+        region: str,
+        repository: str,
+        staging_bucket: str,
+        *,
+        base_image: str | None = None,
+        timeout_seconds: int = 3600,
+        machine_type: str | None = None,
+        build_client=None,
+        registry_client=None,
+        storage_client=None,
+        poll_seconds: float = 3.0,
+        extra_files: dict[str, bytes] | None = None,
+        credentials=None,
+    ):
         self.project, self.region = project, region
         self.credentials = credentials
-        self.repository = (repository if "/" in repository
-                           else f"{region}-docker.pkg.dev/{project}/{repository}").rstrip("/")
+        self.repository = (
+            repository if "/" in repository else f"{region}-docker.pkg.dev/{project}/{repository}"
+        ).rstrip("/")
         bucket_url = staging_bucket.removeprefix("gs://").strip("/")
         self.staging_bucket, _, prefix = bucket_url.partition("/")
         self.staging_prefix = f"{prefix}/kinetic-builds" if prefix else "kinetic-builds"
@@ -384,8 +428,7 @@ class CloudBuildBuilder:
         if not match or len(parts) < 3:
             raise ValueError(f"{image!r} is not an Artifact Registry image (LOCATION-docker.pkg.dev/PROJECT/REPO/...)")
         package = urllib.parse.quote("/".join(parts[2:]), safe="")
-        return (f"projects/{parts[0]}/locations/{match.group(1)}/repositories/{parts[1]}"
-                f"/packages/{package}/tags/{tag}")
+        return f"projects/{parts[0]}/locations/{match.group(1)}/repositories/{parts[1]}/packages/{package}/tags/{tag}"
 
     def exists(self, image: str) -> bool:
         from google.api_core.exceptions import NotFound
@@ -403,8 +446,9 @@ class CloudBuildBuilder:
     def logs_url(self) -> str:
         return f"gs://{self.staging_bucket}/{self.staging_prefix}/logs"
 
-    def build_request(self, spec: ImageSpec, source_object: str, *,
-                      source_generation: int | None = None) -> cloudbuild_v1.Build:
+    def build_request(
+        self, spec: ImageSpec, source_object: str, *, source_generation: int | None = None
+    ) -> cloudbuild_v1.Build:
         """The Build: one ``docker build`` step on the uploaded context; Cloud Build pushes ``images`` itself."""
         from google.cloud.devtools import cloudbuild_v1
 
@@ -412,12 +456,15 @@ class CloudBuildBuilder:
         options = cloudbuild_v1.BuildOptions(logging=cloudbuild_v1.BuildOptions.LoggingMode.GCS_ONLY)
         if self.machine_type:
             options.machine_type = cloudbuild_v1.BuildOptions.MachineType[  # type: ignore[misc]  # an Enum
-                self.machine_type.upper().replace("-", "_")]
+                self.machine_type.upper().replace("-", "_")
+            ]
         return cloudbuild_v1.Build(
-            source=cloudbuild_v1.Source(storage_source=cloudbuild_v1.StorageSource(
-                bucket=self.staging_bucket, object_=source_object, generation=source_generation or 0)),
-            steps=[cloudbuild_v1.BuildStep(name="gcr.io/cloud-builders/docker",
-                                           args=["build", "--tag", image, "."])],
+            source=cloudbuild_v1.Source(
+                storage_source=cloudbuild_v1.StorageSource(
+                    bucket=self.staging_bucket, object_=source_object, generation=source_generation or 0
+                )
+            ),
+            steps=[cloudbuild_v1.BuildStep(name="gcr.io/cloud-builders/docker", args=["build", "--tag", image, "."])],
             images=[image],
             timeout=timedelta(seconds=self.timeout_seconds),
             logs_bucket=self.logs_url,
@@ -435,13 +482,20 @@ class CloudBuildBuilder:
         archive = context_archive(spec, base_image=self.base_image, extra_files=self.extra_files)
         blob = self.storage_client.bucket(self.staging_bucket).blob(self.source_object(spec))
         blob.upload_from_string(archive, content_type="application/gzip")
-        log(f"kinetic: uploaded the build context to gs://{self.staging_bucket}/{blob.name} "
-            f"(sha256 {hashlib.sha256(archive).hexdigest()[:12]})")
-        operation = self.build_client.create_build(request=cloudbuild_v1.CreateBuildRequest(
-            parent=self.parent, build=self.build_request(spec, blob.name, source_generation=blob.generation)))
+        log(
+            f"kinetic: uploaded the build context to gs://{self.staging_bucket}/{blob.name} "
+            f"(sha256 {hashlib.sha256(archive).hexdigest()[:12]})"
+        )
+        operation = self.build_client.create_build(
+            request=cloudbuild_v1.CreateBuildRequest(
+                parent=self.parent, build=self.build_request(spec, blob.name, source_generation=blob.generation)
+            )
+        )
         build = operation.metadata.build
-        log(f"kinetic: Cloud Build {build.id} is building {image}"
-            + (f"; logs: {build.log_url}" if build.log_url else ""))
+        log(
+            f"kinetic: Cloud Build {build.id} is building {image}"
+            + (f"; logs: {build.log_url}" if build.log_url else "")
+        )
         from kinetic_prefect.progress import line
 
         log(line(0, 1, f"image {image}: Cloud Build {build.id} running"))
@@ -449,8 +503,9 @@ class CloudBuildBuilder:
             build, tail = self._wait(build.id, log)
         except BaseException:  # interrupted or the API failed: do not leave a build running for nothing
             try:
-                self.build_client.cancel_build(request=cloudbuild_v1.CancelBuildRequest(
-                    name=f"{self.parent}/builds/{build.id}", id=build.id))
+                self.build_client.cancel_build(
+                    request=cloudbuild_v1.CancelBuildRequest(name=f"{self.parent}/builds/{build.id}", id=build.id)
+                )
             except Exception:
                 pass
             raise
@@ -461,7 +516,9 @@ class CloudBuildBuilder:
             raise ImageBuildError(
                 f"Cloud Build {build.id} for {image} ended {status}{detail}; "
                 f"full log: {build.log_url or self.logs_url}; last log lines:\n{text}",
-                build_id=build.id, log_tail=text)
+                build_id=build.id,
+                log_tail=text,
+            )
         log(line(1, 1, f"image {image}: built by Cloud Build {build.id}"))
         self.builds += 1
         return image
@@ -481,9 +538,11 @@ class CloudBuildBuilder:
                 reader.poll(final=True)  # lines written between the last read and the end
                 return build, list(reader.tail)
             if time.monotonic() > deadline:
-                raise ImageBuildError(f"Cloud Build {build_id} still {build.status.name} after "
-                                      f"{self.timeout_seconds + 3600} s", build_id=build_id,
-                                      log_tail="\n".join(reader.tail))
+                raise ImageBuildError(
+                    f"Cloud Build {build_id} still {build.status.name} after {self.timeout_seconds + 3600} s",
+                    build_id=build_id,
+                    log_tail="\n".join(reader.tail),
+                )
             time.sleep(self.poll_seconds)
 
 
@@ -522,9 +581,17 @@ class _LogTail:
 # ---------------------------------------------------------------------------------------------- configuration
 
 
-def builder_from_settings(repository: str, *, builder: str = "auto", project: str | None = None,
-                          region: str | None = None, staging_bucket: str | None = None,
-                          base_image: str | None = None, image: str | None = None, **options: Any) -> ImageBuilder:
+def builder_from_settings(
+    repository: str,
+    *,
+    builder: str = "auto",
+    project: str | None = None,
+    region: str | None = None,
+    staging_bucket: str | None = None,
+    base_image: str | None = None,
+    image: str | None = None,
+    **options: Any,
+) -> ImageBuilder:
     """The builder a work pool's settings describe.
 
     ``image`` set: :class:`PrebuiltImage`. ``builder="auto"``: Cloud Build for an Artifact Registry repository
@@ -544,8 +611,10 @@ def builder_from_settings(repository: str, *, builder: str = "auto", project: st
         location = match.group(1) if match else None
         region = region or ("global" if location in ("us", "europe", "asia") else location)
         if not (project and region and staging_bucket):
-            raise ValueError("Cloud Build needs a project, a region and a staging bucket "
-                             f"(repository={repository!r}, project={project!r}, region={region!r}, "
-                             f"staging_bucket={staging_bucket!r})")
+            raise ValueError(
+                "Cloud Build needs a project, a region and a staging bucket "
+                f"(repository={repository!r}, project={project!r}, region={region!r}, "
+                f"staging_bucket={staging_bucket!r})"
+            )
         return CloudBuildBuilder(project, region, repository, staging_bucket, base_image=base_image, **options)
     raise ValueError(f"unknown builder {builder!r}: use 'auto', 'docker' or 'cloudbuild'")

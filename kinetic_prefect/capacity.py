@@ -19,8 +19,8 @@ DEFAULT_PREEMPTION_RETRIES = 3
 DEFAULT_CAPACITY_WAIT_SECONDS = 300
 
 # What the cluster said about a pod that is not placed (JobStatus.capacity).
-NO_NODE_POOL = "no-node-pool"            # no node carries the accelerator: nothing will change by waiting
-INSUFFICIENT_CAPACITY = "insufficient"    # nodes exist but are full, or the autoscaler failed to add one
+NO_NODE_POOL = "no-node-pool"  # no node carries the accelerator: nothing will change by waiting
+INSUFFICIENT_CAPACITY = "insufficient"  # nodes exist but are full, or the autoscaler failed to add one
 
 # The reasons Kubernetes gives a pod's DisruptionTarget condition, said for a person.
 DISRUPTION_REASONS = {
@@ -33,8 +33,9 @@ DISRUPTION_REASONS = {
 GRACEFUL_SHUTDOWN_REASONS = ("Terminated", "Shutdown", "NodeShutdown")
 
 
-def choices(accelerator: str | AcceleratorSpec | Sequence[str | AcceleratorSpec],
-            hosts: int | None = None) -> list[AcceleratorSpec]:
+def choices(
+    accelerator: str | AcceleratorSpec | Sequence[str | AcceleratorSpec], hosts: int | None = None
+) -> list[AcceleratorSpec]:
     """Resolve one accelerator or a fallback list (a list, or names joined by commas), in order.
 
     Every name must be in the catalog, none twice, and every entry must run the same number of hosts: the body
@@ -58,16 +59,20 @@ def choices(accelerator: str | AcceleratorSpec | Sequence[str | AcceleratorSpec]
     seen: dict[str, int] = {}
     for index, spec in enumerate(specs):
         if label(spec) in seen:
-            raise ValueError(f"accelerator list {items!r} names {label(spec)!r} twice (positions {seen[label(spec)]}"
-                             f" and {index}): drop the repeat")
+            raise ValueError(
+                f"accelerator list {items!r} names {label(spec)!r} twice (positions {seen[label(spec)]}"
+                f" and {index}): drop the repeat"
+            )
         seen[label(spec)] = index
     counts = {label(spec): accelerators.host_count(spec, hosts) for spec in specs}
     if len(set(counts.values())) > 1:
         shown = ", ".join(f"{name}: {count}" for name, count in counts.items())
         multi = max(counts.values())
-        raise ValueError(f"accelerator list {items!r} mixes host counts ({shown}): one body cannot expect both. "
-                         f"List accelerators with the same hosts, or set hosts={multi} so every single-host entry "
-                         f"runs as a group of {multi} (a multi-host slice must have exactly that many hosts)")
+        raise ValueError(
+            f"accelerator list {items!r} mixes host counts ({shown}): one body cannot expect both. "
+            f"List accelerators with the same hosts, or set hosts={multi} so every single-host entry "
+            f"runs as a group of {multi} (a multi-host slice must have exactly that many hosts)"
+        )
     return specs
 
 
@@ -98,7 +103,7 @@ def _conditions(pod: dict[str, Any]) -> list[dict[str, Any]]:
 
 def oom_killed(pod: dict[str, Any]) -> bool:
     for status in (pod.get("status") or {}).get("containerStatuses") or []:
-        terminated = ((status.get("state") or {}).get("terminated") or {})
+        terminated = (status.get("state") or {}).get("terminated") or {}
         if terminated.get("reason") == "OOMKilled":
             return True
     return False
@@ -135,8 +140,12 @@ def job_disruption(job: dict[str, Any] | None) -> str | None:
     """The Job's own record of a disruption: a ``podFailurePolicy`` rule on ``DisruptionTarget`` matched (the
     record survives the pod, which the pod GC deletes with its node)."""
     for condition in ((job or {}).get("status") or {}).get("conditions") or []:
-        if condition.get("type") in ("Failed", "FailureTarget") and condition.get("status") == "True" \
-                and condition.get("reason") == "PodFailurePolicy" and "DisruptionTarget" in (condition.get("message") or ""):
+        if (
+            condition.get("type") in ("Failed", "FailureTarget")
+            and condition.get("status") == "True"
+            and condition.get("reason") == "PodFailurePolicy"
+            and "DisruptionTarget" in (condition.get("message") or "")
+        ):
             return f"its pod was disrupted [{condition.get('message')}]"
     return None
 
@@ -188,8 +197,11 @@ class CapacityPlan:
             return None
         if capacity == INSUFFICIENT_CAPACITY and waited_seconds < self.capacity_wait_seconds:
             return None
-        why = "no node pool has it" if capacity == NO_NODE_POOL else \
-            f"no capacity for {waited_seconds:.0f}s (capacity_wait_seconds={self.capacity_wait_seconds:g})"
+        why = (
+            "no node pool has it"
+            if capacity == NO_NODE_POOL
+            else f"no capacity for {waited_seconds:.0f}s (capacity_wait_seconds={self.capacity_wait_seconds:g})"
+        )
         self.attempts[-1].ended = why
         self.index += 1
         self.attempts.append(Attempt(label(self.current), self.current.spot))

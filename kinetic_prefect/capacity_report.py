@@ -22,8 +22,9 @@ def _read(store: Any, layout: RunLayout, key: bytes | None) -> CapacityRecord | 
         return None
 
 
-async def publish(store: Any, layout: RunLayout, key: bytes | None, run_name: str, logger: Any,
-                  task_run: Any) -> CapacityRecord | None:
+async def publish(
+    store: Any, layout: RunLayout, key: bytes | None, run_name: str, logger: Any, task_run: Any
+) -> CapacityRecord | None:
     record = await to_thread.run_sync(_read, store, layout, key)
     if record is None:
         return None
@@ -32,12 +33,19 @@ async def publish(store: Any, layout: RunLayout, key: bytes | None, run_name: st
     if task_run is not None and (record.preemptions or len(record.attempts) > 1):
         from prefect.artifacts import acreate_table_artifact
 
-        rows = [{"attempt": i + 1, "accelerator": a.get("accelerator"), "spot": a.get("spot"),
-                 "ended": a.get("ended") or ("ran" if i == len(record.attempts) - 1 else "")}
-                for i, a in enumerate(record.attempts)]
+        rows = [
+            {
+                "attempt": i + 1,
+                "accelerator": a.get("accelerator"),
+                "spot": a.get("spot"),
+                "ended": a.get("ended") or ("ran" if i == len(record.attempts) - 1 else ""),
+            }
+            for i, a in enumerate(record.attempts)
+        ]
         try:
-            await acreate_table_artifact(rows, key=None, description=f"Capacity of kinetic job {run_name}: "
-                                                                     f"{record.summary}")
+            await acreate_table_artifact(
+                rows, key=None, description=f"Capacity of kinetic job {run_name}: {record.summary}"
+            )
         except Exception:  # a report: never fails the call
             pass
     return record

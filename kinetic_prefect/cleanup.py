@@ -57,7 +57,10 @@ def active_runs() -> tuple[set[str], set[str], set[str]]:
     """(store run ids, checkpoint keys, flow run ids) of the kinetic job runs Prefect has as not final."""
     from prefect import get_client
     from prefect.client.schemas.filters import (
-        FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType, FlowRunFilterTags,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        FlowRunFilterTags,
     )
     from prefect.client.schemas.objects import StateType
 
@@ -69,9 +72,13 @@ def active_runs() -> tuple[set[str], set[str], set[str]]:
         offset = 0
         while True:
             page = client.read_flow_runs(
-                flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=["kinetic"]),
-                                              state=FlowRunFilterState(type=FlowRunFilterStateType(any_=unfinished))),
-                limit=200, offset=offset)
+                flow_run_filter=FlowRunFilter(
+                    tags=FlowRunFilterTags(all_=["kinetic"]),
+                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=unfinished)),
+                ),
+                limit=200,
+                offset=offset,
+            )
             for run in page:
                 env = (run.job_variables or {}).get("env") or {}
                 flow_runs.add(str(run.id))
@@ -95,8 +102,13 @@ def _job_processes_gone(record: dict) -> bool:
     return all(_process_start_ticks(int(h["pid"])) != h.get("start_ticks") for h in hosts if h.get("pid"))
 
 
-def find(store_root: Path, older_than_s: float, tmp_dir: Path | None = None, cache_dir: Path | None = None,
-         active: tuple[set[str], set[str], set[str]] | None = None) -> list[Leftover]:
+def find(
+    store_root: Path,
+    older_than_s: float,
+    tmp_dir: Path | None = None,
+    cache_dir: Path | None = None,
+    active: tuple[set[str], set[str], set[str]] | None = None,
+) -> list[Leftover]:
     """What ``cleanup`` would remove, oldest rule first."""
     run_ids, checkpoint_keys, flow_runs = active if active is not None else active_runs()
     cutoff = time.time() - older_than_s

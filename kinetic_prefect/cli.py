@@ -37,8 +37,14 @@ ClickException: Any = next(c for c in typer.BadParameter.__mro__ if c.__name__ =
 
 CATALOG_START, CATALOG_END = "<!-- catalog:start -->", "<!-- catalog:end -->"
 
-app = typer.Typer(name="kinetic-prefect", help="Helper commands for kinetic-prefect.", no_args_is_help=True,
-                  add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+app = typer.Typer(
+    name="kinetic-prefect",
+    help="Helper commands for kinetic-prefect.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
 
 
 def _console() -> Console:
@@ -57,8 +63,9 @@ def readme_with_catalog(text: str) -> str:
 
 @app.command("catalog")
 def catalog_command(
-    write_readme: Optional[Path] = typer.Option(None, "--write-readme", metavar="README",
-                                                help="rewrite the catalog section of this file"),
+    write_readme: Optional[Path] = typer.Option(
+        None, "--write-readme", metavar="README", help="rewrite the catalog section of this file"
+    ),
 ) -> None:
     """Print the accelerator catalog as a Markdown table (or write it into the README)."""
     if write_readme:
@@ -77,18 +84,35 @@ def accelerators_command(
     if family is not None and not specs:
         raise typer.BadParameter(f"{family!r}: choose cpu, gpu or tpu", param_hint="--family")
     if as_json:
-        rows = [{"name": s.name, "family": s.family, "chips": s.chips, "hosts": s.hosts,
-                 "chips_per_host": s.chips_per_host, "gke_accelerator": s.gke_accelerator,
-                 "tpu_topology": s.tpu_topology, "machine_type": s.machine_type,
-                 "node_selector": s.node_selector} for s in specs]
+        rows = [
+            {
+                "name": s.name,
+                "family": s.family,
+                "chips": s.chips,
+                "hosts": s.hosts,
+                "chips_per_host": s.chips_per_host,
+                "gke_accelerator": s.gke_accelerator,
+                "tpu_topology": s.tpu_topology,
+                "machine_type": s.machine_type,
+                "node_selector": s.node_selector,
+            }
+            for s in specs
+        ]
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
     table = Table(title="kinetic accelerator catalog (any name also takes :spot)")
     for column in ("name", "family", "chips", "hosts x chips/host", "GKE accelerator", "TPU topology", "machine type"):
         table.add_column(column, justify="right" if column == "chips" else "left", no_wrap=True)
     for s in specs:
-        table.add_row(s.name, s.family, str(s.chips), f"{s.hosts} x {s.chips_per_host}", s.gke_accelerator or "-",
-                      s.tpu_topology or "-", s.machine_type)
+        table.add_row(
+            s.name,
+            s.family,
+            str(s.chips),
+            f"{s.hosts} x {s.chips_per_host}",
+            s.gke_accelerator or "-",
+            s.tpu_topology or "-",
+            s.machine_type,
+        )
     console = _console()
     console.width = max(console.width, 120)
     console.print(table)
@@ -99,13 +123,18 @@ _SYMBOLS = {"ok": "[green]✓[/]", "fail": "[red]✗[/]", "warn": "[yellow]![/]"
 
 @app.command("doctor")
 def doctor_command(
-    pool: Optional[str] = typer.Option(None, "--pool", metavar="NAME",
-                                       help=f"the kinetic work pool (default: ${Env.WORK_POOL} or kinetic-local)"),
-    accelerator: Optional[List[str]] = typer.Option(None, "--accelerator", "-a", metavar="NAME",
-                                                    help="also check a node pool for this accelerator (repeatable)"),
+    pool: Optional[str] = typer.Option(
+        None, "--pool", metavar="NAME", help=f"the kinetic work pool (default: ${Env.WORK_POOL} or kinetic-local)"
+    ),
+    accelerator: Optional[List[str]] = typer.Option(
+        None, "--accelerator", "-a", metavar="NAME", help="also check a node pool for this accelerator (repeatable)"
+    ),
     store: Optional[str] = typer.Option(None, "--store", metavar="URL", help="check this store instead of the pool's"),
-    deployments: bool = typer.Option(False, "--deployments", help="also check every deployment with an active "
-                                                                   "schedule: its pools exist, a worker polls them"),
+    deployments: bool = typer.Option(
+        False,
+        "--deployments",
+        help="also check every deployment with an active schedule: its pools exist, a worker polls them",
+    ),
     as_json: bool = typer.Option(False, "--json", help="print the checks as JSON"),
 ) -> None:
     """Check that kinetic jobs can run here: Prefect API, work pool, store, and for GKE the cluster and images.
@@ -118,8 +147,10 @@ def doctor_command(
         sys.stdout.write(json.dumps(report.as_dict(), indent=2) + "\n")
     else:
         console = _console()
-        console.print(f"[bold]kinetic-prefect doctor[/]: pool {escape(report.pool)!s}"
-                      f" ({escape(report.pool_type or '?')}), store {escape(report.store or '?')}")
+        console.print(
+            f"[bold]kinetic-prefect doctor[/]: pool {escape(report.pool)!s}"
+            f" ({escape(report.pool_type or '?')}), store {escape(report.store or '?')}"
+        )
         width = max(len(c.name) for c in report.checks)
         for check in report.checks:
             console.print(f" {_SYMBOLS[check.status]} {escape(check.name.ljust(width))}  {escape(check.detail)}")
@@ -134,8 +165,9 @@ def doctor_command(
 @app.command("pool-set")
 def pool_set_command(
     pool: str = typer.Argument(..., help="work pool name"),
-    assignments: List[str] = typer.Argument(..., metavar="KEY=VALUE...",
-                                            help="job variable defaults (JSON values parse; KEY= clears)"),
+    assignments: List[str] = typer.Argument(
+        ..., metavar="KEY=VALUE...", help="job variable defaults (JSON values parse; KEY= clears)"
+    ),
 ) -> None:
     """Set defaults of a work pool's job variables, e.g. `pool-set gpu gcp_project=my-project store=gs://b/k`."""
     from prefect.exceptions import ObjectNotFound
@@ -154,21 +186,36 @@ def pool_set_command(
 
 @app.command("gke-worker-image")
 def gke_worker_image_command(
-    repository: str = typer.Option(..., "--repository", metavar="REPOSITORY",
-                                   help="where the image goes, e.g. us-docker.pkg.dev/PROJECT/REPO (the image is "
-                                        "REPOSITORY/kinetic-gke-worker:<version>-<digest>)"),
+    repository: str = typer.Option(
+        ...,
+        "--repository",
+        metavar="REPOSITORY",
+        help="where the image goes, e.g. us-docker.pkg.dev/PROJECT/REPO (the image is "
+        "REPOSITORY/kinetic-gke-worker:<version>-<digest>)",
+    ),
     push: bool = typer.Option(False, "--push", help="docker push the image after building it"),
-    base_image: Optional[str] = typer.Option(None, "--base-image", metavar="IMAGE",
-                                             help="the Dockerfile's BASE_IMAGE, Debian-based with Python >= 3.11 "
-                                                  "(default: the Dockerfile's, python:3.12-slim)"),
-    source: Optional[Path] = typer.Option(None, "--source", metavar="CHECKOUT",
-                                          help="the kinetic-prefect checkout to build (default: the one this "
-                                               "kinetic-prefect runs from)"),
-    network: Optional[str] = typer.Option(None, "--network", metavar="NETWORK",
-                                          help="passed to `docker build --network` (e.g. host)"),
-    ca_bundle: Optional[Path] = typer.Option(None, "--ca-bundle", metavar="FILE",
-                                             help="a CA bundle pip and uv trust during the build (behind a "
-                                                  "TLS-intercepting proxy); not kept in the image"),
+    base_image: Optional[str] = typer.Option(
+        None,
+        "--base-image",
+        metavar="IMAGE",
+        help="the Dockerfile's BASE_IMAGE, Debian-based with Python >= 3.11 "
+        "(default: the Dockerfile's, python:3.12-slim)",
+    ),
+    source: Optional[Path] = typer.Option(
+        None,
+        "--source",
+        metavar="CHECKOUT",
+        help="the kinetic-prefect checkout to build (default: the one this kinetic-prefect runs from)",
+    ),
+    network: Optional[str] = typer.Option(
+        None, "--network", metavar="NETWORK", help="passed to `docker build --network` (e.g. host)"
+    ),
+    ca_bundle: Optional[Path] = typer.Option(
+        None,
+        "--ca-bundle",
+        metavar="FILE",
+        help="a CA bundle pip and uv trust during the build (behind a TLS-intercepting proxy); not kept in the image",
+    ),
     docker: str = typer.Option("docker", "--docker", metavar="COMMAND", help="the docker CLI to use"),
     print_only: bool = typer.Option(False, "--print", help="only print the image reference; build nothing"),
 ) -> None:
@@ -183,8 +230,15 @@ def gke_worker_image_command(
             image = gke_worker_image.image_reference(repository, source, base_image)
         else:
             extra = gke_worker_image.ca_bundle_files(ca_bundle) if ca_bundle else None
-            image = gke_worker_image.build(repository, source=source, base_image=base_image, push=push,
-                                           docker=docker, network=network, extra_files=extra)
+            image = gke_worker_image.build(
+                repository,
+                source=source,
+                base_image=base_image,
+                push=push,
+                docker=docker,
+                network=network,
+                extra_files=extra,
+            )
     except (gke_worker_image.WorkerImageError, OSError) as exc:
         raise ClickException(str(exc)) from None
     sys.stdout.write(image + "\n")
@@ -193,13 +247,18 @@ def gke_worker_image_command(
 @app.command("gke-worker-manifests")
 def gke_worker_manifests_command(
     pool: str = typer.Option(..., "--pool"),
-    image: Optional[str] = typer.Option(None, "--image", help="the worker's image (default: the one "
-                                                              "`gke-worker-image --repository` builds)"),
-    repository: Optional[str] = typer.Option(None, "--repository", metavar="REPOSITORY",
-                                             help="name the image `gke-worker-image --repository REPOSITORY` "
-                                                  "builds from this checkout"),
-    base_image: Optional[str] = typer.Option(None, "--base-image", metavar="IMAGE",
-                                             help="the --base-image that image was built with"),
+    image: Optional[str] = typer.Option(
+        None, "--image", help="the worker's image (default: the one `gke-worker-image --repository` builds)"
+    ),
+    repository: Optional[str] = typer.Option(
+        None,
+        "--repository",
+        metavar="REPOSITORY",
+        help="name the image `gke-worker-image --repository REPOSITORY` builds from this checkout",
+    ),
+    base_image: Optional[str] = typer.Option(
+        None, "--base-image", metavar="IMAGE", help="the --base-image that image was built with"
+    ),
     source: Optional[Path] = typer.Option(None, "--source", metavar="CHECKOUT"),
     namespace: str = typer.Option("default", "--namespace"),
 ) -> None:
@@ -210,14 +269,17 @@ def gke_worker_manifests_command(
 
     if image is None:
         if repository is None:
-            raise typer.BadParameter("give --image IMAGE, or --repository REPOSITORY for the image "
-                                     "`kinetic-prefect gke-worker-image --repository REPOSITORY` builds",
-                                     param_hint="'--image'")
+            raise typer.BadParameter(
+                "give --image IMAGE, or --repository REPOSITORY for the image "
+                "`kinetic-prefect gke-worker-image --repository REPOSITORY` builds",
+                param_hint="'--image'",
+            )
         from kinetic_prefect.workers import gke_worker_image
 
         try:
-            image = gke_worker_image.image_reference(repository, source,
-                                                     base_image or gke_worker_image.DEFAULT_BASE_IMAGE)
+            image = gke_worker_image.image_reference(
+                repository, source, base_image or gke_worker_image.DEFAULT_BASE_IMAGE
+            )
         except gke_worker_image.WorkerImageError as exc:
             raise ClickException(f"{exc}; or give --image") from None
     sys.stdout.write(yaml.safe_dump_all(worker_manifests(pool, namespace=namespace, image=image), sort_keys=False))
@@ -225,8 +287,9 @@ def gke_worker_manifests_command(
 
 @app.command("cleanup")
 def cleanup_command(
-    store: Optional[str] = typer.Option(None, "--store", metavar="DIR", help=f"the local store (default: {Env.STORE} "
-                                        "or ~/.cache/kinetic-prefect/store)"),
+    store: Optional[str] = typer.Option(
+        None, "--store", metavar="DIR", help=f"the local store (default: {Env.STORE} or ~/.cache/kinetic-prefect/store)"
+    ),
     older_than: float = typer.Option(60.0, "--older-than", metavar="MINUTES", help="only what is at least this old"),
     yes: bool = typer.Option(False, "--yes", help="delete what is listed (without it: a dry run)"),
 ) -> None:
@@ -240,8 +303,10 @@ def cleanup_command(
     except ValueError as exc:
         raise ClickException(str(exc)) from None
     except Exception as exc:  # the API: without it, objects of running jobs cannot be told apart
-        raise ClickException(f"cannot read Prefect's unfinished kinetic runs ({type(exc).__name__}: {exc}); "
-                             "cleanup needs them to leave running jobs alone: check PREFECT_API_URL") from None
+        raise ClickException(
+            f"cannot read Prefect's unfinished kinetic runs ({type(exc).__name__}: {exc}); "
+            "cleanup needs them to leave running jobs alone: check PREFECT_API_URL"
+        ) from None
     leftovers = find(root, older_than * 60, active=active)
     sys.stdout.write(describe(leftovers, deleting=yes))
     if yes and leftovers:
@@ -272,22 +337,29 @@ def cost_command(
         raise ClickException(str(exc)) from None
     total = sum(r.total_usd for r in runs)
     if as_json:
-        sys.stdout.write(json.dumps({"total_usd": round(total, 6), "runs": [r.as_dict() for r in runs]}, indent=2)
-                         + "\n")
+        sys.stdout.write(
+            json.dumps({"total_usd": round(total, 6), "runs": [r.as_dict() for r in runs]}, indent=2) + "\n"
+        )
         return
     console = _console()
     console.width = max(console.width, 120)
     for run in runs:
-        table = Table(title=f"{run.name} ({run.flow_run_id}, {run.state or '?'}, started {run.start or '-'}): "
-                            f"${run.total_usd:.4f}"
-                            + (f", {run.unpriced_calls} unpriced" if run.unpriced_calls else ""))
+        table = Table(
+            title=f"{run.name} ({run.flow_run_id}, {run.state or '?'}, started {run.start or '-'}): "
+            f"${run.total_usd:.4f}" + (f", {run.unpriced_calls} unpriced" if run.unpriced_calls else "")
+        )
         for column in ("call", "accelerator", "spot", "hosts", "minutes", "$"):
             table.add_column(column, justify="right" if column in ("hosts", "minutes", "$") else "left")
         for call in run.calls:
             usd = call.get("usd")
-            table.add_row(escape(str(call.get("call"))), str(call.get("accelerator")),
-                          "yes" if call.get("spot") else "no", str(call.get("hosts")), f"{call.get('minutes') or 0:.2f}",
-                          "unpriced" if usd is None else f"${usd:.4f}")
+            table.add_row(
+                escape(str(call.get("call"))),
+                str(call.get("accelerator")),
+                "yes" if call.get("spot") else "no",
+                str(call.get("hosts")),
+                f"{call.get('minutes') or 0:.2f}",
+                "unpriced" if usd is None else f"${usd:.4f}",
+            )
         console.print(table)
     console.print(f"{len(runs)} flow run(s), ${total:.4f} in all")
 

@@ -68,16 +68,16 @@ GROUP_INDEX_TAG_PREFIX = "kinetic-group-index:"
 class Env:
     """Names of the variables a worker sets for the job (and the job sets for the function)."""
 
-    STORE = "KINETIC_STORE"                      # store URL: a local directory or gs://bucket/prefix
-    RUN_ID = "KINETIC_RUN_ID"                    # the run's id in the store (RunLayout)
-    FLOW_RUN_ID = "KINETIC_FLOW_RUN_ID"          # the job's Prefect flow run
+    STORE = "KINETIC_STORE"  # store URL: a local directory or gs://bucket/prefix
+    RUN_ID = "KINETIC_RUN_ID"  # the run's id in the store (RunLayout)
+    FLOW_RUN_ID = "KINETIC_FLOW_RUN_ID"  # the job's Prefect flow run
     PAYLOAD_SHA256 = "KINETIC_PAYLOAD_SHA256"
     CODE_KEY = "KINETIC_CODE_KEY"
     CODE_SHA256 = "KINETIC_CODE_SHA256"
     CHECKPOINT_KEY = "KINETIC_CHECKPOINT_KEY"
-    ACCELERATOR = "KINETIC_ACCELERATOR"          # the accelerator this attempt runs on (a fallback list's choice)
+    ACCELERATOR = "KINETIC_ACCELERATOR"  # the accelerator this attempt runs on (a fallback list's choice)
     ACCELERATOR_CHIPS = "KINETIC_ACCELERATOR_CHIPS"  # chips one host sees (0 on the CPU): size the batch by it
-    PREEMPTIONS = "KINETIC_PREEMPTIONS"          # how often this call was preempted before this attempt (0 first)
+    PREEMPTIONS = "KINETIC_PREEMPTIONS"  # how often this call was preempted before this attempt (0 first)
     # Set for the function by the runner:
     OUTPUT_DIR = "KINETIC_OUTPUT_DIR"
     CHECKPOINT_DIR = "KINETIC_CHECKPOINT_DIR"
@@ -97,7 +97,7 @@ class Env:
     # A multi-host group (a TPU slice of several hosts, or hosts=N on kinetic-local): one job process per host,
     # the same function on each; host 0 is the coordinator, whose return value is the result.
     NUM_HOSTS = "KINETIC_NUM_HOSTS"
-    HOST_INDEX = "KINETIC_HOST_INDEX"            # on GKE an Indexed Job's JOB_COMPLETION_INDEX stands in
+    HOST_INDEX = "KINETIC_HOST_INDEX"  # on GKE an Indexed Job's JOB_COMPLETION_INDEX stands in
     COORDINATOR_ADDRESS = "KINETIC_COORDINATOR_ADDRESS"  # host:port of host 0 (jax.distributed's coordinator)
     # The run's prefix in the store (``runs/<id>``): the name jobs of kinetic-prefect 0.1 read instead of RUN_ID.
     RUN_PREFIX = "KINETIC_RUN_PREFIX"
@@ -105,12 +105,12 @@ class Env:
     SIGNING_KEY = "KINETIC_SIGNING_KEY"
     SIGNED = "KINETIC_SIGNED"
     # Read on the caller's machine:
-    UNSIGNED_OK = "KINETIC_UNSIGNED_OK"                  # no warning about an unsigned store
-    WORK_POOL = "KINETIC_WORK_POOL"                      # the default work pool
-    CACHE_DIR = "KINETIC_CACHE_DIR"                      # kinetic-prefect's cache (environments, the local store)
+    UNSIGNED_OK = "KINETIC_UNSIGNED_OK"  # no warning about an unsigned store
+    WORK_POOL = "KINETIC_WORK_POOL"  # the default work pool
+    CACHE_DIR = "KINETIC_CACHE_DIR"  # kinetic-prefect's cache (environments, the local store)
     IN_PROCESS_CONCURRENCY = "KINETIC_IN_PROCESS_CONCURRENCY"
     EPHEMERAL_STARTUP_SECONDS = "KINETIC_EPHEMERAL_STARTUP_SECONDS"
-    PAYLOAD_CACHE = "KINETIC_PAYLOAD_CACHE"              # 0 turns the payload cache off
+    PAYLOAD_CACHE = "KINETIC_PAYLOAD_CACHE"  # 0 turns the payload cache off
     PAYLOAD_WARN_BYTES = "KINETIC_PAYLOAD_WARN_BYTES"
     # On the worker's machine: the project checkout a deployment's pull step changes into (steps.py).
     PROJECT_DIR = "KINETIC_PROJECT_DIR"
@@ -130,16 +130,24 @@ class WarmRunnerFiles:
     """The hand-over between a launcher and a warm runner (see warm_runner.py): files in the runner's control
     folder, except EXIT_STATUS, which the runner writes into the call's own job folder."""
 
-    IDLE = "idle"              # the runner waits for a call; the launcher claims it by renaming this to CLAIMED
+    IDLE = "idle"  # the runner waits for a call; the launcher claims it by renaming this to CLAIMED
     CLAIMED = "claimed"
-    LEAVING = "leaving"        # the runner's keep-warm time is over (renamed from IDLE, so no claim can race it)
-    CALL = "call.json"         # {"job_dir", "log", "env", "keep_warm_seconds"}
+    LEAVING = "leaving"  # the runner's keep-warm time is over (renamed from IDLE, so no claim can race it)
+    CALL = "call.json"  # {"job_dir", "log", "env", "keep_warm_seconds"}
     EXIT_STATUS = "exit_status"  # the call's runner exit status (EXIT_OUTCOME_RECORDED, EXIT_NO_OUTCOME...)
 
     # Variables that differ from call to call of one environment; every other one must match for a runner to
     # take a call (a variable read at import time, such as XLA_FLAGS, could not change in a running process).
-    PER_CALL_ENV = (Env.RUN_ID, Env.RUN_PREFIX, Env.PAYLOAD_SHA256, Env.CODE_KEY, Env.CODE_SHA256,
-                    Env.CHECKPOINT_KEY, Env.FLOW_RUN_ID, Env.ENV_BLOCK)
+    PER_CALL_ENV = (
+        Env.RUN_ID,
+        Env.RUN_PREFIX,
+        Env.PAYLOAD_SHA256,
+        Env.CODE_KEY,
+        Env.CODE_SHA256,
+        Env.CHECKPOINT_KEY,
+        Env.FLOW_RUN_ID,
+        Env.ENV_BLOCK,
+    )
     PER_CALL_ENV_PREFIXES = ("PREFECT__",)  # Prefect's own per-run variables (PREFECT__FLOW_RUN_ID...)
 
 
@@ -344,6 +352,7 @@ class Outcome:
         if self.completed:
             return f"Job finished in {self.duration_s:.2f}s"
         return f"Failed while {self.phase}: {self.error_type}: {self.message[:500]}"
+
 
 # --------------------------------------------------------------------------- Prefect API outages
 

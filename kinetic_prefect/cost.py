@@ -49,19 +49,32 @@ class JobCost:
     ended: bool = False
 
     def as_row(self, call: str) -> dict[str, Any]:
-        return {"call": call, "accelerator": self.accelerator, "spot": self.spot, "hosts": self.hosts,
-                "minutes": round(self.minutes, 4), "usd_per_hour": self.usd_per_hour,
-                "usd": None if self.usd is None else round(self.usd, 6), "price": self.price_source}
+        return {
+            "call": call,
+            "accelerator": self.accelerator,
+            "spot": self.spot,
+            "hosts": self.hosts,
+            "minutes": round(self.minutes, 4),
+            "usd_per_hour": self.usd_per_hour,
+            "usd": None if self.usd is None else round(self.usd, 6),
+            "price": self.price_source,
+        }
 
 
 def check_budget(max_cost_usd: Any, what: str = "max_cost_usd") -> float | None:
     """``max_cost_usd`` as a positive number, or None (no budget); anything else fails naming the fix."""
     if max_cost_usd is None:
         return None
-    if isinstance(max_cost_usd, bool) or not isinstance(max_cost_usd, (int, float)) or not math.isfinite(max_cost_usd) \
-            or max_cost_usd <= 0:
-        raise PriceTableError(f"{what}={max_cost_usd!r}: a budget is a positive number of US dollars, e.g. "
-                              f"{what}=2.5; leave it unset for no budget")
+    if (
+        isinstance(max_cost_usd, bool)
+        or not isinstance(max_cost_usd, (int, float))
+        or not math.isfinite(max_cost_usd)
+        or max_cost_usd <= 0
+    ):
+        raise PriceTableError(
+            f"{what}={max_cost_usd!r}: a budget is a positive number of US dollars, e.g. "
+            f"{what}=2.5; leave it unset for no budget"
+        )
     return float(max_cost_usd)
 
 
@@ -71,12 +84,16 @@ def _price_entry(name: str, raw: Any, origin: str) -> tuple[str, Price]:
     except accelerators.UnknownAcceleratorError as exc:
         raise PriceTableError(f"{origin}: entry {name!r}: {exc}") from None
     if not isinstance(raw, dict):
-        raise PriceTableError(f"{origin}: entry {name!r} must be an object such as "
-                              '{"on_demand": 0.85, "spot": 0.34, "unit": "host"}, not ' + repr(raw))
+        raise PriceTableError(
+            f"{origin}: entry {name!r} must be an object such as "
+            '{"on_demand": 0.85, "spot": 0.34, "unit": "host"}, not ' + repr(raw)
+        )
     unknown = set(raw) - {"on_demand", "spot", "unit", "source", "date", "note"}
     if unknown:
-        raise PriceTableError(f"{origin}: entry {name!r} has unknown field(s) {', '.join(sorted(unknown))} "
-                              "(known: on_demand, spot, unit, source, date, note)")
+        raise PriceTableError(
+            f"{origin}: entry {name!r} has unknown field(s) {', '.join(sorted(unknown))} "
+            "(known: on_demand, spot, unit, source, date, note)"
+        )
     figures = {}
     for kind in ("on_demand", "spot"):
         value = raw.get(kind)
@@ -85,10 +102,17 @@ def _price_entry(name: str, raw: Any, origin: str) -> tuple[str, Price]:
         figures[kind] = None if value is None else float(value)
     unit = raw.get("unit", "host")
     if unit not in ("host", "chip"):
-        raise PriceTableError(f"{origin}: entry {name!r}: unit={unit!r}; use \"host\" (a whole node) or \"chip\" "
-                              "(one TPU chip)")
-    return spec.name, Price(figures["on_demand"], figures["spot"], unit, source=str(raw.get("source") or origin),
-                            date=str(raw.get("date") or ""), note=str(raw.get("note") or ""))
+        raise PriceTableError(
+            f'{origin}: entry {name!r}: unit={unit!r}; use "host" (a whole node) or "chip" (one TPU chip)'
+        )
+    return spec.name, Price(
+        figures["on_demand"],
+        figures["spot"],
+        unit,
+        source=str(raw.get("source") or origin),
+        date=str(raw.get("date") or ""),
+        note=str(raw.get("note") or ""),
+    )
 
 
 def load_prices(value: Any, origin: str = "the pool's prices") -> dict[str, Price]:
@@ -103,16 +127,19 @@ def load_prices(value: Any, origin: str = "the pool's prices") -> dict[str, Pric
             try:
                 text = path.read_text()
             except OSError as exc:
-                raise PriceTableError(f"{origin}: cannot read price file {str(path)!r} ({exc.strerror or exc}); give "
-                                      "a JSON file's path or the JSON object itself") from None
+                raise PriceTableError(
+                    f"{origin}: cannot read price file {str(path)!r} ({exc.strerror or exc}); give "
+                    "a JSON file's path or the JSON object itself"
+                ) from None
             origin = f"price file {path}"
         try:
             value = json.loads(text)
         except ValueError as exc:
             raise PriceTableError(f"{origin}: not JSON ({exc})") from None
     if not isinstance(value, dict):
-        raise PriceTableError(f"{origin} must map accelerator names to prices, e.g. "
-                              '{"l4": {"on_demand": 0.85, "spot": 0.34}}')
+        raise PriceTableError(
+            f'{origin} must map accelerator names to prices, e.g. {{"l4": {{"on_demand": 0.85, "spot": 0.34}}}}'
+        )
     return dict(_price_entry(str(name), raw, origin) for name, raw in value.items())
 
 
@@ -144,14 +171,22 @@ def job_cost(spec: accelerators.AcceleratorSpec, spans: list[HostSpan], price: P
         usd = rate_total = None
     first = min((s.start for s in spans), default=now)
     last = max((s.end if s.end is not None else now for s in spans), default=now)
-    return JobCost(accelerator=spec.name, spot=spot, hosts=len(spans), minutes=max(0.0, last - first) / 60.0,
-                   host_minutes=sum(s.seconds(now) for s in spans) / 60.0, usd_per_hour=rate_total, usd=usd,
-                   price_source=(price.source if price is not None else "no price for this accelerator"),
-                   ended=bool(spans) and all(s.end is not None for s in spans))
+    return JobCost(
+        accelerator=spec.name,
+        spot=spot,
+        hosts=len(spans),
+        minutes=max(0.0, last - first) / 60.0,
+        host_minutes=sum(s.seconds(now) for s in spans) / 60.0,
+        usd_per_hour=rate_total,
+        usd=usd,
+        price_source=(price.source if price is not None else "no price for this accelerator"),
+        ended=bool(spans) and all(s.end is not None for s in spans),
+    )
 
 
-def seconds_to_budget(spec: accelerators.AcceleratorSpec, spans: list[HostSpan], price: Price | None,
-                      budget: float, now: float) -> float | None:
+def seconds_to_budget(
+    spec: accelerators.AcceleratorSpec, spans: list[HostSpan], price: Price | None, budget: float, now: float
+) -> float | None:
     """How long the running hosts can go on before the job's cost reaches ``budget`` (0: reached)."""
     current = job_cost(spec, spans, price, now)
     if current.usd is None or not current.usd_per_hour:
@@ -182,9 +217,22 @@ class FlowCost:
         return sum(row.get("usd") is None for row in self.rows)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"total_usd": round(self.total_usd, 6), "calls": len(self.rows), "unpriced_calls": self.unpriced,
-                "rows": self.rows}
+        return {
+            "total_usd": round(self.total_usd, 6),
+            "calls": len(self.rows),
+            "unpriced_calls": self.unpriced,
+            "rows": self.rows,
+        }
 
 
-__all__ = ["FlowCost", "HostSpan", "JobCost", "PriceTableError", "budget_message", "check_budget", "job_cost",
-           "load_prices", "price_for"]
+__all__ = [
+    "FlowCost",
+    "HostSpan",
+    "JobCost",
+    "PriceTableError",
+    "budget_message",
+    "check_budget",
+    "job_cost",
+    "load_prices",
+    "price_for",
+]

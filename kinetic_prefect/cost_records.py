@@ -16,8 +16,11 @@ async def job_cost_rows(client: Any, job_run_ids: list[UUID]) -> list[dict[str, 
 
     if not job_run_ids:
         return []
-    artifacts = await client.read_artifacts(artifact_filter=ArtifactFilter(
-        key=ArtifactFilterKey(any_=[JOB_COST_ARTIFACT_KEY]), flow_run_id=ArtifactFilterFlowRunId(any_=job_run_ids)))
+    artifacts = await client.read_artifacts(
+        artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=[JOB_COST_ARTIFACT_KEY]), flow_run_id=ArtifactFilterFlowRunId(any_=job_run_ids)
+        )
+    )
     rows: dict[UUID, dict[str, Any]] = {}
     for artifact in sorted(artifacts, key=lambda a: a.created or 0):
         try:
@@ -36,5 +39,7 @@ async def flow_cost(client: Any, parent_flow_run_id: UUID) -> cost.FlowCost:
 
     jobs = await client.read_flow_runs(
         flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent_flow_run_id])),
-        sort=FlowRunSort.START_TIME_ASC, limit=200)
+        sort=FlowRunSort.START_TIME_ASC,
+        limit=200,
+    )
     return cost.FlowCost(rows=await job_cost_rows(client, [job.id for job in jobs]))

@@ -23,14 +23,33 @@ class RunCost:
     calls: list[dict[str, Any]]
 
     def as_dict(self) -> dict[str, Any]:
-        return {"flow_run_id": self.flow_run_id, "name": self.name, "start": self.start, "state": self.state,
-                "total_usd": round(self.total_usd, 6), "unpriced_calls": self.unpriced_calls, "calls": self.calls}
+        return {
+            "flow_run_id": self.flow_run_id,
+            "name": self.name,
+            "start": self.start,
+            "state": self.state,
+            "total_usd": round(self.total_usd, 6),
+            "unpriced_calls": self.unpriced_calls,
+            "calls": self.calls,
+        }
 
 
-async def _select_runs(client: Any, flow_run_ids: list[str], deployment: str | None, flow_name: str | None,
-                       since: datetime | None, until: datetime | None, last: int) -> list[Any]:
+async def _select_runs(
+    client: Any,
+    flow_run_ids: list[str],
+    deployment: str | None,
+    flow_name: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    last: int,
+) -> list[Any]:
     from prefect.client.schemas.filters import (
-        DeploymentFilter, DeploymentFilterId, FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterId,
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterId,
         FlowRunFilterStartTime,
     )
     from prefect.client.schemas.sorting import FlowRunSort
@@ -39,8 +58,9 @@ async def _select_runs(client: Any, flow_run_ids: list[str], deployment: str | N
         try:
             ids = [UUID(i) for i in flow_run_ids]
         except ValueError:
-            raise ValueError(f"--flow-run {flow_run_ids!r}: give flow run ids (UUIDs, as `prefect flow-run ls` "
-                             "shows them)") from None
+            raise ValueError(
+                f"--flow-run {flow_run_ids!r}: give flow run ids (UUIDs, as `prefect flow-run ls` shows them)"
+            ) from None
         runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
         return sorted(runs, key=lambda r: ids.index(r.id))
     deployment_filter = None
@@ -53,14 +73,22 @@ async def _select_runs(client: Any, flow_run_ids: list[str], deployment: str | N
     runs = await client.read_flow_runs(
         flow_run_filter=FlowRunFilter(start_time=start) if start else None,
         flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])) if flow_name else None,
-        deployment_filter=deployment_filter, sort=FlowRunSort.START_TIME_DESC, limit=max(1, last) * 4 + 50)
+        deployment_filter=deployment_filter,
+        sort=FlowRunSort.START_TIME_DESC,
+        limit=max(1, last) * 4 + 50,
+    )
     callers = [r for r in runs if "kinetic" not in (r.tags or [])]  # job runs carry the "kinetic" tag
     return callers[:last] if last else callers
 
 
-async def flow_run_costs(flow_run_ids: list[str] | None = None, deployment: str | None = None,
-                         flow_name: str | None = None, since: datetime | None = None, until: datetime | None = None,
-                         last: int = 10) -> list[RunCost]:
+async def flow_run_costs(
+    flow_run_ids: list[str] | None = None,
+    deployment: str | None = None,
+    flow_name: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    last: int = 10,
+) -> list[RunCost]:
     from prefect import get_client
 
     from kinetic_prefect.cost_records import flow_cost
@@ -70,9 +98,17 @@ async def flow_run_costs(flow_run_ids: list[str] | None = None, deployment: str 
         found = []
         for run in runs:
             total = await flow_cost(client, run.id)
-            found.append(RunCost(str(run.id), run.name, run.start_time.isoformat() if run.start_time else None,
-                                 run.state.name if run.state else None, total.total_usd, total.unpriced,
-                                 total.rows))
+            found.append(
+                RunCost(
+                    str(run.id),
+                    run.name,
+                    run.start_time.isoformat() if run.start_time else None,
+                    run.state.name if run.state else None,
+                    total.total_usd,
+                    total.unpriced,
+                    total.rows,
+                )
+            )
     return found
 
 

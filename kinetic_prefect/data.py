@@ -38,8 +38,18 @@ from typing import Any
 from kinetic_prefect.contract import data_key
 from kinetic_prefect.storage import ObjectNotFound, Store, open_store
 
-__all__ = ["Data", "DataError", "DataRef", "Manifest", "find", "hash_local", "localize", "to_ref", "transform",
-           "upload"]
+__all__ = [
+    "Data",
+    "DataError",
+    "DataRef",
+    "Manifest",
+    "find",
+    "hash_local",
+    "localize",
+    "to_ref",
+    "transform",
+    "upload",
+]
 
 _FORMAT = 1
 _READ_CHUNK = 1 << 20
@@ -58,6 +68,7 @@ class DataError(ValueError):
 # Data: the user-facing argument
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def _parse_gs(url: str) -> tuple[str, str]:
     """``gs://bucket/a/b`` → ("bucket", "a/b"); ``gs://bucket/a/`` → ("bucket", "a/"); bucket only → ("bucket", "")."""
     parsed = urllib.parse.urlsplit(url)
@@ -65,8 +76,10 @@ def _parse_gs(url: str) -> tuple[str, str]:
     if parsed.scheme != "gs" or not bucket or parsed.query or parsed.fragment:
         raise DataError(f"invalid data URL {url!r}: use gs://bucket/object or gs://bucket/prefix/")
     if any(part in (".", "..") for part in path.split("/")) or "//" in path or "\\" in path:
-        raise DataError(f"invalid data URL {url!r}: empty, '.' and '..' segments and backslashes are not "
-                        "supported in the object path; name the object or prefix exactly")
+        raise DataError(
+            f"invalid data URL {url!r}: empty, '.' and '..' segments and backslashes are not "
+            "supported in the object path; name the object or prefix exactly"
+        )
     return bucket, path
 
 
@@ -103,15 +116,17 @@ class Data:
                 raise DataError(f"unsupported file URL {text!r}: use file:///absolute/path or a plain path")
             text = urllib.parse.unquote(parsed.path)
         elif "://" in text:
-            raise DataError(f"unsupported data source {text!r}: use a local path or gs://bucket/object "
-                            "(gs://bucket/prefix/ for a folder); other schemes are not supported")
+            raise DataError(
+                f"unsupported data source {text!r}: use a local path or gs://bucket/object "
+                "(gs://bucket/prefix/ for a folder); other schemes are not supported"
+            )
         # abspath, not resolve(): a symlink keeps the name the user gave it
         self.local_path = Path(os.path.abspath(os.path.expanduser(text)))
         _validate(self.local_path)
 
     @property
     def kind(self) -> str | None:
-        """"file" or "dir" for local data (as it is now); None for gs:// data (decided when the job fetches it)."""
+        """ "file" or "dir" for local data (as it is now); None for gs:// data (decided when the job fetches it)."""
         if self.local_path is None:
             return None
         return "dir" if self.local_path.is_dir() else "file"
@@ -138,8 +153,9 @@ class Data:
 
 def _unreadable(path: Path | str, exc: BaseException | None = None) -> DataError:
     why = f" ({exc.strerror or exc})" if isinstance(exc, OSError) else ""
-    return DataError(f"data file {path} is not readable{why}: fix its permissions (chmod a+r) or move it out of "
-                     "the data directory")
+    return DataError(
+        f"data file {path} is not readable{why}: fix its permissions (chmod a+r) or move it out of the data directory"
+    )
 
 
 def _check_file(path: str) -> None:
@@ -152,11 +168,14 @@ def _check_rel(rel: str, path: str) -> None:
     try:
         rel.encode("utf-8")
     except UnicodeEncodeError:
-        raise DataError(f"data file {path!r} has a name that is not valid UTF-8: rename it "
-                        "(object stores keep UTF-8 names only)") from None
+        raise DataError(
+            f"data file {path!r} has a name that is not valid UTF-8: rename it (object stores keep UTF-8 names only)"
+        ) from None
     if "\\" in rel or "\n" in rel or "\r" in rel:
-        raise DataError(f"data file {path!r} has a backslash or a line break in its name: rename it "
-                        "(object stores cannot keep such names)")
+        raise DataError(
+            f"data file {path!r} has a backslash or a line break in its name: rename it "
+            "(object stores cannot keep such names)"
+        )
 
 
 def _walk(root: Path) -> Iterator[tuple[str, str, os.DirEntry]]:
@@ -173,8 +192,10 @@ def _walk(root: Path) -> Iterator[tuple[str, str, os.DirEntry]]:
             with os.scandir(dir_path) as it:
                 entries = list(it)
         except OSError as exc:
-            raise DataError(f"data directory {dir_path} cannot be listed ({exc.strerror or exc}): fix its "
-                            "permissions (chmod a+rx) or move it out of the data directory") from exc
+            raise DataError(
+                f"data directory {dir_path} cannot be listed ({exc.strerror or exc}): fix its "
+                "permissions (chmod a+rx) or move it out of the data directory"
+            ) from exc
         for entry in entries:
             rel = rel_dir + entry.name
             try:
@@ -189,18 +210,24 @@ def _walk(root: Path) -> Iterator[tuple[str, str, os.DirEntry]]:
                     raise _unreadable(entry.path, exc) from exc
                 ident = (st.st_dev, st.st_ino)
                 if ident in ancestors:
-                    raise DataError(f"data directory {entry.path} is a symlink loop (it links to one of its "
-                                    "parents): remove the link or pass a directory without loops")
+                    raise DataError(
+                        f"data directory {entry.path} is a symlink loop (it links to one of its "
+                        "parents): remove the link or pass a directory without loops"
+                    )
                 stack.append((entry.path, rel + "/", ancestors | {ident}))
             elif is_file:
                 _check_rel(rel, entry.path)
                 yield rel, entry.path, entry
             elif entry.is_symlink():
-                raise DataError(f"data file {entry.path} is a broken symbolic link (its target "
-                                f"{_readlink(entry.path)!r} does not exist): fix or remove the link")
+                raise DataError(
+                    f"data file {entry.path} is a broken symbolic link (its target "
+                    f"{_readlink(entry.path)!r} does not exist): fix or remove the link"
+                )
             else:
-                raise DataError(f"data path {entry.path} is not a regular file (a fifo, socket or device): "
-                                "move it out of the data directory")
+                raise DataError(
+                    f"data path {entry.path} is not a regular file (a fifo, socket or device): "
+                    "move it out of the data directory"
+                )
 
 
 def _readlink(path: str) -> str:
@@ -213,22 +240,30 @@ def _readlink(path: str) -> str:
 def _validate(path: Path) -> None:
     if not os.path.exists(path):
         if os.path.islink(path):
-            raise DataError(f"data path {path} is a broken symbolic link (its target {_readlink(str(path))!r} "
-                            "does not exist): fix the link or pass the real path")
-        raise DataError(f"data path {path} does not exist: check the path (relative paths are resolved against "
-                        f"the working directory {os.getcwd()})")
+            raise DataError(
+                f"data path {path} is a broken symbolic link (its target {_readlink(str(path))!r} "
+                "does not exist): fix the link or pass the real path"
+            )
+        raise DataError(
+            f"data path {path} does not exist: check the path (relative paths are resolved against "
+            f"the working directory {os.getcwd()})"
+        )
     if os.path.isdir(path):
         found = False
         for _rel, file_path, _entry in _walk(path):
             _check_file(file_path)
             found = True
         if not found:
-            raise DataError(f"data directory {path} is empty (no files at any depth): put the data in it or pass "
-                            "the directory that holds it")
+            raise DataError(
+                f"data directory {path} is empty (no files at any depth): put the data in it or pass "
+                "the directory that holds it"
+            )
         return
     if not os.path.isfile(path):
-        raise DataError(f"data path {path} is not a regular file or directory (a fifo, socket or device): "
-                        "pass a file or a directory")
+        raise DataError(
+            f"data path {path} is not a regular file or directory (a fifo, socket or device): "
+            "pass a file or a directory"
+        )
     _check_rel(path.name, str(path))
     _check_file(str(path))
     try:
@@ -241,6 +276,7 @@ def _validate(path: Path) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # Content hashing
 # ---------------------------------------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class DataRef:
@@ -281,16 +317,29 @@ class Manifest:
         return self.root.joinpath(*rel.split("/")) if self.is_dir else self.root
 
     def to_json(self) -> str:
-        return json.dumps({"format": _FORMAT, "kind": self.kind, "sha256": self.sha256, "name": self.root.name,
-                           "total_bytes": self.total_bytes, "files": [list(entry) for entry in self.files]},
-                          separators=(",", ":"))
+        return json.dumps(
+            {
+                "format": _FORMAT,
+                "kind": self.kind,
+                "sha256": self.sha256,
+                "name": self.root.name,
+                "total_bytes": self.total_bytes,
+                "files": [list(entry) for entry in self.files],
+            },
+            separators=(",", ":"),
+        )
 
     @classmethod
     def from_json(cls, text: str | bytes, root: Path) -> Manifest:
         doc = json.loads(text)
         files = tuple((rel, int(size), sha) for rel, size, sha in doc["files"])
-        return cls(root=Path(root), sha256=doc["sha256"], files=files, total_bytes=int(doc["total_bytes"]),
-                   is_dir=doc["kind"] == "dir")
+        return cls(
+            root=Path(root),
+            sha256=doc["sha256"],
+            files=files,
+            total_bytes=int(doc["total_bytes"]),
+            is_dir=doc["kind"] == "dir",
+        )
 
 
 def _content_hash(kind: str, files: tuple[tuple[str, int, str], ...]) -> str:
@@ -356,8 +405,10 @@ def _build_manifest(root: Path, *, workers: int, memo: bool) -> Manifest:
 
     n = len(listing)
     if is_dir and n == 0:
-        raise DataError(f"data directory {root} is empty (no files at any depth): put the data in it or pass the "
-                        "directory that holds it")
+        raise DataError(
+            f"data directory {root} is empty (no files at any depth): put the data in it or pass the "
+            "directory that holds it"
+        )
     rels: list[str] = [rel for rel, _p, _e in listing]
     paths: list[str] = [p for _r, p, _e in listing]
     stats: list[os.stat_result] = []
@@ -385,16 +436,17 @@ def _build_manifest(root: Path, *, workers: int, memo: bool) -> Manifest:
     def record(results: list[tuple[int, int, str]]) -> None:
         for index, size_read, sha in results:
             if size_read != sizes[index]:
-                raise DataError(f"data file {paths[index]} changed while it was being hashed ({sizes[index]} "
-                                f"bytes when listed, {size_read} read): retry once it is no longer being written")
+                raise DataError(
+                    f"data file {paths[index]} changed while it was being hashed ({sizes[index]} "
+                    f"bytes when listed, {size_read} read): retry once it is no longer being written"
+                )
             shas[index] = sha
 
     pool = None
     futures: list[concurrent.futures.Future] = []
     try:
         if todo_big or len(todo_small) > _PROBE_FILES:
-            pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers),
-                                                         thread_name_prefix="kinetic-hash")
+            pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="kinetic-hash")
         if pool is not None:
             futures += [pool.submit(_hash_batch, [job]) for job in todo_big]
         # Small files: inline is fastest while the page cache serves them (threads only add GIL hand-offs); if the
@@ -402,13 +454,14 @@ def _build_manifest(root: Path, *, workers: int, memo: bool) -> Manifest:
         start, blocks = time.perf_counter(), _blocks_read()
         probe = todo_small[:_PROBE_FILES] if pool is not None else todo_small
         record(_hash_batch(probe))
-        rest = todo_small[len(probe):]
+        rest = todo_small[len(probe) :]
         if rest:
             per_file = (time.perf_counter() - start) / max(1, len(probe))
             if (_blocks_read() > blocks or per_file > _SLOW_FILE_S) and workers > 1:
                 assert pool is not None  # made above whenever there are more than _PROBE_FILES
-                futures += [pool.submit(_hash_batch, rest[i:i + _SMALL_BATCH])
-                            for i in range(0, len(rest), _SMALL_BATCH)]
+                futures += [
+                    pool.submit(_hash_batch, rest[i : i + _SMALL_BATCH]) for i in range(0, len(rest), _SMALL_BATCH)
+                ]
             else:
                 record(_hash_batch(rest))
         for future in futures:
@@ -427,8 +480,14 @@ def _build_manifest(root: Path, *, workers: int, memo: bool) -> Manifest:
     kind = "dir" if is_dir else "file"
     assert all(sha is not None for sha in shas)
     hashed: tuple[tuple[str, int, str], ...] = files  # type: ignore[assignment]  # checked just above
-    return Manifest(root=root, sha256=_content_hash(kind, hashed), files=hashed, total_bytes=sum(sizes),
-                    is_dir=is_dir, _stats=tuple((st.st_size, st.st_mtime_ns) for st in stats))
+    return Manifest(
+        root=root,
+        sha256=_content_hash(kind, hashed),
+        files=hashed,
+        total_bytes=sum(sizes),
+        is_dir=is_dir,
+        _stats=tuple((st.st_size, st.st_mtime_ns) for st in stats),
+    )
 
 
 def hash_local(data: Data, *, workers: int = 8) -> Manifest:
@@ -449,17 +508,25 @@ def to_ref(data: Data, manifest: Manifest | None) -> DataRef:
     elif manifest.root != data.local_path:
         raise ValueError(f"manifest of {manifest.root} passed with {data!r}: hash_local(data) makes the right one")
     assert data.local_path is not None  # not remote
-    return DataRef(kind=manifest.kind, name=data.local_path.name, sha256=manifest.sha256,
-                   key=data_key(manifest.sha256), url=None)
+    return DataRef(
+        kind=manifest.kind, name=data.local_path.name, sha256=manifest.sha256, key=data_key(manifest.sha256), url=None
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Upload (caller side)
 # ---------------------------------------------------------------------------------------------------------------
 
-def upload(manifest: Manifest, store: Store, *, workers: int = 32, key: bytes | None = None,
-           on_file: Callable[[int], None] | None = None,
-           heal: Callable[[Manifest, Store, Callable[[int], None] | None], int] | None = None) -> int:
+
+def upload(
+    manifest: Manifest,
+    store: Store,
+    *,
+    workers: int = 32,
+    key: bytes | None = None,
+    on_file: Callable[[int], None] | None = None,
+    heal: Callable[[Manifest, Store, Callable[[int], None] | None], int] | None = None,
+) -> int:
     """Put the data into ``store`` under ``data/<sha>/``; returns the bytes uploaded (0 if it is already there).
     ``heal`` (the caller's ``data_repair.heal_before_call``) checks a stored copy and puts back damaged files."""
     prefix = data_key(manifest.sha256)
@@ -476,8 +543,10 @@ def upload(manifest: Manifest, store: Store, *, workers: int = 32, key: bytes | 
             except OSError as exc:
                 raise _unreadable(path, exc) from exc
             if (st.st_size, st.st_mtime_ns) != (size, mtime_ns):
-                raise DataError(f"data file {path} changed between hashing and upload: call the task again once "
-                                "it is no longer being written")
+                raise DataError(
+                    f"data file {path} changed between hashing and upload: call the task again once "
+                    "it is no longer being written"
+                )
     from kinetic_prefect import signing
 
     signing.put(store, marker, manifest.to_json().encode(), key, if_absent=True)
@@ -519,7 +588,7 @@ def _node_entry(node_cache: Path, ident: str, fill: Callable[[Path], dict]) -> P
 
 def _download_keys(store: Store, keys: list[str], base: str, dest: Path, workers: int = 32) -> None:
     def fetch(key: str) -> None:
-        store.get_file(key, dest.joinpath(*key[len(base):].split("/")))
+        store.get_file(key, dest.joinpath(*key[len(base) :].split("/")))
 
     if len(keys) <= 1:
         for key in keys:
@@ -544,10 +613,12 @@ def _localize_uploaded(ref: DataRef, store: Store, node_cache: Path, key: bytes 
             signing.get(store, marker, key)
             got = _build_manifest(local / ref.name if ref.kind == "file" else local, workers=8, memo=True)
             if got.sha256 != ref.sha256:
-                raise DataError(f"data {ref.name} in {store.url_for(ref.key)} does not match its content hash "
-                                f"{ref.sha256}: it was changed in the store; refusing to use it. The caller puts "
-                                "the damaged files back from its own copy before the next call; without that copy, "
-                                f"delete {store.url_for(ref.key)}/ and call with the data again")
+                raise DataError(
+                    f"data {ref.name} in {store.url_for(ref.key)} does not match its content hash "
+                    f"{ref.sha256}: it was changed in the store; refusing to use it. The caller puts "
+                    "the damaged files back from its own copy before the next call; without that copy, "
+                    f"delete {store.url_for(ref.key)}/ and call with the data again"
+                )
         return local / ref.name if ref.kind == "file" else local
 
     prefix = ref.key
@@ -561,11 +632,13 @@ def _localize_uploaded(ref: DataRef, store: Store, node_cache: Path, key: bytes 
         root = staging / "files" / ref.name if ref.kind == "file" else staging / "files"
         got = _build_manifest(root, workers=8, memo=False) if root.exists() else None
         if got is None or got.sha256 != ref.sha256:
-            raise DataError(f"data {ref.name} downloaded from {store.url_for(prefix)} does not match its content "
-                            f"hash {ref.sha256} ({_diff(manifest, got)}): the store copy is damaged. The caller "
-                            "uploads it again from its own copy on reading this report, so the task's retry or "
-                            f"the next call gets a good one; without that copy, delete {store.url_for(prefix)}/ "
-                            "and call with the data again")
+            raise DataError(
+                f"data {ref.name} downloaded from {store.url_for(prefix)} does not match its content "
+                f"hash {ref.sha256} ({_diff(manifest, got)}): the store copy is damaged. The caller "
+                "uploads it again from its own copy on reading this report, so the task's retry or "
+                f"the next call gets a good one; without that copy, delete {store.url_for(prefix)}/ "
+                "and call with the data again"
+            )
         return {"sha256": ref.sha256, "name": ref.name, "kind": ref.kind, "source": store.url_for(prefix)}
 
     target = _node_entry(node_cache, ref.sha256, fill)
@@ -582,9 +655,11 @@ def _diff(expected: Manifest, got: Manifest | None) -> str:
 
 
 def _not_uploaded(ref: DataRef, store: Store) -> DataError:
-    return DataError(f"data {ref.name} ({ref.sha256}) is not in the store {store.url}: "
-                     f"{store.url_for(f'{ref.key}/manifest.json')} is missing; the caller uploads it before "
-                     "launching the job, so check that the job uses the caller's store")
+    return DataError(
+        f"data {ref.name} ({ref.sha256}) is not in the store {store.url}: "
+        f"{store.url_for(f'{ref.key}/manifest.json')} is missing; the caller uploads it before "
+        "launching the job, so check that the job uses the caller's store"
+    )
 
 
 def _localize_url(ref: DataRef, node_cache: Path) -> Path:
@@ -608,12 +683,16 @@ def _localize_url(ref: DataRef, node_cache: Path) -> Path:
         store = open_store(f"gs://{bucket}/{prefix}" if prefix else f"gs://{bucket}")
         keys = [key for key in store.list("") if not key.endswith("/")]  # "folder/" placeholders hold no data
         if not keys:
-            raise DataError(f"data URL {url} names no object and no objects exist under it: check the bucket and "
-                            "path (gsutil ls " + url + ")")
+            raise DataError(
+                f"data URL {url} names no object and no objects exist under it: check the bucket and "
+                "path (gsutil ls " + url + ")"
+            )
         for key in keys:
             if any(part in ("", ".", "..") for part in key.split("/")):
-                raise DataError(f"object {store.url_for(key)} under {url} has a name that is not a file path "
-                                "(empty, '.' or '..' segments): rename it or point Data at a cleaner prefix")
+                raise DataError(
+                    f"object {store.url_for(key)} under {url} has a name that is not a file path "
+                    "(empty, '.' or '..' segments): rename it or point Data at a cleaner prefix"
+                )
         _download_keys(store, keys, "", files)
         kind_box.append("dir")
         return {"url": url, "kind": "dir", "name": ref.name, "files": len(keys)}

@@ -64,9 +64,11 @@ def repair(manifest: Manifest, store: Store, rels: list[str], on_file: Callable[
     """Upload ``rels`` again from the caller's copy (just hashed: it is what the manifest says); bytes written."""
     pairs = [(rel, manifest.path_of(rel)) for rel in rels]
     written = store.put_tree(files_prefix(manifest), pairs, on_file=on_file)
-    _warn(f"Data {manifest.root.name}: {len(rels)} damaged file(s) in the store's copy "
-          f"{store.url_for(files_prefix(manifest))} replaced from {manifest.root} "
-          f"(e.g. {', '.join(rels[:3])})")
+    _warn(
+        f"Data {manifest.root.name}: {len(rels)} damaged file(s) in the store's copy "
+        f"{store.url_for(files_prefix(manifest))} replaced from {manifest.root} "
+        f"(e.g. {', '.join(rels[:3])})"
+    )
     return written
 
 

@@ -16,12 +16,16 @@ from kinetic_prefect.task_calls import checked_call, remote_body
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+
 def _remote_body(fn: Callable[..., Any], options: KineticOptions, task_name: str) -> Callable[..., Any]:
     """The Task's fn: same signature and source identity as ``fn`` (so Prefect binds parameters and
     TASK_SOURCE cache keys follow the user's code), but calling it launches a job; an ``async def`` fn
     gets an async body (task_calls.remote_body)."""
-    run_as_job = remote_body(fn, lambda args, kwargs: call_remotely(options, fn, args, kwargs, task_name),
-                             lambda args, kwargs: call_remotely_async(options, fn, args, kwargs, task_name))
+    run_as_job = remote_body(
+        fn,
+        lambda args, kwargs: call_remotely(options, fn, args, kwargs, task_name),
+        lambda args, kwargs: call_remotely_async(options, fn, args, kwargs, task_name),
+    )
     run_as_job.__kinetic_options__ = options  # type: ignore[attr-defined]
     return run_as_job
 
@@ -33,7 +37,9 @@ def _no_retry_for_deterministic_failures(user_condition: Callable[..., Any] | No
     def should_retry(task: Any, task_run: Any, state: Any) -> Any:
         from kinetic_prefect.errors import BudgetExceeded, ResultNotPicklable, SigningKeyMismatch, StoreFull
 
-        if isinstance(getattr(state, "data", None), (ResultNotPicklable, StoreFull, SigningKeyMismatch, BudgetExceeded)):
+        if isinstance(
+            getattr(state, "data", None), (ResultNotPicklable, StoreFull, SigningKeyMismatch, BudgetExceeded)
+        ):
             return False
         return True if user_condition is None else user_condition(task, task_run, state)
 
@@ -52,11 +58,15 @@ def _check_job_name(name: str, fn: Callable[..., Any]) -> None:
     code = getattr(fn, "__code__", None)
     where = f" (defined at {code.co_filename}:{code.co_firstlineno})" if code is not None else ""
     if name == "<lambda>":
-        raise ValueError(f"kinetic_task cannot name the job of a lambda{where}: its run is a Prefect flow named after "
-                         "the task, and '<lambda>' is not a valid flow name. Pass name=, e.g. "
-                         "kinetic_task(name='double')(lambda x: x * 2), or use a def")
-    raise ValueError(f"kinetic_task name={name!r}{where}: the job's run is a Prefect flow named after the task, and "
-                     f"flow names cannot contain {' '.join(repr(ch) for ch in banned)}; choose another name=")
+        raise ValueError(
+            f"kinetic_task cannot name the job of a lambda{where}: its run is a Prefect flow named after "
+            "the task, and '<lambda>' is not a valid flow name. Pass name=, e.g. "
+            "kinetic_task(name='double')(lambda x: x * 2), or use a def"
+        )
+    raise ValueError(
+        f"kinetic_task name={name!r}{where}: the job's run is a Prefect flow named after the task, and "
+        f"flow names cannot contain {' '.join(repr(ch) for ch in banned)}; choose another name="
+    )
 
 
 def _isolated(cache_policy: Any) -> Any:
@@ -66,13 +76,18 @@ def _isolated(cache_policy: Any) -> Any:
     is left as it is."""
     from prefect.cache_policies import NO_CACHE, CachePolicy
 
-    if not isinstance(cache_policy, CachePolicy) or cache_policy is NO_CACHE or cache_policy.isolation_level is not None:
+    if (
+        not isinstance(cache_policy, CachePolicy)
+        or cache_policy is NO_CACHE
+        or cache_policy.isolation_level is not None
+    ):
         return cache_policy
     from kinetic_prefect import config
     from kinetic_prefect.locks import StoreLockManager
 
-    return cache_policy.configure(isolation_level="SERIALIZABLE",
-                                  lock_manager=StoreLockManager(config.default_store_url()))
+    return cache_policy.configure(
+        isolation_level="SERIALIZABLE", lock_manager=StoreLockManager(config.default_store_url())
+    )
 
 
 def _options(
@@ -93,7 +108,7 @@ def _options(
 ) -> KineticOptions:
     # unknown names, hosts=0, hosts contradicting a slice, a list mixing host counts: all fail here, at decoration
     spec, *fallbacks = capacity.choices(accelerator, hosts)
-    for name in ([accelerator] if isinstance(accelerator, (str, accelerators.AcceleratorSpec)) else accelerator):
+    for name in [accelerator] if isinstance(accelerator, (str, accelerators.AcceleratorSpec)) else accelerator:
         names.warn_if_read_differently(name)  # once per name: Keras Kinetic reads it as other hardware
     from kinetic_prefect.cost import check_budget
 
@@ -144,7 +159,9 @@ class KineticTask(Task):
         from kinetic_prefect import config, gcp, results
 
         try:
-            self.result_storage = run_coro_as_sync(results.for_pool(self.kinetic.work_pool or config.default_work_pool()))
+            self.result_storage = run_coro_as_sync(
+                results.for_pool(self.kinetic.work_pool or config.default_work_pool())
+            )
         except (_prefect.WorkPoolError, gcp.GcpSettingError):
             self.result_storage = None
 
@@ -177,13 +194,20 @@ class KineticTask(Task):
         kinetic = self.kinetic
         if kinetic_changes:
             current = {
-                "accelerator": [kinetic.accelerator, *kinetic.fallbacks], "requirements": list(kinetic.image_spec.requirements) or None,
-                "image": kinetic.image, "work_pool": kinetic.work_pool, "env": kinetic.env,
-                "submission": kinetic.submission, "project_dir": kinetic.project_dir,
-                "ship_project": kinetic.ship_project, "job_variables": kinetic.job_variables,
-                "base_image": kinetic.image_spec.base_image, "hosts": kinetic.hosts,
+                "accelerator": [kinetic.accelerator, *kinetic.fallbacks],
+                "requirements": list(kinetic.image_spec.requirements) or None,
+                "image": kinetic.image,
+                "work_pool": kinetic.work_pool,
+                "env": kinetic.env,
+                "submission": kinetic.submission,
+                "project_dir": kinetic.project_dir,
+                "ship_project": kinetic.ship_project,
+                "job_variables": kinetic.job_variables,
+                "base_image": kinetic.image_spec.base_image,
+                "hosts": kinetic.hosts,
                 "max_cost_usd": kinetic.max_cost_usd,
-                "preemption_retries": kinetic.preemption_retries, "spot_fallback": kinetic.spot_fallback,
+                "preemption_retries": kinetic.preemption_retries,
+                "spot_fallback": kinetic.spot_fallback,
             }
             kinetic = _options(**{**current, **kinetic_changes})
         # Prefect's with_options builds a plain Task around the same fn; give it ours back.
@@ -254,13 +278,28 @@ def kinetic_task(
     def decorate(fn: Callable[..., Any]) -> KineticTask:
         _check_job_name(task_options.get("name") or fn.__name__, fn)
         _prefect.start_embedded_server()  # before the flow starts it with Prefect's shorter limit
-        options = _options(accelerator, requirements, image, work_pool, env, submission, project_dir,
-                           ship_project, job_variables, base_image, hosts, max_cost_usd,
-                           preemption_retries, spot_fallback)
+        options = _options(
+            accelerator,
+            requirements,
+            image,
+            work_pool,
+            env,
+            submission,
+            project_dir,
+            ship_project,
+            job_variables,
+            base_image,
+            hosts,
+            max_cost_usd,
+            preemption_retries,
+            spot_fallback,
+        )
         name = task_options.pop("name", None) or fn.__name__
         tags = set(task_options.pop("tags", None) or ())
         tags.add(f"accelerator:{options.accelerator.name}")
-        task_options["retry_condition_fn"] = _no_retry_for_deterministic_failures(task_options.get("retry_condition_fn"))
+        task_options["retry_condition_fn"] = _no_retry_for_deterministic_failures(
+            task_options.get("retry_condition_fn")
+        )
         if "cache_policy" in task_options:
             task_options["cache_policy"] = _isolated(task_options["cache_policy"])
         task = KineticTask(fn=_remote_body(fn, options, name), name=name, tags=tags, **task_options)

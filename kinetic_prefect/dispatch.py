@@ -27,8 +27,14 @@ from kinetic_prefect import _prefect, accelerators, budgets, capacity, config, d
 from kinetic_prefect.contract import BUDGET_ERROR_TYPE, STORE_FULL_ERROR, Env, Outcome, RunLayout, checkpoints_key
 from kinetic_prefect.contract import PHASE_RESTORE_CODE
 from kinetic_prefect.errors import (
-    BudgetExceeded, KineticJobCrashed, KineticJobInterrupted, KineticJobSetupError, PayloadError, RemoteError,
-    RemoteTraceback, StoreFull,
+    BudgetExceeded,
+    KineticJobCrashed,
+    KineticJobInterrupted,
+    KineticJobSetupError,
+    PayloadError,
+    RemoteError,
+    RemoteTraceback,
+    StoreFull,
 )
 from kinetic_prefect.data_repair import heal_before_call, heal_reported
 from kinetic_prefect.image import ImageSpec
@@ -58,10 +64,15 @@ class KineticOptions:
     spot_fallback: bool | None = None  # None: the pool's
 
     def __post_init__(self) -> None:
-        if self.preemption_retries is not None and (isinstance(self.preemption_retries, bool) or not isinstance(
-                self.preemption_retries, int) or self.preemption_retries < 0):
-            raise ValueError(f"preemption_retries={self.preemption_retries!r}: give a whole number >= 0 (0: a "
-                             "preemption crashes the run and the task's `retries` decide)")
+        if self.preemption_retries is not None and (
+            isinstance(self.preemption_retries, bool)
+            or not isinstance(self.preemption_retries, int)
+            or self.preemption_retries < 0
+        ):
+            raise ValueError(
+                f"preemption_retries={self.preemption_retries!r}: give a whole number >= 0 (0: a "
+                "preemption crashes the run and the task's `retries` decide)"
+            )
         if self.submission not in SUBMISSION_MODES:
             raise ValueError(f"submission={self.submission!r} is not one of {', '.join(SUBMISSION_MODES)}")
         if self.project_dir is not None and not Path(self.project_dir).is_dir():
@@ -123,8 +134,12 @@ def prepare(options: KineticOptions, fn: Callable[..., Any], args: tuple, kwargs
     archive = cached_project_archive(project_dir, exclude=data_paths) if options.ship_project else None
     env = forwarded_environment(options.env)
     return PreparedCall(
-        layout=RunLayout(str(uuid.uuid4())), payload=payload, payload_sha256=sha256_hex(payload),
-        code_archive=archive, env=env, data=manifests,
+        layout=RunLayout(str(uuid.uuid4())),
+        payload=payload,
+        payload_sha256=sha256_hex(payload),
+        code_archive=archive,
+        env=env,
+        data=manifests,
         task_run_id=str(ctx.task_run.id) if (ctx := TaskRunContext.get()) else None,
     )
 
@@ -199,8 +214,12 @@ class UploadProgress:
         text = f"Data {self.name}: {self.done / 2**20:.1f} of {self.total / 2**20:.1f} MiB uploaded"
         if self._tty:
             bar = "#" * int(percent / 4)
-            print(f"\r[{bar:<25}] {percent:5.1f}% {text}", end="\n" if self.done >= self.total else "",
-                  file=sys.stderr, flush=True)
+            print(
+                f"\r[{bar:<25}] {percent:5.1f}% {text}",
+                end="\n" if self.done >= self.total else "",
+                file=sys.stderr,
+                flush=True,
+            )
         if self.task_run_id is None:
             return
         from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate
@@ -208,8 +227,11 @@ class UploadProgress:
         try:
             with get_client(sync_client=True) as client:
                 if self._artifact_id is None:
-                    self._artifact_id = client.create_artifact(ArtifactCreate(
-                        type="progress", data=percent, description=text, task_run_id=uuid.UUID(self.task_run_id))).id
+                    self._artifact_id = client.create_artifact(
+                        ArtifactCreate(
+                            type="progress", data=percent, description=text, task_run_id=uuid.UUID(self.task_run_id)
+                        )
+                    ).id
                 else:
                     client.update_artifact(self._artifact_id, ArtifactUpdate(data=percent, description=text))
         except Exception:  # progress never fails an upload
@@ -221,11 +243,18 @@ def _upload_inputs(store: Any, call: PreparedCall, logger: Any, key: bytes | Non
         _ensure_content_addressed(store, call.code_archive.key, call.code_archive.data, call.code_archive.sha256)
     for manifest in call.data:
         total = sum(size for _rel, size, _sha in manifest.files)
-        uploaded = data.upload(manifest, store, key=key, heal=heal_before_call,
-                               on_file=UploadProgress(manifest.root.name, total, call.task_run_id))
+        uploaded = data.upload(
+            manifest,
+            store,
+            key=key,
+            heal=heal_before_call,
+            on_file=UploadProgress(manifest.root.name, total, call.task_run_id),
+        )
         if logger:
-            logger.info(f"Data {manifest.root.name} ({len(manifest.files)} files, sha256 {manifest.sha256[:12]}): "
-                        + (f"uploaded {uploaded / 2**20:.1f} MiB" if uploaded else "already in the store"))
+            logger.info(
+                f"Data {manifest.root.name} ({len(manifest.files)} files, sha256 {manifest.sha256[:12]}): "
+                + (f"uploaded {uploaded / 2**20:.1f} MiB" if uploaded else "already in the store")
+            )
     signing.put(store, call.layout.payload, call.payload, key)
 
 
@@ -238,7 +267,8 @@ async def _publish_outputs(store: Any, call: PreparedCall, outcome: Outcome, run
     rows = [{"file": rel, "url": store.url_for(call.layout.output(rel))} for rel in outcome.outputs]
     await Outage(f"the caller of {run_name}").call(
         lambda: acreate_table_artifact(rows, description=f"Outputs of kinetic job {run_name} ({outcome.status})"),
-        "listing the job's outputs")
+        "listing the job's outputs",
+    )
 
 
 def check_hosts(options: KineticOptions, pool_name: str, pool_type: str, pool_variables: set[str]) -> None:
@@ -251,10 +281,13 @@ def check_hosts(options: KineticOptions, pool_name: str, pool_type: str, pool_va
             f"hosts={hosts}: pool {pool_name!r} (type {pool_type!r}) cannot run a group of hosts: its base job "
             f"template has no `hosts` variable (made before multi-host groups). Update the template, e.g. "
             f"`prefect work-pool update {pool_name} --base-job-template work_pools/{pool_type}.json`, "
-            "or drop hosts= to run on one host.")
+            "or drop hosts= to run on one host."
+        )
 
 
-def _job_variables(options: KineticOptions, call: PreparedCall, store_url: str, pool_variables: set[str]) -> dict[str, Any]:
+def _job_variables(
+    options: KineticOptions, call: PreparedCall, store_url: str, pool_variables: set[str]
+) -> dict[str, Any]:
     env = {
         Env.RUN_ID: call.layout.run_id,
         Env.RUN_PREFIX: call.layout.prefix,  # the name jobs of kinetic-prefect 0.1 read
@@ -338,8 +371,9 @@ def _raise_remote(outcome: Outcome, result_blob: bytes | None, run_name: str, fn
     if outcome.error_type == STORE_FULL_ERROR:
         raise StoreFull(outcome.message) from RemoteTraceback(traceback_text)
     if not outcome.user_error:
-        raise KineticJobSetupError(outcome.phase or "?", f"{outcome.error_type}: {outcome.message}") \
-            from RemoteTraceback(traceback_text)
+        raise KineticJobSetupError(
+            outcome.phase or "?", f"{outcome.error_type}: {outcome.message}"
+        ) from RemoteTraceback(traceback_text)
     exc: BaseException | None = None
     if result_blob is not None:
         try:
@@ -361,8 +395,9 @@ def _raise_remote(outcome: Outcome, result_blob: bytes | None, run_name: str, fn
     raise exc.with_traceback(None) from RemoteTraceback(traceback_text)
 
 
-async def _submit_and_collect(options: KineticOptions, call: PreparedCall, task_name: str,
-                              fn: Callable[..., Any], detach: Any = None) -> Any:
+async def _submit_and_collect(
+    options: KineticOptions, call: PreparedCall, task_name: str, fn: Callable[..., Any], detach: Any = None
+) -> Any:
     """``_submit_and_wait``, and whatever way it ends without the job's outcome (a timeout or Ctrl-C at any
     point after the upload, a crashed job, an error creating the run), the run's objects are removed."""
     try:
@@ -373,8 +408,9 @@ async def _submit_and_collect(options: KineticOptions, call: PreparedCall, task_
         raise
 
 
-async def _submit_and_wait(options: KineticOptions, call: PreparedCall, task_name: str,
-                           fn: Callable[..., Any], detach: Any = None) -> Any:
+async def _submit_and_wait(
+    options: KineticOptions, call: PreparedCall, task_name: str, fn: Callable[..., Any], detach: Any = None
+) -> Any:
     from kinetic_prefect.storage import ObjectNotFound
 
     ctx = TaskRunContext.get()
@@ -385,15 +421,23 @@ async def _submit_and_wait(options: KineticOptions, call: PreparedCall, task_nam
         worker_class = _prefect.worker_class_for(pool.type)
         pool_variables = set(pool.base_job_template["variables"]["properties"])
         worker_class.check_pool_settings(
-            pool.name, {name: _prefect.pool_default(pool, name) for name in pool_variables},
-            {**options.job_variables, **({"image": options.image} if options.image else {})})
+            pool.name,
+            {name: _prefect.pool_default(pool, name) for name in pool_variables},
+            {**options.job_variables, **({"image": options.image} if options.image else {})},
+        )
         check_hosts(options, pool.name, pool.type, pool_variables)
         budget = await budgets.call_budget(client, options.max_cost_usd, pool, pool_variables)
-        budgets.check_priced(options.accelerator, budget, pool.name,
-                             options.job_variables.get("prices", _prefect.pool_default(pool, "prices")))
+        budgets.check_priced(
+            options.accelerator,
+            budget,
+            pool.name,
+            options.job_variables.get("prices", _prefect.pool_default(pool, "prices")),
+        )
         if options.image and "image" not in pool_variables:
-            raise ValueError(f"image={options.image!r} needs a pool that runs container images (kinetic-gke); "
-                             f"pool {pool.name!r} is of type {pool.type!r}.")
+            raise ValueError(
+                f"image={options.image!r} needs a pool that runs container images (kinetic-gke); "
+                f"pool {pool.name!r} is of type {pool.type!r}."
+            )
         store_url = gcp.store_url(pool)
         store = call.store = gcp.open_store(store_url, await gcp.pool_credentials(pool))  # bad gcp_credentials: here
         key = await _prefect.signing_key()
@@ -413,7 +457,10 @@ async def _submit_and_wait(options: KineticOptions, call: PreparedCall, task_nam
             block = f"kinetic-env-{call.layout.run_id}"
             job_variables["env"][Env.ENV_BLOCK] = await _prefect.store_secret_env(call.env, block)
         flow_run = await _prefect.create_job_flow_run(
-            client, flow_name=task_name, run_name=run_name, pool=pool,
+            client,
+            flow_name=task_name,
+            run_name=run_name,
+            pool=pool,
             job_variables=job_variables,
             caller=None if detach else task_run,  # a detached job is nobody's subflow: its submitter may end
             tags=[f"accelerator:{options.accelerator.name}", "kinetic", *getattr(detach, "tags", ())],
@@ -422,9 +469,11 @@ async def _submit_and_wait(options: KineticOptions, call: PreparedCall, task_nam
         if detach is not None:  # kinetic_prefect.kinetic: hand the job over instead of waiting for it
             return await detach.submitted(pool, flow_run, polling, call)
         if logger:
-            logger.info(f"Job {run_name} ({flow_run.id}) on pool {pool.name!r} "
-                        f"[{'polling worker' if polling else 'in-process'}], accelerator "
-                        f"{capacity.join([options.accelerator, *options.fallbacks])}")
+            logger.info(
+                f"Job {run_name} ({flow_run.id}) on pool {pool.name!r} "
+                f"[{'polling worker' if polling else 'in-process'}], accelerator "
+                f"{capacity.join([options.accelerator, *options.fallbacks])}"
+            )
         try:
             if polling:
                 state = await _prefect.wait_for_final_state(
@@ -433,13 +482,19 @@ async def _submit_and_wait(options: KineticOptions, call: PreparedCall, task_nam
             else:
                 async with _prefect.in_process_slots():
                     await _prefect.run_in_process(client, pool, flow_run, secret_env=call.env)
-                state = (await Outage(f"the caller of {run_name}").call(
-                    lambda: client.read_flow_run(flow_run.id), "reading the job's final state")).state  # type: ignore[assignment]
+                state = (
+                    await Outage(f"the caller of {run_name}").call(
+                        lambda: client.read_flow_run(flow_run.id), "reading the job's final state"
+                    )
+                ).state  # type: ignore[assignment]
         except BaseException:
             if polling:  # the worker stops the job; shielded: this task is being cancelled itself
-                await _prefect.cancel_flow_run(client, flow_run.id, "The calling task stopped waiting "
-                                                                   "(timeout, interrupt or error in the caller)",
-                                               wait_seconds=20)
+                await _prefect.cancel_flow_run(
+                    client,
+                    flow_run.id,
+                    "The calling task stopped waiting (timeout, interrupt or error in the caller)",
+                    wait_seconds=20,
+                )
             else:  # stopped before the in-process worker followed the job: its run must not stay Pending
                 await _cancel_if_not_final(client, flow_run.id)
             raise
@@ -452,7 +507,9 @@ async def _submit_and_wait(options: KineticOptions, call: PreparedCall, task_nam
         call.outcome_read = True
     except ObjectNotFound:
         message = state.message if state is not None else "no state"
-        raise KineticJobCrashed(f"job {run_name} ended without an outcome ({state.name if state else '?'}: {message})") from None
+        raise KineticJobCrashed(
+            f"job {run_name} ended without an outcome ({state.name if state else '?'}: {message})"
+        ) from None
     await _publish_outputs(store, call, outcome, run_name)
     from kinetic_prefect import capacity_report
 
@@ -516,8 +573,11 @@ async def _cancel_if_not_final(client: Any, flow_run_id: Any) -> None:
         try:
             current = await client.read_flow_run(flow_run_id)
             if current.state is None or not current.state.is_final():
-                await client.set_flow_run_state(flow_run_id, Cancelled(
-                    message="The calling task stopped waiting (timeout, interrupt or error in the caller)"), force=True)
+                await client.set_flow_run_state(
+                    flow_run_id,
+                    Cancelled(message="The calling task stopped waiting (timeout, interrupt or error in the caller)"),
+                    force=True,
+                )
         except Exception:  # best effort while the caller is already failing
             pass
 
@@ -550,16 +610,23 @@ async def _cancelled_result(client: Any, task_run: Any, run_name: str, state: An
     return Cancelled(message=message, data=KineticJobCancelled(message))  # raised by task_calls, and by .result()
 
 
-def call_remotely(options: KineticOptions, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
-                  task_name: str, detach: Any = None) -> Any:
+def call_remotely(
+    options: KineticOptions,
+    fn: Callable[..., Any],
+    args: tuple,
+    kwargs: dict[str, Any],
+    task_name: str,
+    detach: Any = None,
+) -> Any:
     """Package, submit, wait, and return the job's value (or raise its exception). With ``detach`` (see
     kinetic_prefect.kinetic.jobs), return what ``detach.submitted`` makes of the job's run once it exists."""
     call = prepare(options, fn, args, kwargs)  # PayloadError etc. before anything is stored
     return _prefect.run_interruptibly(_submit_and_collect(options, call, task_name, fn, detach))
 
 
-async def call_remotely_async(options: KineticOptions, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
-                              task_name: str) -> Any:
+async def call_remotely_async(
+    options: KineticOptions, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], task_name: str
+) -> Any:
     """``call_remotely`` for an ``async def`` task: on the caller's event loop, which the wait never blocks
     (packaging runs in a thread, with the task run's context)."""
     import contextvars

@@ -62,8 +62,14 @@ class Report:
         return check
 
     def as_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "pool": self.pool, "pool_type": self.pool_type, "store": self.store,
-                "accelerators": self.accelerators, "checks": [asdict(c) for c in self.checks]}
+        return {
+            "ok": self.ok,
+            "pool": self.pool,
+            "pool_type": self.pool_type,
+            "store": self.store,
+            "accelerators": self.accelerators,
+            "checks": [asdict(c) for c in self.checks],
+        }
 
 
 def _q(value: str) -> str:
@@ -93,9 +99,13 @@ def check_api(report: Report, client) -> bool:
     where = url or "a temporary server started for this command (no PREFECT_API_URL)"
     problem = client.api_healthcheck()
     if problem is not None:
-        report.add("Prefect API", FAIL, f"{where} does not answer: {_error(problem)}",
-                   "start a server with `prefect server start` and point clients and workers at it: "
-                   "`prefect config set PREFECT_API_URL=http://HOST:4200/api` (or `prefect cloud login`)")
+        report.add(
+            "Prefect API",
+            FAIL,
+            f"{where} does not answer: {_error(problem)}",
+            "start a server with `prefect server start` and point clients and workers at it: "
+            "`prefect config set PREFECT_API_URL=http://HOST:4200/api` (or `prefect cloud login`)",
+        )
         return False
     try:
         version = client.api_version()
@@ -120,28 +130,47 @@ def check_pool(report: Report, client):
     except ObjectNotFound:
         if name == config.DEFAULT_WORK_POOL:
             report.pool_type = "kinetic-local"
-            report.add("Work pool", OK, f"{name!r} does not exist yet; kinetic-prefect creates it (type kinetic-local) "
-                                        "on first use")
+            report.add(
+                "Work pool",
+                OK,
+                f"{name!r} does not exist yet; kinetic-prefect creates it (type kinetic-local) on first use",
+            )
             return None
-        report.add("Work pool", FAIL, f"{name!r} does not exist on this Prefect server",
-                   f"create it: `prefect work-pool create {_q(name)} --type kinetic-local` (jobs as local processes) "
-                   f"or `--type kinetic-gke` (Kubernetes Jobs on GKE); or point {Env.WORK_POOL} / --pool at an "
-                   "existing kinetic pool")
+        report.add(
+            "Work pool",
+            FAIL,
+            f"{name!r} does not exist on this Prefect server",
+            f"create it: `prefect work-pool create {_q(name)} --type kinetic-local` (jobs as local processes) "
+            f"or `--type kinetic-gke` (Kubernetes Jobs on GKE); or point {Env.WORK_POOL} / --pool at an "
+            "existing kinetic pool",
+        )
         return None
     report.pool_type = pool.type
     if pool.type not in KINETIC_TYPES:
-        report.add("Work pool", FAIL, f"{name!r} is of type {pool.type!r}, not a kinetic worker type",
-                   f"kinetic tasks need a pool of type kinetic-local or kinetic-gke: point {Env.WORK_POOL} at one, "
-                   f"or create one: `prefect work-pool create NAME --type kinetic-local`")
+        report.add(
+            "Work pool",
+            FAIL,
+            f"{name!r} is of type {pool.type!r}, not a kinetic worker type",
+            f"kinetic tasks need a pool of type kinetic-local or kinetic-gke: point {Env.WORK_POOL} at one, "
+            f"or create one: `prefect work-pool create NAME --type kinetic-local`",
+        )
         return pool
     if BaseWorker.get_worker_class_from_type(pool.type) is None:
-        report.add("Work pool", FAIL, f"{name!r} is of type {pool.type!r}, but that worker type is not installed here",
-                   "install kinetic-prefect in this environment (its `prefect.collections` entry point registers "
-                   "the worker types): `pip install kinetic-prefect`")
+        report.add(
+            "Work pool",
+            FAIL,
+            f"{name!r} is of type {pool.type!r}, but that worker type is not installed here",
+            "install kinetic-prefect in this environment (its `prefect.collections` entry point registers "
+            "the worker types): `pip install kinetic-prefect`",
+        )
         return pool
     if pool.is_paused:
-        report.add("Work pool", FAIL, f"{name!r} ({pool.type}) is paused: polling workers get no runs",
-                   f"`prefect work-pool resume {_q(name)}`")
+        report.add(
+            "Work pool",
+            FAIL,
+            f"{name!r} ({pool.type}) is paused: polling workers get no runs",
+            f"`prefect work-pool resume {_q(name)}`",
+        )
         return pool
     try:
         online = [w.name for w in client.read_workers_for_work_pool(name) if w.status == WorkerStatus.ONLINE]
@@ -170,8 +199,12 @@ def check_gcs_credentials(report: Report) -> bool:
         import google.auth  # noqa: F401
         from google.cloud import storage  # type: ignore[attr-defined]  # noqa: F401
     except ImportError:
-        report.add("GCS credentials", FAIL, "the Google Cloud libraries are not installed",
-                   "install the gcp extra: `pip install 'kinetic-prefect[gcp]'`")
+        report.add(
+            "GCS credentials",
+            FAIL,
+            "the Google Cloud libraries are not installed",
+            "install the gcp extra: `pip install 'kinetic-prefect[gcp]'`",
+        )
         return False
     if emulator:
         report.add("GCS credentials", OK, f"STORAGE_EMULATOR_HOST={emulator}: a GCS emulator, no credentials needed")
@@ -182,12 +215,19 @@ def check_gcs_credentials(report: Report) -> bool:
     try:
         credentials, project = google.auth.default()
     except DefaultCredentialsError as exc:
-        report.add("GCS credentials", FAIL, f"no Application Default Credentials: {_error(exc)}",
-                   "on a workstation: `gcloud auth application-default login`; elsewhere: "
-                   "GOOGLE_APPLICATION_CREDENTIALS=/path/key.json, or Workload Identity for pods in GKE")
+        report.add(
+            "GCS credentials",
+            FAIL,
+            f"no Application Default Credentials: {_error(exc)}",
+            "on a workstation: `gcloud auth application-default login`; elsewhere: "
+            "GOOGLE_APPLICATION_CREDENTIALS=/path/key.json, or Workload Identity for pods in GKE",
+        )
         return False
-    report.add("GCS credentials", OK, f"Application Default Credentials ({type(credentials).__name__}"
-                                      f"{', project ' + project if project else ''})")
+    report.add(
+        "GCS credentials",
+        OK,
+        f"Application Default Credentials ({type(credentials).__name__}{', project ' + project if project else ''})",
+    )
     return True
 
 
@@ -215,13 +255,17 @@ def check_store(report: Report, url: str) -> None:
             raise OSError("the object is still there after delete")
     except Exception as exc:  # noqa: BLE001 - every failure is reported with its fix
         if is_gcs:
-            fix = ("give this identity (and the job pods' service account) read/write on the bucket, e.g. "
-                   f"`gcloud storage buckets add-iam-policy-binding gs://{url[5:].split('/')[0]} "
-                   "--member=serviceAccount:SA --role=roles/storage.objectAdmin`; check the bucket exists")
+            fix = (
+                "give this identity (and the job pods' service account) read/write on the bucket, e.g. "
+                f"`gcloud storage buckets add-iam-policy-binding gs://{url[5:].split('/')[0]} "
+                "--member=serviceAccount:SA --role=roles/storage.objectAdmin`; check the bucket exists"
+            )
         else:
-            fix = (f"make {url} a directory this user can write (mkdir -p / chmod u+rwx / chown), or choose another "
-                   "store: the pool's `store` variable (`kinetic-prefect pool-set POOL store=/writable/dir`) or "
-                   f"{Env.STORE}")
+            fix = (
+                f"make {url} a directory this user can write (mkdir -p / chmod u+rwx / chown), or choose another "
+                "store: the pool's `store` variable (`kinetic-prefect pool-set POOL store=/writable/dir`) or "
+                f"{Env.STORE}"
+            )
         report.add("Store", FAIL, f"{url}: failed while {step} a test object: {_error(exc)}", fix)
         return
     finally:
@@ -263,8 +307,10 @@ def deployment_accelerators(client, pool_name: str) -> dict[str, list[str]]:
 
 def _node_pool_fix(spec: accelerators.AcceleratorSpec) -> str:
     name = f"kinetic-{spec.name.replace(':', '-')}"[:40]
-    command = (f"gcloud container node-pools create {name} --cluster CLUSTER --location LOCATION "
-               f"--machine-type {spec.machine_type}")
+    command = (
+        f"gcloud container node-pools create {name} --cluster CLUSTER --location LOCATION "
+        f"--machine-type {spec.machine_type}"
+    )
     if spec.family == "gpu":
         command += f" --accelerator type={spec.gke_accelerator},count={spec.chips_per_host},gpu-driver-version=latest"
     elif spec.tpu_topology:
@@ -272,16 +318,21 @@ def _node_pool_fix(spec: accelerators.AcceleratorSpec) -> str:
     if spec.spot:
         command += " --spot"
     command += " --num-nodes 1 --enable-autoscaling --min-nodes 0 --max-nodes 2"
-    return (f"`{command}` (or enable node auto-provisioning). A node pool scaled to zero has no nodes to see: "
-            "this check needs one node up (or skip it by not naming this accelerator)")
+    return (
+        f"`{command}` (or enable node auto-provisioning). A node pool scaled to zero has no nodes to see: "
+        "this check needs one node up (or skip it by not naming this accelerator)"
+    )
 
 
 def check_gke(report: Report, client, pool, extra_accelerators: list[str]) -> None:
     store = report.store or ""
     if not store.startswith("gs://"):
-        report.add("Store for GKE", FAIL, f"{store or '(none)'} is not a gs:// store: job pods cannot reach a "
-                                          "directory on this machine",
-                   _pool_set(report.pool, store="gs://YOUR_BUCKET/kinetic"))
+        report.add(
+            "Store for GKE",
+            FAIL,
+            f"{store or '(none)'} is not a gs:// store: job pods cannot reach a directory on this machine",
+            _pool_set(report.pool, store="gs://YOUR_BUCKET/kinetic"),
+        )
     check_image_settings(report, pool)
 
     wanted: dict[str, list[str]] = {}
@@ -294,8 +345,12 @@ def check_gke(report: Report, client, pool, extra_accelerators: list[str]) -> No
     try:
         from kubernetes import client as k8s
     except ImportError:
-        report.add("Kubernetes", FAIL, "the kubernetes client is not installed",
-                   "install the k8s extra: `pip install 'kinetic-prefect[k8s]'`")
+        report.add(
+            "Kubernetes",
+            FAIL,
+            "the kubernetes client is not installed",
+            "install the k8s extra: `pip install 'kinetic-prefect[k8s]'`",
+        )
         return
     from kinetic_prefect.workers.gke import kube_client
 
@@ -314,21 +369,32 @@ def check_gke(report: Report, client, pool, extra_accelerators: list[str]) -> No
     except Exception as exc:  # noqa: BLE001
         status = getattr(exc, "status", None)
         if status == 403:
-            report.add("Kubernetes", WARN, f"{where}: connected, but this identity may not list nodes, so node "
-                                           "pools were not checked", "run doctor with an identity that can "
-                                                                     "`kubectl get nodes`")
+            report.add(
+                "Kubernetes",
+                WARN,
+                f"{where}: connected, but this identity may not list nodes, so node pools were not checked",
+                "run doctor with an identity that can `kubectl get nodes`",
+            )
             return
         unchecked = f"; node pools for {', '.join(sorted(wanted))} not checked" if wanted else ""
-        report.add("Kubernetes", FAIL, f"{where}: cannot reach the cluster: {_error(exc)}{unchecked}",
-                   "`gcloud container clusters get-credentials CLUSTER --location LOCATION`, save it as a "
-                   "KubernetesClusterConfig block (prefect-kubernetes) and pick it as the pool's cluster_config in the "
-                   "UI, or set the pool's kubeconfig_path / kube_context: "
-                   + _pool_set(report.pool, kubeconfig_path="/path/kubeconfig", kube_context="CONTEXT"))
+        report.add(
+            "Kubernetes",
+            FAIL,
+            f"{where}: cannot reach the cluster: {_error(exc)}{unchecked}",
+            "`gcloud container clusters get-credentials CLUSTER --location LOCATION`, save it as a "
+            "KubernetesClusterConfig block (prefect-kubernetes) and pick it as the pool's cluster_config in the "
+            "UI, or set the pool's kubeconfig_path / kube_context: "
+            + _pool_set(report.pool, kubeconfig_path="/path/kubeconfig", kube_context="CONTEXT"),
+        )
         return
     report.add("Kubernetes", OK, f"{where}: {len(nodes)} node(s)")
     if not wanted:
-        report.add("Node pools", SKIP, "no accelerator to check: no deployment sends its tasks to this pool "
-                                       f"({Env.WORK_POOL} in its job variables); name some with --accelerator")
+        report.add(
+            "Node pools",
+            SKIP,
+            "no accelerator to check: no deployment sends its tasks to this pool "
+            f"({Env.WORK_POOL} in its job variables); name some with --accelerator",
+        )
         return
     labels = [(node.metadata.labels if node.metadata else None) or {} for node in nodes]
     for name, sources in sorted(wanted.items()):
@@ -336,12 +402,20 @@ def check_gke(report: Report, client, pool, extra_accelerators: list[str]) -> No
         try:
             spec = accelerators.resolve(name)
         except ValueError as exc:
-            report.add(title, FAIL, f"{_error(exc)} (used by {', '.join(sources)})",
-                       "use a catalog name: `kinetic-prefect accelerators`")
+            report.add(
+                title,
+                FAIL,
+                f"{_error(exc)} (used by {', '.join(sources)})",
+                "use a catalog name: `kinetic-prefect accelerators`",
+            )
             continue
         if spec.multi_host:
-            report.add(title, FAIL, f"{spec.name} is a multi-host TPU slice ({spec.hosts} hosts); kinetic-gke runs "
-                                    "single-pod Jobs", "use a single-host shape (`kinetic-prefect accelerators`)")
+            report.add(
+                title,
+                FAIL,
+                f"{spec.name} is a multi-host TPU slice ({spec.hosts} hosts); kinetic-gke runs single-pod Jobs",
+                "use a single-host shape (`kinetic-prefect accelerators`)",
+            )
             continue
         selector = spec.node_selector
         if not selector:
@@ -363,39 +437,66 @@ def check_image_settings(report: Report, pool) -> None:
         report.add("Job image", OK, f"prebuilt image {image} (nothing is built)")
         return
     if builder == "none":
-        report.add("Job image", FAIL, "no image and image_builder=none: the worker cannot get an image for a job",
-                   "let the worker build images: " + _pool_set(name, image_builder="cloud-build", **CLOUD_BUILD_SETTINGS)
-                   + " (or a prebuilt one: " + _pool_set(name, image="REGISTRY/IMAGE:TAG") + ")")
+        report.add(
+            "Job image",
+            FAIL,
+            "no image and image_builder=none: the worker cannot get an image for a job",
+            "let the worker build images: "
+            + _pool_set(name, image_builder="cloud-build", **CLOUD_BUILD_SETTINGS)
+            + " (or a prebuilt one: "
+            + _pool_set(name, image="REGISTRY/IMAGE:TAG")
+            + ")",
+        )
         return
     if builder == "docker":
         problems = []
         if not _variable(pool, "image_repository"):
             problems.append(("image_repository", "REGISTRY/PATH"))
         for setting, example in problems:
-            report.add(f"Docker builder: {setting}", FAIL, f"image_builder=docker needs {setting}",
-                       _pool_set(name, **{setting: example}))
+            report.add(
+                f"Docker builder: {setting}",
+                FAIL,
+                f"image_builder=docker needs {setting}",
+                _pool_set(name, **{setting: example}),
+            )
         if shutil.which("docker") is None:
-            report.add("Docker builder", FAIL, "no `docker` command on this machine's PATH (the worker builds here)",
-                       "install Docker Engine where the kinetic-gke worker runs, or use image_builder=cloud-build")
+            report.add(
+                "Docker builder",
+                FAIL,
+                "no `docker` command on this machine's PATH (the worker builds here)",
+                "install Docker Engine where the kinetic-gke worker runs, or use image_builder=cloud-build",
+            )
         elif not problems:
             report.add("Job image", OK, f"built with Docker and pushed to {_variable(pool, 'image_repository')}")
         return
     if builder == "cloud-build":
         missing = [s for s in CLOUD_BUILD_SETTINGS if not _variable(pool, s)]
         for setting in missing:
-            report.add(f"Cloud Build: {setting}", FAIL, f"image_builder=cloud-build needs the pool's {setting} variable",
-                       _pool_set(name, **{setting: CLOUD_BUILD_SETTINGS[setting]}))
+            report.add(
+                f"Cloud Build: {setting}",
+                FAIL,
+                f"image_builder=cloud-build needs the pool's {setting} variable",
+                _pool_set(name, **{setting: CLOUD_BUILD_SETTINGS[setting]}),
+            )
         try:
             import google.cloud.artifactregistry_v1  # noqa: F401
             import google.cloud.devtools.cloudbuild_v1  # noqa: F401
         except ImportError:
-            report.add("Cloud Build", FAIL, "the Cloud Build / Artifact Registry clients are not installed",
-                       "install the gcp extra: `pip install 'kinetic-prefect[gcp]'`")
+            report.add(
+                "Cloud Build",
+                FAIL,
+                "the Cloud Build / Artifact Registry clients are not installed",
+                "install the gcp extra: `pip install 'kinetic-prefect[gcp]'`",
+            )
             return
         if not missing:
-            report.add("Job image", OK, "built with Cloud Build in project "
-                                        f"{_variable(pool, 'gcp_project')} ({_variable(pool, 'gcp_region')}), pushed "
-                                        f"to {_variable(pool, 'image_repository')}")
+            report.add(
+                "Job image",
+                OK,
+                "built with Cloud Build in project "
+                f"{_variable(pool, 'gcp_project')} ({_variable(pool, 'gcp_region')}), pushed "
+                f"to {_variable(pool, 'image_repository')}",
+            )
         return
     report.add("Job image", FAIL, f"unknown image_builder {builder!r}", _pool_set(name, image_builder="cloud-build"))
 
@@ -442,22 +543,42 @@ def check_deployments(report: Report, client) -> None:
         else:
             found, online = pool_state(flows_pool)
             if found is None:
-                problems.append((FAIL, f"its flows' pool {flows_pool!r} does not exist: scheduled runs never start",
-                                 f"`prefect work-pool create {_q(flows_pool)} --type process`"))
+                problems.append(
+                    (
+                        FAIL,
+                        f"its flows' pool {flows_pool!r} does not exist: scheduled runs never start",
+                        f"`prefect work-pool create {_q(flows_pool)} --type process`",
+                    )
+                )
             elif not online:
-                problems.append((WARN, f"no worker polls its flows' pool {flows_pool!r}: scheduled runs will be Late",
-                                 f"`prefect worker start --pool {_q(flows_pool)}` where {Env.PROJECT_DIR} names "
-                                 "a checkout (see prefect.yaml)"))
+                problems.append(
+                    (
+                        WARN,
+                        f"no worker polls its flows' pool {flows_pool!r}: scheduled runs will be Late",
+                        f"`prefect worker start --pool {_q(flows_pool)}` where {Env.PROJECT_DIR} names "
+                        "a checkout (see prefect.yaml)",
+                    )
+                )
         kinetic_pool = ((deployment.job_variables or {}).get("env") or {}).get(Env.WORK_POOL)
         if kinetic_pool:
             found, _online = pool_state(kinetic_pool)
             if found is None:
-                problems.append((FAIL, f"its kinetic tasks go to pool {kinetic_pool!r}, which does not exist",
-                                 f"`prefect work-pool create {_q(kinetic_pool)} --type kinetic-gke` (or "
-                                 "kinetic-local), then `kinetic-prefect doctor --pool " + _q(kinetic_pool) + "`"))
+                problems.append(
+                    (
+                        FAIL,
+                        f"its kinetic tasks go to pool {kinetic_pool!r}, which does not exist",
+                        f"`prefect work-pool create {_q(kinetic_pool)} --type kinetic-gke` (or "
+                        "kinetic-local), then `kinetic-prefect doctor --pool " + _q(kinetic_pool) + "`",
+                    )
+                )
             elif found.type not in KINETIC_TYPES:
-                problems.append((FAIL, f"its kinetic tasks go to pool {kinetic_pool!r} of type {found.type!r}",
-                                 f"{Env.WORK_POOL} must name a kinetic-local or kinetic-gke pool"))
+                problems.append(
+                    (
+                        FAIL,
+                        f"its kinetic tasks go to pool {kinetic_pool!r} of type {found.type!r}",
+                        f"{Env.WORK_POOL} must name a kinetic-local or kinetic-gke pool",
+                    )
+                )
         accelerator = (deployment.parameters or {}).get("accelerator")
         if isinstance(accelerator, str) and accelerator:
             try:
@@ -465,8 +586,12 @@ def check_deployments(report: Report, client) -> None:
             except ValueError as exc:
                 problems.append((FAIL, _error(exc), "`kinetic-prefect accelerators` lists the names"))
         if not problems:
-            report.add(title, OK, f"flows on {flows_pool!r} ({pools[flows_pool][1]} worker(s) online)"
-                                  + (f", kinetic tasks on {kinetic_pool!r}" if kinetic_pool else ""))
+            report.add(
+                title,
+                OK,
+                f"flows on {flows_pool!r} ({pools[flows_pool][1]} worker(s) online)"
+                + (f", kinetic tasks on {kinetic_pool!r}" if kinetic_pool else ""),
+            )
         for status, detail, fix in problems:
             report.add(title, status, detail, fix)
     if not scheduled:
@@ -476,8 +601,9 @@ def check_deployments(report: Report, client) -> None:
 # --------------------------------------------------------------------------------------------- all
 
 
-def run_checks(pool: str | None = None, accelerator: list[str] | None = None, store: str | None = None,
-               deployments: bool = False) -> Report:
+def run_checks(
+    pool: str | None = None, accelerator: list[str] | None = None, store: str | None = None, deployments: bool = False
+) -> Report:
     import contextlib
 
     from prefect import get_client
@@ -490,9 +616,13 @@ def run_checks(pool: str | None = None, accelerator: list[str] | None = None, st
             client = stack.enter_context(get_client(sync_client=True))
         except Exception as exc:  # noqa: BLE001 - e.g. the ephemeral server did not start in time
             client = None
-            report.add("Prefect API", FAIL, f"{_api_url() or 'the ephemeral server'} is not available: {_error(exc)}",
-                       "run a server (`prefect server start`) and `prefect config set PREFECT_API_URL=http://HOST:4200/api`"
-                       "; without one, a slow machine may need PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=90")
+            report.add(
+                "Prefect API",
+                FAIL,
+                f"{_api_url() or 'the ephemeral server'} is not available: {_error(exc)}",
+                "run a server (`prefect server start`) and `prefect config set PREFECT_API_URL=http://HOST:4200/api`"
+                "; without one, a slow machine may need PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=90",
+            )
         api_ok = client is not None and check_api(report, client)
         pool_obj = check_pool(report, client) if api_ok else None
         if not api_ok:
@@ -505,10 +635,15 @@ def run_checks(pool: str | None = None, accelerator: list[str] | None = None, st
             for name in accelerator:
                 try:
                     spec = accelerators.resolve(name)
-                    report.add(f"Accelerator {name}", OK, f"{spec.name} ({spec.family}); a kinetic-local job runs on "
-                                                          "this machine whatever the name")
+                    report.add(
+                        f"Accelerator {name}",
+                        OK,
+                        f"{spec.name} ({spec.family}); a kinetic-local job runs on this machine whatever the name",
+                    )
                 except ValueError as exc:
-                    report.add(f"Accelerator {name}", FAIL, _error(exc), "`kinetic-prefect accelerators` lists the names")
+                    report.add(
+                        f"Accelerator {name}", FAIL, _error(exc), "`kinetic-prefect accelerators` lists the names"
+                    )
         if deployments and api_ok:
             check_deployments(report, client)
     return report
@@ -529,8 +664,9 @@ def set_pool_variables(pool_name: str, assignments: list[str]) -> dict[str, Any]
             if not sep or not key:
                 raise ValueError(f"{item!r}: expected KEY=VALUE")
             if key not in properties:
-                raise ValueError(f"pool {pool_name!r} ({pool.type}) has no variable {key!r}; "
-                                 f"it has: {', '.join(sorted(properties))}")
+                raise ValueError(
+                    f"pool {pool_name!r} ({pool.type}) has no variable {key!r}; it has: {', '.join(sorted(properties))}"
+                )
             try:
                 value = json.loads(raw)
             except ValueError:

@@ -41,10 +41,13 @@ def start_embedded_server() -> None:
     started = time.monotonic()
     server.start(timeout=timeout)
     if time.monotonic() - started > 10:
-        print(f"kinetic-prefect: Prefect's local server took {time.monotonic() - started:.0f}s to start "
-              "(a first start creates its database). Run `prefect server start` in another terminal and "
-              "set PREFECT_API_URL=http://127.0.0.1:4200/api to keep one running, with its UI.",
-              file=sys.stderr, flush=True)
+        print(
+            f"kinetic-prefect: Prefect's local server took {time.monotonic() - started:.0f}s to start "
+            "(a first start creates its database). Run `prefect server start` in another terminal and "
+            "set PREFECT_API_URL=http://127.0.0.1:4200/api to keep one running, with its UI.",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _check_prefect_home() -> None:
@@ -65,4 +68,5 @@ def _check_prefect_home() -> None:
         raise KineticError(
             f"Prefect's local server keeps its database in PREFECT_HOME={home}, but {reason}. "
             "Set PREFECT_HOME to a writable folder (or HOME to an existing, writable one), or point "
-            "PREFECT_API_URL at a running server (`prefect server start`).")
+            "PREFECT_API_URL at a running server (`prefect server start`)."
+        )

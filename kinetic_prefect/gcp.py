@@ -58,11 +58,13 @@ def block_name(pool_name: str, value: Any) -> str | None:
 
 
 def _fix(pool_name: str, value: Any, problem: str) -> str:
-    return (f"work pool {pool_name!r}: {POOL_VARIABLE}={value!r} {problem}. Save a GcpCredentials block "
-            f"(`prefect block create {BLOCK_TYPE_SLUG}` or, in Python, "
-            "`GcpCredentials(service_account_info=...).save('NAME')`) and name it: "
-            f"`kinetic-prefect pool-set {pool_name} {POOL_VARIABLE}=NAME`, or clear the setting to use Application "
-            f"Default Credentials: `kinetic-prefect pool-set {pool_name} {POOL_VARIABLE}=`")
+    return (
+        f"work pool {pool_name!r}: {POOL_VARIABLE}={value!r} {problem}. Save a GcpCredentials block "
+        f"(`prefect block create {BLOCK_TYPE_SLUG}` or, in Python, "
+        "`GcpCredentials(service_account_info=...).save('NAME')`) and name it: "
+        f"`kinetic-prefect pool-set {pool_name} {POOL_VARIABLE}=NAME`, or clear the setting to use Application "
+        f"Default Credentials: `kinetic-prefect pool-set {pool_name} {POOL_VARIABLE}=`"
+    )
 
 
 async def pool_credentials(pool: Any) -> Any:
@@ -95,8 +97,9 @@ async def credentials_block(pool_name: str, value: Any) -> Any:
     except (ValueError, ObjectNotFound) as exc:  # Prefect raises ValueError for a missing block document
         raise GcpSettingError(_fix(pool_name, value, f"cannot be loaded ({exc})")) from None
     except Exception as exc:  # the block exists but its credentials do not load (a bad key, no ADC)
-        raise GcpSettingError(_fix(pool_name, value, f"does not give credentials ({type(exc).__name__}: {exc})")) \
-            from None
+        raise GcpSettingError(
+            _fix(pool_name, value, f"does not give credentials ({type(exc).__name__}: {exc})")
+        ) from None
     _credentials_cache[key] = (time.monotonic(), block)
     return block
 
@@ -127,5 +130,13 @@ def google_credentials(credentials: Any) -> Any:
     return None if credentials is None else credentials.get_credentials_from_service_account()
 
 
-__all__ = ["GcpSettingError", "POOL_VARIABLE", "block_name", "google_credentials", "open_store",
-           "pool_credentials", "storage_client", "store_url"]
+__all__ = [
+    "GcpSettingError",
+    "POOL_VARIABLE",
+    "block_name",
+    "google_credentials",
+    "open_store",
+    "pool_credentials",
+    "storage_client",
+    "store_url",
+]

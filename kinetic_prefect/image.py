@@ -96,8 +96,21 @@ def normalize_requirements(requirements: str | Path | Sequence[str] | None) -> t
 
 # What `python -m kinetic_prefect.runner` imports from this package; environments and images get
 # copies of exactly these files (kinetic-prefect itself, and Prefect, stay out of job environments).
-RUNNER_MODULES = ("__init__", "runner", "warm_runner", "contract", "outputs", "progress", "signing", "storage", "errors", "accelerators", "data", "config",
-                  "utilization")
+RUNNER_MODULES = (
+    "__init__",
+    "runner",
+    "warm_runner",
+    "contract",
+    "outputs",
+    "progress",
+    "signing",
+    "storage",
+    "errors",
+    "accelerators",
+    "data",
+    "config",
+    "utilization",
+)
 
 
 def runner_sources() -> dict[str, bytes]:

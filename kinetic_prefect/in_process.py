@@ -31,12 +31,14 @@ def in_process_slots() -> asyncio.Semaphore:
     return _in_process_slots[id(loop)]
 
 
-async def run_in_process(client: PrefectClient, pool: WorkPool, flow_run: FlowRun,
-                         secret_env: dict[str, str] | None = None) -> int:
+async def run_in_process(
+    client: PrefectClient, pool: WorkPool, flow_run: FlowRun, secret_env: dict[str, str] | None = None
+) -> int:
     """Run one flow run with the pool's worker class inside this process; returns the job's exit code."""
     worker_cls = worker_class_for(pool.type)
-    worker = worker_cls(work_pool_name=pool.name, name=f"in-process@{socket.gethostname()}",
-                        create_pool_if_not_found=False)
+    worker = worker_cls(
+        work_pool_name=pool.name, name=f"in-process@{socket.gethostname()}", create_pool_if_not_found=False
+    )
     worker._client = client  # noqa: SLF001 - one-shot use, see the module docstring
     worker._work_pool = pool  # noqa: SLF001
     configuration = await worker_cls.job_configuration.resolve_for_flow_run(

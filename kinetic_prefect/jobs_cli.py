@@ -9,9 +9,14 @@ from typing import Optional
 
 import typer
 
-jobs_app = typer.Typer(name="jobs", help="Kinetic jobs: list them, follow, collect, cancel and clean them up.",
-                       no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                       rich_markup_mode=None)
+jobs_app = typer.Typer(
+    name="jobs",
+    help="Kinetic jobs: list them, follow, collect, cancel and clean them up.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
 
 
 def _handle(job_id: str):  # noqa: ANN202 - JobHandle, imported lazily (the CLI starts without Prefect)
@@ -43,8 +48,10 @@ def list_command(
         return
     print(f"{'JOB ID':36}  {'FUNCTION':24}  {'ACCELERATOR':16}  {'POOL':20}  {'STATUS':9}  CREATED")
     for row in rows:
-        print(f"{row['job_id']:36}  {row['func_name'][:24]:24}  {row['accelerator'][:16]:16}  "
-              f"{row['work_pool'][:20]:20}  {row['status']:9}  {row['created_at'][:19]}")
+        print(
+            f"{row['job_id']:36}  {row['func_name'][:24]:24}  {row['accelerator'][:16]:16}  "
+            f"{row['work_pool'][:20]:20}  {row['status']:9}  {row['created_at'][:19]}"
+        )
 
 
 @jobs_app.command("status")

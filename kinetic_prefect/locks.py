@@ -53,8 +53,9 @@ class StoreLockManager(LockManager):
         except ValueError:  # a torn or foreign object: treat as expired
             return {"holder": None, "expires": 0}
 
-    def acquire_lock(self, key: str, holder: str, acquire_timeout: Optional[float] = None,
-                     hold_timeout: Optional[float] = None) -> bool:
+    def acquire_lock(
+        self, key: str, holder: str, acquire_timeout: Optional[float] = None, hold_timeout: Optional[float] = None
+    ) -> bool:
         deadline = None if acquire_timeout is None else time.monotonic() + acquire_timeout
         record = json.dumps({"holder": holder, "expires": time.time() + (hold_timeout or DEFAULT_HOLD_SECONDS)})
         while True:
@@ -70,8 +71,9 @@ class StoreLockManager(LockManager):
                 return False
             time.sleep(POLL_SECONDS)
 
-    async def aacquire_lock(self, key: str, holder: str, acquire_timeout: Optional[float] = None,
-                            hold_timeout: Optional[float] = None) -> bool:
+    async def aacquire_lock(
+        self, key: str, holder: str, acquire_timeout: Optional[float] = None, hold_timeout: Optional[float] = None
+    ) -> bool:
         import anyio
 
         return await anyio.to_thread.run_sync(self.acquire_lock, key, holder, acquire_timeout, hold_timeout)

@@ -38,9 +38,11 @@ def outage_horizon_seconds() -> float:
     except ValueError:
         value = -1.0
     if value < 0:
-        raise ValueError(f"{API_OUTAGE_SECONDS_VAR}={raw!r} is not a number of seconds >= 0; set it to how long a "
-                         f"Prefect API outage is waited out (e.g. 900), or unset it for the default "
-                         f"({DEFAULT_API_OUTAGE_SECONDS:.0f} s).")
+        raise ValueError(
+            f"{API_OUTAGE_SECONDS_VAR}={raw!r} is not a number of seconds >= 0; set it to how long a "
+            f"Prefect API outage is waited out (e.g. 900), or unset it for the default "
+            f"({DEFAULT_API_OUTAGE_SECONDS:.0f} s)."
+        )
     return value
 
 
@@ -77,19 +79,24 @@ class Outage:
                 if self.since is None:
                     self.since = now
                 if now - self.since > self.horizon:
-                    exc.add_note(f"kinetic-prefect: the Prefect API was unreachable for {now - self.since:.0f} s, "
-                                 f"longer than {API_OUTAGE_SECONDS_VAR}={self.horizon:.0f}")
+                    exc.add_note(
+                        f"kinetic-prefect: the Prefect API was unreachable for {now - self.since:.0f} s, "
+                        f"longer than {API_OUTAGE_SECONDS_VAR}={self.horizon:.0f}"
+                    )
                     raise
                 if not self.announced and now - self.since >= ANNOUNCE_AFTER_SECONDS:
                     self.announced = True
-                    self.notify(f"the Prefect API cannot be reached while {doing} ({type(exc).__name__}: {exc}); "
-                                f"{self.what} waits for it up to {self.horizon:.0f} s ({API_OUTAGE_SECONDS_VAR})")
+                    self.notify(
+                        f"the Prefect API cannot be reached while {doing} ({type(exc).__name__}: {exc}); "
+                        f"{self.what} waits for it up to {self.horizon:.0f} s ({API_OUTAGE_SECONDS_VAR})"
+                    )
                 await asyncio.sleep(delay * random.uniform(0.5, 1.5))
                 delay = min(5.0, delay * 2)
                 continue
             if self.announced:
-                self.notify(f"the Prefect API answers again after {time.monotonic() - self.since:.0f} s; "
-                            f"{self.what} goes on")
+                self.notify(
+                    f"the Prefect API answers again after {time.monotonic() - self.since:.0f} s; {self.what} goes on"
+                )
             self.since, self.announced = None, False
             return value
 

@@ -52,7 +52,7 @@ class JobOutputs:
             root = Path(self.local_dir)
             return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
         prefix = RunLayout(self.run_id).outputs + "/"
-        return sorted(key[len(prefix):] for key in self._store().list(prefix) if key.startswith(prefix))
+        return sorted(key[len(prefix) :] for key in self._store().list(prefix) if key.startswith(prefix))
 
     def url(self, name: str) -> str:
         if self.local_dir is not None:

@@ -68,12 +68,33 @@ logger = logging.getLogger("kinetic_prefect.payload")
 
 # Never shipped, whatever the ignore files say: VCS data, environments and caches.
 ALWAYS_IGNORED = [
-    ".git/", ".hg/", ".venv/", "venv/", "__pycache__/", "*.pyc", "node_modules/", ".pytest_cache/",
-    ".mypy_cache/", ".ruff_cache/", ".ipynb_checkpoints/", ".tox/", ".DS_Store",
+    ".git/",
+    ".hg/",
+    ".venv/",
+    "venv/",
+    "__pycache__/",
+    "*.pyc",
+    "node_modules/",
+    ".pytest_cache/",
+    ".mypy_cache/",
+    ".ruff_cache/",
+    ".ipynb_checkpoints/",
+    ".tox/",
+    ".DS_Store",
 ]
 SECRET_PATTERNS = [
-    ".env", ".env.*", "*.pem", "*.key", "*.p12", "id_rsa*", "id_ed25519*", ".netrc", "kaggle.json",
-    "*credentials*.json", "service-account*.json", "*secret*",
+    ".env",
+    ".env.*",
+    "*.pem",
+    "*.key",
+    "*.p12",
+    "id_rsa*",
+    "id_ed25519*",
+    ".netrc",
+    "kaggle.json",
+    "*credentials*.json",
+    "service-account*.json",
+    "*secret*",
 ]
 LARGE_TREE_BYTES = 100 * 2**20
 LARGE_TREE_FILES = 10_000
@@ -116,7 +137,8 @@ def _is_project_file(file: str, project_dir: Path) -> bool:
     """Whether a module file is the user's code under the project (not a library installed there)."""
     path = Path(file).resolve()
     return (
-        _is_under(path, project_dir) and not any(_is_under(path, lib) for lib in _library_roots())
+        _is_under(path, project_dir)
+        and not any(_is_under(path, lib) for lib in _library_roots())
         and "site-packages" not in path.parts
     )
 
@@ -141,8 +163,7 @@ def project_module_names(project_dir: Path) -> list[str]:
         if _is_project_file(file, project_dir):
             names.add(name.split(".")[0])
     return sorted(
-        n for n in names
-        if n in sys.modules and getattr(sys.modules[n], "__name__", None) == n and n != "__main__"
+        n for n in names if n in sys.modules and getattr(sys.modules[n], "__name__", None) == n and n != "__main__"
     )
 
 
@@ -354,7 +375,9 @@ def _pickled_function(fn: Callable[..., Any], project_dir: Path | None, by_value
     with _function_lock:
         entry = _function_cache.get(id(fn))
         if (
-            entry is not None and entry.context == context and len(entry.refs) == len(refs)
+            entry is not None
+            and entry.context == context
+            and len(entry.refs) == len(refs)
             and all(a is b for a, b in zip(entry.refs, refs))
         ):
             _function_cache.move_to_end(id(fn))
@@ -478,8 +501,12 @@ def _captured(fn: Any) -> list[tuple[str, Any]]:
 
 
 def _warn_large_payload(
-    fn: Callable[..., Any], fn_bytes: bytes, arguments: dict[str, bytes], values: dict[str, Any],
-    total: int, threshold: int,
+    fn: Callable[..., Any],
+    fn_bytes: bytes,
+    arguments: dict[str, bytes],
+    values: dict[str, Any],
+    total: int,
+    threshold: int,
 ) -> None:
     name = getattr(fn, "__qualname__", None) or repr(fn)
     key = (str(getattr(fn, "__module__", None)), name)
@@ -550,7 +577,9 @@ def _git_candidates(root: Path) -> list[str] | None:
     try:
         out = subprocess.run(
             ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-            capture_output=True, check=True, timeout=30,
+            capture_output=True,
+            check=True,
+            timeout=30,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
@@ -789,9 +818,7 @@ def cached_project_archive(project_dir: Path, exclude: Iterable[Path] = ()) -> P
     """
     root = Path(project_dir).resolve()
     exclude = [Path(p).resolve() for p in exclude]
-    excluded = tuple(sorted(
-        os.path.relpath(p, root) for p in exclude if _is_under(p, root) and p != root
-    ))
+    excluded = tuple(sorted(os.path.relpath(p, root) for p in exclude if _is_under(p, root) and p != root))
     key = (str(root), excluded)
     with _archive_lock:
         now = time.time_ns()  # before anything is read: a later write has a later mtime (± a clock tick)

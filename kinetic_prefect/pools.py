@@ -30,8 +30,10 @@ def worker_class_for(pool_type: str) -> Any:  # a BaseWorker subclass mixing in 
     from kinetic_prefect import workers
 
     if pool_type == "kinetic-gke" and workers.GKE_UNAVAILABLE:
-        raise WorkPoolError(f"work pool type 'kinetic-gke' needs the k8s and gcp extras ({workers.GKE_UNAVAILABLE}): "
-                            "pip install 'kinetic-prefect[gcp,k8s]' (or uv sync --extra gcp --extra k8s)")
+        raise WorkPoolError(
+            f"work pool type 'kinetic-gke' needs the k8s and gcp extras ({workers.GKE_UNAVAILABLE}): "
+            "pip install 'kinetic-prefect[gcp,k8s]' (or uv sync --extra gcp --extra k8s)"
+        )
     cls = BaseWorker.get_worker_class_from_type(pool_type)
     if cls is None or not getattr(cls, "launcher", None) and not hasattr(cls, "follow"):
         raise WorkPoolError(

@@ -21,13 +21,10 @@ from typing import Any, Callable
 from uuid import UUID, uuid4
 
 import anyio
-import httpx
-import prefect.context
 from prefect.client.orchestration import PrefectClient
 from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterTimestamp
 from prefect.client.schemas.objects import FlowRun, TaskRun, TaskRunResult, WorkPool
 from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
-from prefect.settings import PREFECT_CLIENT_MAX_RETRIES
 from prefect.states import Cancelled, Cancelling, Pending, Scheduled, State
 
 from kinetic_prefect.contract import LOG_END_MARKER, TRACKING_TASK_KEY_PREFIX
@@ -38,8 +35,15 @@ logger = logging.getLogger("kinetic_prefect.api")
 
 
 async def create_job_flow_run(
-    client: PrefectClient, *, flow_name: str, run_name: str, pool: WorkPool, job_variables: dict[str, Any],
-    caller: TaskRun | None, tags: list[str], for_polling_worker: bool,
+    client: PrefectClient,
+    *,
+    flow_name: str,
+    run_name: str,
+    pool: WorkPool,
+    job_variables: dict[str, Any],
+    caller: TaskRun | None,
+    tags: list[str],
+    for_polling_worker: bool,
 ) -> FlowRun:
     """The job's flow run, drawn as Prefect draws a subflow called inside a task: under a tracking task
     run of its own (named like the job, in the caller's flow run, ``__parents__`` = the calling task run).
@@ -53,31 +57,55 @@ async def create_job_flow_run(
     flow = SimpleNamespace(name=flow_name, version=None, retries=0, retry_delay_seconds=0)
     tracker_id = None
     if caller is not None:
-        tracker = await with_retries(lambda: client.create_task_run(
-            _tracking_task(flow_name), flow_run_id=caller.flow_run_id, dynamic_key=uuid4().hex, name=run_name,
-            extra_tags=["kinetic"], state=Pending(), task_inputs={"__parents__": [TaskRunResult(id=caller.id)]},
-        ), what="creating the job's tracking task run")
+        tracker = await with_retries(
+            lambda: client.create_task_run(
+                _tracking_task(flow_name),
+                flow_run_id=caller.flow_run_id,
+                dynamic_key=uuid4().hex,
+                name=run_name,
+                extra_tags=["kinetic"],
+                state=Pending(),
+                task_inputs={"__parents__": [TaskRunResult(id=caller.id)]},
+            ),
+            what="creating the job's tracking task run",
+        )
         tracker_id = tracker.id
     # Pending runs are invisible to polling workers, so an in-process submission cannot be
     # picked up twice; Scheduled runs are what a polling worker claims.
     state: State[Any] = Scheduled() if for_polling_worker else Pending()
-    return await with_retries(lambda: _create_flow_run(
-        client, flow,
-        name=run_name, state=state, work_pool_name=pool.name, job_variables=job_variables,
-        parent_task_run_id=tracker_id, tags=tags,
-    ), what="creating the job's flow run")
+    return await with_retries(
+        lambda: _create_flow_run(
+            client,
+            flow,
+            name=run_name,
+            state=state,
+            work_pool_name=pool.name,
+            job_variables=job_variables,
+            parent_task_run_id=tracker_id,
+            tags=tags,
+        ),
+        what="creating the job's flow run",
+    )
 
 
 _flow_ids: dict[tuple[str, str], UUID] = {}
 
 
-async def _create_flow_run(client: PrefectClient, flow: Any, *, name: str, state: State, work_pool_name: str,
-                           job_variables: dict[str, Any], parent_task_run_id: UUID | None, tags: list[str]) -> FlowRun:
+async def _create_flow_run(
+    client: PrefectClient,
+    flow: Any,
+    *,
+    name: str,
+    state: State,
+    work_pool_name: str,
+    job_variables: dict[str, Any],
+    parent_task_run_id: UUID | None,
+    tags: list[str],
+) -> FlowRun:
     """``client.create_flow_run`` without its per-call ``POST /flows/``: the flow's id is looked up once per
     name and API (a 64-input map made 64 identical upserts), and again if the server no longer has it."""
     from prefect.client.schemas.actions import FlowRunCreate
     from prefect.client.schemas.objects import FlowRunPolicy
-    from prefect.exceptions import PrefectHTTPStatusError
     from prefect.states import to_state_create
 
     key = (str(client.api_url), flow.name)
@@ -85,13 +113,22 @@ async def _create_flow_run(client: PrefectClient, flow: Any, *, name: str, state
         if key not in _flow_ids:
             _flow_ids[key] = await client.create_flow_from_name(flow.name)
         create = FlowRunCreate(
-            flow_id=_flow_ids[key], flow_version=flow.version, name=name, parameters={}, context={}, tags=tags,
-            parent_task_run_id=parent_task_run_id, state=to_state_create(state),
+            flow_id=_flow_ids[key],
+            flow_version=flow.version,
+            name=name,
+            parameters={},
+            context={},
+            tags=tags,
+            parent_task_run_id=parent_task_run_id,
+            state=to_state_create(state),
             empirical_policy=FlowRunPolicy(retries=flow.retries, retry_delay=int(flow.retry_delay_seconds or 0)),
-            work_pool_name=work_pool_name, job_variables=job_variables)
+            work_pool_name=work_pool_name,
+            job_variables=job_variables,
+        )
         try:
-            response = await client.request("POST", "/flow_runs/", json=create.model_dump(mode="json",
-                                                                                         exclude_unset=True))
+            response = await client.request(
+                "POST", "/flow_runs/", json=create.model_dump(mode="json", exclude_unset=True)
+            )
         except PrefectHTTPStatusError as exc:
             if attempt == 0 and exc.response.status_code in (404, 409, 422):  # the flow was deleted meanwhile
                 _flow_ids.pop(key, None)
@@ -104,8 +141,15 @@ async def _create_flow_run(client: PrefectClient, flow: Any, *, name: str, state
 def _tracking_task(flow_name: str) -> Any:
     """What ``create_task_run`` reads of a task, for a job's tracking task run: no tags (a user's tag
     limits must not count the job twice), no retries (a retry is the calling task's, with a new job)."""
-    return SimpleNamespace(name=flow_name, task_key=f"{TRACKING_TASK_KEY_PREFIX}{flow_name}", version=None, tags=(),
-                           retries=0, retry_delay_seconds=0, retry_jitter_factor=None)
+    return SimpleNamespace(
+        name=flow_name,
+        task_key=f"{TRACKING_TASK_KEY_PREFIX}{flow_name}",
+        version=None,
+        tags=(),
+        retries=0,
+        retry_delay_seconds=0,
+        retry_jitter_factor=None,
+    )
 
 
 async def calling_task_run_id(client: PrefectClient, job: FlowRun) -> UUID | None:
@@ -145,13 +189,17 @@ async def with_retries(make_call: Callable[[], Any], what: str, attempts: int = 
             if attempt == attempts - 1 or not is_transient(exc):
                 raise
             logger.debug("%s: %s; attempt %d/%d", what, exc, attempt + 1, attempts)
-            await asyncio.sleep(min(4.0, 0.05 * 2 ** attempt) * random.uniform(0.5, 1.5))
+            await asyncio.sleep(min(4.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.5))
     raise AssertionError("unreachable")
 
 
 async def wait_for_final_state(
-    client: PrefectClient, flow_run_id: UUID, on_log: Callable[[str], None] | None = None, poll_seconds: float = 0.25,
-    log_drain_seconds: float = 15.0, outage: Any = None,
+    client: PrefectClient,
+    flow_run_id: UUID,
+    on_log: Callable[[str], None] | None = None,
+    poll_seconds: float = 0.25,
+    log_drain_seconds: float = 15.0,
+    outage: Any = None,
 ) -> State:
     """Poll until the run is final, forwarding its logs (the job's output) in order as they arrive.
 
@@ -180,8 +228,10 @@ async def wait_for_final_state(
             if since is not None:
                 after = since - datetime.timedelta(microseconds=1)
                 log_filter.timestamp = LogFilterTimestamp(after_=after)  # type: ignore[arg-type]  # a datetime is fine
-            logs = await outage.call(lambda: client.read_logs(log_filter=log_filter, limit=LOG_PAGE),  # oldest first
-                                     "reading the job's output")
+            logs = await outage.call(
+                lambda: client.read_logs(log_filter=log_filter, limit=LOG_PAGE),  # noqa: B023 - awaited here; oldest first
+                "reading the job's output",
+            )
             fresh = [log for log in logs if log.id not in seen_at_since and (since is None or log.timestamp >= since)]
             for log in fresh:
                 if log.message == LOG_END_MARKER:
@@ -191,7 +241,8 @@ async def wait_for_final_state(
             if logs:
                 newest = max(log.timestamp for log in logs)
                 seen_at_since = {log.id for log in logs if log.timestamp == newest} | (
-                    seen_at_since if newest == since else set())
+                    seen_at_since if newest == since else set()
+                )
                 since = newest
             if len(logs) < LOG_PAGE or not fresh:
                 break

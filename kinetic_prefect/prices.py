@@ -26,8 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_REGION = "us-central1"
-SOURCE = ("SkyPilot GCP catalog catalogs/v8/gcp/vms.csv @006059e0 (from the Cloud Billing Catalog API), "
-          "us-central1-a")
+SOURCE = "SkyPilot GCP catalog catalogs/v8/gcp/vms.csv @006059e0 (from the Cloud Billing Catalog API), us-central1-a"
 SOURCE_DATE = "2026-12-01"
 
 
@@ -58,16 +57,28 @@ PRICES: dict[str, Price] = {
     "a100x4": _gpu((2.95791, 1.479), (11.73563, 5.7364), "a2-highgpu-4g + 4 x A100 40GB"),
     "a100x8": _gpu((5.91582, 2.958), (23.47126, 11.4728), "a2-highgpu-8g + 8 x A100 40GB"),
     # TPU v6e (Trillium): the source's tpu-v6e-N rows are N times the one-chip figure in every size.
-    **{name: Price(2.7, 0.54421, "chip", note="TPU v6e, per chip-hour (tpu-v6e-1 row)")
-       for name in ("tpu-v6e-1", "tpu-v6e-4", "tpu-v6e-8", "tpu-v6e-16", "tpu-v6e-32", "tpu-v6e-64",
-                    "tpu-v6e-128", "tpu-v6e-256")},
+    **{
+        name: Price(2.7, 0.54421, "chip", note="TPU v6e, per chip-hour (tpu-v6e-1 row)")
+        for name in (
+            "tpu-v6e-1",
+            "tpu-v6e-4",
+            "tpu-v6e-8",
+            "tpu-v6e-16",
+            "tpu-v6e-32",
+            "tpu-v6e-64",
+            "tpu-v6e-128",
+            "tpu-v6e-256",
+        )
+    },
 }
 
 
 def markdown_table() -> str:
     """The price table as Markdown (the cost page of the docs shows it)."""
-    rows = [f"| accelerator | on-demand $/h | spot $/h | per | what | source ({DEFAULT_REGION}, read {SOURCE_DATE}) |",
-            "| --- | ---: | ---: | --- | --- | --- |"]
+    rows = [
+        f"| accelerator | on-demand $/h | spot $/h | per | what | source ({DEFAULT_REGION}, read {SOURCE_DATE}) |",
+        "| --- | ---: | ---: | --- | --- | --- |",
+    ]
     for name, price in PRICES.items():
         rows.append(f"| `{name}` | {price.on_demand} | {price.spot} | {price.unit} | {price.note} | {price.source} |")
     return "\n".join(rows) + "\n"

@@ -33,10 +33,14 @@ def parse(line: str) -> dict | None:
     if not line.startswith(PROGRESS_PREFIX):
         return None
     try:
-        record = json.loads(line[len(PROGRESS_PREFIX):])
+        record = json.loads(line[len(PROGRESS_PREFIX) :])
         done, total = float(record["done"]), float(record["total"])
     except (ValueError, KeyError, TypeError):
         return None
     percent = 100.0 * done / total if total > 0 else 0.0
-    return {"done": done, "total": total, "percent": max(0.0, min(100.0, percent)),
-            "message": str(record.get("message") or "")}
+    return {
+        "done": done,
+        "total": total,
+        "percent": max(0.0, min(100.0, percent)),
+        "message": str(record.get("message") or ""),
+    }

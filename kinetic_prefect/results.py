@@ -42,9 +42,12 @@ def _bucket_and_folder(store_url: str) -> tuple[str, str]:
 def _same(block: Any, bucket: str, folder: str, credentials: Any) -> bool:
     nested = block.gcp_credentials
     wanted_id = getattr(credentials, "_block_document_id", None)
-    return (block.bucket == bucket and block.bucket_folder.rstrip("/") == folder
-            and getattr(nested, "_block_document_id", None) == wanted_id
-            and (wanted_id is not None or nested.service_account_info is None and nested.service_account_file is None))
+    return (
+        block.bucket == bucket
+        and block.bucket_folder.rstrip("/") == folder
+        and getattr(nested, "_block_document_id", None) == wanted_id
+        and (wanted_id is not None or nested.service_account_info is None and nested.service_account_file is None)
+    )
 
 
 async def result_storage(store_url: str, credentials: Any = None, pool_name: str = "?") -> Any:
@@ -82,7 +85,8 @@ async def result_storage(store_url: str, credentials: Any = None, pool_name: str
             f"results of work pool {pool_name!r} live in {store_url}/results, but no GCP credentials were found "
             f"({type(exc).__name__}: {exc}). Name a GcpCredentials block: `kinetic-prefect pool-set {pool_name} "
             f"{gcp.POOL_VARIABLE}=NAME`, or set up Application Default Credentials (`gcloud auth "
-            "application-default login`, GOOGLE_APPLICATION_CREDENTIALS, Workload Identity)") from exc
+            "application-default login`, GOOGLE_APPLICATION_CREDENTIALS, Workload Identity)"
+        ) from exc
     _blocks[key] = (time.monotonic(), block)
     return block
 

@@ -35,8 +35,20 @@ from pathlib import Path
 from typing import Any
 
 from kinetic_prefect.contract import (
-    COMPLETED, EXIT_HOST_FAILED, EXIT_NO_OUTCOME, EXIT_OUTCOME_RECORDED, FAILED, PHASE_FUNCTION, PHASE_PICKLE_RESULT,
-    PHASE_FETCH_DATA, PHASE_WORKING_COPY, PHASE_WRITE_RESULT, STORE_FULL_ERROR, Env, Group, Outcome, RunLayout,
+    COMPLETED,
+    EXIT_HOST_FAILED,
+    EXIT_NO_OUTCOME,
+    EXIT_OUTCOME_RECORDED,
+    FAILED,
+    PHASE_FUNCTION,
+    PHASE_PICKLE_RESULT,
+    PHASE_WORKING_COPY,
+    PHASE_WRITE_RESULT,
+    STORE_FULL_ERROR,
+    Env,
+    Group,
+    Outcome,
+    RunLayout,
 )
 from kinetic_prefect import contract, signing, utilization
 from kinetic_prefect.errors import ResultNotPicklable
@@ -151,8 +163,13 @@ def _private_working_copy(code_dir: Path) -> Path:
     reaches the shared copy, which later jobs of the same project unpack nothing into and start from.
     """
     work = Path(tempfile.mkdtemp(prefix="kinetic-work-", dir=_scratch_root()))
-    shutil.copytree(code_dir, work, dirs_exist_ok=True, symlinks=True,
-                    ignore=shutil.ignore_patterns(".kinetic-complete", "__pycache__"))
+    shutil.copytree(
+        code_dir,
+        work,
+        dirs_exist_ok=True,
+        symlinks=True,
+        ignore=shutil.ignore_patterns(".kinetic-complete", "__pycache__"),
+    )
     return work
 
 
@@ -249,8 +266,7 @@ def _join_group(group: Group) -> None:
     if os.environ.get("JAX_PLATFORMS", "").split(",")[0] in ("", "cpu"):
         # CPU devices of several processes talk through gloo; the default has no cross-process collectives.
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=group.coordinator, num_processes=group.size,
-                               process_id=group.index)
+    jax.distributed.initialize(coordinator_address=group.coordinator, num_processes=group.size, process_id=group.index)
 
 
 class CheckpointSync:
@@ -357,8 +373,12 @@ def _cancel_own_run(reason: str) -> None:
     if not api or not run:
         return
     body = json.dumps({"state": {"type": "CANCELLED", "name": "Cancelled", "message": reason}, "force": True})
-    request = urllib.request.Request(f"{api.rstrip('/')}/flow_runs/{run}/set_state", data=body.encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+    request = urllib.request.Request(
+        f"{api.rstrip('/')}/flow_runs/{run}/set_state",
+        data=body.encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
     if os.environ.get(Env.PREFECT_API_KEY):
         request.add_header("Authorization", f"Bearer {os.environ[Env.PREFECT_API_KEY]}")
     try:
@@ -413,9 +433,11 @@ def _describe_failure(failed: PhaseFailed, outcome: Outcome) -> None:
 def _signing_key() -> bytes | None:
     key = signing.key_from_env()
     if key is None and os.environ.get(signing.REQUIRED_ENV):
-        raise RuntimeError(f"the caller signed this job's payload but the job has no {signing.KEY_ENV}: give the "
-                           f"worker the key (environment variable {signing.KEY_ENV} or the Prefect Secret block "
-                           f"{signing.SECRET_BLOCK!r}); it hands it to the job")
+        raise RuntimeError(
+            f"the caller signed this job's payload but the job has no {signing.KEY_ENV}: give the "
+            f"worker the key (environment variable {signing.KEY_ENV} or the Prefect Secret block "
+            f"{signing.SECRET_BLOCK!r}); it hands it to the job"
+        )
     return key
 
 
@@ -456,16 +478,18 @@ def main() -> int:
             phases.run(contract.PHASE_VERIFY_PAYLOAD, signing.verify, store, layout.payload, payload, signing_key)
             code_key = os.environ.get(Env.CODE_KEY)
             if code_key:
-                code_dir = phases.run(contract.PHASE_RESTORE_CODE, _restore_code, store, code_key,
-                                      os.environ.get(Env.CODE_SHA256))
+                code_dir = phases.run(
+                    contract.PHASE_RESTORE_CODE, _restore_code, store, code_key, os.environ.get(Env.CODE_SHA256)
+                )
                 work_dir = phases.run(PHASE_WORKING_COPY, _private_working_copy, code_dir)
                 os.chdir(work_dir)
                 sys.path.insert(0, str(work_dir))
             if os.environ.get(Env.OUTPUT_DIR):
                 output_dir = Path(os.environ[Env.OUTPUT_DIR])
             else:
-                output_dir = temporary_output_dir = Path(tempfile.mkdtemp(prefix="kinetic-outputs-",
-                                                                          dir=_scratch_root()))
+                output_dir = temporary_output_dir = Path(
+                    tempfile.mkdtemp(prefix="kinetic-outputs-", dir=_scratch_root())
+                )
             output_dir.mkdir(parents=True, exist_ok=True)
             os.environ[Env.OUTPUT_DIR] = str(output_dir)
             fn, args, kwargs = phases.run(contract.PHASE_UNPICKLE_CALL, _unpickle_call, payload)
@@ -495,8 +519,9 @@ def main() -> int:
                         raise
                     print(f"kinetic runner: also failed while saving checkpoints: {failed.error!r}", file=sys.stderr)
             try:
-                outcome.outputs = phases.run(contract.PHASE_UPLOAD_OUTPUTS, _upload_outputs, store, layout, output_dir,
-                                             group.index)
+                outcome.outputs = phases.run(
+                    contract.PHASE_UPLOAD_OUTPUTS, _upload_outputs, store, layout, output_dir, group.index
+                )
             except PhaseFailed as failed:
                 if function_failure is None:
                     raise
@@ -509,8 +534,11 @@ def main() -> int:
             _describe_failure(failed, outcome)
             result_blob = _pickle_exception(failed.error)
             # Printed so the failure is in the job's log even if the outcome cannot be stored.
-            print(f"kinetic runner: failed while {failed.phase}: {type(failed.error).__name__}: {failed.error}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"kinetic runner: failed while {failed.phase}: {type(failed.error).__name__}: {failed.error}",
+                file=sys.stderr,
+                flush=True,
+            )
         if group.size > 1 and not outcome.completed:
             _GROUP_FAILED = True
         outcome.timings = phases.timings
@@ -562,9 +590,11 @@ def _store_full(outcome: Outcome, store, object_key: str, size: int, exc: OSErro
     """The outcome of a job whose result did not fit in the store: Failed (not Crashed), naming the store."""
     outcome.status, outcome.phase, outcome.error_type = FAILED, PHASE_WRITE_RESULT, STORE_FULL_ERROR
     outcome.user_error = False
-    outcome.message = (f"{errno.errorcode.get(exc.errno, exc.errno)} ({exc.strerror}) while writing the result "
-                       f"({size / 2**20:.1f} MiB) to {store.url_for(object_key)}: the store {store.url} is full. Free "
-                       f"space there, or return less and write large results to {Env.OUTPUT_DIR}")
+    outcome.message = (
+        f"{errno.errorcode.get(exc.errno, exc.errno)} ({exc.strerror}) while writing the result "
+        f"({size / 2**20:.1f} MiB) to {store.url_for(object_key)}: the store {store.url} is full. Free "
+        f"space there, or return less and write large results to {Env.OUTPUT_DIR}"
+    )
     outcome.traceback = "".join(traceback.format_exception(exc))
     print(f"kinetic runner: {outcome.message}", file=sys.stderr, flush=True)
 

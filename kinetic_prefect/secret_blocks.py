@@ -42,7 +42,8 @@ async def signing_key() -> bytes | None:
                 f"kinetic-prefect: no signing key ({Env.SIGNING_KEY} or the Prefect Secret block "
                 f"{signing.SECRET_BLOCK!r}): store objects are unauthenticated, so anyone who can write the "
                 "store can change results and payloads. Fine on one machine; set a key for shared stores.",
-                stacklevel=2)
+                stacklevel=2,
+            )
     return _signing_key_cache[cache_key]
 
 

@@ -68,18 +68,24 @@ def verify(store, object_key: str, data: bytes, key: bytes | None) -> bytes:
     try:
         signature = store.get_bytes(object_key + SUFFIX).decode()
     except Exception as exc:  # missing or unreadable: unsigned
-        raise TamperedObject(f"{store.url_for(object_key)} has no signature ({type(exc).__name__}); it was not "
-                             "written by a holder of the signing key: refusing to use it") from None
+        raise TamperedObject(
+            f"{store.url_for(object_key)} has no signature ({type(exc).__name__}); it was not "
+            "written by a holder of the signing key: refusing to use it"
+        ) from None
     mac, _, signer = signature.strip().partition(" key:")
     if hmac.compare_digest(mac.encode(), _mac(key, object_key, data).encode()):
         return data
     if signer and signer != key_id(key):
-        raise KeyMismatch(f"{store.url_for(object_key)} was signed with another signing key (key id {signer}; "
-                          f"this side's is {key_id(key)}): the worker's signing key differs from the caller's. Give "
-                          f"the caller and the worker the same key ({KEY_ENV}, or the Prefect Secret block "
-                          f"{SECRET_BLOCK!r}) and call again")
-    raise TamperedObject(f"{store.url_for(object_key)} does not match its signature: it was changed in the "
-                         "store after it was written; refusing to use it")
+        raise KeyMismatch(
+            f"{store.url_for(object_key)} was signed with another signing key (key id {signer}; "
+            f"this side's is {key_id(key)}): the worker's signing key differs from the caller's. Give "
+            f"the caller and the worker the same key ({KEY_ENV}, or the Prefect Secret block "
+            f"{SECRET_BLOCK!r}) and call again"
+        )
+    raise TamperedObject(
+        f"{store.url_for(object_key)} does not match its signature: it was changed in the "
+        "store after it was written; refusing to use it"
+    )
 
 
 def get(store, object_key: str, key: bytes | None) -> bytes:

@@ -115,8 +115,14 @@ class Store(abc.ABC):
         _run_parallel(self.delete, keys, workers=32)
         return len(keys)
 
-    def put_tree(self, prefix: str, files: Iterable[tuple[str, str | os.PathLike]], *, workers: int = 32,
-                 on_file: Callable[[int], None] | None = None) -> int:
+    def put_tree(
+        self,
+        prefix: str,
+        files: Iterable[tuple[str, str | os.PathLike]],
+        *,
+        workers: int = 32,
+        on_file: Callable[[int], None] | None = None,
+    ) -> int:
         """Upload (relative_key, local_path) pairs under ``prefix`` in parallel; returns the bytes uploaded.
         ``on_file(size)`` is called after each file (from the uploading threads): progress reporting."""
         base = _check_prefix(prefix)
@@ -136,8 +142,9 @@ class Store(abc.ABC):
         base = _check_prefix(prefix)
         dest = pathlib.Path(dest_dir)
         keys = self.list(prefix)
-        _run_parallel(lambda key: self.get_file(key, dest.joinpath(*key[len(base):].split("/"))), keys,
-                      workers=workers)
+        _run_parallel(
+            lambda key: self.get_file(key, dest.joinpath(*key[len(base) :].split("/"))), keys, workers=workers
+        )
         return len(keys)
 
     def __repr__(self) -> str:
@@ -164,6 +171,7 @@ def _run_parallel(fn: Callable, items: Iterable, *, workers: int) -> list:
 # ---------------------------------------------------------------------------------------------------------------
 # Local directory
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def _atomic_write(dest: pathlib.Path, write: Callable, *, if_absent: bool = False) -> bool:
     """Write via a temp file in dest's directory, so the rename/link that publishes it is atomic."""
@@ -315,9 +323,11 @@ def _gcs_client():
                 else:
                     client = storage.Client()
             except Exception as exc:  # google.auth.exceptions.DefaultCredentialsError and friends
-                raise StoreError(f"cannot create a GCS client: {exc} "
-                                 "(run `gcloud auth application-default login` or set "
-                                 "GOOGLE_APPLICATION_CREDENTIALS)") from exc
+                raise StoreError(
+                    f"cannot create a GCS client: {exc} "
+                    "(run `gcloud auth application-default login` or set "
+                    "GOOGLE_APPLICATION_CREDENTIALS)"
+                ) from exc
             _widen_connection_pool(client)
             _client_cache[cache_key] = client
         return client
@@ -356,8 +366,9 @@ class GCSStore(Store):
     def _blob(self, key: str, *, upload: bool = False):
         # chunk_size only for uploads: on a download it would switch to ranged chunk requests, which skip
         # the whole-object checksum check (and trip fake-gcs-server on empty objects).
-        return self.client.bucket(self.bucket_name).blob(self._name(key),
-                                                           chunk_size=_GCS_CHUNK_SIZE if upload else None)
+        return self.client.bucket(self.bucket_name).blob(
+            self._name(key), chunk_size=_GCS_CHUNK_SIZE if upload else None
+        )
 
     @contextlib.contextmanager
     def _errors(self, key: str, *, reading: bool):
@@ -383,8 +394,7 @@ class GCSStore(Store):
                 # whole object, so repeating it is harmless: transient errors (429, 5xx, a dropped connection)
                 # are retried with exponential backoff also without a precondition (the library's default
                 # retries only conditional writes). Reads, lists and deletes are retried by the library.
-                upload(self._blob(key, upload=True), if_generation_match=0 if if_absent else None,
-                       retry=DEFAULT_RETRY)
+                upload(self._blob(key, upload=True), if_generation_match=0 if if_absent else None, retry=DEFAULT_RETRY)
             except PreconditionFailed:
                 # Also seen if a retried upload had in fact landed the first time: we then report False
                 # although our bytes won, which is harmless to a first-writer-wins reader (it reads ours).
@@ -392,8 +402,11 @@ class GCSStore(Store):
         return True
 
     def put_bytes(self, key: str, data: bytes, *, if_absent: bool = False) -> bool:
-        return self._put(key, lambda blob, **kw: blob.upload_from_string(
-            bytes(data), content_type="application/octet-stream", **kw), if_absent)
+        return self._put(
+            key,
+            lambda blob, **kw: blob.upload_from_string(bytes(data), content_type="application/octet-stream", **kw),
+            if_absent,
+        )
 
     def put_file(self, key: str, path: str | os.PathLike, *, if_absent: bool = False) -> bool:
         # Files over 8 MiB go as resumable uploads in _GCS_CHUNK_SIZE pieces; the object appears only at the end.
@@ -401,8 +414,13 @@ class GCSStore(Store):
             # Real GCS enforces the precondition on resumable uploads too; fake-gcs-server ignores it there, and
             # either way one metadata read is cheaper than streaming a big file only to be refused.
             return False
-        return self._put(key, lambda blob, **kw: blob.upload_from_filename(
-            os.fspath(path), content_type="application/octet-stream", **kw), if_absent)
+        return self._put(
+            key,
+            lambda blob, **kw: blob.upload_from_filename(
+                os.fspath(path), content_type="application/octet-stream", **kw
+            ),
+            if_absent,
+        )
 
     def get_bytes(self, key: str) -> bytes:
         with self._errors(key, reading=True):
@@ -421,9 +439,10 @@ class GCSStore(Store):
         base = _check_prefix(prefix)
         root = self.prefix + "/" if self.prefix else ""
         with self._errors(base, reading=False):
-            blobs = self.client.list_blobs(self.bucket_name, prefix=root + base, page_size=_GCS_LIST_PAGE_SIZE,
-                                             fields="items(name),nextPageToken")
-            return sorted(blob.name[len(root):] for blob in blobs)  # the iterator follows every page
+            blobs = self.client.list_blobs(
+                self.bucket_name, prefix=root + base, page_size=_GCS_LIST_PAGE_SIZE, fields="items(name),nextPageToken"
+            )
+            return sorted(blob.name[len(root) :] for blob in blobs)  # the iterator follows every page
 
     def delete(self, key: str) -> None:
         from google.api_core.exceptions import NotFound
@@ -443,6 +462,7 @@ class GCSStore(Store):
 
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def open_store(url: str | os.PathLike, *, gcs_client=None) -> Store:
     """``gs://bucket[/prefix]`` → GCSStore; ``file:///dir``, ``/dir``, ``~/dir`` or a relative path → LocalStore.
 
@@ -457,6 +477,8 @@ def open_store(url: str | os.PathLike, *, gcs_client=None) -> Store:
             raise StoreError(f"unsupported file URL {text!r}: use file:///absolute/path")
         return LocalStore(urllib.parse.unquote(parsed.path))
     if "://" in text or not text:
-        raise StoreError(f"unsupported storage URL {text!r}: use gs://bucket[/prefix], file:///absolute/path "
-                         "or a local directory path")
+        raise StoreError(
+            f"unsupported storage URL {text!r}: use gs://bucket[/prefix], file:///absolute/path "
+            "or a local directory path"
+        )
     return LocalStore(text)

@@ -108,8 +108,13 @@ def _cancel_job_runs(task_run_ids: list[Any]) -> None:
     """Ask for every unfinished job run of these task runs to be stopped (the worker, or the in-process
     lifecycle, stops the job and ends the run Cancelled)."""
     from prefect import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentTaskRunId, TaskRunFilter, \
-        TaskRunFilterFlowRunId, TaskRunFilterId
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterParentTaskRunId,
+        TaskRunFilter,
+        TaskRunFilterFlowRunId,
+        TaskRunFilterId,
+    )
     from prefect.states import Cancelling
 
     from kinetic_prefect.contract import TRACKING_TASK_KEY_PREFIX
@@ -120,18 +125,25 @@ def _cancel_job_runs(task_run_ids: list[Any]) -> None:
         flow_runs = list({c.flow_run_id for c in callers if c.flow_run_id is not None})
         if not flow_runs:
             return
-        siblings = client.read_task_runs(task_run_filter=TaskRunFilter(
-            flow_run_id=TaskRunFilterFlowRunId(any_=flow_runs)), limit=None)
-        trackers = [t.id for t in siblings if t.task_key.startswith(TRACKING_TASK_KEY_PREFIX)
-                    and any(str(p.id) in wanted for p in t.task_inputs.get("__parents__", []))]
+        siblings = client.read_task_runs(
+            task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=flow_runs)), limit=None
+        )
+        trackers = [
+            t.id
+            for t in siblings
+            if t.task_key.startswith(TRACKING_TASK_KEY_PREFIX)
+            and any(str(p.id) in wanted for p in t.task_inputs.get("__parents__", []))
+        ]
         if not trackers:
             return
-        jobs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-            parent_task_run_id=FlowRunFilterParentTaskRunId(any_=trackers)))
+        jobs = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_task_run_id=FlowRunFilterParentTaskRunId(any_=trackers))
+        )
         for job in jobs:
             if job.state is not None and not job.state.is_final() and not job.state.is_cancelling():
-                client.set_flow_run_state(job.id, Cancelling(message="fail_fast: another call of the sweep failed"),
-                                          force=True)
+                client.set_flow_run_state(
+                    job.id, Cancelling(message="fail_fast: another call of the sweep failed"), force=True
+                )
 
 
 __all__ = ["CallerStopped", "caller_interrupted", "fail_fast", "stop_futures"]

@@ -38,8 +38,9 @@ async def _awaited_and_checked(awaitable: Any) -> Any:
     return raise_if_cancelled(await awaitable)
 
 
-def remote_body(fn: Callable[..., Any], launch: Callable[..., Any],
-                launch_async: Callable[..., Any]) -> Callable[..., Any]:
+def remote_body(
+    fn: Callable[..., Any], launch: Callable[..., Any], launch_async: Callable[..., Any]
+) -> Callable[..., Any]:
     """The Task's fn, with ``fn``'s signature and source identity; calling it launches a job.
 
     An ``async def`` function gets an ``async def`` body, so Prefect treats the task as async (the call is
@@ -47,6 +48,7 @@ def remote_body(fn: Callable[..., Any], launch: Callable[..., Any],
     without blocking it.
     """
     if inspect.iscoroutinefunction(fn):
+
         @functools.wraps(fn)
         async def run_as_job_async(*args: Any, **kwargs: Any) -> Any:
             return await launch_async(args, kwargs)

@@ -134,18 +134,22 @@ def jax_device_memory() -> list[dict[str, Any]]:
             stats = None
         if not stats or "bytes_in_use" not in stats:
             continue  # CPU-like devices answer None or a partial dict: nothing to report
-        found.append({"id": int(getattr(device, "id", len(found))), "platform": device.platform,
-                      "in_use": int(stats["bytes_in_use"]),
-                      "peak": int(stats.get("peak_bytes_in_use", stats["bytes_in_use"])),
-                      "limit": int(stats["bytes_limit"]) if stats.get("bytes_limit") else None})
+        found.append(
+            {
+                "id": int(getattr(device, "id", len(found))),
+                "platform": device.platform,
+                "in_use": int(stats["bytes_in_use"]),
+                "peak": int(stats.get("peak_bytes_in_use", stats["bytes_in_use"])),
+                "limit": int(stats["bytes_limit"]) if stats.get("bytes_limit") else None,
+            }
+        )
     return found
 
 
 class Sampler:
     """Prints a usage line every ``interval`` seconds from a daemon thread, and a last one at ``stop()``."""
 
-    def __init__(self, interval: float = DEFAULT_INTERVAL_SECONDS, nvml: Nvml | None = None,
-                 write: Any = None):
+    def __init__(self, interval: float = DEFAULT_INTERVAL_SECONDS, nvml: Nvml | None = None, write: Any = None):
         self.interval = interval
         self.nvml = nvml
         self._write = write or self._write_stdout
@@ -228,7 +232,7 @@ def parse(line: str) -> dict[str, Any] | None:
     if not line.startswith(USAGE_PREFIX):
         return None
     try:
-        record = json.loads(line[len(USAGE_PREFIX):])
+        record = json.loads(line[len(USAGE_PREFIX) :])
     except ValueError:
         return None
     return record if isinstance(record, dict) and "t" in record else None

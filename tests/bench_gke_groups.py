@@ -25,8 +25,14 @@ RESULTS = Path(__file__).resolve().parent.parent / "bench/results/gke_groups.jso
 
 
 def _call(pool: str, base_image: str, hosts: int) -> float:
-    @kinetic_task(name=f"bench-{hosts}-{uuid.uuid4().hex[:6]}", work_pool=pool, accelerator="cpu",
-                  base_image=base_image, env=["STORAGE_EMULATOR_HOST"], job_variables={"hosts": hosts})
+    @kinetic_task(
+        name=f"bench-{hosts}-{uuid.uuid4().hex[:6]}",
+        work_pool=pool,
+        accelerator="cpu",
+        base_image=base_image,
+        env=["STORAGE_EMULATOR_HOST"],
+        job_variables={"hosts": hosts},
+    )
     def noop() -> int:
         import os
 
@@ -52,9 +58,10 @@ def test_group_launch_overhead(kube, gcs_bucket, local_registry, job_image, pyth
             (single if hosts == 1 else group).append(_call(pool, python_base_image, hosts))
     result = {
         "what": "no-op @kinetic_task on kinetic-gke against the real control plane (fake nodes, Docker pods): "
-                "wall seconds from the call to the value, hosts=1 vs hosts=4, alternating, same run",
+        "wall seconds from the call to the value, hosts=1 vs hosts=4, alternating, same run",
         "repeats": repeats,
-        "single_host_s": [round(x, 2) for x in single], "four_hosts_s": [round(x, 2) for x in group],
+        "single_host_s": [round(x, 2) for x in single],
+        "four_hosts_s": [round(x, 2) for x in group],
         "single_host_median_s": round(statistics.median(single), 2),
         "four_hosts_median_s": round(statistics.median(group), 2),
         "ratio": round(statistics.median(group) / statistics.median(single), 2),

@@ -46,9 +46,13 @@ os.environ.pop("KINETIC_WORK_POOL", None)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--prefect-database", choices=["sqlite", "postgresql"], default="sqlite",
-                     help="the database of the session's Prefect server: SQLite (the embedded default) or a "
-                          "throw-away PostgreSQL cluster (a production server's; Debian's postgresql package)")
+    parser.addoption(
+        "--prefect-database",
+        choices=["sqlite", "postgresql"],
+        default="sqlite",
+        help="the database of the session's Prefect server: SQLite (the embedded default) or a "
+        "throw-away PostgreSQL cluster (a production server's; Debian's postgresql package)",
+    )
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +77,9 @@ def prefect_server(prefect_database):
     log = open(_session_dir / "prefect-server.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(_PORT)],
-        stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=os.environ.copy(),
     )
     deadline = time.time() + 300  # a fresh database's migrations took over 120 s at load average 18
     url = f"http://127.0.0.1:{_PORT}/api/health"
@@ -86,8 +92,10 @@ def prefect_server(prefect_database):
             pass
         if proc.poll() is not None or time.time() > deadline:
             proc.kill()
-            raise RuntimeError(f"Prefect server did not start; see {_session_dir / 'prefect-server.log'}:\n"
-                               + (_session_dir / "prefect-server.log").read_text()[-3000:])
+            raise RuntimeError(
+                f"Prefect server did not start; see {_session_dir / 'prefect-server.log'}:\n"
+                + (_session_dir / "prefect-server.log").read_text()[-3000:]
+            )
         time.sleep(0.3)
     if prefect_database.startswith("postgresql"):
         from postgres_cluster import prefect_tables

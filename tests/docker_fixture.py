@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-SETUP_HINT = "`eval \"$(.ci/setup-containers.sh)\"` installs and starts them (Debian/Ubuntu, as root)"
+SETUP_HINT = '`eval "$(.ci/setup-containers.sh)"` installs and starts them (Debian/Ubuntu, as root)'
 BASE_IMAGE_REPOSITORY = "kinetic-test/python"
 # Debian releases whose python3 is the minor version of the interpreter running the tests: the image must
 # unpickle what this interpreter pickles.
@@ -71,8 +71,13 @@ class DockerEngine:
     cli: str
 
     def run(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
-        proc = subprocess.run([self.cli, *args], capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, "DOCKER_HOST": self.host})
+        proc = subprocess.run(
+            [self.cli, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "DOCKER_HOST": self.host},
+        )
         if check and proc.returncode != 0:
             raise AssertionError(f"`docker {' '.join(args)}` failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
         return proc
@@ -80,8 +85,13 @@ class DockerEngine:
 
 def _answers(cli: str, host: str) -> tuple[bool, str]:
     try:
-        proc = subprocess.run([cli, "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True,
-                              timeout=20, env={**os.environ, "DOCKER_HOST": host})
+        proc = subprocess.run(
+            [cli, "version", "--format", "{{.Server.Version}}"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            env={**os.environ, "DOCKER_HOST": host},
+        )
     except subprocess.TimeoutExpired:
         return False, "`docker version` timed out"
     return proc.returncode == 0, (proc.stderr or proc.stdout).strip()
@@ -106,9 +116,23 @@ def _start_dockerd(dockerd: str, cli: str, root: Path) -> tuple[subprocess.Popen
         log_path = attempt / "dockerd.log"
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [dockerd, "--data-root", str(attempt / "data"), "--exec-root", str(attempt / "exec"),
-                 "--pidfile", str(attempt / "dockerd.pid"), "-H", host, *flags],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                [
+                    dockerd,
+                    "--data-root",
+                    str(attempt / "data"),
+                    "--exec-root",
+                    str(attempt / "exec"),
+                    "--pidfile",
+                    str(attempt / "dockerd.pid"),
+                    "-H",
+                    host,
+                    *flags,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + 60
         while proc.poll() is None and time.monotonic() < deadline:
             if _answers(cli, host)[0]:
@@ -164,8 +188,13 @@ def docker_engine():
             _stop(proc)
             _unmount_under(root)
             # Deleting the image layers takes ~15 s; nothing waits for it, so it happens after the session.
-            subprocess.Popen(["rm", "-rf", str(root)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True)
+            subprocess.Popen(
+                ["rm", "-rf", str(root)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
 
 def _registry_answers(address: str) -> bool:
@@ -195,11 +224,18 @@ def local_registry():
     address = f"127.0.0.1:{_free_port()}"
     config = root / "config.yml"
     # Debian's packaged config turns on htpasswd auth; this one has none, and keeps its blobs in a temp dir.
-    config.write_text(f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {root}/data\n"
-                      f"  delete:\n    enabled: true\nhttp:\n  addr: {address}\n")
+    config.write_text(
+        f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {root}/data\n"
+        f"  delete:\n    enabled: true\nhttp:\n  addr: {address}\n"
+    )
     with open(root / "registry.log", "wb") as log:
-        proc = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            [binary, "serve", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 30
         while not _registry_answers(address):
@@ -244,14 +280,29 @@ def _rootfs_tarball(suite: str) -> Path:
         rootfs = Path(tempfile.mkdtemp(prefix=f"{suite}-", dir=cache))
         try:
             mirror = os.environ.get("KINETIC_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-            proc = subprocess.run([debootstrap, "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}",
-                                   suite, str(rootfs), mirror], capture_output=True, text=True, timeout=900)
+            proc = subprocess.run(
+                [debootstrap, "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", suite, str(rootfs), mirror],
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
             if proc.returncode != 0:
                 unavailable(f"debootstrap {suite} failed:\n{(proc.stdout + proc.stderr)[-2000:]}")
             partial = tarball.with_suffix(".tar.partial")
             # Without the downloaded .debs and package lists: ~100 MB less to import.
-            subprocess.run(["tar", "-C", str(rootfs), "--exclude=./var/cache/apt/archives/*.deb",
-                            "--exclude=./var/lib/apt/lists/*", "-cf", str(partial), "."], check=True)
+            subprocess.run(
+                [
+                    "tar",
+                    "-C",
+                    str(rootfs),
+                    "--exclude=./var/cache/apt/archives/*.deb",
+                    "--exclude=./var/lib/apt/lists/*",
+                    "-cf",
+                    str(partial),
+                    ".",
+                ],
+                check=True,
+            )
             os.replace(partial, tarball)
         finally:
             shutil.rmtree(rootfs, ignore_errors=True)
@@ -269,8 +320,17 @@ def python_base_image(docker_engine) -> str:
     if docker_engine.run("image", "inspect", name, check=False).returncode == 0:
         return name
     tarball = _rootfs_tarball(suite)
-    docker_engine.run("import", "--change", "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                      "--change", "ENV LANG=C.UTF-8", "--change", 'CMD ["python3"]', str(tarball), name)
+    docker_engine.run(
+        "import",
+        "--change",
+        "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "--change",
+        "ENV LANG=C.UTF-8",
+        "--change",
+        'CMD ["python3"]',
+        str(tarball),
+        name,
+    )
     return name
 
 
@@ -280,5 +340,7 @@ def proxy_files() -> dict[str, bytes]:
     import ssl
 
     bundle = Path(ssl.get_default_verify_paths().cafile or "/etc/ssl/certs/ca-certificates.crt")
-    return {"etc/ssl/certs/ca-certificates.crt": bundle.read_bytes(),
-            "etc/pip.conf": b"[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n"}
+    return {
+        "etc/ssl/certs/ca-certificates.crt": bundle.read_bytes(),
+        "etc/pip.conf": b"[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n",
+    }

@@ -29,7 +29,7 @@ from kubernetes import client
 class PodEntry:
     namespace: str
     name: str
-    container: str | None = None   # Docker container id
+    container: str | None = None  # Docker container id
     finished: bool = False
     stopping: bool = False
 
@@ -42,7 +42,7 @@ class DockerKubelet:
     def __init__(self, plane: ControlPlane, docker: str, nodes: set[str]):
         self.docker, self.nodes = docker, set(nodes)
         self.core = client.CoreV1Api(plane.api())
-        self.pods: dict[str, PodEntry] = {}   # pod uid -> entry
+        self.pods: dict[str, PodEntry] = {}  # pod uid -> entry
         self.port = free_port()
         self._stop = threading.Event()
         self._server = self._log_server(plane.workdir / "pki")
@@ -88,8 +88,12 @@ class DockerKubelet:
         annotation = re.fullmatch(r"metadata\.annotations\['(.+)'\]", path)
         if annotation:
             return (pod.metadata.annotations or {}).get(annotation.group(1), "")
-        return {"metadata.name": pod.metadata.name, "metadata.namespace": pod.metadata.namespace,
-                "spec.nodeName": pod.spec.node_name or "", "status.podIP": "127.0.0.1"}.get(path, "")
+        return {
+            "metadata.name": pod.metadata.name,
+            "metadata.namespace": pod.metadata.namespace,
+            "spec.nodeName": pod.spec.node_name or "",
+            "status.podIP": "127.0.0.1",
+        }.get(path, "")
 
     def _env(self, pod, container) -> list[str]:
         namespace = pod.metadata.namespace
@@ -131,48 +135,103 @@ class DockerKubelet:
         base = pod.spec.hostname.rsplit("-", 1)[0]
         return own + [arg for i in range(size) for arg in ("--add-host", f"{base}-{i}.{pod.spec.subdomain}:127.0.0.1")]
 
-    def _status(self, entry: PodEntry, phase: str, state: dict, image: str, container_name: str,
-                ready: bool = False) -> None:
-        self.core.patch_namespaced_pod_status(entry.name, entry.namespace, {"status": {
-            "phase": phase, "hostIP": "127.0.0.1", "podIP": "127.0.0.1", "startTime": _now(),
-            "conditions": [{"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": _now()}],
-            "containerStatuses": [{"name": container_name, "image": image, "imageID": "", "ready": ready,
-                                   "restartCount": 0, "started": ready, "state": state}]}})
+    def _status(
+        self, entry: PodEntry, phase: str, state: dict, image: str, container_name: str, ready: bool = False
+    ) -> None:
+        self.core.patch_namespaced_pod_status(
+            entry.name,
+            entry.namespace,
+            {
+                "status": {
+                    "phase": phase,
+                    "hostIP": "127.0.0.1",
+                    "podIP": "127.0.0.1",
+                    "startTime": _now(),
+                    "conditions": [
+                        {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": _now()}
+                    ],
+                    "containerStatuses": [
+                        {
+                            "name": container_name,
+                            "image": image,
+                            "imageID": "",
+                            "ready": ready,
+                            "restartCount": 0,
+                            "started": ready,
+                            "state": state,
+                        }
+                    ],
+                }
+            },
+        )
 
     def _start(self, pod, entry: PodEntry) -> None:
         container = pod.spec.containers[0]
         try:
             env = self._env(pod, container)
         except client.exceptions.ApiException as exc:
-            self._status(entry, "Pending", {"waiting": {"reason": "CreateContainerConfigError",
-                                                        "message": f"secret not found: {exc.reason}"}},
-                         container.image, container.name)
+            self._status(
+                entry,
+                "Pending",
+                {"waiting": {"reason": "CreateContainerConfigError", "message": f"secret not found: {exc.reason}"}},
+                container.image,
+                container.name,
+            )
             return
-        argv = [self.docker, "run", "-d", "--network", "host", "--label", "kinetic-test-kubelet=1",
-                "--name", f"kp-{pod.metadata.uid[:13]}", *env, *self._group_hosts(pod, env)]
+        argv = [
+            self.docker,
+            "run",
+            "-d",
+            "--network",
+            "host",
+            "--label",
+            "kinetic-test-kubelet=1",
+            "--name",
+            f"kp-{pod.metadata.uid[:13]}",
+            *env,
+            *self._group_hosts(pod, env),
+        ]
         if container.command:
             argv += ["--entrypoint", container.command[0]]
         argv += [container.image, *(container.command or [])[1:], *(container.args or [])]
         proc = subprocess.run(argv, capture_output=True, text=True)
         if proc.returncode != 0:
-            self._status(entry, "Pending", {"waiting": {"reason": "ErrImagePull", "message": proc.stderr.strip()[-300:]}},
-                         container.image, container.name)
+            self._status(
+                entry,
+                "Pending",
+                {"waiting": {"reason": "ErrImagePull", "message": proc.stderr.strip()[-300:]}},
+                container.image,
+                container.name,
+            )
             return
         entry.container = proc.stdout.strip()
         self._status(entry, "Running", {"running": {"startedAt": _now()}}, container.image, container.name, ready=True)
 
     def _check(self, pod, entry: PodEntry) -> None:
-        inspect = subprocess.run([self.docker, "inspect", "-f", "{{.State.Running}} {{.State.ExitCode}}",
-                                  entry.container], capture_output=True, text=True)
+        inspect = subprocess.run(
+            [self.docker, "inspect", "-f", "{{.State.Running}} {{.State.ExitCode}}", entry.container],
+            capture_output=True,
+            text=True,
+        )
         running, _, code = inspect.stdout.strip().partition(" ")
         if running != "false":
             return
         exit_code = int(code or 1)
         container = pod.spec.containers[0]
         entry.finished = True
-        self._status(entry, "Succeeded" if exit_code == 0 else "Failed",
-                     {"terminated": {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
-                                     "finishedAt": _now()}}, container.image, container.name)
+        self._status(
+            entry,
+            "Succeeded" if exit_code == 0 else "Failed",
+            {
+                "terminated": {
+                    "exitCode": exit_code,
+                    "reason": "Completed" if exit_code == 0 else "Error",
+                    "finishedAt": _now(),
+                }
+            },
+            container.image,
+            container.name,
+        )
 
     def _terminate(self, entry: PodEntry, grace: int) -> None:
         """SIGTERM, SIGKILL after the grace period, then the kubelet's final delete (grace 0)."""
@@ -198,8 +257,14 @@ class DockerKubelet:
                 url = urllib.parse.urlparse(self.path)
                 parts = url.path.strip("/").split("/")
                 query = urllib.parse.parse_qs(url.query)
-                entry = next((e for e in list(kubelet.pods.values())
-                              if parts[:1] == ["containerLogs"] and [e.namespace, e.name] == parts[1:3]), None)
+                entry = next(
+                    (
+                        e
+                        for e in list(kubelet.pods.values())
+                        if parts[:1] == ["containerLogs"] and [e.namespace, e.name] == parts[1:3]
+                    ),
+                    None,
+                )
                 if entry is None or entry.container is None:
                     body = b"container is not running yet"
                     self.send_response(400)
@@ -245,22 +310,62 @@ class DockerKubelet:
         for pod, entry in self._entries_on(node):
             entry.finished = True  # this kubelet reports the end itself (not Succeeded for exit 0)
             now = _now()
-            self.core.patch_namespaced_pod_status(entry.name, entry.namespace, {"status": {"conditions": [
-                {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
-                 "message": "Pod was terminated in response to imminent node shutdown.", "lastTransitionTime": now}]}})
+            self.core.patch_namespaced_pod_status(
+                entry.name,
+                entry.namespace,
+                {
+                    "status": {
+                        "conditions": [
+                            {
+                                "type": "DisruptionTarget",
+                                "status": "True",
+                                "reason": "TerminationByKubelet",
+                                "message": "Pod was terminated in response to imminent node shutdown.",
+                                "lastTransitionTime": now,
+                            }
+                        ]
+                    }
+                },
+            )
             code = 137
             if entry.container:
                 subprocess.run([self.docker, "stop", "-t", str(grace), entry.container], capture_output=True)
-                code = int(subprocess.run([self.docker, "inspect", "-f", "{{.State.ExitCode}}", entry.container],
-                                          capture_output=True, text=True).stdout.strip() or 137)
+                code = int(
+                    subprocess.run(
+                        [self.docker, "inspect", "-f", "{{.State.ExitCode}}", entry.container],
+                        capture_output=True,
+                        text=True,
+                    ).stdout.strip()
+                    or 137
+                )
             container = pod.spec.containers[0]
-            self.core.patch_namespaced_pod_status(entry.name, entry.namespace, {"status": {
-                "phase": "Failed", "reason": "Terminated",
-                "message": "Pod was terminated in response to imminent node shutdown.",
-                "containerStatuses": [{"name": container.name, "image": container.image, "imageID": "", "ready": False,
-                                       "restartCount": 0, "state": {"terminated": {
-                                           "exitCode": code, "reason": "Error" if code else "Completed",
-                                           "finishedAt": _now()}}}]}})
+            self.core.patch_namespaced_pod_status(
+                entry.name,
+                entry.namespace,
+                {
+                    "status": {
+                        "phase": "Failed",
+                        "reason": "Terminated",
+                        "message": "Pod was terminated in response to imminent node shutdown.",
+                        "containerStatuses": [
+                            {
+                                "name": container.name,
+                                "image": container.image,
+                                "imageID": "",
+                                "ready": False,
+                                "restartCount": 0,
+                                "state": {
+                                    "terminated": {
+                                        "exitCode": code,
+                                        "reason": "Error" if code else "Completed",
+                                        "finishedAt": _now(),
+                                    }
+                                },
+                            }
+                        ],
+                    }
+                },
+            )
         self.nodes.discard(node)
         self.core.delete_node(node)
 
@@ -272,20 +377,40 @@ class DockerKubelet:
         if entry.container:
             subprocess.run([self.docker, "kill", "-s", "KILL", entry.container], capture_output=True)
         container = pod.spec.containers[0]
-        self.core.patch_namespaced_pod_status(name, namespace, {"status": {"phase": "Failed", "containerStatuses": [
-            {"name": container.name, "image": container.image, "imageID": "", "ready": False, "restartCount": 0,
-             "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled", "finishedAt": _now()}}}]}})
+        self.core.patch_namespaced_pod_status(
+            name,
+            namespace,
+            {
+                "status": {
+                    "phase": "Failed",
+                    "containerStatuses": [
+                        {
+                            "name": container.name,
+                            "image": container.image,
+                            "imageID": "",
+                            "ready": False,
+                            "restartCount": 0,
+                            "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled", "finishedAt": _now()}},
+                        }
+                    ],
+                }
+            },
+        )
 
     def running_containers(self) -> list[str]:
-        out = subprocess.run([self.docker, "ps", "-q", "--no-trunc", "--filter", "label=kinetic-test-kubelet=1"],
-                             capture_output=True, text=True).stdout.split()
+        out = subprocess.run(
+            [self.docker, "ps", "-q", "--no-trunc", "--filter", "label=kinetic-test-kubelet=1"],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
         return out
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(10)
         self._server.shutdown()
-        ids = subprocess.run([self.docker, "ps", "-aq", "--filter", "label=kinetic-test-kubelet=1"],
-                             capture_output=True, text=True).stdout.split()
+        ids = subprocess.run(
+            [self.docker, "ps", "-aq", "--filter", "label=kinetic-test-kubelet=1"], capture_output=True, text=True
+        ).stdout.split()
         if ids:
             subprocess.run([self.docker, "rm", "-f", *ids], capture_output=True)

@@ -50,9 +50,16 @@ class FaultProxy:
                     self.connection.shutdown(2)
                     return
                 if fault == "fail":
-                    payload = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                          "message": "injected: the API server is restarting",
-                                          "reason": "ServiceUnavailable", "code": 503}).encode()
+                    payload = json.dumps(
+                        {
+                            "kind": "Status",
+                            "apiVersion": "v1",
+                            "status": "Failure",
+                            "message": "injected: the API server is restarting",
+                            "reason": "ServiceUnavailable",
+                            "code": 503,
+                        }
+                    ).encode()
                     self.send_response(503)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(payload)))
@@ -61,8 +68,9 @@ class FaultProxy:
                     self.wfile.write(payload)
                     self.close_connection = True
                     return
-                upstream = http.client.HTTPSConnection("127.0.0.1", proxy.upstream_port, context=proxy._upstream_context,
-                                                       timeout=300)
+                upstream = http.client.HTTPSConnection(
+                    "127.0.0.1", proxy.upstream_port, context=proxy._upstream_context, timeout=300
+                )
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_HEADERS}
                 upstream.request(self.command, self.path, body=body, headers=headers)
                 response = upstream.getresponse()

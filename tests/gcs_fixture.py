@@ -58,10 +58,24 @@ def _start(binary: pathlib.Path, log_path: pathlib.Path) -> tuple[subprocess.Pop
     endpoint = f"http://127.0.0.1:{port}"
     with open(log_path, "wb") as log:  # a file, not a pipe: nobody reads it until something goes wrong
         proc = subprocess.Popen(
-            [str(binary), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1", "-port", str(port),
-             "-external-url", endpoint,  # resumable uploads follow the Location header it returns
-             "-log-level", "warn"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            [
+                str(binary),
+                "-scheme",
+                "http",
+                "-backend",
+                "memory",
+                "-host",
+                "127.0.0.1",
+                "-port",
+                str(port),
+                "-external-url",
+                endpoint,  # resumable uploads follow the Location header it returns
+                "-log-level",
+                "warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
         )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -87,11 +101,19 @@ def _application_default_credentials(folder: pathlib.Path) -> pathlib.Path:
     and the emulator ignores the token. Our own store client stays anonymous on an emulator.
     """
     path = folder / "application_default_credentials.json"
-    path.write_text(json.dumps({
-        "type": "authorized_user", "client_id": "kinetic-tests", "client_secret": "unused",
-        "refresh_token": "unused", "token": "emulator-token", "expiry": "2099-01-01T00:00:00Z",
-        "quota_project_id": "test",
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "type": "authorized_user",
+                "client_id": "kinetic-tests",
+                "client_secret": "unused",
+                "refresh_token": "unused",
+                "token": "emulator-token",
+                "expiry": "2099-01-01T00:00:00Z",
+                "quota_project_id": "test",
+            }
+        )
+    )
     return path
 
 
@@ -112,8 +134,10 @@ def gcs_emulator(tmp_path_factory):
     else:
         pytest.fail(f"fake-gcs-server did not start; log:\n{log_path.read_text(errors='replace')}", pytrace=False)
 
-    saved = {name: os.environ.get(name) for name in ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
-                                                     "GOOGLE_APPLICATION_CREDENTIALS")}
+    saved = {
+        name: os.environ.get(name)
+        for name in ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "GOOGLE_APPLICATION_CREDENTIALS")
+    }
     os.environ["STORAGE_EMULATOR_HOST"] = endpoint
     os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"  # else gcsfs hangs 40-70 s per call on emulators
     os.environ["GOOGLE_APPLICATION_CREDENTIALS"] = str(_application_default_credentials(log_path.parent))
@@ -138,8 +162,10 @@ def gcs_bucket(gcs_emulator):
     """A fresh, empty bucket on the emulator; yields ``gs://<bucket>``."""
     name = f"test-{uuid.uuid4().hex[:16]}"
     request = urllib.request.Request(
-        f"{gcs_emulator}/storage/v1/b?project=test", data=json.dumps({"name": name}).encode(),
-        headers={"Content-Type": "application/json"}, method="POST",
+        f"{gcs_emulator}/storage/v1/b?project=test",
+        data=json.dumps({"name": name}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
     )
     with urllib.request.urlopen(request, timeout=10) as resp:
         assert resp.status == 200, resp.read()

@@ -24,12 +24,12 @@ def jobs_of(task_run_id) -> list:
     with get_client(sync_client=True) as client:
         task_run = client.read_task_run(task_run_id)
         siblings = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[task_run.flow_run_id])))
-        trackers = [t.id for t in siblings
-                    if any(p.id == task_run.id for p in t.task_inputs.get("__parents__", []))]
+        trackers = [t.id for t in siblings if any(p.id == task_run.id for p in t.task_inputs.get("__parents__", []))]
         if not trackers:
             return []
         runs = client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(parent_task_run_id=FlowRunFilterParentTaskRunId(any_=trackers)))
+            flow_run_filter=FlowRunFilter(parent_task_run_id=FlowRunFilterParentTaskRunId(any_=trackers))
+        )
     return sorted(runs, key=lambda r: r.created)
 
 

@@ -28,12 +28,18 @@ class KubeEmulator:
             time.sleep(0.05)
         self.url = self._state["url"].rstrip("/")
         self.kubeconfig_path = workdir / "kubeconfig.json"
-        self.kubeconfig_path.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
-            "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
-            "users": [{"name": "tester", "user": {"token": "test"}}],
-            "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester"}}],
-        }))
+        self.kubeconfig_path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "emulator",
+                    "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
+                    "users": [{"name": "tester", "user": {"token": "test"}}],
+                    "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester"}}],
+                }
+            )
+        )
 
     def _serve(self) -> None:
         async def main() -> None:
@@ -48,7 +54,9 @@ class KubeEmulator:
         asyncio.run(main())
 
     def set_log(self, namespace: str, pod: str, text: str) -> None:
-        self._state["emulator"][f"get /api/v1/namespaces/{namespace}/pods/{pod}/log"] << text.encode()  # raw bytes: kmock would JSON-encode a str for this client
+        (
+            self._state["emulator"][f"get /api/v1/namespaces/{namespace}/pods/{pod}/log"] << text.encode()
+        )  # raw bytes: kmock would JSON-encode a str for this client
 
     def api(self) -> client.ApiClient:
         configuration = client.Configuration()

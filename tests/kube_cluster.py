@@ -54,25 +54,79 @@ def make_certificates(pki: Path) -> None:
     """A CA, the API server's serving cert (127.0.0.1 and the in-cluster names), the service-account key pair,
     and a serving cert for the stand-in kubelet."""
     pki.mkdir(parents=True, exist_ok=True)
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "3",
-            "-subj", "/CN=kinetic-test-ca", cwd=pki)
-    for name, sans in (("apiserver", "IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
-                                     "DNS:kubernetes.default.svc"),
-                       ("kubelet", "IP:127.0.0.1,DNS:localhost")):
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-                "-subj", f"/CN={name}", cwd=pki)
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "3",
+        "-subj",
+        "/CN=kinetic-test-ca",
+        cwd=pki,
+    )
+    for name, sans in (
+        (
+            "apiserver",
+            "IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc",
+        ),
+        ("kubelet", "IP:127.0.0.1,DNS:localhost"),
+    ):
+        openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+            "-subj",
+            f"/CN={name}",
+            cwd=pki,
+        )
         (pki / f"{name}.ext").write_text(f"subjectAltName={sans}\n")
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-                "-out", f"{name}.crt", "-days", "3", "-extfile", f"{name}.ext", cwd=pki)
+        openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.crt",
+            "-days",
+            "3",
+            "-extfile",
+            f"{name}.ext",
+            cwd=pki,
+        )
     openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
     openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
 
 
 def kubeconfig(server: str, ca_file: Path, token: str, context: str = "kinetic-test") -> dict:
     return {
-        "apiVersion": "v1", "kind": "Config", "current-context": context,
-        "clusters": [{"name": context, "cluster": {
-            "server": server, "certificate-authority-data": base64.b64encode(ca_file.read_bytes()).decode()}}],
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": context,
+        "clusters": [
+            {
+                "name": context,
+                "cluster": {
+                    "server": server,
+                    "certificate-authority-data": base64.b64encode(ca_file.read_bytes()).decode(),
+                },
+            }
+        ],
         "users": [{"name": context, "user": {"token": token}}],
         "contexts": [{"name": context, "context": {"cluster": context, "user": context}}],
     }
@@ -102,32 +156,69 @@ class ControlPlane:
         pki = self.workdir / "pki"
         make_certificates(pki)
         etcd_port, peer_port, self.port = free_port(), free_port(), free_port()
-        self._start("etcd", [ETCD, "--data-dir", str(self.workdir / "etcd"), "--name", "kinetic-test",
-                             "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
-                             "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
-                             "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
-                             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
-                             "--initial-cluster", f"kinetic-test=http://127.0.0.1:{peer_port}"])
+        self._start(
+            "etcd",
+            [
+                ETCD,
+                "--data-dir",
+                str(self.workdir / "etcd"),
+                "--name",
+                "kinetic-test",
+                "--listen-client-urls",
+                f"http://127.0.0.1:{etcd_port}",
+                "--advertise-client-urls",
+                f"http://127.0.0.1:{etcd_port}",
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer_port}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{peer_port}",
+                "--initial-cluster",
+                f"kinetic-test=http://127.0.0.1:{peer_port}",
+            ],
+        )
         (self.workdir / "tokens.csv").write_text(f"{self.admin_token},admin,1,system:masters\n")
-        self._start("kube-apiserver", [
-            str(self.bin_dir / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
-            f"--cert-dir={self.workdir / 'apiserver-certs'}",
-            f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
-            f"--client-ca-file={pki / 'ca.crt'}", f"--token-auth-file={self.workdir / 'tokens.csv'}",
-            "--authorization-mode=Node,RBAC", "--service-account-issuer=https://kubernetes.default.svc",
-            f"--service-account-key-file={pki / 'sa.pub'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
-            "--service-cluster-ip-range=10.0.0.0/24", "--kubelet-preferred-address-types=InternalIP",
-            "--allow-privileged=true", "--profiling=false"])
+        self._start(
+            "kube-apiserver",
+            [
+                str(self.bin_dir / "kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.port}",
+                f"--cert-dir={self.workdir / 'apiserver-certs'}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                f"--token-auth-file={self.workdir / 'tokens.csv'}",
+                "--authorization-mode=Node,RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--kubelet-preferred-address-types=InternalIP",
+                "--allow-privileged=true",
+                "--profiling=false",
+            ],
+        )
         self.write_kubeconfig(self.workdir / "admin.kubeconfig", self.admin_token)
         self.wait_ready(60)
-        common = [f"--kubeconfig={self.workdir / 'admin.kubeconfig'}", "--leader-elect=false",
-                  "--bind-address=127.0.0.1"]
-        self._start("kube-controller-manager", [
-            str(self.bin_dir / "kube-controller-manager"), *common, f"--secure-port={free_port()}",
-            # node lifecycle would mark kubelet-less nodes NotReady after ~40 s; nodeipam needs a pod CIDR
-            "--controllers=*,-nodeipam,-nodelifecycle",
-            f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}"])
+        common = [
+            f"--kubeconfig={self.workdir / 'admin.kubeconfig'}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+        ]
+        self._start(
+            "kube-controller-manager",
+            [
+                str(self.bin_dir / "kube-controller-manager"),
+                *common,
+                f"--secure-port={free_port()}",
+                # node lifecycle would mark kubelet-less nodes NotReady after ~40 s; nodeipam needs a pod CIDR
+                "--controllers=*,-nodeipam,-nodelifecycle",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={pki / 'ca.crt'}",
+            ],
+        )
         self._start("kube-scheduler", [str(self.bin_dir / "kube-scheduler"), *common, f"--secure-port={free_port()}"])
         self.wait_for_default_service_account(90)
         return self
@@ -169,13 +260,17 @@ class ControlPlane:
                 pass
             self.check_alive()
             if time.time() > deadline:
-                raise RuntimeError(f"no default ServiceAccount after {timeout}s:\n{self.tail('kube-controller-manager')}")
+                raise RuntimeError(
+                    f"no default ServiceAccount after {timeout}s:\n{self.tail('kube-controller-manager')}"
+                )
             time.sleep(0.3)
 
     def check_alive(self) -> None:
         for proc in self.procs:
             if proc.poll() is not None:
-                raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}:\n{self.tail(Path(proc.args[0]).name)}")
+                raise RuntimeError(
+                    f"{proc.args[0]} exited with {proc.returncode}:\n{self.tail(Path(proc.args[0]).name)}"
+                )
 
     def tail(self, name: str, chars: int = 3000) -> str:
         path = self.workdir / f"{name}.log"
@@ -190,31 +285,72 @@ class ControlPlane:
         """A bound token for a ServiceAccount (TokenRequest), as a pod running under it would get."""
         from kubernetes import client
 
-        request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                   "spec": {"expirationSeconds": seconds}}
+        request = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": seconds},
+        }
         response = client.CoreV1Api(self.api()).create_namespaced_service_account_token(name, namespace, request)
         return response.status.token
 
-    def add_node(self, name: str, labels: dict[str, str], capacity: dict[str, str],
-                 taints: list[dict] | None = None, kubelet_port: int = 10250) -> None:
+    def add_node(
+        self,
+        name: str,
+        labels: dict[str, str],
+        capacity: dict[str, str],
+        taints: list[dict] | None = None,
+        kubelet_port: int = 10250,
+    ) -> None:
         """A Ready node labelled like a GKE node pool; the real scheduler then binds matching pods to it."""
         from kubernetes import client
 
         core = client.CoreV1Api(self.api())
         resources = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi", **capacity}
-        core.create_node({"apiVersion": "v1", "kind": "Node",
-                          "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **labels}},
-                          "spec": {"taints": taints or []}})
+        core.create_node(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **labels}},
+                "spec": {"taints": taints or []},
+            }
+        )
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        core.patch_node_status(name, {"status": {
-            "capacity": resources, "allocatable": resources,
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "docker kubelet",
-                            "lastHeartbeatTime": now, "lastTransitionTime": now}],
-            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": name}],
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet_port}},
-            "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux", "kubeletVersion": "v1.36.3",
-                         "containerRuntimeVersion": "docker://test", "kernelVersion": "", "osImage": "",
-                         "kubeProxyVersion": "", "machineID": name, "systemUUID": name, "bootID": name}}})
+        core.patch_node_status(
+            name,
+            {
+                "status": {
+                    "capacity": resources,
+                    "allocatable": resources,
+                    "conditions": [
+                        {
+                            "type": "Ready",
+                            "status": "True",
+                            "reason": "KubeletReady",
+                            "message": "docker kubelet",
+                            "lastHeartbeatTime": now,
+                            "lastTransitionTime": now,
+                        }
+                    ],
+                    "addresses": [
+                        {"type": "InternalIP", "address": "127.0.0.1"},
+                        {"type": "Hostname", "address": name},
+                    ],
+                    "daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet_port}},
+                    "nodeInfo": {
+                        "architecture": "amd64",
+                        "operatingSystem": "linux",
+                        "kubeletVersion": "v1.36.3",
+                        "containerRuntimeVersion": "docker://test",
+                        "kernelVersion": "",
+                        "osImage": "",
+                        "kubeProxyVersion": "",
+                        "machineID": name,
+                        "systemUUID": name,
+                        "bootID": name,
+                    },
+                }
+            },
+        )
         # TaintNodesByCondition adds not-ready at creation; with no node-lifecycle controller nothing lifts it.
         node = core.read_node(name)
         kept = [t for t in node.spec.taints or [] if not t.key.startswith("node.kubernetes.io/")]
@@ -233,17 +369,32 @@ class ControlPlane:
 
 GKE_NODE_POOLS = {
     # name: (labels, capacity, taints) — labels and taints as GKE sets them on accelerator node pools
-    "gke-l4-pool-1": ({"cloud.google.com/gke-accelerator": "nvidia-l4", "cloud.google.com/gke-nodepool": "l4-pool"},
-                      {"nvidia.com/gpu": "1"},
-                      [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]),
-    "gke-tpu-v5e-pool-1": ({"cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
-                            "cloud.google.com/gke-tpu-topology": "1x1", "cloud.google.com/gke-nodepool": "tpu-pool"},
-                           {"google.com/tpu": "1"},
-                           [{"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"}]),
+    "gke-l4-pool-1": (
+        {"cloud.google.com/gke-accelerator": "nvidia-l4", "cloud.google.com/gke-nodepool": "l4-pool"},
+        {"nvidia.com/gpu": "1"},
+        [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+    ),
+    "gke-tpu-v5e-pool-1": (
+        {
+            "cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
+            "cloud.google.com/gke-tpu-topology": "1x1",
+            "cloud.google.com/gke-nodepool": "tpu-pool",
+        },
+        {"google.com/tpu": "1"},
+        [{"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"}],
+    ),
     # a multi-host slice, tpu-v5p-16: 2 hosts of 4 chips, topology 2x2x2
-    **{f"gke-tpu-v5p-16-{i}": ({"cloud.google.com/gke-tpu-accelerator": "tpu-v5p-slice",
-                               "cloud.google.com/gke-tpu-topology": "2x2x2", "cloud.google.com/gke-nodepool": "v5p-16"},
-                              {"google.com/tpu": "4"},
-                              [{"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"}]) for i in range(2)},
+    **{
+        f"gke-tpu-v5p-16-{i}": (
+            {
+                "cloud.google.com/gke-tpu-accelerator": "tpu-v5p-slice",
+                "cloud.google.com/gke-tpu-topology": "2x2x2",
+                "cloud.google.com/gke-nodepool": "v5p-16",
+            },
+            {"google.com/tpu": "4"},
+            [{"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"}],
+        )
+        for i in range(2)
+    },
     "gke-cpu-pool-1": ({"cloud.google.com/gke-nodepool": "default-pool"}, {}, []),
 }

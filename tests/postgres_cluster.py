@@ -35,8 +35,10 @@ def _bin_dir() -> Path:
     on_path = shutil.which("initdb")
     if on_path:
         return Path(on_path).resolve().parent
-    raise PostgresUnavailable("PostgreSQL is not installed: `apt-get install postgresql` (Debian's package) "
-                              "provides initdb and pg_ctl under /usr/lib/postgresql/<version>/bin")
+    raise PostgresUnavailable(
+        "PostgreSQL is not installed: `apt-get install postgresql` (Debian's package) "
+        "provides initdb and pg_ctl under /usr/lib/postgresql/<version>/bin"
+    )
 
 
 def _free_port() -> int:
@@ -52,8 +54,10 @@ def _as_cluster_owner() -> tuple[list[str], int | None, int | None]:
     try:
         owner = pwd.getpwnam("postgres")
     except KeyError:
-        raise PostgresUnavailable("running as root, and there is no `postgres` user to own the cluster "
-                                  "(Debian's postgresql package creates it)") from None
+        raise PostgresUnavailable(
+            "running as root, and there is no `postgres` user to own the cluster "
+            "(Debian's postgresql package creates it)"
+        ) from None
     return ["runuser", "-u", "postgres", "--"], owner.pw_uid, owner.pw_gid
 
 
@@ -78,8 +82,10 @@ def postgres_cluster(durable: bool = False) -> Iterator[str]:
     def run(*args: str) -> None:
         proc = subprocess.run([*prefix, *args], capture_output=True, text=True, timeout=180)
         if proc.returncode != 0:
-            raise PostgresUnavailable(f"{' '.join(args[:2])} failed:\n{proc.stdout}{proc.stderr}"
-                                      + (log.read_text()[-2000:] if log.exists() else ""))
+            raise PostgresUnavailable(
+                f"{' '.join(args[:2])} failed:\n{proc.stdout}{proc.stderr}"
+                + (log.read_text()[-2000:] if log.exists() else "")
+            )
 
     run(str(bin_dir / "initdb"), "-D", str(data), "-U", USER, "-A", "trust", "-E", "UTF8", "--no-sync")
     options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c max_connections=200"
@@ -90,10 +96,12 @@ def postgres_cluster(durable: bool = False) -> Iterator[str]:
         run(str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", USER, DATABASE)
         yield f"postgresql+asyncpg://{USER}@127.0.0.1:{port}/{DATABASE}"
     finally:
-        subprocess.run([*prefix, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"],
-                       capture_output=True, timeout=120)
+        subprocess.run(
+            [*prefix, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"],
+            capture_output=True,
+            timeout=120,
+        )
         shutil.rmtree(root, ignore_errors=True)
-
 
 
 def prefect_tables(url: str) -> list[str]:

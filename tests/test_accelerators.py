@@ -133,10 +133,16 @@ def test_multi_host_slice_shape():
     assert spec.machine_type == "ct6e-standard-4t" and spec.tpu_topology == "4x4"
 
 
-@pytest.mark.parametrize("spelling, expected", [
-    ("l4:spot", "l4"), ("tpu-v6e-8:spot", "tpu-v6e-8"), ("h100x8:spot", "h100x8"),
-    ("GPU:2:SPOT", "l4x2"), ("cpu : spot", "cpu"),
-])
+@pytest.mark.parametrize(
+    "spelling, expected",
+    [
+        ("l4:spot", "l4"),
+        ("tpu-v6e-8:spot", "tpu-v6e-8"),
+        ("h100x8:spot", "h100x8"),
+        ("GPU:2:SPOT", "l4x2"),
+        ("cpu : spot", "cpu"),
+    ],
+)
 def test_spot_suffix(spelling: str, expected: str):
     spec = resolve(spelling)
     assert spec.name == expected and spec.spot
@@ -190,6 +196,7 @@ def test_module_is_a_light_leaf():
 
 
 def test_main_prints_table():
-    out = subprocess.run([sys.executable, "-m", "kinetic_prefect.accelerators"], check=True, capture_output=True,
-                         text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "kinetic_prefect.accelerators"], check=True, capture_output=True, text=True
+    ).stdout
     assert out == acc.markdown_table()

@@ -24,11 +24,11 @@ from prefect import get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
 from api_gate import ApiGate
-from test_lifecycle import final_job_run, read_pid, task_run_of, wait_for
+from test_lifecycle import final_job_run, read_pid, task_run_of
 
 SLOW = os.environ.get("SLOW_TESTS") == "1"
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import sys
     from prefect import flow
     from kinetic_prefect import kinetic_task
@@ -50,7 +50,7 @@ SCRIPT = textwrap.dedent('''
 
     if __name__ == "__main__":
         print("VALUE", pipeline(), flush=True)
-''')
+""")
 
 
 @pytest.fixture
@@ -74,8 +74,16 @@ def _job_log_lines(run_id) -> list[str]:
     return [line for message in messages for line in message.splitlines() if line.startswith("line-")]
 
 
-def run_through_outage(tmp_path: Path, gate: ApiGate, worker_factory, submission: str, outage_s: float,
-                       job_s: float, cut_after_s: float, lines: int = 0) -> None:
+def run_through_outage(
+    tmp_path: Path,
+    gate: ApiGate,
+    worker_factory,
+    submission: str,
+    outage_s: float,
+    job_s: float,
+    cut_after_s: float,
+    lines: int = 0,
+) -> None:
     env = {**os.environ, "PREFECT_API_URL": gate.url}
     if submission == "worker":
         pool = worker_factory(env={"PREFECT_API_URL": gate.url}).start().pool
@@ -88,8 +96,13 @@ def run_through_outage(tmp_path: Path, gate: ApiGate, worker_factory, submission
     pid_file = tmp_path / "job.pid"
     out_path = tmp_path / "caller.out"
     with open(out_path, "w") as out:
-        proc = subprocess.Popen([sys.executable, str(script), name, pool, submission, str(pid_file), str(lines),
-                                 str(job_s / lines)], cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, str(script), name, pool, submission, str(pid_file), str(lines), str(job_s / lines)],
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     try:
         read_pid(pid_file, timeout=180)
         time.sleep(cut_after_s)
@@ -105,14 +118,18 @@ def run_through_outage(tmp_path: Path, gate: ApiGate, worker_factory, submission
     assert f"VALUE {lines}" in output, output[-4000:]
     expected = [f"line-{i:05d}" for i in range(lines)]
     printed = re.findall(r"line-\d{5}", output)
-    assert sorted(printed) == expected, (f"the caller's terminal: {len(set(expected) - set(printed))} lines missing, "
-                                         f"{len(printed) - len(set(printed))} repeated")
+    assert sorted(printed) == expected, (
+        f"the caller's terminal: {len(set(expected) - set(printed))} lines missing, "
+        f"{len(printed) - len(set(printed))} repeated"
+    )
     [run] = final_job_run(name, timeout=60)
     assert run.state.is_completed(), run.state
     assert task_run_of(run).state.is_completed(), task_run_of(run).state
     stored = _job_log_lines(run.id)
-    assert stored == expected, (f"the job run's logs: {len(set(expected) - set(stored))} lines missing, "
-                                f"{len(stored) - len(set(stored))} repeated")
+    assert stored == expected, (
+        f"the job run's logs: {len(set(expected) - set(stored))} lines missing, "
+        f"{len(stored) - len(set(stored))} repeated"
+    )
     with get_client(sync_client=True) as client:
         parent = client.read_flow_run(task_run_of(run).flow_run_id)
     assert parent.state.is_completed(), parent.state
@@ -151,9 +168,13 @@ def test_the_worker_and_the_server_both_restart(tmp_path, gate, worker_factory):
     pid_file = tmp_path / "job.pid"
     out_path = tmp_path / "caller.out"
     with open(out_path, "w") as out:
-        proc = subprocess.Popen([sys.executable, str(script), name, worker.pool, "worker", str(pid_file), str(lines),
-                                 str(job_s / lines)], cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PREFECT_API_URL": gate.url})
+        proc = subprocess.Popen(
+            [sys.executable, str(script), name, worker.pool, "worker", str(pid_file), str(lines), str(job_s / lines)],
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PREFECT_API_URL": gate.url},
+        )
     try:
         read_pid(pid_file, timeout=180)
         time.sleep(5)

@@ -104,11 +104,14 @@ def test_the_call_style_follows_the_body(body):
     import inspect
 
     if body == "async":
+
         async def f(x: int) -> int:
             return x
     else:
+
         def f(x: int) -> int:
             return x
+
     task = kinetic_task(name=f"style-{body}")(f)
     assert inspect.iscoroutinefunction(task.fn) is (body == "async")
     assert task.isasync is (body == "async")

@@ -28,8 +28,14 @@ from docker_fixture import proxy_files
 import kinetic_prefect
 from kinetic_prefect import builders
 from kinetic_prefect.builders import (
-    CloudBuildBuilder, DockerBuilder, ImageBuildError, PrebuiltImage, build_context, builder_from_settings,
-    context_archive, image_name,
+    CloudBuildBuilder,
+    DockerBuilder,
+    ImageBuildError,
+    PrebuiltImage,
+    build_context,
+    builder_from_settings,
+    context_archive,
+    image_name,
 )
 from kinetic_prefect.image import RUNNER_MODULES, ImageSpec
 
@@ -66,8 +72,7 @@ def test_build_context_cpu_contents(tmp_path):
     assert lines[-1] == 'ENTRYPOINT ["python", "-u", "-m", "kinetic_prefect.runner"]'
     assert "COPY extra/ /" not in dockerfile
     requirements = files["requirements.txt"].decode().splitlines()
-    assert requirements == ["tabulate==0.9.0", f"cloudpickle=={cloudpickle.__version__}",
-                            builders.STORAGE_REQUIREMENT]
+    assert requirements == ["tabulate==0.9.0", f"cloudpickle=={cloudpickle.__version__}", builders.STORAGE_REQUIREMENT]
     # The runner's modules, byte for byte from this checkout; nothing else of the package.
     copied = {k.removeprefix("kinetic_prefect/"): v for k, v in files.items() if k.startswith("kinetic_prefect/")}
     assert copied == {f"{m}.py": (PACKAGE_DIR / f"{m}.py").read_bytes() for m in RUNNER_MODULES}
@@ -123,7 +128,8 @@ def test_image_names_and_settings():
     assert builder_from_settings("us-docker.pkg.dev/proj/repo", staging_bucket="b").region == "global"
     nested = CloudBuildBuilder("p", "europe-west4", "europe-west4-docker.pkg.dev/p/repo/team", "b")
     assert nested.tag_resource(image_name(nested.repository, spec)) == (
-        f"projects/p/locations/europe-west4/repositories/repo/packages/team%2Fkinetic/tags/{spec.tag}")
+        f"projects/p/locations/europe-west4/repositories/repo/packages/team%2Fkinetic/tags/{spec.tag}"
+    )
     assert CloudBuildBuilder("p", "asia-east1", "repo", "b").repository == "asia-east1-docker.pkg.dev/p/repo"
 
 
@@ -140,8 +146,12 @@ def _make_function():
 
         import tabulate  # installed from the spec's requirements
 
-        return {"sum": x + y, "tabulate": tabulate.__version__, "python": list(sys.version_info[:2]),
-                "executable": sys.executable}
+        return {
+            "sum": x + y,
+            "tabulate": tabulate.__version__,
+            "python": list(sys.version_info[:2]),
+            "executable": sys.executable,
+        }
 
     return describe
 
@@ -175,15 +185,34 @@ def test_docker_build_push_run_then_skip(docker_engine, local_registry, python_b
     store.put_bytes("runs/r1/payload.pkl", payload)
     docker_engine.run("image", "rm", image)  # run what the registry holds, not the local copy
     run = docker_engine.run(
-        "run", "--rm", "--network", "none", "--user", f"{os.getuid()}:{os.getgid()}", "-e", "HOME=/tmp",
-        "-v", f"{store_dir}:/store", "-e", "KINETIC_STORE=/store", "-e", "KINETIC_RUN_PREFIX=runs/r1",
-        "-e", f"KINETIC_PAYLOAD_SHA256={hashlib.sha256(payload).hexdigest()}", image, check=False)
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--user",
+        f"{os.getuid()}:{os.getgid()}",
+        "-e",
+        "HOME=/tmp",
+        "-v",
+        f"{store_dir}:/store",
+        "-e",
+        "KINETIC_STORE=/store",
+        "-e",
+        "KINETIC_RUN_PREFIX=runs/r1",
+        "-e",
+        f"KINETIC_PAYLOAD_SHA256={hashlib.sha256(payload).hexdigest()}",
+        image,
+        check=False,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     outcome = json.loads(store.get_bytes("runs/r1/outcome.json"))
     assert outcome["status"] == "completed", outcome
     assert cloudpickle.loads(store.get_bytes("runs/r1/result.pkl")) == {
-        "sum": 5, "tabulate": "0.9.0", "python": [int(v) for v in spec.python.split(".")],
-        "executable": f"{builders.VENV}/bin/python"}
+        "sum": 5,
+        "tabulate": "0.9.0",
+        "python": [int(v) for v in spec.python.split(".")],
+        "executable": f"{builders.VENV}/bin/python",
+    }
 
     # Second ensure: the registry has the tag, so nothing is built (a fresh builder: no in-process memory).
     lines.clear()
@@ -195,8 +224,7 @@ def test_docker_build_push_run_then_skip(docker_engine, local_registry, python_b
     print(f"\nfirst build+push {first_build_s:.1f} s, second ensure {time.monotonic() - started:.2f} s")
 
 
-def test_docker_build_failure_reports_the_log_tail(docker_engine, local_registry, python_base_image,
-                                                   tmp_path):
+def test_docker_build_failure_reports_the_log_tail(docker_engine, local_registry, python_base_image, tmp_path):
     # Python minor version mismatch: the Dockerfile's guard stops the build before any install.
     spec = ImageSpec.create(python="3.9")
     builder = DockerBuilder(f"{local_registry}/kinetic-test-{uuid.uuid4().hex[:8]}", base_image=python_base_image)
@@ -223,9 +251,15 @@ class FakeGoogleApis:
         self.tags: set[str] = set()
         self.requests: list[tuple[str, str, bytes]] = []
         self.builds: dict[str, dict] = {}
-        self.log_lines = ["Step #0: Sending build context to Docker daemon", "Step #0: Step 1/10 : FROM python",
-                          "Step #0: Successfully built 0123abcd", "PUSH", "DONE" if final_status == "SUCCESS"
-                          else "ERROR: build step 0 \"gcr.io/cloud-builders/docker\" failed: exit status 1"]
+        self.log_lines = [
+            "Step #0: Sending build context to Docker daemon",
+            "Step #0: Step 1/10 : FROM python",
+            "Step #0: Successfully built 0123abcd",
+            "PUSH",
+            "DONE"
+            if final_status == "SUCCESS"
+            else 'ERROR: build step 0 "gcr.io/cloud-builders/docker" failed: exit status 1',
+        ]
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -262,20 +296,29 @@ class FakeGoogleApis:
         parent, _, rest = path.removeprefix("/v1/").rpartition("/")
         assert rest == "builds", path
         build = json.loads(body)
-        build.update(id=f"build-{len(self.builds) + 1}", status=1, polls=0,  # 1 = QUEUED (enum-encoding=int)
-                     logUrl=f"https://console.cloud.google.com/cloud-build/builds/{len(self.builds) + 1}")
+        build.update(
+            id=f"build-{len(self.builds) + 1}",
+            status=1,
+            polls=0,  # 1 = QUEUED (enum-encoding=int)
+            logUrl=f"https://console.cloud.google.com/cloud-build/builds/{len(self.builds) + 1}",
+        )
         self.builds[build["id"]] = build
-        return 200, {"name": f"operations/build/{parent}/{build['id']}", "metadata": {
-            "@type": "type.googleapis.com/google.devtools.cloudbuild.v1.BuildOperationMetadata",
-            "build": {k: v for k, v in build.items() if k != "polls"}}}
+        return 200, {
+            "name": f"operations/build/{parent}/{build['id']}",
+            "metadata": {
+                "@type": "type.googleapis.com/google.devtools.cloudbuild.v1.BuildOperationMetadata",
+                "build": {k: v for k, v in build.items() if k != "polls"},
+            },
+        }
 
     def get(self, path: str):
         name = path.removeprefix("/v1/")
         if "/tags/" in name:
             if name in self.tags:
                 return 200, {"name": name, "version": f"{name.split('/tags/')[0]}/versions/sha256:00"}
-            return 404, {"error": {"code": 404, "message": f"Requested entity was not found: {name}",
-                                   "status": "NOT_FOUND"}}
+            return 404, {
+                "error": {"code": 404, "message": f"Requested entity was not found: {name}", "status": "NOT_FOUND"}
+            }
         build = self.builds[name.rsplit("/", 1)[1]]
         build["polls"] += 1
         if build["polls"] == 1:
@@ -304,13 +347,21 @@ def google_apis(gcs_emulator, gcs_bucket, request):
     fake = FakeGoogleApis(storage_client, final_status=getattr(request, "param", "SUCCESS"))
     options = {"api_endpoint": fake.endpoint}
     builder = CloudBuildBuilder(
-        "proj", "us-central1", "us-central1-docker.pkg.dev/proj/images", gcs_bucket, timeout_seconds=1800,
-        machine_type="e2-highcpu-8", poll_seconds=0.01,
-        build_client=cloudbuild_v1.CloudBuildClient(transport="rest", credentials=AnonymousCredentials(),
-                                                    client_options=options),
+        "proj",
+        "us-central1",
+        "us-central1-docker.pkg.dev/proj/images",
+        gcs_bucket,
+        timeout_seconds=1800,
+        machine_type="e2-highcpu-8",
+        poll_seconds=0.01,
+        build_client=cloudbuild_v1.CloudBuildClient(
+            transport="rest", credentials=AnonymousCredentials(), client_options=options
+        ),
         registry_client=artifactregistry_v1.ArtifactRegistryClient(
-            transport="rest", credentials=AnonymousCredentials(), client_options=options),
-        storage_client=storage_client)
+            transport="rest", credentials=AnonymousCredentials(), client_options=options
+        ),
+        storage_client=storage_client,
+    )
     yield fake, builder, storage_client
     fake.close()
 
@@ -342,7 +393,8 @@ def test_cloud_build_builds_a_missing_tag_then_skips(google_apis):
     assert len(posts) == 1 and posts[0][0].startswith("/v1/projects/proj/locations/us-central1/builds?")
     sent = cloudbuild_v1.Build.from_json(posts[0][1])
     assert [(s.name, list(s.args)) for s in sent.steps] == [
-        ("gcr.io/cloud-builders/docker", ["build", "--tag", image, "."])]
+        ("gcr.io/cloud-builders/docker", ["build", "--tag", image, "."])
+    ]
     assert list(sent.images) == [image]
     assert sent.source.storage_source.bucket == builder.staging_bucket
     assert sent.source.storage_source.object_ == source
@@ -359,7 +411,7 @@ def test_cloud_build_builds_a_missing_tag_then_skips(google_apis):
 
     assert any(line.startswith(PROGRESS_PREFIX) and "built by Cloud Build" in line for line in lines)
     lines = [line for line in lines if not line.startswith(PROGRESS_PREFIX)]  # the build's own log, then ours
-    assert lines[-len(fake.log_lines):] == fake.log_lines, (lines, fake.requests)
+    assert lines[-len(fake.log_lines) :] == fake.log_lines, (lines, fake.requests)
     assert "build-1" in next(line for line in lines if "Cloud Build" in line)
 
     # Second ensure: Artifact Registry finds the tag (the build pushed it), so nothing is uploaded or built.

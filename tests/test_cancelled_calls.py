@@ -15,7 +15,15 @@ from prefect.states import Cancelling
 
 from kinetic_prefect.errors import KineticJobCancelled
 from test_lifecycle import (  # noqa: F401 - route is a fixture
-    STOP_WITHIN_SECONDS, final_job_run, in_thread, job_runs, read_pid, route, seconds_until_gone, sleeper, task_run_of,
+    STOP_WITHIN_SECONDS,
+    final_job_run,
+    in_thread,
+    job_runs,
+    read_pid,
+    route,
+    seconds_until_gone,
+    sleeper,
+    task_run_of,
 )
 
 # The session server's start (minutes at a high load average) counts in the first test's time.

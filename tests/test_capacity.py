@@ -22,12 +22,15 @@ def test_a_list_resolves_in_order_and_travels_as_one_job_variable():
     assert [capacity.chip_count(s) for s in specs] == [8, 4, 4]
 
 
-@pytest.mark.parametrize("bad, culprit", [
-    (["a100x4", "l4x3"], "l4x3"),          # a size that does not exist
-    (["a100x4", "nvidia-zz"], "nvidia-zz"),
-    (["l4", "gpu"], "twice"),               # gpu is the l4's other spelling
-    ([], "at least one"),
-])
+@pytest.mark.parametrize(
+    "bad, culprit",
+    [
+        (["a100x4", "l4x3"], "l4x3"),  # a size that does not exist
+        (["a100x4", "nvidia-zz"], "nvidia-zz"),
+        (["l4", "gpu"], "twice"),  # gpu is the l4's other spelling
+        ([], "at least one"),
+    ],
+)
 def test_a_bad_list_fails_at_decoration_naming_the_culprit(bad, culprit):
     with pytest.raises(ValueError, match=culprit):
         kinetic_task(lambda: None, accelerator=bad)
@@ -107,52 +110,91 @@ def _pod(phase="Failed", conditions=(), reason=None, message=None, terminated=No
     return {"spec": {"nodeName": node}, "status": status}
 
 
-DISRUPTED = {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
-             "message": "Pod was terminated in response to imminent node shutdown."}
+DISRUPTED = {
+    "type": "DisruptionTarget",
+    "status": "True",
+    "reason": "TerminationByKubelet",
+    "message": "Pod was terminated in response to imminent node shutdown.",
+}
 
 
-@pytest.mark.parametrize("pod, node_exists, expected", [
-    (_pod(conditions=[DISRUPTED], terminated={"exitCode": 0, "reason": "Completed"}), True, "TerminationByKubelet"),
-    (_pod(conditions=[{**DISRUPTED, "reason": "DeletionByPodGC"}]), False, "its node was deleted"),
-    (_pod(conditions=[{**DISRUPTED, "reason": "EvictionByEvictionAPI"}]), True, "evicted"),
-    (_pod(reason="Terminated", message="Pod was terminated in response to imminent node shutdown."), True,
-     "its node shut down"),  # a kubelet older than the DisruptionTarget condition
-    (_pod(terminated={"exitCode": 1, "reason": "Error"}), False, "was deleted under it"),  # node gone, no record
-    (_pod(terminated={"exitCode": 1, "reason": "Error"}), True, None),  # the body's failure
-    (_pod(conditions=[DISRUPTED], terminated={"exitCode": 137, "reason": "OOMKilled"}), True, None),  # OOM
-    (_pod(terminated={"exitCode": 137, "reason": "OOMKilled"}), True, None),
-])
+@pytest.mark.parametrize(
+    "pod, node_exists, expected",
+    [
+        (_pod(conditions=[DISRUPTED], terminated={"exitCode": 0, "reason": "Completed"}), True, "TerminationByKubelet"),
+        (_pod(conditions=[{**DISRUPTED, "reason": "DeletionByPodGC"}]), False, "its node was deleted"),
+        (_pod(conditions=[{**DISRUPTED, "reason": "EvictionByEvictionAPI"}]), True, "evicted"),
+        (
+            _pod(reason="Terminated", message="Pod was terminated in response to imminent node shutdown."),
+            True,
+            "its node shut down",
+        ),  # a kubelet older than the DisruptionTarget condition
+        (_pod(terminated={"exitCode": 1, "reason": "Error"}), False, "was deleted under it"),  # node gone, no record
+        (_pod(terminated={"exitCode": 1, "reason": "Error"}), True, None),  # the body's failure
+        (_pod(conditions=[DISRUPTED], terminated={"exitCode": 137, "reason": "OOMKilled"}), True, None),  # OOM
+        (_pod(terminated={"exitCode": 137, "reason": "OOMKilled"}), True, None),
+    ],
+)
 def test_a_preemption_is_told_from_a_failure_and_from_an_oom(pod, node_exists, expected):
     found = capacity.pod_disruption(pod, node_exists)
     assert (found is None) if expected is None else (expected in found), found
 
 
 def test_the_jobs_own_record_of_a_disruption_outlives_the_pod():
-    job = {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "PodFailurePolicy",
-                                      "message": "Pod default/x-abc has condition DisruptionTarget matching FailJob "
-                                                 "rule at index 0"}]}}
+    job = {
+        "status": {
+            "conditions": [
+                {
+                    "type": "Failed",
+                    "status": "True",
+                    "reason": "PodFailurePolicy",
+                    "message": "Pod default/x-abc has condition DisruptionTarget matching FailJob rule at index 0",
+                }
+            ]
+        }
+    }
     assert "DisruptionTarget" in capacity.job_disruption(job)
     backoff = {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}}
     assert capacity.job_disruption(backoff) is None
 
 
 def _unschedulable(message: str) -> dict:
-    return {"status": {"phase": "Pending", "conditions": [
-        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]}}
+    return {
+        "status": {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}],
+        }
+    }
 
 
-@pytest.mark.parametrize("message, events, expected", [
-    ("0/5 nodes are available: 5 node(s) didn't match Pod's node affinity/selector.", [], capacity.NO_NODE_POOL),
-    ("0/5 nodes are available: 1 Insufficient nvidia.com/gpu, 3 node(s) had untolerated taint {google.com/tpu: "
-     "present}, 1 node(s) didn't match Pod's node affinity/selector.", [], capacity.INSUFFICIENT_CAPACITY),
-    ("0/5 nodes are available: 5 node(s) didn't match Pod's node affinity/selector.", ["NotTriggerScaleUp"],
-     capacity.NO_NODE_POOL),
-    # node auto-provisioning (or a pool at zero nodes) is adding a node: wait like for a full pool
-    ("0/5 nodes are available: 5 node(s) didn't match Pod's node affinity/selector.", ["TriggeredScaleUp"],
-     capacity.INSUFFICIENT_CAPACITY),
-    ("0/5 nodes are available: 5 node(s) didn't match Pod's node affinity/selector.",
-     ["TriggeredScaleUp", "FailedScaleUp"], capacity.INSUFFICIENT_CAPACITY),
-])
+@pytest.mark.parametrize(
+    "message, events, expected",
+    [
+        ("0/5 nodes are available: 5 node(s) didn't match Pod's node affinity/selector.", [], capacity.NO_NODE_POOL),
+        (
+            "0/5 nodes are available: 1 Insufficient nvidia.com/gpu, 3 node(s) had untolerated taint {google.com/tpu: "
+            "present}, 1 node(s) didn't match Pod's node affinity/selector.",
+            [],
+            capacity.INSUFFICIENT_CAPACITY,
+        ),
+        (
+            "0/5 nodes are available: 5 node(s) didn't match Pod's node affinity/selector.",
+            ["NotTriggerScaleUp"],
+            capacity.NO_NODE_POOL,
+        ),
+        # node auto-provisioning (or a pool at zero nodes) is adding a node: wait like for a full pool
+        (
+            "0/5 nodes are available: 5 node(s) didn't match Pod's node affinity/selector.",
+            ["TriggeredScaleUp"],
+            capacity.INSUFFICIENT_CAPACITY,
+        ),
+        (
+            "0/5 nodes are available: 5 node(s) didn't match Pod's node affinity/selector.",
+            ["TriggeredScaleUp", "FailedScaleUp"],
+            capacity.INSUFFICIENT_CAPACITY,
+        ),
+    ],
+)
 def test_what_the_scheduler_and_autoscaler_say_about_capacity(message, events, expected):
     assert gke_capacity.pending_capacity(_unschedulable(message), events) == expected
 
@@ -171,7 +213,9 @@ def test_every_job_fails_fast_on_disruption_and_is_named_per_attempt():
     run = FlowRun(id=uuid.uuid4(), name="brave-otter-job1", flow_id=uuid.uuid4())
     second = configuration.render_manifest(accelerators.resolve("l4"), run, attempt=2)
     kubernetes_validate.validate(second, K8S_VERSION, strict=True)
-    assert second["metadata"]["name"].endswith("-a2") and second["metadata"]["labels"][gke_capacity.ATTEMPT_LABEL] == "2"
+    assert (
+        second["metadata"]["name"].endswith("-a2") and second["metadata"]["labels"][gke_capacity.ATTEMPT_LABEL] == "2"
+    )
     pod = second["spec"]["template"]["spec"]
     assert "cloud.google.com/gke-spot" not in pod["nodeSelector"]  # re-rendered from the template: on-demand
     assert len(pod["tolerations"]) == len(manifest["spec"]["template"]["spec"]["tolerations"]) - 1
@@ -189,8 +233,9 @@ def test_a_reservation_is_consumed_by_the_first_accelerator_only():
     from prefect.client.schemas.objects import FlowRun
     import uuid
 
-    fallback = configuration.render_manifest(accelerators.resolve("l4x4"), FlowRun(id=uuid.uuid4(), name="r",
-                                                                                     flow_id=uuid.uuid4()), 2)
+    fallback = configuration.render_manifest(
+        accelerators.resolve("l4x4"), FlowRun(id=uuid.uuid4(), name="r", flow_id=uuid.uuid4()), 2
+    )
     assert "cloud.google.com/reservation-name" not in fallback["spec"]["template"]["spec"]["nodeSelector"]
 
 
@@ -202,17 +247,24 @@ def test_flex_start_and_queued_provisioning_render_as_gke_documents():
     kubernetes_validate.validate(queued, K8S_VERSION, strict=True)
     assert queued["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "dws-local-queue"
     assert queued["spec"]["suspend"] is True
-    assert {"key": "cloud.google.com/gke-queued", "operator": "Equal", "value": "true", "effect": "NoSchedule"} \
-        in queued["spec"]["template"]["spec"]["tolerations"]
+    assert {
+        "key": "cloud.google.com/gke-queued",
+        "operator": "Equal",
+        "value": "true",
+        "effect": "NoSchedule",
+    } in queued["spec"]["template"]["spec"]["tolerations"]
 
 
-@pytest.mark.parametrize("settings, culprit", [
-    ({"reservation": "r", "spot": True}, "Spot VMs never consume reservations"),
-    ({"flex_start": True, "spot": True}, "not Spot"),
-    ({"reservation": "r", "flex_start": True}, "set one of them"),
-    ({"preemption_retries": -1}, "preemption_retries=-1"),
-    ({"capacity_wait_seconds": "soon"}, "capacity_wait_seconds='soon'"),
-])
+@pytest.mark.parametrize(
+    "settings, culprit",
+    [
+        ({"reservation": "r", "spot": True}, "Spot VMs never consume reservations"),
+        ({"flex_start": True, "spot": True}, "not Spot"),
+        ({"reservation": "r", "flex_start": True}, "set one of them"),
+        ({"preemption_retries": -1}, "preemption_retries=-1"),
+        ({"capacity_wait_seconds": "soon"}, "capacity_wait_seconds='soon'"),
+    ],
+)
 def test_capacity_settings_that_cannot_work_are_refused_before_upload(settings, culprit):
     from kinetic_prefect.workers.gke import KineticGKEWorker
 

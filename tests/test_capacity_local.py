@@ -35,8 +35,12 @@ def train(pid_file: str) -> dict:
         time.sleep(0.25)
         checkpoint.write_text(str(step + 1))
         print("[kinetic:progress] " + json.dumps({"done": step + 1, "total": STEPS}), flush=True)
-    return {"start": start, "accelerator": os.environ["KINETIC_ACCELERATOR"],
-            "chips": os.environ["KINETIC_ACCELERATOR_CHIPS"], "preemptions": os.environ["KINETIC_PREEMPTIONS"]}
+    return {
+        "start": start,
+        "accelerator": os.environ["KINETIC_ACCELERATOR"],
+        "chips": os.environ["KINETIC_ACCELERATOR_CHIPS"],
+        "preemptions": os.environ["KINETIC_PREEMPTIONS"],
+    }
 
 
 def _preempt_when_running(pid_file: Path, min_step_seconds: float = 1.5) -> None:
@@ -51,8 +55,9 @@ def _preempt_when_running(pid_file: Path, min_step_seconds: float = 1.5) -> None
 
 def _task_artifacts(task_run_id):
     with get_client(sync_client=True) as client:
-        return client.read_artifacts(artifact_filter=ArtifactFilter(task_run_id=ArtifactFilterTaskRunId(
-            any_=[task_run_id])))
+        return client.read_artifacts(
+            artifact_filter=ArtifactFilter(task_run_id=ArtifactFilterTaskRunId(any_=[task_run_id]))
+        )
 
 
 def test_sigterm_from_outside_is_a_preemption_retried_without_spending_retries(tmp_path):
@@ -85,8 +90,13 @@ def test_sigterm_from_outside_is_a_preemption_retried_without_spending_retries(t
 
     EventsWorker.drain_all()
     with get_client(sync_client=True) as client:
-        events = client.read_events(EventFilter(event=EventNameFilter(name=["kinetic.job.preempted"]),
-                                                resource=EventResourceFilter(id=[f"prefect.flow-run.{job.id}"])), limit=50).events
+        events = client.read_events(
+            EventFilter(
+                event=EventNameFilter(name=["kinetic.job.preempted"]),
+                resource=EventResourceFilter(id=[f"prefect.flow-run.{job.id}"]),
+            ),
+            limit=50,
+        ).events
     [event] = events
     assert event.payload["preemptions"] == 1 and event.payload["resumed_from"].startswith("step ")
 

@@ -21,8 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 def _pool(kind: str = "kinetic-local", **defaults) -> str:
     """A new pool made the way an operator would (Prefect's CLI), its variables set with pool-set."""
     name = f"doctor-{uuid.uuid4().hex[:6]}"
-    proc = subprocess.run([sys.executable, "-m", "prefect", "work-pool", "create", name, "--type", kind],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "prefect", "work-pool", "create", name, "--type", kind],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     if defaults:
         assert main(["pool-set", name, *(f"{k}={v}" for k, v in defaults.items())]) == 0
@@ -93,9 +97,15 @@ def test_doctor_fails_on_a_read_only_store_directory(tmp_path, capsys):
 
 
 def test_doctor_gke_pool_with_cloud_build_but_no_project(gcs_bucket, capsys):
-    pool = _pool("kinetic-gke", image_builder="cloud-build", gcp_region="europe-west4",
-                 build_staging_bucket="builds", image_repository="europe-west4-docker.pkg.dev/p/kinetic",
-                 store=f"{gcs_bucket}/kinetic", kubeconfig_path="/nonexistent/kubeconfig")
+    pool = _pool(
+        "kinetic-gke",
+        image_builder="cloud-build",
+        gcp_region="europe-west4",
+        build_staging_bucket="builds",
+        image_repository="europe-west4-docker.pkg.dev/p/kinetic",
+        store=f"{gcs_bucket}/kinetic",
+        kubeconfig_path="/nonexistent/kubeconfig",
+    )
     code = main(["doctor", "--pool", pool])
     out = capsys.readouterr().out
     assert code == 1
@@ -123,17 +133,34 @@ def cluster(tmp_path):
     emulator = KubeEmulator(tmp_path)
     emulator._state["emulator"].resources["v1/nodes"] = {}
     core = client.CoreV1Api(emulator.api())
-    core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cpu-1", "labels": {
-        "cloud.google.com/gke-nodepool": "default-pool"}}})
-    core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "l4-1", "labels": {
-        "cloud.google.com/gke-nodepool": "kinetic-l4", accelerators.GPU_LABEL: "nvidia-l4"}}})
+    core.create_node(
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": "cpu-1", "labels": {"cloud.google.com/gke-nodepool": "default-pool"}},
+        }
+    )
+    core.create_node(
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": "l4-1",
+                "labels": {"cloud.google.com/gke-nodepool": "kinetic-l4", accelerators.GPU_LABEL: "nvidia-l4"},
+            },
+        }
+    )
     yield emulator
     emulator.stop()
 
 
 def test_doctor_checks_node_pools_for_the_deployments_accelerators(cluster, gcs_bucket, capsys):
-    pool = _pool("kinetic-gke", image="europe-docker.pkg.dev/p/kinetic/job:1", store=f"{gcs_bucket}/k",
-                 kubeconfig_path=str(cluster.kubeconfig_path))
+    pool = _pool(
+        "kinetic-gke",
+        image="europe-docker.pkg.dev/p/kinetic/job:1",
+        store=f"{gcs_bucket}/k",
+        kubeconfig_path=str(cluster.kubeconfig_path),
+    )
     # A deployment that sends its kinetic tasks to this pool on an L4 (what prefect.yaml's -gke variant does).
     from prefect import flow, get_client
 
@@ -143,8 +170,12 @@ def test_doctor_checks_node_pools_for_the_deployments_accelerators(cluster, gcs_
 
     with get_client(sync_client=True) as client:
         flow_id = client.create_flow(noop)
-        client.create_deployment(flow_id=flow_id, name="uses-l4", parameters={"accelerator": "l4"},
-                                 job_variables={"env": {"KINETIC_WORK_POOL": pool}})
+        client.create_deployment(
+            flow_id=flow_id,
+            name="uses-l4",
+            parameters={"accelerator": "l4"},
+            job_variables={"env": {"KINETIC_WORK_POOL": pool}},
+        )
     code, report = _doctor(capsys, "--pool", pool)
     assert code == 0, report
     assert report["accelerators"] == ["l4"]
@@ -159,7 +190,9 @@ def test_doctor_checks_node_pools_for_the_deployments_accelerators(cluster, gcs_
     assert "--accelerator type=nvidia-h100-80gb,count=8" in failed["Node pool for h100x8"]["fix"]
     assert "--machine-type a3-highgpu-8g" in failed["Node pool for h100x8"]["fix"]
     tpu = failed["Node pool for tpu-v6e-4:spot"]
-    assert "cloud.google.com/gke-tpu-topology=2x2" in tpu["detail"] and "cloud.google.com/gke-spot=true" in tpu["detail"]
+    assert (
+        "cloud.google.com/gke-tpu-topology=2x2" in tpu["detail"] and "cloud.google.com/gke-spot=true" in tpu["detail"]
+    )
     assert "--tpu-topology 2x2" in tpu["fix"] and "--spot" in tpu["fix"]
 
 
@@ -175,8 +208,13 @@ def test_doctor_for_a_gke_pool_with_a_local_store_and_no_image(capsys, tmp_path)
 
 def test_doctor_reports_an_unreachable_api(tmp_path):
     env = {**os.environ, "PREFECT_API_URL": "http://127.0.0.1:9/api"}  # port 9 (discard): nothing listens
-    proc = subprocess.run([sys.executable, "-m", "kinetic_prefect.cli", "doctor", "--store", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kinetic_prefect.cli", "doctor", "--store", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "✗ Prefect API  http://127.0.0.1:9/api does not answer" in proc.stdout
     assert "fix: start a server with `prefect server start`" in proc.stdout
@@ -185,7 +223,7 @@ def test_doctor_reports_an_unreachable_api(tmp_path):
 
 def test_pool_set_parses_values_and_refuses_unknown_variables(capsys):
     pool = _pool()
-    assert main(["pool-set", pool, "stream_output=false", "env={\"A\": \"1\"}", "store=/tmp/x"]) == 0
+    assert main(["pool-set", pool, "stream_output=false", 'env={"A": "1"}', "store=/tmp/x"]) == 0
     assert main(["pool-set", pool, "no_such_variable=1"]) == 1
     err = capsys.readouterr().err
     assert "has no variable 'no_such_variable'" in err and "accelerator" in err
@@ -234,11 +272,13 @@ def test_console_script_exit_status(tmp_path):
     script = Path(sys.executable).parent / "kinetic-prefect"
     ok = subprocess.run([str(script), "doctor", "--store", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    bad = subprocess.run([str(script), "doctor", "--pool", "missing-for-scripts"], capture_output=True, text=True,
-                         timeout=120)
+    bad = subprocess.run(
+        [str(script), "doctor", "--pool", "missing-for-scripts"], capture_output=True, text=True, timeout=120
+    )
     assert bad.returncode == 1 and "prefect work-pool create missing-for-scripts" in bad.stdout
-    usage = subprocess.run([str(script), "gke-worker-manifests", "--pool", "x"], capture_output=True, text=True,
-                           timeout=60)
+    usage = subprocess.run(
+        [str(script), "gke-worker-manifests", "--pool", "x"], capture_output=True, text=True, timeout=60
+    )
     assert usage.returncode == 2 and "give --image IMAGE, or --repository REPOSITORY" in usage.stderr
 
 
@@ -261,11 +301,21 @@ def test_doctor_deployments_finds_scheduled_runs_that_cannot_start(capsys):
 
     with get_client(sync_client=True) as client:
         flow_id = client.create_flow(scheduled_flow)
-        broken = client.create_deployment(flow_id=flow_id, name="broken", work_pool_name=flows_pool,
-                                          schedules=hourly(), parameters={"accelerator": "l4"},
-                                          job_variables={"env": {"KINETIC_WORK_POOL": "gpu-never-created"}})
-        fine = client.create_deployment(flow_id=flow_id, name="fine", work_pool_name=flows_pool, schedules=hourly(),
-                                        job_variables={"env": {"KINETIC_WORK_POOL": jobs_pool}})
+        broken = client.create_deployment(
+            flow_id=flow_id,
+            name="broken",
+            work_pool_name=flows_pool,
+            schedules=hourly(),
+            parameters={"accelerator": "l4"},
+            job_variables={"env": {"KINETIC_WORK_POOL": "gpu-never-created"}},
+        )
+        fine = client.create_deployment(
+            flow_id=flow_id,
+            name="fine",
+            work_pool_name=flows_pool,
+            schedules=hourly(),
+            job_variables={"env": {"KINETIC_WORK_POOL": jobs_pool}},
+        )
     try:
         code, report = _doctor(capsys, "--pool", jobs_pool, "--deployments")
     finally:

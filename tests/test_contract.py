@@ -26,21 +26,31 @@ def _docstring_nodes(tree: ast.AST) -> set[int]:
 def kinetic_literals(path: Path) -> list[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     docstrings = _docstring_nodes(tree)
-    return [f"{path.name}:{node.lineno}: {node.value!r}" for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and "KINETIC_" in node.value
-            and id(node) not in docstrings]
+    return [
+        f"{path.name}:{node.lineno}: {node.value!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and "KINETIC_" in node.value
+        and id(node) not in docstrings
+    ]
 
 
 def test_no_kinetic_literal_outside_the_contract() -> None:
-    offenders = [f"{path.parent.name}/{hit}" for path in sorted(PACKAGE_DIR.rglob("*.py"))
-                 if path.name != "contract.py" for hit in kinetic_literals(path)]
+    offenders = [
+        f"{path.parent.name}/{hit}"
+        for path in sorted(PACKAGE_DIR.rglob("*.py"))
+        if path.name != "contract.py"
+        for hit in kinetic_literals(path)
+    ]
     assert not offenders, "KINETIC_ names spelled outside contract.py (use contract.Env):\n" + "\n".join(offenders)
 
 
 def test_the_scan_sees_code_strings_and_f_strings_but_not_docstrings(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
-    sample.write_text('"""Reads KINETIC_STORE."""\nX = "KINETIC_A"\ndef f(v):\n    """KINETIC_B"""\n'
-                      '    return f"KINETIC_C={v}"\n')
+    sample.write_text(
+        '"""Reads KINETIC_STORE."""\nX = "KINETIC_A"\ndef f(v):\n    """KINETIC_B"""\n    return f"KINETIC_C={v}"\n'
+    )
     hits = kinetic_literals(sample)
     assert [hit.rsplit(": ", 1)[1] for hit in hits] == ["'KINETIC_A'", "'KINETIC_C='"]
 
@@ -61,8 +71,11 @@ def test_the_runner_reports_its_phases_and_markers_by_the_contract_names() -> No
     source = (PACKAGE_DIR / "runner.py").read_text()
     phases = [v for k, v in vars(contract).items() if k.startswith("PHASE_")]
     # Every phase the runner names is the contract's (a phase spelled in the runner would not be in this list).
-    calls = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
-             and isinstance(node.func, ast.Attribute) and node.func.attr == "run" and node.args]
+    calls = [
+        node
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "run" and node.args
+    ]
     assert calls
     for call in calls:
         assert not isinstance(call.args[0], ast.Constant), f"runner.py:{call.lineno} names a phase as a literal"
@@ -86,7 +99,10 @@ def test_the_decorator_lists_its_options_once() -> None:
     from kinetic_prefect import decorator
 
     options = inspect.signature(decorator._options).parameters
-    own = [p for p in inspect.signature(decorator.kinetic_task).parameters.values()
-           if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    own = [
+        p
+        for p in inspect.signature(decorator.kinetic_task).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
     assert [(p.name, p.default) for p in own] == [(p.name, p.default) for p in options.values()]
     assert decorator.KINETIC_OPTION_NAMES == tuple(options)

@@ -31,8 +31,9 @@ def priced_pool(**defaults) -> str:
     name = f"priced-{uuid.uuid4().hex[:6]}"
     template = load_template("kinetic-local")
     properties = template["variables"]["properties"]
-    properties["prices"]["default"] = {"cpu": {"on_demand": CPU_PER_HOUR, "spot": CPU_SPOT_PER_HOUR,
-                                               "source": "test price sheet"}}
+    properties["prices"]["default"] = {
+        "cpu": {"on_demand": CPU_PER_HOUR, "spot": CPU_SPOT_PER_HOUR, "source": "test price sheet"}
+    }
     for key, value in defaults.items():
         properties[key]["default"] = value
     with get_client(sync_client=True) as client:
@@ -42,9 +43,12 @@ def priced_pool(**defaults) -> str:
 
 def artifacts(flow_run_id, key: str | None = None) -> list:
     with get_client(sync_client=True) as client:
-        found = client.read_artifacts(artifact_filter=ArtifactFilter(
-            flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]),
-            **({"key": ArtifactFilterKey(any_=[key])} if key else {})))
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]),
+                **({"key": ArtifactFilterKey(any_=[key])} if key else {}),
+            )
+        )
     return sorted(found, key=lambda a: a.created)
 
 
@@ -57,10 +61,18 @@ def events(name: str, resource_id: str, timeout: float = 15.0) -> list[dict]:
     deadline = time.time() + timeout
     while True:
         with get_client(sync_client=True) as client:
-            response = client.request("POST", "/events/filter", json={
-                "filter": {"event": {"name": [name]}, "resource": {"id": [resource_id]},
-                           "occurred": {"since": (datetime.now(timezone.utc) - timedelta(hours=1)).isoformat()}},
-                "limit": 50})
+            response = client.request(
+                "POST",
+                "/events/filter",
+                json={
+                    "filter": {
+                        "event": {"name": [name]},
+                        "resource": {"id": [resource_id]},
+                        "occurred": {"since": (datetime.now(timezone.utc) - timedelta(hours=1)).isoformat()},
+                    },
+                    "limit": 50,
+                },
+            )
         found = response.json().get("events", [])
         if found or time.time() > deadline:
             return found
@@ -121,8 +133,7 @@ def test_a_budget_below_the_jobs_cost_stops_it_within_two_seconds_not_retried_ou
     name = f"budget-{uuid.uuid4().hex[:6]}"
     budget = 0.05  # 5 seconds at $36/h
 
-    @kinetic_task(name=name, work_pool=pool, accelerator="cpu", max_cost_usd=budget, retries=2,
-                  retry_delay_seconds=0)
+    @kinetic_task(name=name, work_pool=pool, accelerator="cpu", max_cost_usd=budget, retries=2, retry_delay_seconds=0)
     def sixty_seconds() -> str:
         import os as _os
         import pathlib
@@ -151,7 +162,7 @@ def test_a_budget_below_the_jobs_cost_stops_it_within_two_seconds_not_retried_ou
     seconds = row["minutes"] * 60
     assert 5.0 <= seconds <= 7.0, f"stopped {seconds - 5.0:.2f} s after the budget was reached"
     assert budget <= row["usd"] <= budget + 2 * CPU_PER_HOUR / 3600
-    kept = list((store_dir / "outputs").glob(f"*/progress.txt"))
+    kept = list((store_dir / "outputs").glob("*/progress.txt"))
     assert any(p.read_text().startswith("step") for p in kept), "the job's outputs were not kept"
 
 
@@ -251,18 +262,27 @@ def _pod_from_manifest(manifest: dict, index: int, started: datetime, finished: 
     template = manifest["spec"]["template"]
     api = client.ApiClient()
     spec = api._ApiClient__deserialize(template["spec"], "V1PodSpec")  # noqa: SLF001 (the client's own decoder)
-    terminated = client.V1ContainerStateTerminated(exit_code=0, started_at=started, finished_at=finished) \
-        if finished else None
-    state = client.V1ContainerState(terminated=terminated, running=None if finished else
-                                    client.V1ContainerStateRunning(started_at=started))
+    terminated = (
+        client.V1ContainerStateTerminated(exit_code=0, started_at=started, finished_at=finished) if finished else None
+    )
+    state = client.V1ContainerState(
+        terminated=terminated, running=None if finished else client.V1ContainerStateRunning(started_at=started)
+    )
     return client.V1Pod(
-        metadata=client.V1ObjectMeta(name=f"job-{index}", annotations={
-            "batch.kubernetes.io/job-completion-index": str(index)}),
+        metadata=client.V1ObjectMeta(
+            name=f"job-{index}", annotations={"batch.kubernetes.io/job-completion-index": str(index)}
+        ),
         spec=spec,
-        status=client.V1PodStatus(phase="Succeeded" if finished else "Running", start_time=started,
-                                  container_statuses=[client.V1ContainerStatus(
-                                      name="job", image="i", image_id="", ready=not finished, restart_count=0,
-                                      state=state)]))
+        status=client.V1PodStatus(
+            phase="Succeeded" if finished else "Running",
+            start_time=started,
+            container_statuses=[
+                client.V1ContainerStatus(
+                    name="job", image="i", image_id="", ready=not finished, restart_count=0, state=state
+                )
+            ],
+        ),
+    )
 
 
 def _gke_manifest(accelerator: str, **variables) -> dict:
@@ -273,8 +293,11 @@ def _gke_manifest(accelerator: str, **variables) -> dict:
     from kinetic_prefect.workers.gke import KineticGKEJobConfiguration
 
     template = load_template("kinetic-gke")
-    configuration = asyncio.run(KineticGKEJobConfiguration.from_template_and_values(
-        template, {"accelerator": accelerator, "image": "registry.example/job:1", **variables}))
+    configuration = asyncio.run(
+        KineticGKEJobConfiguration.from_template_and_values(
+            template, {"accelerator": accelerator, "image": "registry.example/job:1", **variables}
+        )
+    )
     configuration.prepare_for_flow_run(FlowRun(flow_id=uuid.uuid4(), name="priced"))
     return configuration.job_manifest
 
@@ -293,8 +316,9 @@ def test_a_spot_l4_pod_is_priced_at_the_spot_rate():
     assert cost.job_cost(spec, [on_demand], PRICES["l4"], now=0).usd == pytest.approx(0.5 * 0.85362)
     running = pod_span(_pod_from_manifest(_gke_manifest("l4", spot=True), 0, started, None))
     assert running.end is None
-    assert cost.job_cost(spec, [running], PRICES["l4"], now=started.timestamp() + 600).usd == \
-        pytest.approx(600 / 3600 * 0.34057)
+    assert cost.job_cost(spec, [running], PRICES["l4"], now=started.timestamp() + 600).usd == pytest.approx(
+        600 / 3600 * 0.34057
+    )
 
 
 def test_a_two_host_group_is_priced_for_both_hosts():
@@ -303,8 +327,10 @@ def test_a_two_host_group_is_priced_for_both_hosts():
     manifest = _gke_manifest("l4", hosts=2)
     assert manifest["spec"]["completions"] == 2
     started = datetime(2026, 12, 1, 10, 0, tzinfo=timezone.utc)
-    spans = [pod_span(_pod_from_manifest(manifest, i, started + timedelta(seconds=5 * i),
-                                         started + timedelta(minutes=20))) for i in range(2)]
+    spans = [
+        pod_span(_pod_from_manifest(manifest, i, started + timedelta(seconds=5 * i), started + timedelta(minutes=20)))
+        for i in range(2)
+    ]
     price = cost.load_prices({"l4": {"on_demand": 1.2, "spot": 0.4}})["l4"]
     job = cost.job_cost(accelerators.resolve("l4"), spans, price, now=0)
     assert job.hosts == 2 and job.usd_per_hour == pytest.approx(2.4)
@@ -337,10 +363,17 @@ def test_usage_hints_name_what_would_do():
     from kinetic_prefect.workers.usage_report import hint, plot_svg, summarize
 
     gib = 2**30
-    samples = [{"t": t, "cpu": 50.0, "rss": 2 * gib, "mem_total": 16 * gib,
-                "devices": [{"id": 0, "platform": "gpu", "in_use": 7 * gib, "peak": int(7.2 * gib),
-                             "limit": 80 * gib}],
-                "gpus": [{"index": 0, "util": 85.0, "mem_used": 8 * gib, "mem_total": 80 * gib}]} for t in range(5)]
+    samples = [
+        {
+            "t": t,
+            "cpu": 50.0,
+            "rss": 2 * gib,
+            "mem_total": 16 * gib,
+            "devices": [{"id": 0, "platform": "gpu", "in_use": 7 * gib, "peak": int(7.2 * gib), "limit": 80 * gib}],
+            "gpus": [{"index": 0, "util": 85.0, "mem_used": 8 * gib, "mem_total": 80 * gib}],
+        }
+        for t in range(5)
+    ]
     summary = summarize(samples)
     assert summary["accelerator memory peak, JAX (GiB, busiest device)"]["peak"] == pytest.approx(7.2)
     assert hint(accelerators.resolve("a100-80gb"), summary) == "peak GPU memory 9 % of an a100-80gb: an l4 would do"

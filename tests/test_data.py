@@ -92,6 +92,7 @@ def _wrap(monkeypatch, obj, name: str, calls: list) -> None:
 
 # --- Data: validation -------------------------------------------------------------------------------------------
 
+
 def test_data_attributes(tree, tmp_path, monkeypatch):
     d = Data(tree)
     assert d.source == str(tree) and not d.is_remote and d.local_path == tree and d.kind == "dir"
@@ -193,6 +194,7 @@ def test_bad_urls():
 
 # --- hashing ----------------------------------------------------------------------------------------------------
 
+
 def test_hash_depends_on_relative_paths_and_bytes_only(tree, tmp_path):
     first = hash_local(Data(tree))
     copy = tmp_path / "elsewhere" / "renamed-root"
@@ -261,6 +263,7 @@ def test_manifest_json_round_trip(tree):
 
 # --- upload -----------------------------------------------------------------------------------------------------
 
+
 def test_upload_once(store, tree, monkeypatch):
     manifest = hash_local(Data(tree))
     assert upload(manifest, store) == manifest.total_bytes
@@ -281,8 +284,10 @@ def test_upload_once(store, tree, monkeypatch):
 def test_upload_single_file(store, tree):
     manifest = hash_local(Data(tree / "big.bin"))
     assert upload(manifest, store) == 300 * 1024
-    assert store.list(f"data/{manifest.sha256}") == [f"data/{manifest.sha256}/files/big.bin",
-                                                     f"data/{manifest.sha256}/manifest.json"]
+    assert store.list(f"data/{manifest.sha256}") == [
+        f"data/{manifest.sha256}/files/big.bin",
+        f"data/{manifest.sha256}/manifest.json",
+    ]
     assert upload(manifest, store) == 0
 
 
@@ -313,13 +318,15 @@ def test_crashed_upload_leaves_no_marker(store, tree, monkeypatch):
 
 # --- localize ---------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("kind", ["dir", "file"])
 def test_localize_round_trip(store, tree, tmp_path, monkeypatch, kind):
     data = Data(tree if kind == "dir" else tree / "sub" / "b.bin")
     manifest = hash_local(data)
     ref = to_ref(data, manifest)
-    assert ref == DataRef(kind=kind, name=data.local_path.name, sha256=manifest.sha256,
-                          key=f"data/{manifest.sha256}", url=None)
+    assert ref == DataRef(
+        kind=kind, name=data.local_path.name, sha256=manifest.sha256, key=f"data/{manifest.sha256}", url=None
+    )
     assert pickle.loads(pickle.dumps(ref)) == ref
     upload(manifest, store)
     node_cache = tmp_path / "node"
@@ -383,8 +390,11 @@ def test_localize_gs_urls(gcs_bucket, tmp_path, monkeypatch):
         ref = to_ref(Data(url), None)
         assert ref.name == "raw" and ref.sha256 is None and ref.url == url
         path = localize(ref, bucket, node_cache)
-        assert read_tree(path) == {"one.csv": b"x,y\n1,2\n", "images/cat.jpg": b"\xff\xd8 cat",
-                                   "images/dog.jpg": b"\xff\xd8 dog"}
+        assert read_tree(path) == {
+            "one.csv": b"x,y\n1,2\n",
+            "images/cat.jpg": b"\xff\xd8 cat",
+            "images/dog.jpg": b"\xff\xd8 dog",
+        }
 
     n = len(gets)
     assert localize(to_ref(Data(f"{gcs_bucket}/raw/"), None), bucket, node_cache).is_dir()
@@ -465,6 +475,7 @@ def test_transform_to_refs(tree):
 
 # --- real data and the import contract --------------------------------------------------------------------------
 
+
 def test_eurosat_sample_round_trip(shared_data, tmp_path, gcs_bucket):
     zip_path = shared_data / "eurosat" / "EuroSAT_RGB_sample.zip"
     with zipfile.ZipFile(zip_path) as archive:
@@ -473,8 +484,17 @@ def test_eurosat_sample_round_trip(shared_data, tmp_path, gcs_bucket):
     data = Data(root)
     manifest = hash_local(data)
     assert len(manifest.files) == 1000 and {rel.split("/")[0] for rel, _s, _h in manifest.files} == {
-        "AnnualCrop", "Forest", "HerbaceousVegetation", "Highway", "Industrial", "Pasture", "PermanentCrop",
-        "Residential", "River", "SeaLake"}
+        "AnnualCrop",
+        "Forest",
+        "HerbaceousVegetation",
+        "Highway",
+        "Industrial",
+        "Pasture",
+        "PermanentCrop",
+        "Residential",
+        "River",
+        "SeaLake",
+    }
     out = subprocess.run(["sha256sum", str(root / "Forest" / "Forest_1.jpg")], capture_output=True, text=True)
     assert dict((r, h) for r, _s, h in manifest.files)["Forest/Forest_1.jpg"] == out.stdout.split()[0]
 
@@ -488,8 +508,10 @@ def test_eurosat_sample_round_trip(shared_data, tmp_path, gcs_bucket):
 
 
 def test_module_imports_no_prefect_or_google():
-    code = ("import sys, kinetic_prefect.data; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('prefect', 'google', 'cloudpickle')]; "
-            "print(bad); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, kinetic_prefect.data; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('prefect', 'google', 'cloudpickle')]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -22,8 +22,14 @@ import pytest
 import yaml
 from prefect import get_client
 from prefect.client.schemas.filters import (
-    DeploymentFilter, DeploymentFilterId, FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId,
-    WorkPoolFilter, WorkPoolFilterName,
+    DeploymentFilter,
+    DeploymentFilterId,
+    FlowRunFilter,
+    FlowRunFilterId,
+    LogFilter,
+    LogFilterFlowRunId,
+    WorkPoolFilter,
+    WorkPoolFilterName,
 )
 
 from kinetic_prefect.steps import set_project_directory
@@ -34,8 +40,9 @@ SAMPLE_ZIP = ROOT.parent / "shared" / "data" / "eurosat" / "EuroSAT_RGB_sample.z
 
 
 def _prefect(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: float = 300) -> str:
-    proc = subprocess.run([*PREFECT, *args], cwd=cwd, env=env or os.environ.copy(), capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        [*PREFECT, *args], cwd=cwd, env=env or os.environ.copy(), capture_output=True, text=True, timeout=timeout
+    )
     assert proc.returncode == 0, f"prefect {' '.join(args)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
 
@@ -95,8 +102,9 @@ def _logs_with(flow_run_id, *needles: str, timeout: float = 20) -> str:
 
 def _start_worker(args: list[str], cwd: Path, env: dict, log_path: Path) -> subprocess.Popen:
     log = open(log_path, "w")
-    proc = subprocess.Popen([*PREFECT, "worker", "start", *args], cwd=cwd, env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [*PREFECT, "worker", "start", *args], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
     log.close()
     return proc
 
@@ -110,11 +118,18 @@ def operator(tmp_path_factory):
     _prefect("work-pool", "create", flows_pool, "--type", "process")
     _prefect("work-pool", "create", jobs_pool, "--type", "kinetic-local")
     elsewhere = tmp_path_factory.mktemp("worker-machine")
-    env = {**os.environ, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_HEARTBEAT_SECONDS": "5",
-           "KINETIC_PROJECT_DIR": str(ROOT), "KINETIC_WORK_POOL": jobs_pool}
+    env = {
+        **os.environ,
+        "PREFECT_WORKER_QUERY_SECONDS": "1",
+        "PREFECT_WORKER_HEARTBEAT_SECONDS": "5",
+        "KINETIC_PROJECT_DIR": str(ROOT),
+        "KINETIC_WORK_POOL": jobs_pool,
+    }
     workers = []
-    for args, name in ((["--pool", flows_pool, "--type", "process"], "flows"),
-                       (["--pool", jobs_pool, "--type", "kinetic-local"], "jobs")):
+    for args, name in (
+        (["--pool", flows_pool, "--type", "process"], "flows"),
+        (["--pool", jobs_pool, "--type", "kinetic-local"], "jobs"),
+    ):
         log_path = elsewhere / f"{name}-worker.log"
         workers.append((_start_worker(args, elsewhere, env, log_path), log_path))
     deadline = time.time() + 90
@@ -126,11 +141,11 @@ def operator(tmp_path_factory):
                 assert time.time() < deadline, f"no worker online for {pool}"
                 time.sleep(0.5)
     deployed: list = []
-    yield {"flows_pool": flows_pool, "jobs_pool": jobs_pool, "workers": workers, "dir": elsewhere,
-           "deployed": deployed}
+    yield {"flows_pool": flows_pool, "jobs_pool": jobs_pool, "workers": workers, "dir": elsewhere, "deployed": deployed}
     with get_client(sync_client=True) as client:  # deleting them also deletes their scheduled runs
-        for deployment in client.read_deployments(work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(
-                any_=[flows_pool]))):
+        for deployment in client.read_deployments(
+            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[flows_pool]))
+        ):
             client.delete_deployment(deployment.id)
     for proc, _ in workers:
         proc.terminate()
@@ -144,12 +159,14 @@ def operator(tmp_path_factory):
 def test_prefect_deploy_creates_every_pipeline_deployment(operator, tmp_path):
     _deploy(_prefect_file(tmp_path / "prefect.yaml", operator["flows_pool"]))
     with get_client(sync_client=True) as client:
-        found = client.read_deployments(work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(
-            any_=[operator["flows_pool"]])))
+        found = client.read_deployments(
+            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[operator["flows_pool"]]))
+        )
         by_name = {d.name: d for d in found}
     assert set(by_name) == {"weekly-retrain", "monthly-finetune", "hourly-smoke", "monthly-finetune-gke"}
-    weekly, monthly, smoke, gke = (by_name[n] for n in ("weekly-retrain", "monthly-finetune", "hourly-smoke",
-                                                        "monthly-finetune-gke"))
+    weekly, monthly, smoke, gke = (
+        by_name[n] for n in ("weekly-retrain", "monthly-finetune", "hourly-smoke", "monthly-finetune-gke")
+    )
     assert weekly.entrypoint == "flows/eurosat_vit.py:eurosat_vit"
     assert weekly.parameters == {"accelerator": "l4", "epochs": 30, "model_size": "small", "time_budget_minutes": 60}
     assert [(s.schedule.cron, s.schedule.timezone, s.active) for s in weekly.schedules] == [("0 3 * * 1", "UTC", True)]
@@ -161,8 +178,14 @@ def test_prefect_deploy_creates_every_pipeline_deployment(operator, tmp_path):
         assert deployment.concurrency_options.collision_strategy.value == "CANCEL_NEW"
         assert deployment.global_concurrency_limit is not None and deployment.global_concurrency_limit.limit == 1
         # The checkout is named where the worker runs, at run time: nothing of this machine is pinned.
-        assert deployment.pull_steps == [{"kinetic_prefect.steps.set_project_directory": {
-            "directory": "{{ $KINETIC_PROJECT_DIR }}", "must_contain": "prefect.yaml"}}]
+        assert deployment.pull_steps == [
+            {
+                "kinetic_prefect.steps.set_project_directory": {
+                    "directory": "{{ $KINETIC_PROJECT_DIR }}",
+                    "must_contain": "prefect.yaml",
+                }
+            }
+        ]
         assert str(ROOT) not in str(deployment.model_dump())
     assert weekly.job_variables == {} and "KINETIC_WORK_POOL" not in str(monthly.job_variables)
     assert gke.job_variables == {"env": {"KINETIC_WORK_POOL": "gpu"}}
@@ -178,12 +201,20 @@ def test_deployments_run_through_the_workers_and_on_their_schedule(operator, tmp
     started = time.time()
     workers = operator["workers"]
     with get_client(sync_client=True) as client:
-        if not client.read_deployments(work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(
-                any_=[operator["flows_pool"]]))):
+        if not client.read_deployments(
+            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[operator["flows_pool"]]))
+        ):
             _deploy(_prefect_file(tmp_path / "prefect.yaml", operator["flows_pool"]))
     out_dir = tmp_path / "eurosat-out"
-    eurosat_id = _run("eurosat-vit/weekly-retrain", source=str(SAMPLE_ZIP), model_size="tiny", epochs=1,
-                      batch_size=64, tta="false", output_dir=str(out_dir))  # accelerator: l4, as shipped
+    eurosat_id = _run(
+        "eurosat-vit/weekly-retrain",
+        source=str(SAMPLE_ZIP),
+        model_size="tiny",
+        epochs=1,
+        batch_size=64,
+        tta="false",
+        output_dir=str(out_dir),
+    )  # accelerator: l4, as shipped
     smoke_id = _run("pipeline/hourly-smoke", epochs=2)
 
     smoke = _wait_final(smoke_id, 240, workers)
@@ -206,9 +237,14 @@ def test_deployments_run_through_the_workers_and_on_their_schedule(operator, tmp
         smoke_deployment = client.read_deployment_by_name("pipeline/hourly-smoke")
         deadline = time.time() + 180  # a slow deploy can miss the anchor: then the next occurrence fires
         while True:
-            due = [r for r in client.read_flow_runs(deployment_filter=DeploymentFilter(
-                id=DeploymentFilterId(any_=[smoke_deployment.id]))) if r.auto_scheduled
-                   and r.expected_start_time <= dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=20)]
+            due = [
+                r
+                for r in client.read_flow_runs(
+                    deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[smoke_deployment.id]))
+                )
+                if r.auto_scheduled
+                and r.expected_start_time <= dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=20)
+            ]
             if due:
                 break
             assert time.time() < deadline, "the scheduler created no run"
@@ -221,8 +257,9 @@ def test_deployments_run_through_the_workers_and_on_their_schedule(operator, tmp
         for schedule in client.read_deployment_schedules(smoke_deployment.id):
             if schedule.schedule.interval == dt.timedelta(seconds=120):
                 client.delete_deployment_schedule(smoke_deployment.id, schedule.id)
-        for run in client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(
-                any_=[smoke_deployment.id]))):
+        for run in client.read_flow_runs(
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[smoke_deployment.id]))
+        ):
             if run.state is not None and run.state.is_scheduled():
                 client.delete_flow_run(run.id)
 
@@ -231,8 +268,9 @@ def test_deployments_run_through_the_workers_and_on_their_schedule(operator, tmp
     total_seconds = time.time() - started
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[eurosat.id])))
-        jobs = client.read_flow_runs(work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(
-            any_=[operator["jobs_pool"]])))
+        jobs = client.read_flow_runs(
+            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[operator["jobs_pool"]]))
+        )
     keys = {a.key for a in artifacts if a.key}
     assert {"eurosat-report", "eurosat-per-class-metrics", "eurosat-confusion-matrix"} <= keys
     report = next(a for a in artifacts if a.key == "eurosat-report")
@@ -253,8 +291,13 @@ def test_git_clone_pull_step_runs_on_a_worker_without_a_checkout(operator, tmp_p
     repository holding this working tree; a real remote is just another URL)."""
     remote = tmp_path / "remote"
     remote.mkdir()
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
-                           check=True).stdout.decode().split("\0")
+    files = (
+        subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True, check=True
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for rel in filter(None, files):
         src = ROOT / rel
         if src.is_file() and not rel.startswith(("bench/", "tests/")):

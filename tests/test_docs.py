@@ -18,7 +18,8 @@ MAX_README_LINES = 250
 def test_readme_is_short():
     lines = README.read_text().splitlines()
     assert len(lines) <= MAX_README_LINES, (
-        f"README.md has {len(lines)} lines (at most {MAX_README_LINES}): move details into a page under docs/")
+        f"README.md has {len(lines)} lines (at most {MAX_README_LINES}): move details into a page under docs/"
+    )
 
 
 def test_readme_starts_with_the_two_commands():
@@ -39,5 +40,5 @@ def test_the_sections_the_site_includes_are_marked_in_the_readme():
         start, end = f"<!-- --8<-- [start:{section}] -->", f"<!-- --8<-- [end:{section}] -->"
         assert text.count(start) == 1 and text.count(end) == 1 and text.index(start) < text.index(end), section
         assert f'--8<-- "README.md:{section}"' in (ROOT / "docs" / page).read_text(), page
-    rows = text[text.index("<!-- --8<-- [start:what-happens-when] -->"):].split("<!-- --8<-- [end:")[0]
+    rows = text[text.index("<!-- --8<-- [start:what-happens-when] -->") :].split("<!-- --8<-- [end:")[0]
     assert "| you... | the job | the job's run | the task run |" in rows

@@ -23,8 +23,9 @@ SHARED = ROOT.parent / "shared"
 SAMPLE_ZIP = SHARED / "data" / "eurosat" / "EuroSAT_RGB_sample.zip"
 SAMPLE_SHA256 = "sha256:cd456252984ad18bd9a748a94e2c3fec0e102ebe98c835dabd9eae3606b2984d"
 
-pytestmark = pytest.mark.skipif(not SHARED.is_dir(),
-                                reason=f"{SHARED} is absent (the EuroSAT sample ships with the CI machine only)")
+pytestmark = pytest.mark.skipif(
+    not SHARED.is_dir(), reason=f"{SHARED} is absent (the EuroSAT sample ships with the CI machine only)"
+)
 
 sys.path.insert(0, str(ROOT / "flows"))
 os.environ.setdefault("KERAS_BACKEND", "jax")
@@ -62,8 +63,9 @@ def cache_dir(tmp_path_factory) -> Path:
 def first_run(cache_dir, tmp_path_factory):
     """The whole flow once on the sample: tiny model, 2 epochs, through kinetic-local."""
     out = tmp_path_factory.mktemp("eurosat-out")
-    flow_run_id, result = _run_flow(source=str(SAMPLE_ZIP), checksum=SAMPLE_SHA256, epochs=2, cache_dir=str(cache_dir),
-                                    output_dir=str(out), **TINY)
+    flow_run_id, result = _run_flow(
+        source=str(SAMPLE_ZIP), checksum=SAMPLE_SHA256, epochs=2, cache_dir=str(cache_dir), output_dir=str(out), **TINY
+    )
     return flow_run_id, result, out
 
 
@@ -89,7 +91,8 @@ def test_flow_trains_evaluates_and_publishes(first_run):
 
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(
-            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
         keys = {a.key for a in artifacts}
         assert {"eurosat-report", "eurosat-per-class-metrics", "eurosat-confusion-matrix"} <= keys, keys
         report = next(a for a in artifacts if a.key == "eurosat-report")
@@ -117,8 +120,16 @@ def resumed_run(first_run, cache_dir, tmp_path_factory):
     """A second run on the same source: its first job SIGKILLs itself after epoch 1 (kill_after_epoch, test-only),
     Prefect retries the task (retries=1), and the new job must resume from the checkpoint."""
     out = tmp_path_factory.mktemp("eurosat-out-resumed")
-    flow_run_id, result = _run_flow(source=str(SAMPLE_ZIP), checksum=SAMPLE_SHA256, epochs=2, kill_after_epoch=1,
-                                    retries=1, cache_dir=str(cache_dir), output_dir=str(out), **TINY)
+    flow_run_id, result = _run_flow(
+        source=str(SAMPLE_ZIP),
+        checksum=SAMPLE_SHA256,
+        epochs=2,
+        kill_after_epoch=1,
+        retries=1,
+        cache_dir=str(cache_dir),
+        output_dir=str(out),
+        **TINY,
+    )
     return flow_run_id, result, out
 
 
@@ -293,8 +304,9 @@ def test_flow_fails_on_a_corrupt_image_before_launching_a_job(cache_dir, tmp_pat
     bad = next(k for k in members if "/Industrial/" in k)
     members[bad] = members[bad][:200]
     path = _zip(tmp_path / "corrupt.zip", members)
-    state = _flow().eurosat_vit(source=str(path), cache_dir=str(tmp_path / "cache"), output_dir=str(tmp_path / "o"),
-                                return_state=True, **TINY)
+    state = _flow().eurosat_vit(
+        source=str(path), cache_dir=str(tmp_path / "cache"), output_dir=str(tmp_path / "o"), return_state=True, **TINY
+    )
     assert state.is_failed()
     with pytest.raises(ds.DatasetError, match=bad.replace(".", r"\.")):
         state.result()
@@ -342,11 +354,18 @@ def test_predict_reproduces_the_published_accuracy(first_run, cache_dir, tmp_pat
 def test_the_run_says_where_its_outputs_are(first_run):
     result = first_run[1]
     out = Path(result["model_path"]).parent
-    for api, ui in ((None, "prefect server start"),
-                    ("http://127.0.0.1:4200/api", f"http://127.0.0.1:4200/runs/flow-run/{result['flow_run_id']}")):
+    for api, ui in (
+        (None, "prefect server start"),
+        ("http://127.0.0.1:4200/api", f"http://127.0.0.1:4200/runs/flow-run/{result['flow_run_id']}"),
+    ):
         text = _flow().where_to_look(result, api_url=api)
-        for needle in (str(out / "eurosat_vit.keras"), str(out / "confusion_matrix.png"), str(out / "metrics.json"),
-                       ui, f"{100 * result['accuracy']:.2f} %"):
+        for needle in (
+            str(out / "eurosat_vit.keras"),
+            str(out / "confusion_matrix.png"),
+            str(out / "metrics.json"),
+            ui,
+            f"{100 * result['accuracy']:.2f} %",
+        ):
             assert needle in text, (needle, text)
 
 
@@ -366,7 +385,7 @@ def test_learning_rate_schedule_adapts_to_the_number_of_epochs():
         assert peak > 0.95 * cfg.learning_rate, epochs
         assert lrs.index(peak) < 0.1 * total, f"{epochs} epochs: still warming up after 10 % of the run"
         assert lrs[-1] < 0.02 * cfg.learning_rate, f"{epochs} epochs: the last step is at {lrs[-1]:.2e}"
-        assert all(b <= a + 1e-12 for a, b in zip(lrs[lrs.index(peak):], lrs[lrs.index(peak) + 1:])), "not decaying"
+        assert all(b <= a + 1e-12 for a, b in zip(lrs[lrs.index(peak) :], lrs[lrs.index(peak) + 1 :])), "not decaying"
     # with a time budget the clock drives it: half the budget spent is half way down the same curve
     cfg = TrainConfig(epochs=100, time_budget_s=600)
     assert schedule_progress(cfg, 0, steps, elapsed_s=300) == 0.5
@@ -383,8 +402,15 @@ def test_only_the_schedule_sets_the_learning_rate(cache_dir, tmp_path):
     split_file, _ = ds.save_split(decoded, 0.1, 0.1, 0, cache_dir)
     # a rate this small cannot move the validation loss: the stall a plateau callback reacts to
     train = dict(epochs=8, batch_size=128, learning_rate=1e-9, min_learning_rate=1e-11, augment=False, tta=False)
-    result = train_and_evaluate(decoded.path, split_file, {"preset": "tiny"}, train, output_dir=tmp_path / "out",
-                                checkpoint_dir=tmp_path / "ckpt", train_limit=512)
+    result = train_and_evaluate(
+        decoded.path,
+        split_file,
+        {"preset": "tiny"},
+        train,
+        output_dir=tmp_path / "out",
+        checkpoint_dir=tmp_path / "ckpt",
+        train_limit=512,
+    )
     assert result["epochs_run"] == 8
     cfg, steps = TrainConfig(**train), result["steps_per_epoch"]
     last_set = max(b for b in range(steps) if b % 4 == 0)  # the schedule sets the rate every 4 steps
@@ -445,8 +471,13 @@ def test_predict_classifies_a_folder(first_run, tmp_path):
         assert row["class"] in ds.CLASS_NAMES and 0.0 <= row["confidence"] <= 1.0
         assert abs(sum(row["probabilities"].values()) - 1.0) < 1e-3
 
-    cli = subprocess.run([sys.executable, str(ROOT / "flows" / "eurosat_vit.py"), "predict", model_path, str(folder)],
-                         capture_output=True, text=True, timeout=240, env={**os.environ, "KERAS_BACKEND": "jax"})
+    cli = subprocess.run(
+        [sys.executable, str(ROOT / "flows" / "eurosat_vit.py"), "predict", model_path, str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "KERAS_BACKEND": "jax"},
+    )
     assert cli.returncode == 0, cli.stderr[-2000:]
     lines = [line.split("\t") for line in cli.stdout.strip().splitlines()]
     assert len(lines) == 10 and all(cls in ds.CLASS_NAMES for _f, cls, _c in lines)

@@ -34,8 +34,9 @@ def test_a_kinetic_script_runs_on_a_fresh_machine(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     env = _bare_env(home)
-    proc = subprocess.run([sys.executable, "flows/hello_kinetic.py"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "flows/hello_kinetic.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
     assert "job result {'loss': 0.125" in output, output[-4000:]
@@ -53,8 +54,9 @@ def test_a_home_prefect_cannot_write_is_named_at_once(tmp_path):
     blocker.write_text("")
     env = _bare_env(blocker / "home")
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "flows/hello_kinetic.py"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "flows/hello_kinetic.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output[-4000:]
     assert f"PREFECT_HOME={blocker / 'home' / '.prefect'}" in output, output[-4000:]

@@ -70,7 +70,8 @@ def test_a_cache_hit_works_from_another_machine_when_only_the_pool_names_the_buc
     token = uuid.uuid4().hex
     script = tmp_path / "project" / "pool_cache.py"
     script.parent.mkdir()
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         from prefect import flow
         from prefect.cache_policies import INPUTS
         from kinetic_prefect import kinetic_task
@@ -85,14 +86,19 @@ def test_a_cache_hit_works_from_another_machine_when_only_the_pool_names_the_buc
 
         if __name__ == "__main__":
             print("RESULT", pipeline())
-    """))
+    """)
+    )
 
     def run_on_machine(machine: str) -> str:
         home = tmp_path / machine
         home.mkdir()
         env = {k: v for k, v in os.environ.items() if k != "KINETIC_STORE"}  # only the pool names the bucket
-        env.update(KINETIC_CACHE_DIR=str(home / "cache"), PREFECT_LOCAL_STORAGE_PATH=str(home / "prefect-storage"),
-                   PREFECT_HOME=str(home / "prefect"), HOME=str(home))
+        env.update(
+            KINETIC_CACHE_DIR=str(home / "cache"),
+            PREFECT_LOCAL_STORAGE_PATH=str(home / "prefect-storage"),
+            PREFECT_HOME=str(home / "prefect"),
+            HOME=str(home),
+        )
         proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return proc.stdout + proc.stderr
@@ -105,8 +111,7 @@ def test_a_cache_hit_works_from_another_machine_when_only_the_pool_names_the_buc
     assert len(_jobs(f"pooled-{token[:8]}")) == 1, "machine B must not launch a job"
 
 
-def test_result_records_name_a_saved_gcs_bucket_block_derived_from_the_pool_store(gcs_bucket,
-                                                                                 local_kinetic_store):
+def test_result_records_name_a_saved_gcs_bucket_block_derived_from_the_pool_store(gcs_bucket, local_kinetic_store):
     store_url = f"{gcs_bucket}/kinetic"
     pool = _pool(store_url)
 
@@ -174,26 +179,34 @@ def _service_account_block(token_uri: str) -> tuple[str, str]:
     from prefect_gcp import GcpCredentials
 
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption()).decode()
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
     suffix = uuid.uuid4().hex[:6]
     email = f"kinetic-{suffix}@block-project.iam.gserviceaccount.com"
-    info = {"type": "service_account", "project_id": "block-project", "private_key_id": suffix, "private_key": pem,
-            "client_email": email, "client_id": "1", "token_uri": token_uri}
+    info = {
+        "type": "service_account",
+        "project_id": "block-project",
+        "private_key_id": suffix,
+        "private_key": pem,
+        "client_email": email,
+        "client_id": "1",
+        "token_uri": token_uri,
+    }
     name = f"gcp-{suffix}"
     GcpCredentials(service_account_info=info, project="block-project").save(name)
     return name, email
 
 
-def test_the_store_and_the_results_use_the_gcp_credentials_block_the_pool_names(gcs_bucket, token_endpoint,
-                                                                                local_kinetic_store):
+def test_the_store_and_the_results_use_the_gcp_credentials_block_the_pool_names(
+    gcs_bucket, token_endpoint, local_kinetic_store
+):
     token_uri, assertions = token_endpoint
     credentials, email = _service_account_block(token_uri)
     store_url = f"{gcs_bucket}/signed-in"
     pool = _pool(store_url, gcp_credentials=credentials)
 
-    @kinetic_task(name=f"with-block-{uuid.uuid4().hex[:6]}", work_pool=pool, cache_policy=INPUTS,
-                  persist_result=True)
+    @kinetic_task(name=f"with-block-{uuid.uuid4().hex[:6]}", work_pool=pool, cache_policy=INPUTS, persist_result=True)
     def double(x: int) -> int:
         return 2 * x
 
@@ -206,8 +219,9 @@ def test_the_store_and_the_results_use_the_gcp_credentials_block_the_pool_names(
     with get_client(sync_client=True) as client:
         results_block = client.read_block_document_by_name(block_name(store_url), "gcs-bucket")
         credentials_id = client.read_block_document_by_name(credentials, "gcp-credentials").id
-    assert str(results_block.block_document_references["gcp_credentials"]["block_document"]["id"]) == str(credentials_id), \
-        "the results block references the pool's credentials block (editing it in the UI applies)"
+    assert str(results_block.block_document_references["gcp_credentials"]["block_document"]["id"]) == str(
+        credentials_id
+    ), "the results block references the pool's credentials block (editing it in the UI applies)"
     assert _result_record(store_url)["metadata"]["storage_block_id"] == str(results_block.id)
 
 

@@ -100,7 +100,8 @@ def test_a_gcs_pool_runs_with_nested_data_outputs_and_artifacts(gcs_pool, tmp_pa
     assert not [k for k in store.list("runs") if k.endswith("payload.pkl")], "payload removed after collection"
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(
-            artifact_filter=ArtifactFilter(task_run_id=ArtifactFilterTaskRunId(any_=[calling_task_run(job).id])))
+            artifact_filter=ArtifactFilter(task_run_id=ArtifactFilterTaskRunId(any_=[calling_task_run(job).id]))
+        )
     tables = [a for a in artifacts if a.type == "table"]
     assert tables and "report.txt" in json.dumps(tables[0].data)
 
@@ -133,8 +134,12 @@ def test_a_killed_job_resumes_from_its_checkpoint(backend, gcs_bucket, tmp_path,
     monkeypatch.setenv("KINETIC_CHECKPOINT_SYNC_SECONDS", "0.2")
     marker = tmp_path / "killed-once"
 
-    @kinetic_task(name=f"resumes-{backend}-{uuid.uuid4().hex[:6]}", work_pool=pool, retries=1,
-                  env=["KINETIC_CHECKPOINT_SYNC_SECONDS"])
+    @kinetic_task(
+        name=f"resumes-{backend}-{uuid.uuid4().hex[:6]}",
+        work_pool=pool,
+        retries=1,
+        env=["KINETIC_CHECKPOINT_SYNC_SECONDS"],
+    )
     def count_to(n: int, marker_path: str) -> dict:
         import signal
         import time
@@ -164,7 +169,8 @@ def test_a_cache_hit_works_from_another_machine_sharing_the_bucket(gcs_bucket, t
     token = uuid.uuid4().hex
     script = tmp_path / "project" / "shared_cache.py"
     script.parent.mkdir()
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         from prefect import flow
         from prefect.cache_policies import INPUTS
         from kinetic_prefect import kinetic_task
@@ -179,12 +185,18 @@ def test_a_cache_hit_works_from_another_machine_sharing_the_bucket(gcs_bucket, t
 
         if __name__ == "__main__":
             print("RESULT", pipeline())
-    """))
+    """)
+    )
 
     def run_on_machine(machine: str) -> str:
         home = tmp_path / machine
-        env = {**os.environ, "KINETIC_STORE": store_url, "KINETIC_CACHE_DIR": str(home / "cache"),
-               "PREFECT_LOCAL_STORAGE_PATH": str(home / "prefect-storage"), "PREFECT_HOME": str(home / "prefect")}
+        env = {
+            **os.environ,
+            "KINETIC_STORE": store_url,
+            "KINETIC_CACHE_DIR": str(home / "cache"),
+            "PREFECT_LOCAL_STORAGE_PATH": str(home / "prefect-storage"),
+            "PREFECT_HOME": str(home / "prefect"),
+        }
         proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=180)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return proc.stdout + proc.stderr

@@ -23,8 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 DATA = SHARED / "data"
 
-pytestmark = pytest.mark.skipif(not SHARED.is_dir(),
-                                reason=f"{SHARED} is absent (PubMedQA/ParaDetox ship with the CI machine only)")
+pytestmark = pytest.mark.skipif(
+    not SHARED.is_dir(), reason=f"{SHARED} is absent (PubMedQA/ParaDetox ship with the CI machine only)"
+)
 
 sys.path.insert(0, str(ROOT / "flows"))
 sys.path.insert(0, str(ROOT / "tests"))
@@ -77,7 +78,8 @@ def _artifacts(flow_run_id):
 
     with get_client(sync_client=True) as client:
         return client.read_artifacts(
-            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
 
 
 def _run_flow(**params):
@@ -114,7 +116,7 @@ def test_pubmedqa_trains_only_outside_the_official_test_split():
     assert example["suffix"] == "<end_of_turn>\n<start_of_turn>model\n"
     assert example["response"].endswith("<end_of_turn>")
     assert example["response"].lower().startswith(example["target"])  # decision first, then the long answer
-    text = gd.chat(example["prefix"][len(gd.START_USER):], example["body"], example["response"][:-len(gd.END_TURN)])
+    text = gd.chat(example["prefix"][len(gd.START_USER) :], example["body"], example["response"][: -len(gd.END_TURN)])
     assert text.count("<start_of_turn>") == 2 and text.count("<end_of_turn>") == 2
 
 
@@ -123,13 +125,16 @@ def test_paradetox_and_jsonl_pairs_are_chat_formatted(tmp_path):
     assert len(train) + len(test) > 11000 and 0.07 < len(test) / (len(train) + len(test)) < 0.13
     assert not {e["id"] for e in train} & {e["id"] for e in test}
     assert all(1 <= len(e["references"]) <= 3 for e in test)
-    assert train[0]["prefix"].startswith("<start_of_turn>user\nRewrite") and train[0]["response"].endswith("<end_of_turn>")
+    assert train[0]["prefix"].startswith("<start_of_turn>user\nRewrite") and train[0]["response"].endswith(
+        "<end_of_turn>"
+    )
     again = gd.load_paradetox({"paradetox.tsv": str(DATA / "paradetox" / "paradetox.tsv")})[1]
     assert [e["id"] for e in again] == [e["id"] for e in test], "the held-out part is fixed"
 
     pairs = tmp_path / "pairs.jsonl"
-    pairs.write_text("".join(json.dumps({"prompt": f"Say {i} politely", "response": f"Please, {i}."}) + "\n"
-                             for i in range(30)))
+    pairs.write_text(
+        "".join(json.dumps({"prompt": f"Say {i} politely", "response": f"Please, {i}."}) + "\n" for i in range(30))
+    )
     source = gd.resolve_source(str(pairs), None, tmp_path / "cache")
     assert source.dataset == "jsonl"
     prepared = gd.prepare(source, tmp_path / "cache", seed=1, max_examples=10)
@@ -141,14 +146,19 @@ def test_paradetox_and_jsonl_pairs_are_chat_formatted(tmp_path):
     assert gd.resolve_source(str(pairs), None, tmp_path / "cache").fingerprint != source.fingerprint
 
 
-@pytest.mark.parametrize("content, expected", [
-    ('{"prompt": "hi", "response": "hello"}\n{"prompt": "bye"}\n',
-     r"pairs\.jsonl:2: missing field 'response' .*each line must be a JSON object with string fields"),
-    ('{"prompt": "hi", "response": "hello"}\n{"prompt": "x", "response": "y"\n', r"pairs\.jsonl:2: not valid JSON"),
-    ('{"prompt": "hi", "response": 3}\n', r"pairs\.jsonl:1: field 'response' must be a non-empty string"),
-    ('["hi", "hello"]\n', r"pairs\.jsonl:1: a list, not an object"),
-    ('\n\n', r"pairs\.jsonl has no examples"),
-])
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (
+            '{"prompt": "hi", "response": "hello"}\n{"prompt": "bye"}\n',
+            r"pairs\.jsonl:2: missing field 'response' .*each line must be a JSON object with string fields",
+        ),
+        ('{"prompt": "hi", "response": "hello"}\n{"prompt": "x", "response": "y"\n', r"pairs\.jsonl:2: not valid JSON"),
+        ('{"prompt": "hi", "response": 3}\n', r"pairs\.jsonl:1: field 'response' must be a non-empty string"),
+        ('["hi", "hello"]\n', r"pairs\.jsonl:1: a list, not an object"),
+        ("\n\n", r"pairs\.jsonl has no examples"),
+    ],
+)
 def test_jsonl_errors_name_the_line_and_the_fix(tmp_path, content, expected):
     path = tmp_path / "pairs.jsonl"
     path.write_text(content)
@@ -171,8 +181,10 @@ def test_packing_truncates_the_body_and_masks_all_but_the_answer():
     def tokenize(texts):  # one token per character, ids from 10
         return [[10 + (ord(c) % 50) for c in t] for t in texts]
 
-    examples = [{"id": "a", "prefix": "P" * 5, "body": "B" * 30, "suffix": "S" * 3, "response": "R" * 6},
-                {"id": "b", "prefix": "P" * 5, "body": "B" * 2, "suffix": "S" * 3, "response": "R" * 6}]
+    examples = [
+        {"id": "a", "prefix": "P" * 5, "body": "B" * 30, "suffix": "S" * 3, "response": "R" * 6},
+        {"id": "b", "prefix": "P" * 5, "body": "B" * 2, "suffix": "S" * 3, "response": "R" * 6},
+    ]
     seg = tokens.segment(examples, tokenize)
     packed = tokens.pack(seg, 24, bos_id=2, pad_id=0)
     assert packed.token_ids.shape == (2, 24)
@@ -184,8 +196,11 @@ def test_packing_truncates_the_body_and_masks_all_but_the_answer():
     assert packed.stats["body_truncated"] == 1 and packed.stats["tokens_dropped"] == 21
     prompts = tokens.pack(seg, 24, bos_id=2, pad_id=0, generate_tokens=8, what="evaluation")
     assert prompts.lengths.tolist() == [16, 11] and not prompts.response_mask.any()
-    with pytest.raises(tokens.SequenceLengthError, match=r"sequence_length=8 is too small for the prompt .*"
-                                                         r"example 'a' needs 9 tokens.*Use sequence_length >= 64"):
+    with pytest.raises(
+        tokens.SequenceLengthError,
+        match=r"sequence_length=8 is too small for the prompt .*"
+        r"example 'a' needs 9 tokens.*Use sequence_length >= 64",
+    ):
         tokens.pack(seg, 8, bos_id=2, pad_id=0)
     with pytest.raises(tokens.SequenceLengthError, match=r"max_new_tokens=20 to generate"):
         tokens.pack(seg, 24, bos_id=2, pad_id=0, generate_tokens=20, what="evaluation")
@@ -199,21 +214,28 @@ def test_decisions_and_chrf():
     generations = [{"target": "yes", "before": "no", "after": "Yes."}, {"target": "no", "before": "??", "after": "No"}]
     acc = gm.decision_accuracy(generations, "after")
     assert acc["accuracy"] == 1.0 and gm.decision_accuracy(generations, "before")["unparsed"] == 1
-    style = [{"references": ["thank you", "thanks"], "before": "you idiot", "after": "thank you"},
-             {"references": ["please stop"], "before": "stop it", "after": "please stop"}]
+    style = [
+        {"references": ["thank you", "thanks"], "before": "you idiot", "after": "thank you"},
+        {"references": ["please stop"], "before": "stop it", "after": "please stop"},
+    ]
     scores = gm.evaluate("style-transfer", style)
     assert scores["metric"] == "chrF" and scores["after"] == 100.0 and scores["before"] < 60
 
 
 def test_unknown_and_bad_presets_name_the_fix(tmp_path, monkeypatch):
-    with pytest.raises(presets.PresetError, match=r"unknown preset 'gemma3_instruct_1bb'. Did you mean gemma3_instruct_1b"):
+    with pytest.raises(
+        presets.PresetError, match=r"unknown preset 'gemma3_instruct_1bb'. Did you mean gemma3_instruct_1b"
+    ):
         presets.resolve("gemma3_instruct_1bb")
     with pytest.raises(presets.PresetError, match=r"preset folder .*missing.* does not exist"):
         presets.resolve(str(tmp_path / "missing"))
     (tmp_path / "half").mkdir()
     (tmp_path / "half" / "config.json").write_text("{}")
-    with pytest.raises(presets.PresetError, match=r"not a keras-hub preset: tokenizer\.json, "
-                                                  r"assets/tokenizer/vocabulary\.spm missing"):
+    with pytest.raises(
+        presets.PresetError,
+        match=r"not a keras-hub preset: tokenizer\.json, "
+        r"assets/tokenizer/vocabulary\.spm missing",
+    ):
         presets.resolve(str(tmp_path / "half"))
     assert presets.resolve("gs://bucket/gemma").value == "gs://bucket/gemma/"
     for name in presets.KAGGLE_ENV:
@@ -234,9 +256,19 @@ def test_unknown_and_bad_presets_name_the_fix(tmp_path, monkeypatch):
 def pubmedqa_run(tiny_preset, cache_dir, tmp_path_factory):
     """PubMedQA, tiny model, 1 epoch, through kinetic-local."""
     out = tmp_path_factory.mktemp("gemma-out")
-    params = dict(dataset="pubmedqa", data_path=str(DATA / "pubmedqa"), preset=str(tiny_preset), epochs=1,
-                  sequence_length=192, max_examples=24, max_eval_examples=8, cache_dir=str(cache_dir),
-                  output_dir=str(out), download_merged_preset=True, **SMALL)
+    params = dict(
+        dataset="pubmedqa",
+        data_path=str(DATA / "pubmedqa"),
+        preset=str(tiny_preset),
+        epochs=1,
+        sequence_length=192,
+        max_examples=24,
+        max_eval_examples=8,
+        cache_dir=str(cache_dir),
+        output_dir=str(out),
+        download_merged_preset=True,
+        **SMALL,
+    )
     flow_run_id, state = _run_flow(**params)
     return flow_run_id, state.result(), out, params
 
@@ -254,8 +286,14 @@ def test_pubmedqa_flow_trains_evaluates_and_publishes(pubmedqa_run):
     assert train_stats["body_truncated"] > 0, "PubMedQA abstracts do not fit 192 tokens: truncation is reported"
     assert result["caller_lengths"]["checked"] and result["caller_lengths"]["train"] == train_stats
     assert {s["id"] for s in result["samples"]} <= set(truth), "samples come from the official test split"
-    for name in ("gemma_lora.lora.h5", "generations.jsonl", "train_summary.json", "merged_preset/config.json",
-                 "merged_preset/model.weights.h5", "merged_preset/assets/tokenizer/vocabulary.spm"):
+    for name in (
+        "gemma_lora.lora.h5",
+        "generations.jsonl",
+        "train_summary.json",
+        "merged_preset/config.json",
+        "merged_preset/model.weights.h5",
+        "merged_preset/assets/tokenizer/vocabulary.spm",
+    ):
         assert (out / name).is_file(), f"{name} missing from the outputs"
     generations = [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
     assert len(generations) == 8 and all(g["id"] in truth and g["target"] == truth[g["id"]] for g in generations)
@@ -283,8 +321,10 @@ def test_lora_weights_and_the_merged_preset_round_trip(pubmedqa_run, tiny_preset
 
     _, _, out, _ = pubmedqa_run
     base = keras_hub.models.Gemma3CausalLM.from_preset(str(tiny_preset))
-    inputs = {"token_ids": np.array([[2, 10, 20, 30, 40, 50, 60, 70]], dtype="int32"),
-              "padding_mask": np.ones((1, 8), dtype=bool)}
+    inputs = {
+        "token_ids": np.array([[2, 10, 20, 30, 40, 50, 60, 70]], dtype="int32"),
+        "padding_mask": np.ones((1, 8), dtype=bool),
+    }
     base_logits = np.asarray(base(inputs))
     base.backbone.load_lora_weights(str(out / "gemma_lora.lora.h5"))
     lora_logits = np.asarray(base(inputs))
@@ -317,11 +357,22 @@ def style_run(tiny_preset, cache_dir, tmp_path_factory):
     os.environ.update(FAKE_KAGGLE)
     try:
         flow_run_id, state = _run_flow(
-            dataset="style-transfer", data_path=str(DATA / "paradetox" / "paradetox.tsv"), preset=str(tiny_preset),
-            epochs=2, sequence_length=96, max_examples=16, max_eval_examples=8, kill_after_epoch=1, retries=1,
+            dataset="style-transfer",
+            data_path=str(DATA / "paradetox" / "paradetox.tsv"),
+            preset=str(tiny_preset),
+            epochs=2,
+            sequence_length=96,
+            max_examples=16,
+            max_eval_examples=8,
+            kill_after_epoch=1,
+            retries=1,
             dtype="mixed_bfloat16",  # the GPU/TPU precision path, exercised on CPU
-            forward_env=list(FAKE_KAGGLE), cache_dir=str(cache_dir), output_dir=str(out),
-            download_merged_preset=True, **SMALL)
+            forward_env=list(FAKE_KAGGLE),
+            cache_dir=str(cache_dir),
+            output_dir=str(out),
+            download_merged_preset=True,
+            **SMALL,
+        )
     finally:
         for k, v in saved.items():
             if v is None:
@@ -365,8 +416,11 @@ def test_forwarded_credentials_reach_the_job_and_are_stored_nowhere(style_run, s
             dumped = json.dumps(client.read_flow_run(job.id).model_dump(mode="json"))
             assert FAKE_KAGGLE["KAGGLE_KEY"] not in dumped, "the key is in the job's flow run (job variables)"
     assert FAKE_KAGGLE["KAGGLE_KEY"] not in json.dumps(parent.model_dump(mode="json"))
-    leaked = [p for p in Path(store_dir).rglob("*") if p.is_file() and p.stat().st_size < 50_000_000
-              and FAKE_KAGGLE["KAGGLE_KEY"].encode() in p.read_bytes()]
+    leaked = [
+        p
+        for p in Path(store_dir).rglob("*")
+        if p.is_file() and p.stat().st_size < 50_000_000 and FAKE_KAGGLE["KAGGLE_KEY"].encode() in p.read_bytes()
+    ]
     assert not leaked, f"the key was written into the store: {leaked}"
 
 
@@ -374,12 +428,23 @@ def test_forwarded_credentials_reach_the_job_and_are_stored_nowhere(style_run, s
 
 
 def test_too_small_sequence_length_fails_before_the_job(tiny_preset, cache_dir, tmp_path):
-    flow_run_id, state = _run_flow(dataset="pubmedqa", data_path=str(DATA / "pubmedqa"), preset=str(tiny_preset),
-                                   sequence_length=32, max_examples=8, max_eval_examples=4, cache_dir=str(cache_dir),
-                                   output_dir=str(tmp_path), **SMALL)
+    flow_run_id, state = _run_flow(
+        dataset="pubmedqa",
+        data_path=str(DATA / "pubmedqa"),
+        preset=str(tiny_preset),
+        sequence_length=32,
+        max_examples=8,
+        max_eval_examples=4,
+        cache_dir=str(cache_dir),
+        output_dir=str(tmp_path),
+        **SMALL,
+    )
     assert state.is_failed()
-    with pytest.raises(tokens.SequenceLengthError, match=r"sequence_length=32 is too small for the prompt \(training\): "
-                                                         r"example '\d+' needs \d+ tokens.*Use sequence_length >= \d+"):
+    with pytest.raises(
+        tokens.SequenceLengthError,
+        match=r"sequence_length=32 is too small for the prompt \(training\): "
+        r"example '\d+' needs \d+ tokens.*Use sequence_length >= \d+",
+    ):
         state.result()
     states = _task_states(flow_run_id)
     assert states.get("gemma-check-lengths") == "Failed" and "gemma-train" not in states, states
@@ -388,24 +453,37 @@ def test_too_small_sequence_length_fails_before_the_job(tiny_preset, cache_dir, 
 def test_jsonl_with_a_missing_field_fails_before_the_job(tiny_preset, cache_dir, tmp_path):
     path = tmp_path / "pairs.jsonl"
     path.write_text('{"prompt": "a", "response": "b"}\n{"prompt": "c", "answer": "d"}\n')
-    flow_run_id, state = _run_flow(dataset=str(path), preset=str(tiny_preset), cache_dir=str(cache_dir),
-                                   output_dir=str(tmp_path / "o"), **SMALL)
-    with pytest.raises(gd.GemmaDataError, match=r"pairs\.jsonl:2: missing field 'response' \(has \['answer', 'prompt'\]\)"):
+    flow_run_id, state = _run_flow(
+        dataset=str(path), preset=str(tiny_preset), cache_dir=str(cache_dir), output_dir=str(tmp_path / "o"), **SMALL
+    )
+    with pytest.raises(
+        gd.GemmaDataError, match=r"pairs\.jsonl:2: missing field 'response' \(has \['answer', 'prompt'\]\)"
+    ):
         state.result()
     states = _task_states(flow_run_id)
     assert states.get("gemma-prepare-data") == "Failed" and "gemma-train" not in states, states
 
 
 def test_unknown_preset_and_missing_kaggle_credentials_fail_before_any_task(cache_dir, tmp_path, monkeypatch):
-    flow_run_id, state = _run_flow(dataset="pubmedqa", data_path=str(DATA / "pubmedqa"), preset="gemma3_1bb",
-                                   cache_dir=str(cache_dir), output_dir=str(tmp_path))
+    flow_run_id, state = _run_flow(
+        dataset="pubmedqa",
+        data_path=str(DATA / "pubmedqa"),
+        preset="gemma3_1bb",
+        cache_dir=str(cache_dir),
+        output_dir=str(tmp_path),
+    )
     with pytest.raises(presets.PresetError, match=r"unknown preset 'gemma3_1bb'. Did you mean gemma3_1b"):
         state.result()
     assert _task_runs(flow_run_id) == []
     for name in presets.KAGGLE_ENV:
         monkeypatch.delenv(name, raising=False)
-    flow_run_id, state = _run_flow(dataset="pubmedqa", data_path=str(DATA / "pubmedqa"), preset="gemma3_instruct_1b",
-                                   cache_dir=str(cache_dir), output_dir=str(tmp_path))
+    flow_run_id, state = _run_flow(
+        dataset="pubmedqa",
+        data_path=str(DATA / "pubmedqa"),
+        preset="gemma3_instruct_1b",
+        cache_dir=str(cache_dir),
+        output_dir=str(tmp_path),
+    )
     with pytest.raises(presets.PresetError, match=r"downloaded from Kaggle by the job.*KAGGLE_USERNAME and KAGGLE_KEY"):
         state.result()
     assert _task_runs(flow_run_id) == []

@@ -16,7 +16,15 @@ from prefect import flow, get_client
 from job_runs import jobs_of
 from kinetic_prefect.errors import KineticJobCrashed
 from test_gke_cluster import (  # noqa: F401
-    _cluster_block, _events, _gke_task, _job_for, _job_runs, _make_pool, _wait, job_image)
+    _cluster_block,
+    _events,
+    _gke_task,
+    _job_for,
+    _job_runs,
+    _make_pool,
+    _wait,
+    job_image,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -29,11 +37,20 @@ def spot_nodes(kube):
     """Two L4 Spot nodes, labelled and tainted as GKE makes them; whatever is left is removed afterwards."""
     core = k8s.CoreV1Api(kube.api())
     for name in SPOT_NODES:
-        kube.plane.add_node(name, {"cloud.google.com/gke-accelerator": "nvidia-l4", "cloud.google.com/gke-spot": "true",
-                                   "cloud.google.com/gke-nodepool": "l4-spot"}, {"nvidia.com/gpu": "1"},
-                            [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
-                             {"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NoSchedule"}],
-                            kubelet_port=kube.kubelet.port)
+        kube.plane.add_node(
+            name,
+            {
+                "cloud.google.com/gke-accelerator": "nvidia-l4",
+                "cloud.google.com/gke-spot": "true",
+                "cloud.google.com/gke-nodepool": "l4-spot",
+            },
+            {"nvidia.com/gpu": "1"},
+            [
+                {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+                {"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NoSchedule"},
+            ],
+            kubelet_port=kube.kubelet.port,
+        )
         kube.kubelet.nodes.add(name)
     yield SPOT_NODES
     for name in SPOT_NODES:
@@ -61,10 +78,16 @@ def _run_id(name: str):
     return runs[0].id if runs else None
 
 
-def test_a_fallback_list_moves_on_when_the_cluster_cannot_place_the_job(kube, gcs_bucket, local_registry, job_image,
-                                                                        python_base_image):
-    pool = _make_pool(_cluster_block(kube), f"{gcs_bucket}/gke", local_registry, capacity_wait_seconds=4,
-                      pod_watch_timeout_seconds=120)
+def test_a_fallback_list_moves_on_when_the_cluster_cannot_place_the_job(
+    kube, gcs_bucket, local_registry, job_image, python_base_image
+):
+    pool = _make_pool(
+        _cluster_block(kube),
+        f"{gcs_bucket}/gke",
+        local_registry,
+        capacity_wait_seconds=4,
+        pod_watch_timeout_seconds=120,
+    )
     name = f"fallback-{uuid.uuid4().hex[:6]}"
 
     # a100: no node pool carries it (at once); l4: its node is full (after the capacity wait); then the v5e TPU
@@ -83,18 +106,23 @@ def test_a_fallback_list_moves_on_when_the_cluster_cannot_place_the_job(kube, gc
     try:
         state = pipeline()
     finally:
-        core.patch_node_status("gke-l4-pool-1", {"status": {"capacity": {"nvidia.com/gpu": "1"},
-                                                            "allocatable": {"nvidia.com/gpu": "1"}}})
-    assert state.result() == {"KINETIC_ACCELERATOR": "tpu-v5litepod-1", "KINETIC_ACCELERATOR_CHIPS": "1",
-                              "JAX_PLATFORMS": "tpu"}
+        core.patch_node_status(
+            "gke-l4-pool-1", {"status": {"capacity": {"nvidia.com/gpu": "1"}, "allocatable": {"nvidia.com/gpu": "1"}}}
+        )
+    assert state.result() == {
+        "KINETIC_ACCELERATOR": "tpu-v5litepod-1",
+        "KINETIC_ACCELERATOR_CHIPS": "1",
+        "JAX_PLATFORMS": "tpu",
+    }
     assert state.message.startswith("ran on tpu-v5litepod-1; after a100 (no node pool has it), l4 (no capacity for")
     [job_run] = jobs_of(state.state_details.task_run_id)
     assert "ran on tpu-v5litepod-1" in job_run.state.message
     fallbacks = _events("kinetic.job.fallback", started)
     assert sorted(e.payload["tried"] for e in fallbacks if e.resource.id.endswith(str(job_run.id))) == ["a100", "l4"]
     [job] = _job_for(kube, job_run.id)  # the attempts that could not be placed were deleted
-    assert job.metadata.name.endswith("-a3") and job.metadata.labels["kinetic.prefect.io/accelerator"] == \
-        "tpu-v5litepod-1"
+    assert (
+        job.metadata.name.endswith("-a3") and job.metadata.labels["kinetic.prefect.io/accelerator"] == "tpu-v5litepod-1"
+    )
 
 
 def train(steps: int) -> dict:
@@ -112,12 +140,14 @@ def train(steps: int) -> dict:
     return {"start": start, "preemptions": os.environ["KINETIC_PREEMPTIONS"]}
 
 
-def test_spot_preemptions_resume_from_the_checkpoint_without_spending_retries(kube, gcs_bucket, local_registry,
-                                                                             job_image, python_base_image, spot_nodes):
+def test_spot_preemptions_resume_from_the_checkpoint_without_spending_retries(
+    kube, gcs_bucket, local_registry, job_image, python_base_image, spot_nodes
+):
     pool = _make_pool(_cluster_block(kube), f"{gcs_bucket}/gke", local_registry, pod_watch_timeout_seconds=120)
     name = f"spot-{uuid.uuid4().hex[:6]}"
-    task = _gke_task(name, pool, python_base_image, accelerator="l4:spot", retries=0, preemption_retries=2,
-                     spot_fallback=True)(train)
+    task = _gke_task(
+        name, pool, python_base_image, accelerator="l4:spot", retries=0, preemption_retries=2, spot_fallback=True
+    )(train)
 
     @flow
     def pipeline():
@@ -128,7 +158,7 @@ def test_spot_preemptions_resume_from_the_checkpoint_without_spending_retries(ku
     def preempt_twice() -> None:
         for _ in range(2):
             run_id = _wait(lambda: _run_id(name), 120, "no job run")
-            pod = _wait(lambda: _running_pod(kube, run_id, shut), 180, "the spot pod never ran")
+            pod = _wait(lambda: _running_pod(kube, run_id, shut), 180, "the spot pod never ran")  # noqa: B023
             time.sleep(4)  # some steps in, checkpointed
             shut.append(pod.spec.node_name)
             kube.kubelet.shut_down_node(pod.spec.node_name)
@@ -150,8 +180,9 @@ def test_spot_preemptions_resume_from_the_checkpoint_without_spending_retries(ku
     assert len(_events("kinetic.job.preempted", job_run.created.timestamp())) >= 2
 
 
-def test_a_failing_body_and_an_oom_kill_are_not_preemptions(kube, gcs_bucket, local_registry, job_image,
-                                                            python_base_image, spot_nodes):
+def test_a_failing_body_and_an_oom_kill_are_not_preemptions(
+    kube, gcs_bucket, local_registry, job_image, python_base_image, spot_nodes
+):
     pool = _make_pool(_cluster_block(kube), f"{gcs_bucket}/gke", local_registry, pod_watch_timeout_seconds=120)
     failing, hungry = f"raises-{uuid.uuid4().hex[:6]}", f"oom-{uuid.uuid4().hex[:6]}"
 
@@ -187,16 +218,24 @@ def test_a_failing_body_and_an_oom_kill_are_not_preemptions(kube, gcs_bucket, lo
         assert not job.metadata.name.endswith("-a2")
 
 
-@pytest.mark.parametrize("variables", [
-    {"reservation": "a3-reservation", "reservation_project": "shared-project"}, {"flex_start": True},
-    {"queued_provisioning": "dws-local-queue"}, {"spot": True}], ids=["reservation", "flex-start", "queued", "spot"])
+@pytest.mark.parametrize(
+    "variables",
+    [
+        {"reservation": "a3-reservation", "reservation_project": "shared-project"},
+        {"flex_start": True},
+        {"queued_provisioning": "dws-local-queue"},
+        {"spot": True},
+    ],
+    ids=["reservation", "flex-start", "queued", "spot"],
+)
 def test_the_capacity_documents_pass_the_api_servers_dry_run(kube, variables):
     """The real API server (its validation and admission) accepts each capacity rendering of a Job, podFailurePolicy
     included; nothing is stored (dryRun=All)."""
     from test_gke_manifests import render
 
     manifest = render("h100x8", **variables).job_manifest
-    created = k8s.BatchV1Api(kube.api()).create_namespaced_job(manifest["metadata"]["namespace"], manifest,
-                                                                dry_run="All")
+    created = k8s.BatchV1Api(kube.api()).create_namespaced_job(
+        manifest["metadata"]["namespace"], manifest, dry_run="All"
+    )
     assert created.spec.pod_failure_policy.rules[0].on_pod_conditions[0].type == "DisruptionTarget"
     assert created.spec.suspend is bool(variables.get("queued_provisioning"))

@@ -48,7 +48,8 @@ def job_image(local_registry, python_base_image):
     for family in ("gpu", "tpu", "cpu"):
         spec = ImageSpec.create(None, family=family, base_image=python_base_image)
         DockerBuilder(f"{local_registry}/kinetic-tests", network="host", extra_files=proxy_files()).ensure(
-            spec, log=lambda line: None)
+            spec, log=lambda line: None
+        )
 
 
 def _cluster_block(kube, token: str | None = None, server: str | None = None) -> str:
@@ -60,9 +61,16 @@ def _cluster_block(kube, token: str | None = None, server: str | None = None) ->
 
 def _make_pool(cluster_block_id: str, store: str, local_registry: str, namespace: str = "default", **more) -> str:
     template = KineticGKEWorker.get_default_base_job_template()
-    defaults = {"cluster_config": {"$ref": {"block_document_id": cluster_block_id}}, "image_builder": "docker",
-                "image_repository": f"{local_registry}/kinetic-tests", "store": store, "poll_seconds": 0.3,
-                "pod_watch_timeout_seconds": 6, "namespace": namespace, **more}
+    defaults = {
+        "cluster_config": {"$ref": {"block_document_id": cluster_block_id}},
+        "image_builder": "docker",
+        "image_repository": f"{local_registry}/kinetic-tests",
+        "store": store,
+        "poll_seconds": 0.3,
+        "pod_watch_timeout_seconds": 6,
+        "namespace": namespace,
+        **more,
+    }
     for key, value in defaults.items():
         template["variables"]["properties"][key]["default"] = value
     name = f"gke-{uuid.uuid4().hex[:6]}"
@@ -97,8 +105,10 @@ def _run_logs(run_id, wanted: str, timeout: float = 15) -> str:
     deadline = time.time() + timeout
     with get_client(sync_client=True) as client:
         while True:
-            text = "\n".join(log.message for log in client.read_logs(
-                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id]))))
+            text = "\n".join(
+                log.message
+                for log in client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+            )
             if wanted in text or time.time() > deadline:
                 return text
             time.sleep(0.3)
@@ -118,8 +128,11 @@ def _events(name: str, since: float):
 
     EventsWorker.drain_all()
     with get_client(sync_client=True) as client:
-        return [e for e in client.read_events(EventFilter(event=EventNameFilter(name=[name])), limit=50).events
-                if e.occurred.timestamp() >= since - 5]
+        return [
+            e
+            for e in client.read_events(EventFilter(event=EventNameFilter(name=[name])), limit=50).events
+            if e.occurred.timestamp() >= since - 5
+        ]
 
 
 def test_an_l4_call_is_scheduled_on_the_l4_pool_and_returns(kube, gke_pool, python_base_image):
@@ -138,15 +151,21 @@ def test_an_l4_call_is_scheduled_on_the_l4_pool_and_returns(kube, gke_pool, pyth
     assert result == {"value": 42, "accelerator": "l4", "jax": "cuda"}
     [run] = _job_runs(name)
     assert run.state.is_completed()
-    job = _wait(lambda: next((j for j in _job_for(kube, run.id) if (j.status.succeeded or 0) == 1), None), 30,
-                "the Job controller never counted the pod as succeeded")
-    [pod] = k8s.CoreV1Api(kube.api()).list_namespaced_pod("default", label_selector=f"job-name={job.metadata.name}").items
+    job = _wait(
+        lambda: next((j for j in _job_for(kube, run.id) if (j.status.succeeded or 0) == 1), None),
+        30,
+        "the Job controller never counted the pod as succeeded",
+    )
+    [pod] = (
+        k8s.CoreV1Api(kube.api()).list_namespaced_pod("default", label_selector=f"job-name={job.metadata.name}").items
+    )
     assert pod.spec.node_name == "gke-l4-pool-1", "the real scheduler placed it on the L4 node pool"
     container = job.spec.template.spec.containers[0]
     assert container.resources.limits == {"nvidia.com/gpu": "1"}
     names = {e.name for e in container.env or []}
-    assert not names & {"STORAGE_EMULATOR_HOST", "PREFECT_API_KEY", "KINETIC_PREFECT_API_KEY"}, \
+    assert not names & {"STORAGE_EMULATOR_HOST", "PREFECT_API_KEY", "KINETIC_PREFECT_API_KEY"}, (
         "secret and forwarded values are not written into the manifest"
+    )
     [secret_ref] = container.env_from
     secret = k8s.CoreV1Api(kube.api()).read_namespaced_secret(secret_ref.secret_ref.name, "default")
     assert secret.metadata.owner_references[0].uid == job.metadata.uid, "the Secret belongs to its Job"
@@ -156,8 +175,13 @@ def test_an_l4_call_is_scheduled_on_the_l4_pool_and_returns(kube, gke_pool, pyth
     # Deleting the Job (as TTL or a person would) takes its Secret with it: the garbage collector, not the worker.
     k8s.BatchV1Api(kube.api()).delete_namespaced_job(job.metadata.name, "default", propagation_policy="Background")
     core = k8s.CoreV1Api(kube.api())
-    _wait(lambda: not [s for s in core.list_namespaced_secret("default").items
-                       if s.metadata.name == secret.metadata.name], 60, "the Job's Secret was not garbage-collected")
+    _wait(
+        lambda: (
+            not [s for s in core.list_namespaced_secret("default").items if s.metadata.name == secret.metadata.name]
+        ),
+        60,
+        "the Job's Secret was not garbage-collected",
+    )
 
 
 def test_a_tpu_call_lands_on_the_tpu_slice(kube, gke_pool, python_base_image):
@@ -174,10 +198,14 @@ def test_a_tpu_call_lands_on_the_tpu_slice(kube, gke_pool, python_base_image):
     assert pipeline() == {"accelerator": "tpu-v5litepod-1", "jax": "tpu"}
     [run] = _job_runs(name)
     [job] = _job_for(kube, run.id)
-    [pod] = k8s.CoreV1Api(kube.api()).list_namespaced_pod("default", label_selector=f"job-name={job.metadata.name}").items
+    [pod] = (
+        k8s.CoreV1Api(kube.api()).list_namespaced_pod("default", label_selector=f"job-name={job.metadata.name}").items
+    )
     assert pod.spec.node_name == "gke-tpu-v5e-pool-1"
-    assert pod.spec.node_selector == {"cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
-                                      "cloud.google.com/gke-tpu-topology": "1x1"}
+    assert pod.spec.node_selector == {
+        "cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
+        "cloud.google.com/gke-tpu-topology": "1x1",
+    }
     assert pod.spec.containers[0].resources.limits == {"google.com/tpu": "1"}
 
 
@@ -193,25 +221,38 @@ def test_no_node_pool_for_the_accelerator_fails_with_the_schedulers_reason(kube,
         return big()
 
     # the real scheduler's words, then our hint
-    with pytest.raises(KineticJobCrashed, match=r"0/\d+ nodes are available.*didn't match Pod's node affinity/selector"):
+    with pytest.raises(
+        KineticJobCrashed, match=r"0/\d+ nodes are available.*didn't match Pod's node affinity/selector"
+    ):
         pipeline()
     assert time.time() - started < 90, "bounded by pod_watch_timeout_seconds, not forever"
-    assert not [j for j in _jobs(kube) if j.metadata.labels.get("kinetic.prefect.io/accelerator") == "h100x8"], \
+    assert not [j for j in _jobs(kube) if j.metadata.labels.get("kinetic.prefect.io/accelerator") == "h100x8"], (
         "the stuck Job is deleted"
+    )
     # An automation can page on it: prefect-kubernetes' diagnosis category is an event label.  The scheduler's
     # message names the tainted GPU/TPU nodes first ("1 node(s) had untolerated taint(s), 2 node(s) didn't
     # match Pod's node affinity/selector"), which prefect-kubernetes files under Unschedulable.Taint.
-    events = _wait(lambda: [e for e in _events("kinetic.job.diagnosis", started)
-                            if e.resource.get("kubernetes.diagnosis") in ("Unschedulable.Taint",
-                                                                          "Unschedulable.NodeAffinity")], 30,
-                   "no kinetic.job.diagnosis event with an Unschedulable category")
+    events = _wait(
+        lambda: [
+            e
+            for e in _events("kinetic.job.diagnosis", started)
+            if e.resource.get("kubernetes.diagnosis") in ("Unschedulable.Taint", "Unschedulable.NodeAffinity")
+        ],
+        30,
+        "no kinetic.job.diagnosis event with an Unschedulable category",
+    )
     assert "no node pool has accelerator h100x8" in events[0].payload["resolution"]
     assert _wait(lambda: _events("kinetic.job.unschedulable", started), 30, "no kinetic.job.unschedulable event")
 
 
 def test_an_image_that_cannot_be_pulled_fails_fast(kube, gke_pool, local_registry):
-    @kinetic_task(name=f"bad-image-{uuid.uuid4().hex[:6]}", work_pool=gke_pool, accelerator="l4",
-                  image=f"{local_registry}/kinetic-tests/missing:nope", env=["STORAGE_EMULATOR_HOST"])
+    @kinetic_task(
+        name=f"bad-image-{uuid.uuid4().hex[:6]}",
+        work_pool=gke_pool,
+        accelerator="l4",
+        image=f"{local_registry}/kinetic-tests/missing:nope",
+        env=["STORAGE_EMULATOR_HOST"],
+    )
     def never() -> int:
         return 1
 
@@ -225,8 +266,9 @@ def test_an_image_that_cannot_be_pulled_fails_fast(kube, gke_pool, local_registr
     assert time.time() - started < 60
 
 
-def test_a_finished_job_and_its_secret_expire_after_the_ttl(kube, gcs_bucket, local_registry, job_image,
-                                                            python_base_image):
+def test_a_finished_job_and_its_secret_expire_after_the_ttl(
+    kube, gcs_bucket, local_registry, job_image, python_base_image
+):
     pool = _make_pool(_cluster_block(kube), f"{gcs_bucket}/gke", local_registry, finished_job_ttl=2)
     name = f"ttl-{uuid.uuid4().hex[:6]}"
 
@@ -243,18 +285,28 @@ def test_a_finished_job_and_its_secret_expire_after_the_ttl(kube, gcs_bucket, lo
     core = k8s.CoreV1Api(kube.api())
     secret_name = f"kinetic-{run.name}-{run.id.hex[:8]}-env"  # the Job's name (flow run name + id) + "-env"
     _wait(lambda: not _job_for(kube, run.id), 60, "the TTL controller did not delete the finished Job")
-    _wait(lambda: secret_name not in {s.metadata.name for s in core.list_namespaced_secret("default").items}, 60,
-          f"the expired Job's Secret {secret_name} was not garbage-collected")
+    _wait(
+        lambda: secret_name not in {s.metadata.name for s in core.list_namespaced_secret("default").items},
+        60,
+        f"the expired Job's Secret {secret_name} was not garbage-collected",
+    )
 
 
-def test_the_in_cluster_workers_role_is_enough_and_no_more(kube, gcs_bucket, local_registry, job_image,
-                                                           python_base_image):
+def test_the_in_cluster_workers_role_is_enough_and_no_more(
+    kube, gcs_bucket, local_registry, job_image, python_base_image
+):
     """The worker runs with exactly the Role `kinetic-prefect gke-worker-manifests` grants, enforced by RBAC."""
     namespace = f"ml-{uuid.uuid4().hex[:5]}"
     admin = kube.api()
     k8s.CoreV1Api(admin).create_namespace({"metadata": {"name": namespace}})
-    _wait(lambda: any(sa.metadata.name == "default" for sa in
-                      k8s.CoreV1Api(admin).list_namespaced_service_account(namespace).items), 30, "no default SA")
+    _wait(
+        lambda: any(
+            sa.metadata.name == "default"
+            for sa in k8s.CoreV1Api(admin).list_namespaced_service_account(namespace).items
+        ),
+        30,
+        "no default SA",
+    )
     for manifest in worker_manifests("any-pool", namespace=namespace, image="unused"):
         kind = manifest["kind"]
         if kind == "ServiceAccount":
@@ -284,9 +336,14 @@ def test_the_in_cluster_workers_role_is_enough_and_no_more(kube, gcs_bucket, loc
     refused = {
         "read a Secret": lambda: k8s.CoreV1Api(worker).list_namespaced_secret(namespace),
         "create Jobs in another namespace": lambda: k8s.BatchV1Api(worker).create_namespaced_job(
-            "default", {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "x"},
-                        "spec": {"template": {"spec": {"restartPolicy": "Never",
-                                                       "containers": [{"name": "c", "image": "i"}]}}}}),
+            "default",
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {"name": "x"},
+                "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "i"}]}}},
+            },
+        ),
         "delete a pod": lambda: k8s.CoreV1Api(worker).delete_collection_namespaced_pod(namespace),
         "list nodes": lambda: k8s.CoreV1Api(worker).list_node(),
     }
@@ -296,8 +353,9 @@ def test_the_in_cluster_workers_role_is_enough_and_no_more(kube, gcs_bucket, loc
         assert caught.value.status == 403, what
 
 
-def test_api_server_errors_and_dropped_connections_do_not_end_a_run(kube, gcs_bucket, local_registry, job_image,
-                                                                    python_base_image):
+def test_api_server_errors_and_dropped_connections_do_not_end_a_run(
+    kube, gcs_bucket, local_registry, job_image, python_base_image
+):
     """Every 4th API request answered 503, every 7th connection dropped, from Job creation to the last log line."""
     proxy = FaultProxy(kube.plane.port, kube.plane.workdir / "pki")
     try:
@@ -333,11 +391,29 @@ def gke_worker(gke_pool, tmp_path):
 
     def start(name: str) -> subprocess.Popen:
         log = open(log_path, "a")
-        proc = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--type", "kinetic-gke",
-                                 "--pool", gke_pool, "--name", name], stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "prefect",
+                "worker",
+                "start",
+                "--type",
+                "kinetic-gke",
+                "--pool",
+                gke_pool,
+                "--name",
+                name,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
         deadline = time.time() + 60
         with get_client(sync_client=True) as client:
-            while not any(w.name == name and w.status.value == "ONLINE" for w in client.read_workers_for_work_pool(gke_pool)):
+            while not any(
+                w.name == name and w.status.value == "ONLINE" for w in client.read_workers_for_work_pool(gke_pool)
+            ):
                 assert proc.poll() is None and time.time() < deadline, log_path.read_text()[-3000:]
                 time.sleep(0.5)
         return proc
@@ -367,8 +443,7 @@ def _running_pod(kube, run_id, timeout=120):
     return _wait(running, timeout, "the job's pod never ran")
 
 
-def test_cancelling_the_run_in_prefect_stops_the_pod_and_deletes_the_job(kube, gke_pool, gke_worker,
-                                                                        python_base_image):
+def test_cancelling_the_run_in_prefect_stops_the_pod_and_deletes_the_job(kube, gke_pool, gke_worker, python_base_image):
     start_worker, worker_log = gke_worker
     start_worker("gke-worker-cancel")
     name = f"cancel-me-{uuid.uuid4().hex[:6]}"
@@ -427,12 +502,15 @@ def test_a_restarted_worker_reattaches_without_a_duplicate_job(kube, gke_pool, g
 
 def _group_pods(kube, run_id):
     [job] = _job_for(kube, run_id)
-    pods = k8s.CoreV1Api(kube.api()).list_namespaced_pod("default", label_selector=f"job-name={job.metadata.name}").items
+    pods = (
+        k8s.CoreV1Api(kube.api()).list_namespaced_pod("default", label_selector=f"job-name={job.metadata.name}").items
+    )
     return job, sorted(pods, key=lambda p: int(p.metadata.annotations["batch.kubernetes.io/job-completion-index"]))
 
 
 def test_a_multi_host_tpu_slice_runs_one_pod_per_host_and_returns_the_coordinators_value(
-        kube, gke_pool, gcs_bucket, python_base_image):
+    kube, gke_pool, gcs_bucket, python_base_image
+):
     name = f"slice-{uuid.uuid4().hex[:6]}"
     token = uuid.uuid4().hex[:8]
 
@@ -441,8 +519,16 @@ def test_a_multi_host_tpu_slice_runs_one_pod_per_host_and_returns_the_coordinato
         index = os.environ["KINETIC_HOST_INDEX"]
         print(f"host {index} of {os.environ['KINETIC_NUM_HOSTS']} reporting")
         (Path(os.environ["KINETIC_OUTPUT_DIR"]) / f"{token}.txt").write_text(index)
-        return {k: os.environ.get(k) for k in ("KINETIC_HOST_INDEX", "KINETIC_NUM_HOSTS", "TPU_WORKER_ID",
-                                               "TPU_WORKER_HOSTNAMES", "KINETIC_COORDINATOR_ADDRESS")}
+        return {
+            k: os.environ.get(k)
+            for k in (
+                "KINETIC_HOST_INDEX",
+                "KINETIC_NUM_HOSTS",
+                "TPU_WORKER_ID",
+                "TPU_WORKER_HOSTNAMES",
+                "KINETIC_COORDINATOR_ADDRESS",
+            )
+        }
 
     @flow
     def pipeline():
@@ -453,11 +539,15 @@ def test_a_multi_host_tpu_slice_runs_one_pod_per_host_and_returns_the_coordinato
     job, pods = _group_pods(kube, run.id)
     assert result["KINETIC_HOST_INDEX"] == "0" and result["TPU_WORKER_ID"] == "0", "the coordinator's value"
     assert result["KINETIC_NUM_HOSTS"] == "2"
-    assert result["TPU_WORKER_HOSTNAMES"] == f"{job.metadata.name}-0.{job.metadata.name},{job.metadata.name}-1.{job.metadata.name}"
+    assert (
+        result["TPU_WORKER_HOSTNAMES"]
+        == f"{job.metadata.name}-0.{job.metadata.name},{job.metadata.name}-1.{job.metadata.name}"
+    )
     assert job.spec.completion_mode == "Indexed"
     _wait(lambda: (_job_for(kube, run.id)[0].status.succeeded or 0) == 2, 30, "the Job controller counts 2 hosts done")
-    assert sorted(p.spec.node_name for p in pods) == ["gke-tpu-v5p-16-0", "gke-tpu-v5p-16-1"], \
+    assert sorted(p.spec.node_name for p in pods) == ["gke-tpu-v5p-16-0", "gke-tpu-v5p-16-1"], (
         "the scheduler put one host on each node of the slice"
+    )
     service = k8s.CoreV1Api(kube.api()).read_namespaced_service(job.metadata.name, "default")
     assert service.spec.cluster_ip == "None" and service.metadata.owner_references[0].uid == job.metadata.uid
     logs = _run_logs(run.id, "[host 1] host 1 of 2 reporting")
@@ -477,22 +567,26 @@ def jax_image(local_registry, python_base_image):
 
     spec = ImageSpec.create(["jax"], family="cpu", base_image=python_base_image)
     DockerBuilder(f"{local_registry}/kinetic-tests", network="host", extra_files=proxy_files()).ensure(
-        spec, log=lambda line: None)
+        spec, log=lambda line: None
+    )
 
 
 def test_a_group_of_pods_forms_one_jax_group(kube, gke_pool, python_base_image, jax_image):
     name = f"jax-group-{uuid.uuid4().hex[:6]}"
 
-    @_gke_task(name, gke_pool, python_base_image, accelerator="cpu", requirements=["jax"],
-               job_variables={"hosts": 2})
+    @_gke_task(name, gke_pool, python_base_image, accelerator="cpu", requirements=["jax"], job_variables={"hosts": 2})
     def together() -> dict:
         import jax
         import jax.numpy as jnp
         from jax.experimental import multihost_utils
 
         gathered = multihost_utils.process_allgather(jnp.array([jax.process_index() + 1]))
-        return {"count": jax.process_count(), "index": jax.process_index(), "gathered": gathered.ravel().tolist(),
-                "devices": len(jax.devices())}
+        return {
+            "count": jax.process_count(),
+            "index": jax.process_index(),
+            "gathered": gathered.ravel().tolist(),
+            "devices": len(jax.devices()),
+        }
 
     @flow
     def pipeline():
@@ -529,6 +623,7 @@ def test_one_host_dying_fails_the_group_and_the_retry_resumes_from_the_checkpoin
     assert pipeline() == "resumed from epoch 1"
     assert time.time() - started < 240
     runs = sorted(_job_runs(name), key=lambda r: r.created)
-    assert len(runs) == 2 and runs[0].state.is_crashed() and runs[1].state.is_completed(), \
-        [(r.name, r.state.name, r.state.message) for r in runs]
+    assert len(runs) == 2 and runs[0].state.is_crashed() and runs[1].state.is_completed(), [
+        (r.name, r.state.name, r.state.message) for r in runs
+    ]
     assert "host 1 of 2" in runs[0].state.message and "the group fails with it" in runs[0].state.message

@@ -21,8 +21,13 @@ MULTI_HOST = [s.name for s in accelerators.catalog() if s.multi_host]
 
 def render(accelerator: str, **variables) -> KineticGKEJobConfiguration:
     template = KineticGKEWorker.get_default_base_job_template()
-    values = {"accelerator": accelerator, "image": "us-docker.pkg.dev/p/r/kinetic:py311-gpu-0123456789abcdef",
-              "store": "gs://bucket/kinetic", "env": {"KINETIC_RUN_PREFIX": "runs/abc"}, **variables}
+    values = {
+        "accelerator": accelerator,
+        "image": "us-docker.pkg.dev/p/r/kinetic:py311-gpu-0123456789abcdef",
+        "store": "gs://bucket/kinetic",
+        "env": {"KINETIC_RUN_PREFIX": "runs/abc"},
+        **variables,
+    }
     configuration = asyncio.run(KineticGKEJobConfiguration.from_template_and_values(template, values, client=None))
     flow_run = FlowRun(id=uuid.uuid4(), name="brave-otter-job1", flow_id=uuid.uuid4())
     pool = WorkPool(name="gke-pool", type="kinetic-gke", base_job_template=template)
@@ -52,15 +57,29 @@ def test_every_single_host_entry_renders_a_valid_job(name):
 
 
 def test_spot_resources_shm_deadline_ttl_and_service_account():
-    manifest = render("l4x2", spot=True, cpu_request="8", memory_request="32Gi", ephemeral_storage_request="100Gi",
-                      shm_size="8Gi", job_watch_timeout_seconds=7200, finished_job_ttl=600, cpu_limit="16",
-                          memory_limit="64Gi", image_pull_policy="Always", annotations={"team": "vision"},
-                      service_account_name="kinetic-jobs", namespace="ml").job_manifest
+    manifest = render(
+        "l4x2",
+        spot=True,
+        cpu_request="8",
+        memory_request="32Gi",
+        ephemeral_storage_request="100Gi",
+        shm_size="8Gi",
+        job_watch_timeout_seconds=7200,
+        finished_job_ttl=600,
+        cpu_limit="16",
+        memory_limit="64Gi",
+        image_pull_policy="Always",
+        annotations={"team": "vision"},
+        service_account_name="kinetic-jobs",
+        namespace="ml",
+    ).job_manifest
     kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
     pod = manifest["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert pod["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-l4", "cloud.google.com/gke-spot": "true"}
-    assert {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"} in pod["tolerations"]
+    assert {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
     assert container["resources"]["requests"] == {"cpu": "8", "memory": "32Gi", "ephemeral-storage": "100Gi"}
     assert container["resources"]["limits"] == {"nvidia.com/gpu": "2", "cpu": "16", "memory": "64Gi"}
     assert container["imagePullPolicy"] == "Always" and manifest["metadata"]["annotations"] == {"team": "vision"}
@@ -80,8 +99,12 @@ def test_every_multi_host_slice_renders_one_indexed_job_and_its_headless_service
     manifest = configuration.job_manifest
     kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
     job = manifest["spec"]
-    assert (job["completions"], job["parallelism"], job["completionMode"], job["backoffLimit"]) == \
-        (spec.hosts, spec.hosts, "Indexed", 0), "one pod per host, all or nothing"
+    assert (job["completions"], job["parallelism"], job["completionMode"], job["backoffLimit"]) == (
+        spec.hosts,
+        spec.hosts,
+        "Indexed",
+        0,
+    ), "one pod per host, all or nothing"
     pod = job["template"]["spec"]
     container = pod["containers"][0]
     assert pod["nodeSelector"] == spec.node_selector
@@ -116,8 +139,11 @@ def test_fields_added_to_the_template_in_the_ui_are_kept():
     template = KineticGKEWorker.get_default_base_job_template()
     template["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]["priorityClassName"] = "high"
     template["job_configuration"]["job_manifest"]["metadata"]["annotations"] = {"team": "vision"}
-    configuration = asyncio.run(KineticGKEJobConfiguration.from_template_and_values(
-        template, {"accelerator": "a100", "image": "img:1"}, client=None))
+    configuration = asyncio.run(
+        KineticGKEJobConfiguration.from_template_and_values(
+            template, {"accelerator": "a100", "image": "img:1"}, client=None
+        )
+    )
     configuration.prepare_for_flow_run(FlowRun(id=uuid.uuid4(), name="x", flow_id=uuid.uuid4()))
     manifest = configuration.job_manifest
     kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
@@ -129,12 +155,11 @@ def test_the_template_file_is_what_the_worker_type_serves():
     from kinetic_prefect.config import work_pools_dir
 
     assert KineticGKEWorker.get_default_base_job_template() == json.loads(
-        (work_pools_dir() / "kinetic-gke.json").read_text())
+        (work_pools_dir() / "kinetic-gke.json").read_text()
+    )
 
 
 def test_in_cluster_worker_manifests_are_valid_and_least_privilege():
-
-
 
     from kinetic_prefect.workers.gke_deploy import worker_manifests
 

@@ -24,11 +24,16 @@ def _pool(**defaults) -> str:
     return name
 
 
-@pytest.mark.parametrize("defaults, message", [
-    ({"image_builder": "cloud-build", "image_repository": "us-docker.pkg.dev/p/r", "store": "gs://b/k"},
-     "gcp_project, gcp_region, build_staging_bucket are not set: `kinetic-prefect pool-set"),
-    ({"store": "gs://b/k"}, "has no image and image_builder='none'"),
-])
+@pytest.mark.parametrize(
+    "defaults, message",
+    [
+        (
+            {"image_builder": "cloud-build", "image_repository": "us-docker.pkg.dev/p/r", "store": "gs://b/k"},
+            "gcp_project, gcp_region, build_staging_bucket are not set: `kinetic-prefect pool-set",
+        ),
+        ({"store": "gs://b/k"}, "has no image and image_builder='none'"),
+    ],
+)
 def test_incomplete_image_settings_fail_before_anything_is_uploaded(store_dir, defaults, message):
     pool = _pool(**defaults)
     name = f"gke-check-{uuid.uuid4().hex[:6]}"

@@ -43,13 +43,19 @@ def test_a_group_of_two_processes_forms_one_jax_group(store_dir):
         mesh = Mesh(np.array(jax.devices()), ("hosts",))
         local = np.array([float(index + 1)], dtype=np.float32)  # host 0 holds 1, host 1 holds 2
         x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("hosts")), local)
-        summed = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "hosts"), mesh=mesh,
-                                       in_specs=P("hosts"), out_specs=P()))(x)
+        summed = jax.jit(
+            jax.shard_map(lambda v: jax.lax.psum(v, "hosts"), mesh=mesh, in_specs=P("hosts"), out_specs=P())
+        )(x)
         total = float(np.asarray(summed.addressable_data(0))[0])
         print(f"hello from host {index}: psum={total}", flush=True)
         Path(os.environ["KINETIC_OUTPUT_DIR"], "host.txt").write_text(f"host {index}\n")
-        return {"index": index, "count": jax.process_count(), "psum": total,
-                "devices": len(jax.devices()), "run_id": os.environ["KINETIC_RUN_ID"]}
+        return {
+            "index": index,
+            "count": jax.process_count(),
+            "psum": total,
+            "devices": len(jax.devices()),
+            "run_id": os.environ["KINETIC_RUN_ID"],
+        }
 
     @flow
     def parent():
@@ -90,8 +96,12 @@ def _train_curve(global_batch: int, epochs: int, steps_per_epoch: int) -> dict:
     x = rng.normal(size=(n, 8)).astype("float32")
     y = (x @ rng.normal(size=(8, 1)) + 0.1 * rng.normal(size=(n, 1))).astype("float32")
     local = global_batch // count
-    rows = np.concatenate([np.arange(j * global_batch + index * local, j * global_batch + (index + 1) * local)
-                           for j in range(n // global_batch)])
+    rows = np.concatenate(
+        [
+            np.arange(j * global_batch + index * local, j * global_batch + (index + 1) * local)
+            for j in range(n // global_batch)
+        ]
+    )
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
     history = model.fit(x[rows], y[rows], batch_size=local, epochs=epochs, shuffle=False, verbose=0)
@@ -232,9 +242,17 @@ def test_eurosat_trains_data_parallel_on_two_local_processes(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "flows"))
     import eurosat_vit
 
-    state = eurosat_vit.eurosat_vit(return_state=True, source=str(SAMPLE_ZIP), epochs=2, model_size="tiny",
-                                    batch_size=64, tta=False, hosts=2, cache_dir=str(tmp_path / "cache"),
-                                    output_dir=str(tmp_path / "out"))
+    state = eurosat_vit.eurosat_vit(
+        return_state=True,
+        source=str(SAMPLE_ZIP),
+        epochs=2,
+        model_size="tiny",
+        batch_size=64,
+        tta=False,
+        hosts=2,
+        cache_dir=str(tmp_path / "cache"),
+        output_dir=str(tmp_path / "out"),
+    )
     result = state.result()
     assert result["epochs_run"] == 2 and 0.0 <= result["accuracy"] <= 1.0
     assert Path(result["model_path"]).exists()
@@ -242,7 +260,8 @@ def test_eurosat_trains_data_parallel_on_two_local_processes(tmp_path):
     run = runs[-1]
     assert run.state.is_completed()
     lines = api_lines(run.id)
-    assert any(line.startswith("group: host 0 of 2, data-parallel over 2 devices; global batch 64 = 2 x 32")
-               for line in lines), lines[:20]
+    assert any(
+        line.startswith("group: host 0 of 2, data-parallel over 2 devices; global batch 64 = 2 x 32") for line in lines
+    ), lines[:20]
     assert any(line.startswith("[host 1] epoch 2/2 loss=") for line in lines), "host 1's epochs, tagged"
     assert any(line.startswith("epoch 2/2 loss=") for line in lines)

@@ -19,12 +19,49 @@ PACKAGE = "kinetic_prefect"
 
 # The sides (docs/ARCHITECTURE.md, "Who imports whom"). A module not listed here fails the test: say where it lives.
 CONTRACT = {"contract"}
-POD = {"runner", "outputs", "progress", "signing", "storage", "errors", "accelerators", "data", "config", "utilization",
-       "warm_runner"}
-SHARED = {"gcp", "image", "builders", "job_variables", "prefect_runs", "secret_blocks", "locks", "outages", "cost", "prices", "capacity", "sweeps",
-          "cost_records"}
-CALLER = {"__init__", "_prefect", "decorator", "dispatch", "payload", "results", "pools", "in_process", "task_calls", "data_repair", "budgets", "capacity_report",
-          "embedded_server"}
+POD = {
+    "runner",
+    "outputs",
+    "progress",
+    "signing",
+    "storage",
+    "errors",
+    "accelerators",
+    "data",
+    "config",
+    "utilization",
+    "warm_runner",
+}
+SHARED = {
+    "gcp",
+    "image",
+    "builders",
+    "job_variables",
+    "prefect_runs",
+    "secret_blocks",
+    "locks",
+    "outages",
+    "cost",
+    "prices",
+    "capacity",
+    "sweeps",
+    "cost_records",
+}
+CALLER = {
+    "__init__",
+    "_prefect",
+    "decorator",
+    "dispatch",
+    "payload",
+    "results",
+    "pools",
+    "in_process",
+    "task_calls",
+    "data_repair",
+    "budgets",
+    "capacity_report",
+    "embedded_server",
+}
 WORKER_PREFIX = "workers"
 KINETIC_API_PREFIX = "kinetic"  # the Kinetic-compatible API: a caller-side facade over kinetic_task
 TOOLS = {"cli", "doctor", "steps", "jobs_cli", "cleanup", "cost_report"}
@@ -70,7 +107,8 @@ def module_name(path: Path, root: Path) -> str:
 def _type_checking_only(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and (
         (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
-        or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING"))
+        or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")
+    )
 
 
 def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
@@ -104,12 +142,13 @@ def import_graph(root: Path) -> dict[str, set[str]]:
             else:
                 if node.level:
                     base = name.split(".") if is_package else name.split(".")[:-1]
-                    base = base[:len(base) - node.level + 1]
+                    base = base[: len(base) - node.level + 1]
                     origin = ".".join(base + ([node.module] if node.module else []))
                 else:
                     origin = node.module or ""
-                targets = [f"{origin}.{alias.name}" if f"{origin}.{alias.name}" in modules else origin
-                           for alias in node.names]
+                targets = [
+                    f"{origin}.{alias.name}" if f"{origin}.{alias.name}" in modules else origin for alias in node.names
+                ]
             for target in targets:
                 while target and target not in modules:
                     target = target.rpartition(".")[0]
@@ -159,7 +198,8 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_package_has_no_import_cycle() -> None:
     found = cycles(import_graph(PACKAGE_DIR))
     assert not found, "import cycles (module-level and function-level imports):\n" + "\n".join(
-        " <-> ".join(component) for component in found)
+        " <-> ".join(component) for component in found
+    )
 
 
 def test_each_side_imports_only_what_the_architecture_allows() -> None:
@@ -171,8 +211,9 @@ def test_each_side_imports_only_what_the_architecture_allows() -> None:
             if target_side == side:
                 continue
             short = module.removeprefix(f"{PACKAGE}.")
-            allowed = target_side in ALLOWED[side] or (side == "caller" and target_side == "worker"
-                                                       and short in CALLER_INTO_WORKER)
+            allowed = target_side in ALLOWED[side] or (
+                side == "caller" and target_side == "worker" and short in CALLER_INTO_WORKER
+            )
             if not allowed:
                 broken.append(f"{module} ({side}) imports {target} ({target_side})")
     assert not broken, "imports across sides that docs/ARCHITECTURE.md does not allow:\n" + "\n".join(broken)
@@ -184,14 +225,24 @@ def test_the_pod_side_is_what_ships_to_a_job() -> None:
     assert POD | CONTRACT | {"__init__"} == set(RUNNER_MODULES)
 
 
-@pytest.mark.parametrize("source, expected", [
-    ({"a": "from pkg import b\n", "b": "def f():\n    from pkg.a import x\n"}, [["pkg.a", "pkg.b"]]),
-    ({"a": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import b\n", "b": "import pkg.a\n"}, []),
-    ({"a": "from . import b\n", "b": "from .a import x\n"}, [["pkg.a", "pkg.b"]]),
-    ({"a": "import pkg.b\n", "b": "import json\n"}, []),
-])
-def test_the_graph_sees_function_level_and_relative_imports(tmp_path: Path, source: dict[str, str],
-                                                             expected: list[list[str]]) -> None:
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ({"a": "from pkg import b\n", "b": "def f():\n    from pkg.a import x\n"}, [["pkg.a", "pkg.b"]]),
+        (
+            {
+                "a": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import b\n",
+                "b": "import pkg.a\n",
+            },
+            [],
+        ),
+        ({"a": "from . import b\n", "b": "from .a import x\n"}, [["pkg.a", "pkg.b"]]),
+        ({"a": "import pkg.b\n", "b": "import json\n"}, []),
+    ],
+)
+def test_the_graph_sees_function_level_and_relative_imports(
+    tmp_path: Path, source: dict[str, str], expected: list[list[str]]
+) -> None:
     package = tmp_path / "pkg"
     package.mkdir()
     (package / "__init__.py").write_text("")

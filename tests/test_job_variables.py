@@ -22,22 +22,26 @@ from kinetic_prefect.workers.gke_variables import JOB_BACKOFF_LIMIT, KineticGKEV
 from kinetic_prefect.workers.local import KineticLocalJobConfiguration, KineticLocalWorker
 from kinetic_prefect.workers.templates import WORKER_TYPES, generated_template, main, template_text
 
-WORKERS = {"kinetic-local": (KineticLocalWorker, KineticLocalJobConfiguration, KineticLocalVariables),
-           "kinetic-gke": (KineticGKEWorker, KineticGKEJobConfiguration, KineticGKEVariables)}
+WORKERS = {
+    "kinetic-local": (KineticLocalWorker, KineticLocalJobConfiguration, KineticLocalVariables),
+    "kinetic-gke": (KineticGKEWorker, KineticGKEJobConfiguration, KineticGKEVariables),
+}
 
 
 @pytest.mark.parametrize("worker_type", WORKER_TYPES)
 def test_the_committed_template_is_the_generated_one(worker_type: str) -> None:
     committed = (work_pools_dir() / f"{worker_type}.json").read_text()
     assert committed == template_text(worker_type), (
-        f"work_pools/{worker_type}.json differs from its model: run `python -m kinetic_prefect.workers.templates`")
+        f"work_pools/{worker_type}.json differs from its model: run `python -m kinetic_prefect.workers.templates`"
+    )
     worker, _, variables = WORKERS[worker_type]
     assert worker.job_configuration_variables is variables
     assert worker.get_default_base_job_template() == json.loads(committed)
 
 
-def test_the_check_command_names_a_stale_template(tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_check_command_names_a_stale_template(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     for worker_type in WORKER_TYPES:
         (tmp_path / f"{worker_type}.json").write_text(template_text(worker_type))
     monkeypatch.setattr("kinetic_prefect.config.work_pools_dir", lambda: tmp_path)
@@ -61,19 +65,25 @@ def test_every_variable_reaches_the_job_configuration_and_every_field_has_a_vari
 
 def _sent(accelerator: str, pool_variables: set[str], **options: Any) -> dict[str, Any]:
     spec = accelerators.resolve(accelerator)
-    kinetic = KineticOptions(accelerator=spec, image_spec=ImageSpec(requirements=("numpy",), family=spec.family),
-                             **options)
-    call = PreparedCall(layout=RunLayout("run-1"), payload=b"", payload_sha256="0" * 64, code_archive=None, env={},
-                        data=[])
+    kinetic = KineticOptions(
+        accelerator=spec, image_spec=ImageSpec(requirements=("numpy",), family=spec.family), **options
+    )
+    call = PreparedCall(
+        layout=RunLayout("run-1"), payload=b"", payload_sha256="0" * 64, code_archive=None, env={}, data=[]
+    )
     return _job_variables(kinetic, call, "gs://bucket/prefix", pool_variables)
 
 
-@pytest.mark.parametrize("worker_type, accelerator, options", [
-    ("kinetic-local", "cpu", {"hosts": 2}),
-    ("kinetic-gke", "l4", {"image": "img:1", "hosts": 2, "job_variables": {"spot": True, "namespace": "ml"}}),
-])
-def test_what_the_caller_sends_is_the_model_and_what_the_worker_reads(worker_type: str, accelerator: str,
-                                                                      options: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "worker_type, accelerator, options",
+    [
+        ("kinetic-local", "cpu", {"hosts": 2}),
+        ("kinetic-gke", "l4", {"image": "img:1", "hosts": 2, "job_variables": {"spot": True, "namespace": "ml"}}),
+    ],
+)
+def test_what_the_caller_sends_is_the_model_and_what_the_worker_reads(
+    worker_type: str, accelerator: str, options: dict[str, Any]
+) -> None:
     _, configuration_class, variables = WORKERS[worker_type]
     sent = _sent(accelerator, set(variables.model_fields), **options)
     unknown = set(sent) - set(variables.model_fields)
@@ -94,6 +104,7 @@ def test_a_pool_without_the_optional_variables_is_sent_none_of_them() -> None:
 
 def test_the_gke_host_count_is_the_catalogs() -> None:
     """One rule for both workers (accelerators.host_count): kinetic-gke used to run one pod for hosts=0."""
+
     def configuration(**values: Any) -> KineticGKEJobConfiguration:
         return KineticGKEJobConfiguration(**values)
 
@@ -101,5 +112,8 @@ def test_the_gke_host_count_is_the_catalogs() -> None:
     assert configuration(accelerator="tpu-v5litepod-16").host_count == 4
     with pytest.raises(ValueError, match="at least one host"):
         _ = configuration(accelerator="cpu", hosts=0).host_count
-    assert generated_template("kinetic-gke")["job_configuration"]["job_manifest"]["spec"]["backoffLimit"] \
-        == JOB_BACKOFF_LIMIT == 0
+    assert (
+        generated_template("kinetic-gke")["job_configuration"]["job_manifest"]["spec"]["backoffLimit"]
+        == JOB_BACKOFF_LIMIT
+        == 0
+    )

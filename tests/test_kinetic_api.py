@@ -55,8 +55,23 @@ READINGS = {
     "a100x4": ((4, None, 1), (4, None, 1)),
 }
 # The same names the doc page's table shows.
-DOC_TABLE_NAMES = ["v5p-8", "tpu-v5p-16", "v5p-32", "v6e-8", "v6e-16", "v4-4", "v4-8", "tpu-v4-16", "v5litepod-4",
-                   "v5litepod-8", "tpu-v5e-16", "l4", "a100x4", "tpu:8", "gpu:4"]
+DOC_TABLE_NAMES = [
+    "v5p-8",
+    "tpu-v5p-16",
+    "v5p-32",
+    "v6e-8",
+    "v6e-16",
+    "v4-4",
+    "v4-8",
+    "tpu-v4-16",
+    "v5litepod-4",
+    "v5litepod-8",
+    "tpu-v5e-16",
+    "l4",
+    "a100x4",
+    "tpu:8",
+    "gpu:4",
+]
 
 
 def _shape(spec):
@@ -87,10 +102,38 @@ def test_the_doc_page_shows_the_readings_this_code_uses():
 
 def test_kinetic_spellings():
     read = lambda name: names.kinetic_reading(name).name  # noqa: E731
-    assert [read(n) for n in ("cpu", "cpu:8", "gpu", "gpu-l4", "gpu:l4", "nvidia-l4", "gpu:a100x4", "gpu:4",
-                              "tpu", "tpu:8", "tpu-v5e-1", "v5litepod-2x4", "v6e-2x4")] == [
-        "cpu", "cpu", "l4", "l4", "l4", "l4", "a100x4", "h100x4", "tpu-v5litepod-4", "tpu-v6e-8-2hosts",
-        "tpu-v5litepod-1", "tpu-v5litepod-8", "tpu-v6e-8-2hosts"]
+    assert [
+        read(n)
+        for n in (
+            "cpu",
+            "cpu:8",
+            "gpu",
+            "gpu-l4",
+            "gpu:l4",
+            "nvidia-l4",
+            "gpu:a100x4",
+            "gpu:4",
+            "tpu",
+            "tpu:8",
+            "tpu-v5e-1",
+            "v5litepod-2x4",
+            "v6e-2x4",
+        )
+    ] == [
+        "cpu",
+        "cpu",
+        "l4",
+        "l4",
+        "l4",
+        "l4",
+        "a100x4",
+        "h100x4",
+        "tpu-v5litepod-4",
+        "tpu-v6e-8-2hosts",
+        "tpu-v5litepod-1",
+        "tpu-v5litepod-8",
+        "tpu-v6e-8-2hosts",
+    ]
     assert names.kinetic_reading("v5p-8:spot").spot
     with pytest.raises(accelerators.UnknownAcceleratorError, match=r"v5p comes in \[8, 16, 32\] chips"):
         names.kinetic_reading("v5p-4")
@@ -127,13 +170,16 @@ def test_kinetic_run_reads_names_as_kinetic_does():
     assert kinetic.run(accelerator="l4", spot=True)(lambda: 0).task.kinetic.accelerator.spot
 
 
-@pytest.mark.parametrize("option, value, nearest", [
-    ("zone", "us-central1-a", "work_pool='NAME'"),
-    ("cluster", "research", "work_pool='NAME'"),
-    ("debug", True, "jobs logs -f"),
-    ("backend", "pathways", "hosts=N"),
-    ("base_image_repo", "me/kinetic", "base_image='IMAGE'"),
-])
+@pytest.mark.parametrize(
+    "option, value, nearest",
+    [
+        ("zone", "us-central1-a", "work_pool='NAME'"),
+        ("cluster", "research", "work_pool='NAME'"),
+        ("debug", True, "jobs logs -f"),
+        ("backend", "pathways", "hosts=N"),
+        ("base_image_repo", "me/kinetic", "base_image='IMAGE'"),
+    ],
+)
 def test_options_without_an_equivalent_name_the_nearest(option, value, nearest):
     with pytest.raises(TypeError, match=re.escape(nearest)) as info:
         kinetic.run(accelerator="cpu", **{option: value})
@@ -161,14 +207,19 @@ def test_simple_demo():
         import numpy as np
 
         print(f"Keras {keras.__version__}, backend {keras.config.backend()}, JAX devices {jax.devices()}")
-        model = keras.Sequential([
-            keras.layers.Input(shape=(8, 8, 1)),
-            keras.layers.Conv2D(4, kernel_size=(3, 3), activation="relu"),
-            keras.layers.GlobalAveragePooling2D(),
-            keras.layers.Dense(10, activation="softmax"),
-        ])
-        model.compile(loss=keras.losses.SparseCategoricalCrossentropy(), optimizer=keras.optimizers.Adam(1e-3),
-                      metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc")])
+        model = keras.Sequential(
+            [
+                keras.layers.Input(shape=(8, 8, 1)),
+                keras.layers.Conv2D(4, kernel_size=(3, 3), activation="relu"),
+                keras.layers.GlobalAveragePooling2D(),
+                keras.layers.Dense(10, activation="softmax"),
+            ]
+        )
+        model.compile(
+            loss=keras.losses.SparseCategoricalCrossentropy(),
+            optimizer=keras.optimizers.Adam(1e-3),
+            metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc")],
+        )
         x = np.random.rand(64, 8, 8, 1).astype(np.float32)
         y = np.random.randint(0, 10, size=(64,)).astype(np.int32)
         history = model.fit(x, y, epochs=2, batch_size=32, verbose=0)
@@ -263,8 +314,9 @@ def test_keras_training_batch():
 
         x = np.random.rand(200, 20).astype("float32")
         y = x.sum(axis=1, keepdims=True)
-        model = keras.Sequential([keras.layers.Input(shape=(20,)), keras.layers.Dense(16, activation="relu"),
-                                  keras.layers.Dense(1)])
+        model = keras.Sequential(
+            [keras.layers.Input(shape=(20,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)]
+        )
         model.compile(optimizer=keras.optimizers.Adam(learning_rate=lr), loss="mse")
         history = model.fit(x, y, epochs=3, verbose=0)
         return {"lr": lr, "loss": history.history["loss"][-1]}
@@ -285,8 +337,12 @@ def test_collections(tmp_path):
     def train(lr, epochs):
         return {"lr": lr, "epochs": epochs, "loss": round(1.0 / (lr * epochs), 4)}
 
-    configs = [{"lr": 0.001, "epochs": 5}, {"lr": 0.005, "epochs": 10}, {"lr": 0.01, "epochs": 10},
-               {"lr": 0.05, "epochs": 5}]
+    configs = [
+        {"lr": 0.001, "epochs": 5},
+        {"lr": 0.005, "epochs": 10},
+        {"lr": 0.01, "epochs": 10},
+        {"lr": 0.05, "epochs": 5},
+    ]
     batch = train.run_async_map(configs, max_concurrent=2)
     assert re.fullmatch(r"grp-[0-9a-f]{8}", batch.group_id)
     results = batch.results(timeout=600, cleanup=False)
@@ -302,8 +358,9 @@ def test_collections(tmp_path):
     assert reattached.results(timeout=60) == [None] * 4 and set(reattached.unavailable_children) == {0, 1, 2, 3}
     reattached.cleanup()
 
-    streamed = [job.result(cleanup=False)["lr"] for job in train.run_async_map([[0.01, 3], [0.02, 5]]).as_completed(
-        timeout=600)]
+    streamed = [
+        job.result(cleanup=False)["lr"] for job in train.run_async_map([[0.01, 3], [0.02, 5]]).as_completed(timeout=600)
+    ]
     assert sorted(streamed) == [0.01, 0.02]
 
     @kinetic.run(accelerator="cpu")
@@ -337,8 +394,9 @@ def test_collections(tmp_path):
     retried = flaky.run_async_map([(21, str(marker))], retries=1)
     assert retried.results(timeout=600) == [42]
     with get_client(sync_client=True) as client:
-        attempts = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(
-            all_=[f"kinetic-group:{retried.group_id}"])))
+        attempts = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"kinetic-group:{retried.group_id}"]))
+        )
     assert sorted(r.state.name for r in attempts) == ["Completed", "Failed"], "a retry is a new job"
 
     with pytest.raises(ValueError, match="max_concurrent must be a positive integer"):
@@ -382,8 +440,10 @@ def test_detached_jobs_outlive_their_script(worker_factory, tmp_path, monkeypatc
     listed = capsys.readouterr().out
     assert ids["a"] in listed and ids["b"] in listed and "train_model_a" in listed and "long_job" in listed
 
-    collect = (f"from kinetic_prefect import kinetic; job = kinetic.attach({ids['a']!r}); "
-               f"print(job.func_name, job.status().value, job.result(timeout=300), job.status().value)")
+    collect = (
+        f"from kinetic_prefect import kinetic; job = kinetic.attach({ids['a']!r}); "
+        f"print(job.func_name, job.status().value, job.result(timeout=300), job.status().value)"
+    )
     out = _run([sys.executable, "-c", collect], env).stdout.split()
     assert out[0] == "train_model_a" and out[-1] == "SUCCEEDED" and float(out[2]) > 0
 
@@ -400,8 +460,14 @@ def test_detached_jobs_outlive_their_script(worker_factory, tmp_path, monkeypatc
     assert "Model A done" in job_a.logs()
 
     # follow the long job from a third process, then cancel it from the CLI
-    follower = subprocess.Popen([sys.executable, "-m", "kinetic_prefect.cli", "jobs", "logs", "-f", ids["b"]],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "kinetic_prefect.cli", "jobs", "logs", "-f", ids["b"]],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     try:
         job_pid = int(_wait_for(lambda: pid_file.exists() and pid_file.read_text(), 180, "the long job to start"))
         assert cli(["jobs", "status", ids["b"]]) == 0
@@ -449,13 +515,21 @@ def test_a_killed_callers_job_is_collected_by_attach(worker_factory):
     """`kinetic_prefect.attach(flow_run_id)`: the script that submitted a @kinetic_task job is killed (SIGKILL)
     while the job runs on a polling worker; the job runs to its end and another process collects its value."""
     pool = worker_factory().start().pool
-    script = subprocess.Popen([sys.executable, str(EXAMPLES / "task_submit.py")], env={**os.environ, "POOL": pool},
-                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    script = subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "task_submit.py")],
+        env={**os.environ, "POOL": pool},
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
+
         def running_job():
             with get_client(sync_client=True) as client:
-                runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=["kinetic"])),
-                                             work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[pool])))
+                runs = client.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=["kinetic"])),
+                    work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[pool])),
+                )
             return next((r for r in runs if r.state and r.state.is_running()), None)
 
         job_run = _wait_for(running_job, 240, "the job to run")
@@ -474,10 +548,16 @@ def test_an_in_process_detached_job_stops_with_its_killed_submitter(tmp_path):
     from worker_fixture import new_pool
 
     pool, pid_file = new_pool("in-process"), tmp_path / "job.pid"
-    script = subprocess.Popen([sys.executable, str(EXAMPLES / "in_process_submit.py"), str(pid_file)],
-                              env={**os.environ, "KINETIC_WORK_POOL": pool}, cwd=ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+    script = subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "in_process_submit.py"), str(pid_file)],
+        env={**os.environ, "KINETIC_WORK_POOL": pool},
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
+
         def started() -> str | bool:
             assert script.poll() is None, "the submitter waits for its in-process job:\n" + script.stderr.read()
             return pid_file.exists() and pid_file.read_text()

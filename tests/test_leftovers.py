@@ -4,7 +4,6 @@ crash of the caller or the worker can still leave."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,8 +27,9 @@ def new_pool(prefix: str) -> str:
 
     name = f"{prefix}-{uuid.uuid4().hex[:6]}"
     with get_client(sync_client=True) as client:
-        client.create_work_pool(WorkPoolCreate(name=name, type="kinetic-local",
-                                               base_job_template=load_template("kinetic-local")))
+        client.create_work_pool(
+            WorkPoolCreate(name=name, type="kinetic-local", base_job_template=load_template("kinetic-local"))
+        )
     return name
 
 
@@ -92,8 +92,12 @@ def _interrupted_calls(count: int, store_dir: Path, tmp_path: Path, monkeypatch)
         return body("quick", ballast)
 
     assert warm_up() == len(ballast)
-    watched = {"runs": store_dir / "runs", "checkpoints": store_dir / "checkpoints",
-               "jobs": Path(os.environ["KINETIC_CACHE_DIR"]) / "jobs", "TMPDIR": tmp}
+    watched = {
+        "runs": store_dir / "runs",
+        "checkpoints": store_dir / "checkpoints",
+        "jobs": Path(os.environ["KINETIC_CACHE_DIR"]) / "jobs",
+        "TMPDIR": tmp,
+    }
     before = {label: footprint(path) for label, path in watched.items()}
 
     @flow
@@ -114,8 +118,11 @@ def _interrupted_calls(count: int, store_dir: Path, tmp_path: Path, monkeypatch)
     assert 1 < len(runs) <= count + 1  # a timeout can land before the job's run is created
     wait_for(lambda: all(r.state is not None and r.state.is_final() for r in job_runs(name)), 60, "final runs")
     after = {label: footprint(path) for label, path in watched.items()}
-    grown = {label: (before[label], after[label]) for label in watched
-             if after[label][0] > before[label][0] or after[label][1] > before[label][1]}
+    grown = {
+        label: (before[label], after[label])
+        for label in watched
+        if after[label][0] > before[label][0] or after[label][1] > before[label][1]
+    }
     assert not grown, f"(entries, bytes) before and after {count} interrupted calls: {grown}; ended as {ended}"
 
 
@@ -129,7 +136,7 @@ def test_fifty_interrupted_calls_leave_nothing_in_the_store_or_tmpdir(store_dir,
     _interrupted_calls(50, store_dir, tmp_path, monkeypatch)
 
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import pathlib, sys
     from prefect import flow
     from kinetic_prefect import kinetic_task
@@ -149,7 +156,7 @@ SCRIPT = textwrap.dedent('''
 
     if __name__ == "__main__":
         pipeline()
-''')
+""")
 
 
 def test_a_killed_in_process_caller_leaves_no_job_folder(tmp_path):
@@ -158,8 +165,12 @@ def test_a_killed_in_process_caller_leaves_no_job_folder(tmp_path):
     script = tmp_path / "caller.py"
     script.write_text(SCRIPT)
     pid_file = tmp_path / "job.pid"
-    proc = subprocess.Popen([sys.executable, str(script), name, pool, str(pid_file)], cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), name, pool, str(pid_file)],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
     try:
         wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), 120, "the job to start")
     finally:
@@ -196,9 +207,17 @@ def test_cleanup_lists_then_removes_what_a_crash_left(store_dir, tmp_path, monke
     (dead_job / "job.json").write_text('{"pid": 999999999, "start_ticks": 1, "owner": "caller", "hosts": []}')
     (dead_job / "job.log").write_text("lines\n")
     old = time.time() - 7200
-    for path in (stale_run / "payload.pkl", stale_run / "payload.pkl.sig", orphan_outputs / "model.bin",
-                 orphan_outputs, dead_job / "job.json", dead_job / "job.log", dead_job,
-                 store / "checkpoints" / "empty-task-run", kept.parent):
+    for path in (
+        stale_run / "payload.pkl",
+        stale_run / "payload.pkl.sig",
+        orphan_outputs / "model.bin",
+        orphan_outputs,
+        dead_job / "job.json",
+        dead_job / "job.log",
+        dead_job,
+        store / "checkpoints" / "empty-task-run",
+        kept.parent,
+    ):
         os.utime(path, (old, old))
     fresh_run = store / "runs" / str(uuid.uuid4())  # a call may still be collecting it
     fresh_run.mkdir()

@@ -105,7 +105,7 @@ def sleeper(name: str, pool: str, submission: str, **options):
     return sleepy
 
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import os, pathlib, sys, time
     from prefect import flow
     from kinetic_prefect import kinetic_task
@@ -127,16 +127,23 @@ SCRIPT = textwrap.dedent('''
 
     if __name__ == "__main__":
         print("VALUE", pipeline(), flush=True)
-''')
+""")
 
 
-def start_script(tmp_path: Path, name: str, pool: str, submission: str, mode: str = "60") -> tuple[subprocess.Popen, Path]:
+def start_script(
+    tmp_path: Path, name: str, pool: str, submission: str, mode: str = "60"
+) -> tuple[subprocess.Popen, Path]:
     script = tmp_path / "caller.py"
     script.write_text(SCRIPT)
     pid_file = tmp_path / f"{name}.pid"
-    proc = subprocess.Popen([sys.executable, str(script), name, pool, submission, str(pid_file), mode],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=_as_from_a_terminal)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), name, pool, submission, str(pid_file), mode],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_as_from_a_terminal,
+    )
     return proc, pid_file
 
 

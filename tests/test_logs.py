@@ -28,8 +28,9 @@ def api_lines(run_id) -> list[str]:
     with get_client(sync_client=True) as client:
         offset = 0
         while True:
-            page = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])),
-                                    limit=200, offset=offset)
+            page = client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])), limit=200, offset=offset
+            )
             for log in page:
                 lines.extend(log.message.splitlines())
             if len(page) < 200:
@@ -38,7 +39,7 @@ def api_lines(run_id) -> list[str]:
 
 
 def numbered(lines: list[str], prefix: str = "") -> list[int]:
-    return [int(line[len(prefix):].split()[1]) for line in lines if line[len(prefix):].startswith("line ")]
+    return [int(line[len(prefix) :].split()[1]) for line in lines if line[len(prefix) :].startswith("line ")]
 
 
 @pytest.fixture(params=["in-process", "worker"])
@@ -125,7 +126,9 @@ def test_job_progress_becomes_a_progress_artifact_on_the_job_run():
     assert pipeline() == 4
     run = job_run(name)
     with get_client(sync_client=True) as client:
-        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id]))
+        )
     [progress] = [a for a in artifacts if a.type == "progress"]
     assert progress.data == 100.0 and progress.description == "epoch 4/4"
     lines = api_lines(run.id)
@@ -139,8 +142,13 @@ def test_a_job_sees_the_same_environment_on_both_paths(route, monkeypatch):
     monkeypatch.setenv("FORWARDED_SETTING", "ok")
     name = f"env-{uuid.uuid4().hex[:6]}"
 
-    @kinetic_task(name=name, work_pool=pool, submission=submission, env=["FORWARDED_SETTING"],
-                  job_variables={"env": {"POOL_SETTING": "from-the-pool"}})
+    @kinetic_task(
+        name=name,
+        work_pool=pool,
+        submission=submission,
+        env=["FORWARDED_SETTING"],
+        job_variables={"env": {"POOL_SETTING": "from-the-pool"}},
+    )
     def sees() -> dict:
         import os as _os
 
@@ -179,6 +187,7 @@ def test_data_uploads_and_environment_builds_show_progress(tmp_path):
     run = job_run(name)
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(
-            artifact_filter=ArtifactFilter(task_run_id=ArtifactFilterTaskRunId(any_=[calling_task_run(run).id])))
+            artifact_filter=ArtifactFilter(task_run_id=ArtifactFilterTaskRunId(any_=[calling_task_run(run).id]))
+        )
     [upload] = [a for a in artifacts if a.type == "progress"]
     assert upload.data == 100.0 and "of 1.0 MiB uploaded" in upload.description

@@ -47,7 +47,7 @@ def test_requirements_from_files(tmp_path):
     assert normalize_requirements(str(tmp_path / "requirements.txt")) == ("keras>=3", "numpy>=1.26")
     (tmp_path / "pyproject.toml").write_text('[project]\nname="x"\ndependencies=["Pillow>=10"]\n')
     assert normalize_requirements(tmp_path / "pyproject.toml") == ("pillow>=10",)
-    (tmp_path / "bad.toml").write_text('[tool.x]\n')
+    (tmp_path / "bad.toml").write_text("[tool.x]\n")
     with pytest.raises(RequirementsError, match=r"no \[project\].dependencies"):
         normalize_requirements(tmp_path / "bad.toml")
     (tmp_path / "opts.txt").write_text("--index-url https://example.invalid\n")

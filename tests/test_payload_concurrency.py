@@ -159,6 +159,7 @@ def test_the_first_calls_of_a_fan_out_do_not_race_on_sysconfig(tmp_path):
     (tmp_path / "pyproject.toml").write_text("[project]\nname='proj'\n")
     (tmp_path / "helpers.py").write_text("def scale(x):\n    return 2 * x\n")
     (tmp_path / "first_use.py").write_text(FIRST_USE_SCRIPT)
-    proc = subprocess.run([sys.executable, str(tmp_path / "first_use.py"), str(tmp_path)], capture_output=True,
-                          text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "first_use.py"), str(tmp_path)], capture_output=True, text=True, timeout=240
+    )
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]

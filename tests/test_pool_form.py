@@ -57,12 +57,14 @@ def test_unset_variables_leave_the_configuration_defaults(worker_type):
         from kinetic_prefect.workers.local import KineticLocalJobConfiguration as Configuration
     template = load_template(worker_type)
     fields = Configuration.model_fields
-    unset = [name for name, prop in template["variables"]["properties"].items()
-             if "default" not in prop and name in fields]
+    unset = [
+        name for name, prop in template["variables"]["properties"].items() if "default" not in prop and name in fields
+    ]
     assert len(unset) >= 5, f"expected the optional variables to be unset by default, got {unset}"
     config = asyncio.run(Configuration.from_template_and_values(template, {}))
-    assert {name: getattr(config, name) for name in unset} == \
-        {name: fields[name].get_default(call_default_factory=True) for name in unset}
+    assert {name: getattr(config, name) for name in unset} == {
+        name: fields[name].get_default(call_default_factory=True) for name in unset
+    }
     assert {getattr(config, name) for name in unset if name not in ("annotations",)} == {None}
     config = asyncio.run(Configuration.from_template_and_values(template, {"hosts": 2, "store": "/tmp/s"}))
     assert (config.hosts, config.store) == (2, "/tmp/s")
@@ -107,5 +109,12 @@ def pools(prefect_server):
 def test_pool_edit_page_shows_the_form(browser, pools, prefect_server, worker_type, ui):
     out = os.environ.get("KINETIC_UI_SCREENSHOTS")
     shot = Path(out) / f"pool-form-{worker_type}-{ui}.png" if out else None
-    ui_check.check_pool_form(browser, prefect_server.removesuffix("/api"), pools[worker_type], worker_type,
-                             load_template(worker_type), ui, shot)
+    ui_check.check_pool_form(
+        browser,
+        prefect_server.removesuffix("/api"),
+        pools[worker_type],
+        worker_type,
+        load_template(worker_type),
+        ui,
+        shot,
+    )

@@ -269,8 +269,12 @@ def test_runner_reports_payload_tampering(tmp_path):
 
     store = open_store(tmp_path / "store")
     store.put_bytes("runs/r1/payload.pkl", b"not what was hashed")
-    env = {**os.environ, "KINETIC_STORE": str(tmp_path / "store"), "KINETIC_RUN_PREFIX": "runs/r1",
-           "KINETIC_PAYLOAD_SHA256": "0" * 64}
+    env = {
+        **os.environ,
+        "KINETIC_STORE": str(tmp_path / "store"),
+        "KINETIC_RUN_PREFIX": "runs/r1",
+        "KINETIC_PAYLOAD_SHA256": "0" * 64,
+    }
     proc = subprocess.run([sys.executable, "-m", "kinetic_prefect.runner"], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     import json

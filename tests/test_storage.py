@@ -258,6 +258,12 @@ def test_module_imports_only_stdlib():
         "import kinetic_prefect.storage\n"
         "assert 'google.cloud.storage' not in sys.modules, 'google.cloud.storage imported'\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code, str(REPO / "kinetic_prefect" / "storage.py")],
-                          cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(REPO / "kinetic_prefect" / "storage.py")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr

@@ -19,14 +19,20 @@ from prefect import flow
 
 from kinetic_prefect import kinetic_task
 from test_lifecycle import (
-    STOP_WITHIN_SECONDS, _as_from_a_terminal, alive, final_job_run, route, task_run_of, wait_for,
+    STOP_WITHIN_SECONDS,
+    _as_from_a_terminal,
+    alive,
+    final_job_run,
+    route,
+    task_run_of,
+    wait_for,
 )
 
 __all__ = ["route"]  # the fixture: both submission paths
 
 JOBS = 4
 
-SWEEP_SCRIPT = textwrap.dedent('''
+SWEEP_SCRIPT = textwrap.dedent("""
     import pathlib, sys
     from prefect import flow
     from kinetic_prefect import kinetic_task
@@ -52,7 +58,7 @@ SWEEP_SCRIPT = textwrap.dedent('''
 
     if __name__ == "__main__":
         print("VALUES", sweep(), flush=True)
-''').replace("JOBS", str(JOBS))
+""").replace("JOBS", str(JOBS))
 
 
 def read_pids(pid_dir: Path, count: int, timeout: float = 120.0) -> list[int]:
@@ -64,8 +70,9 @@ def read_pids(pid_dir: Path, count: int, timeout: float = 120.0) -> list[int]:
     return wait_for(ready, timeout, f"{count} jobs to start")
 
 
-@pytest.mark.parametrize("how,sig", [("map", signal.SIGINT), ("submit", signal.SIGTERM)],
-                         ids=["map-ctrl-c", "submit-sigterm"])
+@pytest.mark.parametrize(
+    "how,sig", [("map", signal.SIGINT), ("submit", signal.SIGTERM)], ids=["map-ctrl-c", "submit-sigterm"]
+)
 def test_stopping_the_calling_script_stops_every_job_of_the_sweep(route, tmp_path, how, sig):
     pool, submission = route
     name = f"sweep-stop-{uuid.uuid4().hex[:6]}"
@@ -73,9 +80,14 @@ def test_stopping_the_calling_script_stops_every_job_of_the_sweep(route, tmp_pat
     script.write_text(SWEEP_SCRIPT)
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-    proc = subprocess.Popen([sys.executable, str(script), name, pool, submission, str(pid_dir), how],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=_as_from_a_terminal)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), name, pool, submission, str(pid_dir), how],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_as_from_a_terminal,
+    )
     try:
         pids = read_pids(pid_dir, JOBS)
         signalled = time.time()

@@ -52,8 +52,9 @@ def test_ui_talks_to_this_server(ui):
 
 def test_flow_run_page_shows_task_runs_and_the_nested_job(ui):
     tracker = ui.facts["job_tracker"]
-    assert [p["id"] for p in tracker["task_inputs"]["__parents__"]] == [ui.train["id"]], \
+    assert [p["id"] for p in tracker["task_inputs"]["__parents__"]] == [ui.train["id"]], (
         "the job's run is not nested (through its tracking task run) under its task run"
+    )
     ui.flow_run_page()
     assert {"flow-run.png", "flow-run-task-runs.png", "flow-run-subflows.png"} <= set(ui.report["screenshots"])
 
@@ -79,8 +80,10 @@ def test_plots_render_as_images_in_the_ui(ui):
     if not ui.report["artifacts"]:
         ui.artifacts()
     rendered = sum(ui.report["artifacts"][ui.artifact_name(a)]["rendered"] for a in with_images)
-    assert rendered >= 2, (f"expected the confusion matrix and the learning curves as images in the UI, "
-                           f"{rendered} rendered: {ui.report['artifacts']}")
+    assert rendered >= 2, (
+        f"expected the confusion matrix and the learning curves as images in the UI, "
+        f"{rendered} rendered: {ui.report['artifacts']}"
+    )
 
 
 def test_job_progress_shows_in_the_ui(ui):
@@ -90,5 +93,6 @@ def test_job_progress_shows_in_the_ui(ui):
     if not ui.report["artifacts"]:
         ui.artifacts()
     names = {ui.artifact_name(a) for a in progress}
-    assert any(line.startswith(f"progress artifact {name}:") for line in ui.report["checks"] for name in names), \
+    assert any(line.startswith(f"progress artifact {name}:") for line in ui.report["checks"] for name in names), (
         ui.report["checks"]
+    )

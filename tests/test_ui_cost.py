@@ -25,8 +25,9 @@ def test_cost_and_usage_artifacts_render_in_the_ui(prefect_server, tmp_path):
         pytest.skip(message)
     flow_run_id = ui_cost_check.run_cost_flow(os.environ.copy())
     out = Path(os.environ.get("KINETIC_UI_SCREENSHOTS") or tmp_path)
-    report = ui_cost_check.check_cost_pages(prefect_server.removesuffix("/api"), prefect_server, flow_run_id, out,
-                                            chromium)
+    report = ui_cost_check.check_cost_pages(
+        prefect_server.removesuffix("/api"), prefect_server, flow_run_id, out, chromium
+    )
     assert report["total_usd"] > 0
     names = {Path(p).name for p in report["screenshots"]}
     assert {"cost-flow-run-total.png", "cost-job.png", "cost-usage-plot.png", "cost-usage-hint.png"} <= names

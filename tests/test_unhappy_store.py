@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -84,16 +83,29 @@ def _raise(kind: str) -> None:
     if kind == "unicode":
         b"ab\xff".decode("utf-8")
     if kind == "called":
-        _subprocess.run([_sys.executable, "-c", "import sys; print('out'); sys.exit(3)"], check=True,
-                        capture_output=True, text=True)
+        _subprocess.run(
+            [_sys.executable, "-c", "import sys; print('out'); sys.exit(3)"], check=True, capture_output=True, text=True
+        )
     if kind == "group":
         raise ExceptionGroup("two failures", [ValueError("a"), PermissionError(13, "Permission denied", "/etc/z")])
 
 
 def _describe(exc: BaseException) -> dict:
     seen = {"type": type(exc).__name__, "args": repr(exc.args)}
-    for attr in ("errno", "strerror", "filename", "encoding", "object", "start", "end", "reason", "returncode",
-                 "cmd", "output", "stderr"):
+    for attr in (
+        "errno",
+        "strerror",
+        "filename",
+        "encoding",
+        "object",
+        "start",
+        "end",
+        "reason",
+        "returncode",
+        "cmd",
+        "output",
+        "stderr",
+    ):
         if hasattr(exc, attr):
             seen[attr] = getattr(exc, attr)
     if isinstance(exc, BaseExceptionGroup):
@@ -191,8 +203,9 @@ def small_store(tmp_path):
     """A store directory on a 3 MiB tmpfs of its own (the test runs as root; skipped where mounting is refused)."""
     mount = tmp_path / "small-store"
     mount.mkdir()
-    probe = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True,
-                           text=True)
+    probe = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if probe.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {probe.stderr.strip()}")
     try:
@@ -208,8 +221,9 @@ def test_a_full_store_while_writing_the_result_names_enospc_and_is_not_retried(s
     set_pool_variables(pool, [f"store={small_store}"])
     name = f"full-{uuid.uuid4().hex[:6]}"
 
-    @kinetic_task(name=name, work_pool=pool, submission="in-process", ship_project=False, retries=2,
-                  retry_delay_seconds=0)
+    @kinetic_task(
+        name=name, work_pool=pool, submission="in-process", ship_project=False, retries=2, retry_delay_seconds=0
+    )
     def big() -> bytes:
         return os.urandom(4 * 2**20)  # more than the 3 MiB store holds
 
@@ -289,8 +303,9 @@ def test_a_damaged_data_object_in_a_bucket_heals_for_the_retry(gcs_bucket, tmp_p
         (dataset / f"part-{index}.txt").write_text(text)
     name = f"heal-gcs-{uuid.uuid4().hex[:6]}"
 
-    @kinetic_task(name=name, work_pool=pool, submission="in-process", ship_project=False, retries=1,
-                  retry_delay_seconds=0)
+    @kinetic_task(
+        name=name, work_pool=pool, submission="in-process", ship_project=False, retries=1, retry_delay_seconds=0
+    )
     def read_all(folder) -> list[str]:
         import pathlib
 

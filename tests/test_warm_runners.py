@@ -21,8 +21,12 @@ from worker_fixture import new_pool
 def warm_task(name: str, pool: str, submission: str = "in-process", keep_warm: float = 20, min_warm: int = 0):
     import warm_state  # a project module: imported by the job from the shipped project
 
-    @kinetic_task(name=name, work_pool=pool, submission=submission,
-                  job_variables={"keep_warm_seconds": keep_warm, "min_warm": min_warm})
+    @kinetic_task(
+        name=name,
+        work_pool=pool,
+        submission=submission,
+        job_variables={"keep_warm_seconds": keep_warm, "min_warm": min_warm},
+    )
     def call(i: int, sleep: float = 0.0) -> tuple[int, list[int]]:
         import os
         import time as _time

@@ -61,8 +61,9 @@ def test_a_polling_worker_process_runs_the_job(polling_worker):
     assert run.state.is_completed()
     assert "hunter2" not in json.dumps(run.job_variables)
     with get_client(sync_client=True) as client:
-        assert not [b for b in client.read_block_documents() if b.name.startswith("kinetic-env-")], \
+        assert not [b for b in client.read_block_documents() if b.name.startswith("kinetic-env-")], (
             "the worker deletes the Secret block once read"
+        )
     assert run.infrastructure_pid, "the polling worker records the job's pid"
     with get_client(sync_client=True) as client:
         worker_pids = {w.name for w in client.read_workers_for_work_pool(pool)}
@@ -106,8 +107,14 @@ def test_requirements_build_a_hash_keyed_environment_once(tmp_path, capsys):
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
     with get_client(sync_client=True) as client:
-        builds = [a for run in _runs(name) for a in client.read_artifacts(artifact_filter=ArtifactFilter(
-            flow_run_id=ArtifactFilterFlowRunId(any_=[run.id]))) if a.type == "progress"]
+        builds = [
+            a
+            for run in _runs(name)
+            for a in client.read_artifacts(
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id]))
+            )
+            if a.type == "progress"
+        ]
     assert len(builds) == 1 and builds[0].data == 100.0 and "ready" in builds[0].description, builds
 
 

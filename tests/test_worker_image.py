@@ -67,7 +67,8 @@ def test_tag_names_version_lock_code_and_base(tmp_path):
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert re.fullmatch(re.escape(version) + r"-[0-9a-f]{12}", tag), tag
     assert gke_worker_image.image_reference("us-docker.pkg.dev/p/r/", source) == (
-        f"us-docker.pkg.dev/p/r/kinetic-gke-worker:{tag}")
+        f"us-docker.pkg.dev/p/r/kinetic-gke-worker:{tag}"
+    )
 
     # Byte-code caches are not part of the context; the lock, the code and the base image are.
     (source / "kinetic_prefect" / "__pycache__").mkdir(exist_ok=True)
@@ -109,9 +110,12 @@ def _registry_has(image: str) -> bool:
     host, _, rest = image.partition("/")
     path, _, tag = rest.rpartition(":")
     request = urllib.request.Request(
-        f"http://{host}/v2/{path}/manifests/{tag}", method="HEAD",
-        headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json, "
-                           "application/vnd.oci.image.manifest.v1+json"})
+        f"http://{host}/v2/{path}/manifests/{tag}",
+        method="HEAD",
+        headers={
+            "Accept": "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"
+        },
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status == 200
@@ -136,8 +140,9 @@ print(json.dumps({"uid": os.getuid(), "gid": os.getgid(), "home": os.path.expand
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_worker_image_builds_pushes_and_runs_the_worker(docker_engine, local_registry, python_base_image, tmp_path,
-                                                        capsys):
+def test_worker_image_builds_pushes_and_runs_the_worker(
+    docker_engine, local_registry, python_base_image, tmp_path, capsys
+):
     from prefect import get_client
 
     # A repository of its own: a registry that outlives the session must not already hold the tag. A snapshot
@@ -148,8 +153,22 @@ def test_worker_image_builds_pushes_and_runs_the_worker(docker_engine, local_reg
     bundle = tmp_path / "ca-bundle.crt"  # behind the TLS-intercepting proxy this machine reaches PyPI through
     bundle.write_bytes(proxy_files()["etc/ssl/certs/ca-certificates.crt"])
     started = time.monotonic()
-    status = main(["gke-worker-image", "--repository", repository, "--base-image", python_base_image,
-                   "--source", str(source), "--network", "host", "--ca-bundle", str(bundle), "--push"])
+    status = main(
+        [
+            "gke-worker-image",
+            "--repository",
+            repository,
+            "--base-image",
+            python_base_image,
+            "--source",
+            str(source),
+            "--network",
+            "host",
+            "--ca-bundle",
+            str(bundle),
+            "--push",
+        ]
+    )
     build_s = time.monotonic() - started
     out, err = capsys.readouterr()
     assert status == 0, err[-5000:]
@@ -165,8 +184,11 @@ def test_worker_image_builds_pushes_and_runs_the_worker(docker_engine, local_reg
     help_run = docker_engine.run("run", "--rm", "--network", "none", image, timeout=300)
     assert "Start a worker process" in help_run.stdout, help_run.stdout + help_run.stderr
 
-    probe = json.loads(docker_engine.run("run", "--rm", "--network", "none", image, "python", "-c", PROBE,
-                                         timeout=300).stdout.strip().splitlines()[-1])
+    probe = json.loads(
+        docker_engine.run("run", "--rm", "--network", "none", image, "python", "-c", PROBE, timeout=300)
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     assert probe["uid"] == 10001 and probe["gid"] == 10001 and probe["home"] == "/home/kinetic", probe
     assert probe["worker"] == "kinetic_prefect.workers.gke.KineticGKEWorker", probe
     assert {"kinetic-gke", "kinetic-local"} <= set(probe["types"]), probe
@@ -179,19 +201,39 @@ def test_worker_image_builds_pushes_and_runs_the_worker(docker_engine, local_reg
     # The Deployment's own command, against this session's Prefect server; the pool does not exist yet, so the
     # worker creates it with its type: a kinetic-gke pool proves the type registered.
     pool = f"image-{uuid.uuid4().hex[:6]}"
-    assert main(["gke-worker-manifests", "--pool", pool, "--repository", repository,
-                 "--base-image", python_base_image, "--source", str(source)]) == 0
+    assert (
+        main(
+            [
+                "gke-worker-manifests",
+                "--pool",
+                pool,
+                "--repository",
+                repository,
+                "--base-image",
+                python_base_image,
+                "--source",
+                str(source),
+            ]
+        )
+        == 0
+    )
     container = _deployment_container(capsys.readouterr().out)
     assert container["image"] == image
-    assert container["args"] == worker_manifests(pool, image=image)[3]["spec"]["template"]["spec"][
-        "containers"][0]["args"]
+    assert (
+        container["args"] == worker_manifests(pool, image=image)[3]["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
     health_port = _free_port()
-    env = {"PREFECT_API_URL": os.environ["PREFECT_API_URL"], "PREFECT_WORKER_WEBSERVER_PORT": str(health_port),
-           "PREFECT_WORKER_HEARTBEAT_SECONDS": "5", "PREFECT_WORKER_QUERY_SECONDS": "2"}
+    env = {
+        "PREFECT_API_URL": os.environ["PREFECT_API_URL"],
+        "PREFECT_WORKER_WEBSERVER_PORT": str(health_port),
+        "PREFECT_WORKER_HEARTBEAT_SECONDS": "5",
+        "PREFECT_WORKER_QUERY_SECONDS": "2",
+    }
     name = f"kinetic-worker-{uuid.uuid4().hex[:8]}"
     env_args = [arg for key, value in env.items() for arg in ("-e", f"{key}={value}")]
-    docker_engine.run("run", "-d", "--name", name, "--network", "host", *env_args, container["image"],
-                      *container["args"])
+    docker_engine.run(
+        "run", "-d", "--name", name, "--network", "host", *env_args, container["image"], *container["args"]
+    )
     try:
         deadline = time.monotonic() + 180
         with get_client(sync_client=True) as client:
@@ -222,5 +264,7 @@ def test_worker_image_builds_pushes_and_runs_the_worker(docker_engine, local_reg
         docker_engine.run("rm", "--force", name, check=False)
     output = logs.stdout + logs.stderr
     assert "Traceback" not in output, output[-3000:]
-    print(f"\nworker image: build+push {build_s:.1f} s, worker online {online_s:.1f} s later, "
-          f"docker stop {stop_s:.1f} s; {image}")
+    print(
+        f"\nworker image: build+push {build_s:.1f} s, worker online {online_s:.1f} s later, "
+        f"docker stop {stop_s:.1f} s; {image}"
+    )

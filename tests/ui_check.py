@@ -72,8 +72,9 @@ def get_json(url: str):
 
 
 def post_json(url: str, body: dict):
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.loads(response.read())
 
@@ -88,10 +89,21 @@ class Browser:
         from websockets.sync.client import connect
 
         self.profile = tempfile.mkdtemp(prefix="kinetic-ui-chromium-")
-        args = [executable, "--headless=new", "--remote-debugging-port=0", f"--user-data-dir={self.profile}",
-                f"--window-size={size[0]},{size[1]}", "--no-first-run", "--no-default-browser-check",
-                "--disable-dev-shm-usage", "--disable-extensions", "--hide-scrollbars", "--mute-audio",
-                "--enable-unsafe-swiftshader", "about:blank"]
+        args = [
+            executable,
+            "--headless=new",
+            "--remote-debugging-port=0",
+            f"--user-data-dir={self.profile}",
+            f"--window-size={size[0]},{size[1]}",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--disable-dev-shm-usage",
+            "--disable-extensions",
+            "--hide-scrollbars",
+            "--mute-audio",
+            "--enable-unsafe-swiftshader",
+            "about:blank",
+        ]
         if os.geteuid() == 0:
             args.insert(1, "--no-sandbox")  # Chromium refuses to run as root with its sandbox
         self.log = open(Path(self.profile) / "chromium.log", "wb")
@@ -101,7 +113,9 @@ class Browser:
         deadline = time.time() + 60
         while not (port_file.exists() and port_file.read_text().strip()):
             if self.proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError("Chromium did not start:\n" + (Path(self.profile) / "chromium.log").read_text()[-2000:])
+                raise RuntimeError(
+                    "Chromium did not start:\n" + (Path(self.profile) / "chromium.log").read_text()[-2000:]
+                )
             time.sleep(0.1)
         port = int(port_file.read_text().split()[0])
         wait_http(f"http://127.0.0.1:{port}/json/version", 30)
@@ -133,8 +147,10 @@ class Browser:
     def _event(self, message: dict) -> None:
         method, params = message.get("method"), message.get("params", {})
         if method == "Runtime.consoleAPICalled" and params.get("type") == "error":
-            self.console.append("console: " + " ".join(str(a.get("value", a.get("description", "")))
-                                                       for a in params.get("args", []))[:300])
+            self.console.append(
+                "console: "
+                + " ".join(str(a.get("value", a.get("description", ""))) for a in params.get("args", []))[:300]
+            )
         elif method == "Runtime.exceptionThrown":
             self.console.append("exception: " + params.get("exceptionDetails", {}).get("text", "")[:300])
         elif method == "Network.loadingFailed" and not params.get("canceled"):
@@ -164,27 +180,39 @@ class Browser:
                 return value
             if time.time() > deadline:
                 text = self.text()[:1500]
-                raise AssertionError(f"the UI never showed {what or expression} within {timeout:.0f} s; "
-                                     f"the page shows:\n{text}\nbrowser errors: {self.console[-5:]}")
+                raise AssertionError(
+                    f"the UI never showed {what or expression} within {timeout:.0f} s; "
+                    f"the page shows:\n{text}\nbrowser errors: {self.console[-5:]}"
+                )
             time.sleep(0.4)
 
     def wait_text(self, *needles: str, timeout: float = 60, scope: str = "body") -> None:
         """Waits until the element ``scope`` (a CSS selector) shows every needle in its rendered text."""
         element = f"document.querySelector({json.dumps(scope)})"
         js = " && ".join(f"{element}.innerText.includes({json.dumps(n)})" for n in needles)
-        self.wait_for(f"!!{element} && {js}", timeout,
-                      what=" and ".join(repr(n) for n in needles) + ("" if scope == "body" else f" in {scope}"))
+        self.wait_for(
+            f"!!{element} && {js}",
+            timeout,
+            what=" and ".join(repr(n) for n in needles) + ("" if scope == "body" else f" in {scope}"),
+        )
 
     def click_tab(self, name: str, timeout: float = 60) -> str:
         """Clicks the page's tab named ``name`` (the UI keeps the tab in its state, not in the URL); returns
         a CSS selector for the tab's content panel (the page's body if it has none)."""
         find = f"""Array.from(document.querySelectorAll('[role=tablist] > *, [role=tab], .p-tab'))
             .find(e => e.textContent.trim() === {json.dumps(name)} && e.getBoundingClientRect().width > 0)"""
-        self.wait_for(f"(() => {{ const tab = {find}; if (!tab) return false; tab.click(); return true; }})()",
-                      timeout, what=f"the tab {name!r}")
-        self.wait_for(f"""(() => {{ const tab = {find};
+        self.wait_for(
+            f"(() => {{ const tab = {find}; if (!tab) return false; tab.click(); return true; }})()",
+            timeout,
+            what=f"the tab {name!r}",
+        )
+        self.wait_for(
+            f"""(() => {{ const tab = {find};
             return tab && (tab.classList.contains('p-tab__active') || tab.getAttribute('aria-selected') === 'true');
-            }})()""", 10, what=f"the tab {name!r} selected")
+            }})()""",
+            10,
+            what=f"the tab {name!r} selected",
+        )
         panel = self.evaluate(f"""(() => {{ const tab = {find};
             const id = tab.getAttribute('aria-controls') || tab.getAttribute('area-controls');
             return id && document.getElementById(id) ? '#' + CSS.escape(id) : 'body'; }})()""")
@@ -295,21 +323,26 @@ class Server:
         self.dir = Path(tempfile.mkdtemp(prefix="kinetic-ui-server-"))
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ,
-                    "PREFECT_HOME": str(self.dir / "home"),
-                    "PREFECT_API_URL": f"{self.url}/api",
-                    "PREFECT_UI_API_URL": f"{self.url}/api",  # what the UI in the browser talks to
-                    "PREFECT_UI_ENABLED": "true",
-                    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                    "PREFECT_LOGGING_TO_API_BATCH_INTERVAL": "0.3",
-                    "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{self.dir}/prefect.db",
-                    "KINETIC_CACHE_DIR": str(self.dir / "kinetic-cache")}
+        self.env = {
+            **os.environ,
+            "PREFECT_HOME": str(self.dir / "home"),
+            "PREFECT_API_URL": f"{self.url}/api",
+            "PREFECT_UI_API_URL": f"{self.url}/api",  # what the UI in the browser talks to
+            "PREFECT_UI_ENABLED": "true",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_LOGGING_TO_API_BATCH_INTERVAL": "0.3",
+            "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{self.dir}/prefect.db",
+            "KINETIC_CACHE_DIR": str(self.dir / "kinetic-cache"),
+        }
         self.env.pop("KINETIC_STORE", None)
         self.env.pop("KINETIC_WORK_POOL", None)
         self.log = open(self.dir / "server.log", "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
-            stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+        )
         try:
             wait_http(f"{self.url}/api/health", start_timeout, self.proc)
         except RuntimeError:
@@ -340,16 +373,28 @@ print("UI-CHECK-RESULT " + json.dumps({"flow_run_id": str(state.state_details.fl
 
 def run_eurosat_flow(env: dict, work_dir: Path, source: Path = SAMPLE_ZIP, timeout: float = 900) -> dict:
     """The EuroSAT flow on the sample (tiny preset, 1 epoch) in its own process, against ``env``'s API."""
-    params = dict(source=str(source), epochs=1, model_size="tiny", batch_size=64,
-                  cache_dir=str(work_dir / "eurosat-cache"), output_dir=str(work_dir / "eurosat-out"))
+    params = dict(
+        source=str(source),
+        epochs=1,
+        model_size="tiny",
+        batch_size=64,
+        cache_dir=str(work_dir / "eurosat-cache"),
+        output_dir=str(work_dir / "eurosat-out"),
+    )
     started = time.time()
-    proc = subprocess.run([sys.executable, "-c", FLOW_DRIVER, str(ROOT / "flows"), json.dumps(params)],
-                          cwd=ROOT, env={**env, "KERAS_BACKEND": "jax"}, capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-c", FLOW_DRIVER, str(ROOT / "flows"), json.dumps(params)],
+        cwd=ROOT,
+        env={**env, "KERAS_BACKEND": "jax"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("UI-CHECK-RESULT ")]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"the EuroSAT flow failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                           f"{proc.stderr[-3000:]}")
+        raise RuntimeError(
+            f"the EuroSAT flow failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     result = json.loads(lines[-1].split(" ", 1)[1])
     result["seconds"] = round(time.time() - started, 1)
     if result["state"] != "Completed":
@@ -362,23 +407,32 @@ def run_eurosat_flow(env: dict, work_dir: Path, source: Path = SAMPLE_ZIP, timeo
 
 def run_facts(api_url: str, flow_run_id: str) -> dict:
     """What the API says about the run: task runs, the training job (child flow run), artifacts."""
-    task_runs = post_json(f"{api_url}/task_runs/filter",
-                          {"flow_runs": {"id": {"any_": [flow_run_id]}}, "limit": 200})
+    task_runs = post_json(f"{api_url}/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}, "limit": 200})
     # A job hangs under a tracking task run of its own (named like the job), whose parent is the task.
-    train = [t for t in task_runs if t["name"].startswith("eurosat-train") and not t["task_key"].startswith(TRACKING_TASK_KEY_PREFIX)]
+    train = [
+        t
+        for t in task_runs
+        if t["name"].startswith("eurosat-train") and not t["task_key"].startswith(TRACKING_TASK_KEY_PREFIX)
+    ]
     assert train, f"no eurosat-train task run in {[t['name'] for t in task_runs]}"
     train_ids = {t["id"] for t in train}
     trackers = [t for t in task_runs if {p["id"] for p in t["task_inputs"].get("__parents__", [])} & train_ids]
     assert trackers, "the training task run has no job node (a tracking task run whose parent is the task)"
-    jobs = post_json(f"{api_url}/flow_runs/filter",
-                     {"flow_runs": {"parent_task_run_id": {"any_": [t["id"] for t in trackers]}}})
+    jobs = post_json(
+        f"{api_url}/flow_runs/filter", {"flow_runs": {"parent_task_run_id": {"any_": [t["id"] for t in trackers]}}}
+    )
     assert jobs, "the training job has no child flow run nested under its tracking task run"
     flow_run = get_json(f"{api_url}/flow_runs/{flow_run_id}")
     run_ids = [flow_run_id] + [j["id"] for j in jobs]
     artifacts = post_json(f"{api_url}/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": run_ids}}})
-    return {"flow_run": flow_run, "task_runs": task_runs, "train_task_run": train[-1], "job": jobs[-1],
-            "job_tracker": next(t for t in trackers if t["id"] == jobs[-1]["parent_task_run_id"]),
-            "artifacts": artifacts}
+    return {
+        "flow_run": flow_run,
+        "task_runs": task_runs,
+        "train_task_run": train[-1],
+        "job": jobs[-1],
+        "job_tracker": next(t for t in trackers if t["id"] == jobs[-1]["parent_task_run_id"]),
+        "artifacts": artifacts,
+    }
 
 
 # ------------------------------------------------------------------------------------------ the checks
@@ -398,16 +452,23 @@ class UICheck:
     ``report["checks"]``, what is missing but not fatal to ``report["problems"]``.
     """
 
-    TASKS = ("eurosat-fetch", "eurosat-decode", "eurosat-split", "eurosat-train", "eurosat-evaluate",
-             "eurosat-publish")
+    TASKS = ("eurosat-fetch", "eurosat-decode", "eurosat-split", "eurosat-train", "eurosat-evaluate", "eurosat-publish")
 
     def __init__(self, ui_url: str, api_url: str, flow_run_id: str, out_dir: Path, chromium: str):
         self.ui_url, self.api_url, self.flow_run_id, self.out_dir = ui_url, api_url, flow_run_id, Path(out_dir)
         self.facts = run_facts(api_url, flow_run_id)
         self.flow_run, self.job, self.train = self.facts["flow_run"], self.facts["job"], self.facts["train_task_run"]
-        self.report: dict = {"flow_run": self.flow_run["name"], "job": self.job["name"],
-                             "train_task_run": self.train["name"], "screenshots": {}, "timings_s": {},
-                             "checks": [], "problems": [], "notes": [], "artifacts": {}}
+        self.report: dict = {
+            "flow_run": self.flow_run["name"],
+            "job": self.job["name"],
+            "train_task_run": self.train["name"],
+            "screenshots": {},
+            "timings_s": {},
+            "checks": [],
+            "problems": [],
+            "notes": [],
+            "artifacts": {},
+        }
         self.browser = Browser(chromium)
 
     def close(self) -> None:
@@ -442,8 +503,9 @@ class UICheck:
     # steps
     def ui_settings(self) -> None:
         settings = get_json(f"{self.ui_url}/ui-settings")
-        assert settings["api_url"].rstrip("/") == self.api_url.rstrip("/"), \
+        assert settings["api_url"].rstrip("/") == self.api_url.rstrip("/"), (
             f"the UI talks to {settings['api_url']}, not to this server's API {self.api_url}"
+        )
         self._ok(f"/ui-settings: the UI talks to {settings['api_url']}")
 
     def flow_run_page(self) -> None:
@@ -459,22 +521,32 @@ class UICheck:
         self._shot("flow-run-task-runs.png")
 
         self._open(f"/runs/flow-run/{self.flow_run_id}", "subflow_runs_tab", job["name"], tab="Subflow Runs")
-        self._ok(f"Subflow Runs tab lists the training job {job['name']} (under its tracking task run, whose "
-                 f"parent is the {self.train['name']} task run)")
+        self._ok(
+            f"Subflow Runs tab lists the training job {job['name']} (under its tracking task run, whose "
+            f"parent is the {self.train['name']} task run)"
+        )
         self._shot("flow-run-subflows.png")
 
     def logs(self) -> None:
         """The flow's logs (task lines, the evaluate line) and the job's own epoch lines on its run."""
-        self._open(f"/runs/flow-run/{self.flow_run_id}", "logs_tab", "Beginning flow run",
-                   "eurosat-decode", "test accuracy", tab="Logs")
+        self._open(
+            f"/runs/flow-run/{self.flow_run_id}",
+            "logs_tab",
+            "Beginning flow run",
+            "eurosat-decode",
+            "test accuracy",
+            tab="Logs",
+        )
         self._ok("flow run Logs tab: flow + task lines, the evaluate line (test accuracy ...)")
         self._scroll_to("test accuracy")
         self._shot("flow-run-logs.png")
 
         self._open(f"/runs/flow-run/{self.job['id']}", "job_logs_tab", "epoch 1/1", tab="Logs")
         self.browser.wait_text(self.job["name"], "Parent Run", self.flow_run["name"], timeout=30)
-        self._ok(f"the job's run {self.job['name']}: 'Parent Run {self.flow_run['name']}' in its header, its "
-                 "epoch lines (epoch 1/1) in Logs")
+        self._ok(
+            f"the job's run {self.job['name']}: 'Parent Run {self.flow_run['name']}' in its header, its "
+            "epoch lines (epoch 1/1) in Logs"
+        )
         self._shot("job-logs.png")
 
     def artifacts(self) -> None:
@@ -496,13 +568,17 @@ class UICheck:
             rows = json.loads(data) if isinstance(data, str) else data
             first = rows[0] if rows else {}
             needle = str(next(iter(first.values()))) if first else key
-            browser.wait_for("document.querySelectorAll('table tr, [role=row]').length > 1", 60,
-                             what=f"the rows of table artifact {key}")
+            browser.wait_for(
+                "document.querySelectorAll('table tr, [role=row]').length > 1",
+                60,
+                what=f"the rows of table artifact {key}",
+            )
             browser.wait_text(needle, timeout=30)
             self._ok(f"table artifact {key}: a table ({len(rows)} rows, first cell {needle!r})")
         elif kind == "markdown":
-            browser.wait_for("document.querySelectorAll('h1, h2, table').length > 0", 60,
-                             what=f"the rendered markdown of {key}")
+            browser.wait_for(
+                "document.querySelectorAll('h1, h2, table').length > 0", 60, what=f"the rendered markdown of {key}"
+            )
             self._ok(f"markdown artifact {key}: headings/tables rendered")
         elif kind == "progress":
             browser.wait_text(f"{float(data):.0f}%", timeout=60)
@@ -515,11 +591,15 @@ class UICheck:
         rendered = [i for i in images if i["complete"] and i["w"] > 0 and i["shown"] > 0]
         if carries_image(artifact):
             if rendered and len(rendered) == len(images):
-                self._ok(f"{kind} artifact {key}: {len(rendered)} image(s) rendered ("
-                         + ", ".join(f"{i['w']}x{i['h']}" for i in rendered) + ")")
+                self._ok(
+                    f"{kind} artifact {key}: {len(rendered)} image(s) rendered ("
+                    + ", ".join(f"{i['w']}x{i['h']}" for i in rendered)
+                    + ")"
+                )
             else:
-                self.report["problems"].append(f"{kind} artifact {key}: its image does not render in the UI "
-                                               f"(images in the DOM: {images})")
+                self.report["problems"].append(
+                    f"{kind} artifact {key}: its image does not render in the UI (images in the DOM: {images})"
+                )
         self.report["artifacts"][key] = {"type": kind, "images": images, "rendered": len(rendered)}
         safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in key)
         self._shot(f"artifact-{safe}.png", height=1600 if kind == "markdown" else None)
@@ -528,8 +608,10 @@ class UICheck:
         """Its key, or (keyless) its type and the run it belongs to: ``table-eurosat-train``."""
         if artifact.get("key"):
             return artifact["key"]
-        owner = next((t["name"].rsplit("-", 1)[0] for t in self.facts["task_runs"]
-                      if t["id"] == artifact.get("task_run_id")), None)
+        owner = next(
+            (t["name"].rsplit("-", 1)[0] for t in self.facts["task_runs"] if t["id"] == artifact.get("task_run_id")),
+            None,
+        )
         if owner is None:
             owner = "job" if artifact.get("flow_run_id") == self.job["id"] else artifact["id"][:8]
         return f"{artifact['type']}-{owner}"
@@ -539,16 +621,21 @@ class UICheck:
         if not any(carries_image(a) for a in self.facts["artifacts"]):
             self.report["problems"].append(
                 "no artifact of the run carries an image: confusion_matrix.png and learning_curves.png exist only "
-                "as files in the output directory, so the UI cannot show them")
+                "as files in the output directory, so the UI cannot show them"
+            )
         if not self.job_progress():
             others = [self.artifact_name(a) for a in self.facts["artifacts"] if a["type"] == "progress"]
             self.report["problems"].append(
                 f"no progress artifact on the job's run {self.job['name']}: the training job reports no progress "
-                "(kinetic_prefect.progress.report)" + (f"; other progress artifacts: {', '.join(others)}" if others else ""))
+                "(kinetic_prefect.progress.report)"
+                + (f"; other progress artifacts: {', '.join(others)}" if others else "")
+            )
 
     def job_progress(self) -> list[dict]:
         """The progress artifacts on the job's own run (what the job reported while training)."""
-        return [a for a in self.facts["artifacts"] if a["type"] == "progress" and a.get("flow_run_id") == self.job["id"]]
+        return [
+            a for a in self.facts["artifacts"] if a["type"] == "progress" and a.get("flow_run_id") == self.job["id"]
+        ]
 
     def run_all(self) -> dict:
         self.ui_settings()
@@ -570,8 +657,15 @@ def pool_form_labels(template: dict) -> list[str]:
     return [prop["title"] for prop in template["variables"]["properties"].values() if "$ref" not in prop]
 
 
-def check_pool_form(browser: Browser, server_url: str, pool: str, worker_type: str, template: dict, ui: str,
-                    screenshot: Path | None = None) -> str:
+def check_pool_form(
+    browser: Browser,
+    server_url: str,
+    pool: str,
+    worker_type: str,
+    template: dict,
+    ui: str,
+    screenshot: Path | None = None,
+) -> str:
     """Opens the pool's edit page in the V1 (``/``) or V2 (``/v2``) UI and checks that "Base Job Template" shows
     the template's variables as form fields, none of them `Property is type "None"`."""
     base = server_url.rstrip("/") + ("/v2" if ui == "v2" else "")
@@ -586,7 +680,8 @@ def check_pool_form(browser: Browser, server_url: str, pool: str, worker_type: s
     assert NONE_MESSAGE not in text, f"{ui} shows {NONE_MESSAGE} {text.count(NONE_MESSAGE)} times for {pool}"
     fields = browser.evaluate(
         "document.querySelectorAll('input:not([type=hidden]), textarea, select, [role=combobox], "
-        "[role=switch], .cm-content, .p-code-highlight').length")
+        "[role=switch], .cm-content, .p-code-highlight').length"
+    )
     assert fields >= len(labels) - 2, f"{ui}: only {fields} form controls for {len(labels)} variables of {pool}"
     if ui == "v2":  # V2 shows the pool's type (a disabled input); V1 only types in Prefect's registry
         shows_type = f"Array.from(document.querySelectorAll('input')).some(i => i.value === {json.dumps(worker_type)})"
@@ -607,8 +702,9 @@ def pool_form_screenshots(server_url: str, out_dir: Path, chromium: str) -> list
         for worker_type in ("kinetic-gke", "kinetic-local"):
             template = load_template(worker_type)
             pool = f"my-{worker_type.removeprefix('kinetic-')}-pool"
-            post_json(f"{server_url}/api/work_pools/", {"name": pool, "type": worker_type,
-                                                         "base_job_template": template})
+            post_json(
+                f"{server_url}/api/work_pools/", {"name": pool, "type": worker_type, "base_job_template": template}
+            )
             for ui in ("v2", "v1"):
                 shot = out_dir / f"pool-form-{worker_type}-{ui}.png"
                 checks.append(check_pool_form(browser, server_url, pool, worker_type, template, ui, shot))
@@ -630,8 +726,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", default=str(SAMPLE_ZIP))
     parser.add_argument("--url", help="check a run on this running server (http://host:port) instead")
     parser.add_argument("--flow-run-id", help="with --url: the EuroSAT flow run to check")
-    parser.add_argument("--pool-forms-only", action="store_true",
-                        help="only the work pools' edit pages (no EuroSAT run)")
+    parser.add_argument(
+        "--pool-forms-only", action="store_true", help="only the work pools' edit pages (no EuroSAT run)"
+    )
     args = parser.parse_args(argv)
     chromium = find_chromium()
     if not chromium:

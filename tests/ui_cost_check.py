@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ui_check import ROOT, Browser, Server, _images_js, find_chromium, post_json
 
-FLOW = '''
+FLOW = """
 import json, sys, time
 from prefect import flow
 from prefect.client.schemas.actions import WorkPoolCreate
@@ -61,17 +61,19 @@ def cost_demo():
 
 state = cost_demo(return_state=True)
 print("UI-COST-RESULT " + json.dumps({"flow_run_id": str(state.state_details.flow_run_id), "state": state.name}))
-'''
+"""
 
 
 def run_cost_flow(env: dict, timeout: float = 900) -> str:
     pool = f"priced-ui-{int(time.time())}"
-    proc = subprocess.run([sys.executable, "-c", FLOW, pool], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-c", FLOW, pool], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("UI-COST-RESULT ")]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"the cost flow failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                           f"{proc.stderr[-3000:]}")
+        raise RuntimeError(
+            f"the cost flow failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     result = json.loads(lines[-1].split(" ", 1)[1])
     if result["state"] != "Completed":
         raise RuntimeError(f"the cost flow ended {result['state']}:\n{proc.stderr[-3000:]}")
@@ -80,8 +82,7 @@ def run_cost_flow(env: dict, timeout: float = 900) -> str:
 
 def check_cost_pages(ui_url: str, api_url: str, flow_run_id: str, out_dir: Path, chromium: str) -> dict:
     """Opens the three artifacts in Chromium; raises AssertionError naming what the UI did not show."""
-    children = post_json(f"{api_url}/flow_runs/filter",
-                         {"flow_runs": {"parent_flow_run_id": {"any_": [flow_run_id]}}})
+    children = post_json(f"{api_url}/flow_runs/filter", {"flow_runs": {"parent_flow_run_id": {"any_": [flow_run_id]}}})
     ids = [flow_run_id] + [c["id"] for c in children]
     found = post_json(f"{api_url}/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": ids}}})
     by_key = {}
@@ -95,13 +96,17 @@ def check_cost_pages(ui_url: str, api_url: str, flow_run_id: str, out_dir: Path,
     report = {"flow_run_id": flow_run_id, "total_usd": rows[-1]["usd"], "screenshots": [], "checks": []}
     browser = Browser(chromium)
     try:
+
         def shot(name: str, height: int | None = None) -> None:
             browser.settle()
             report["screenshots"].append(str(browser.screenshot(Path(out_dir) / name, height=height)))
 
         browser.goto(f"{ui_url}/artifacts/artifact/{total['id']}")
-        browser.wait_for("document.querySelectorAll('table tr, [role=row]').length > 4", 90,
-                         what="the rows of the flow run's cost table")
+        browser.wait_for(
+            "document.querySelectorAll('table tr, [role=row]').length > 4",
+            90,
+            what="the rows of the flow run's cost table",
+        )
         browser.wait_text("total", rows[0]["call"], timeout=60)
         report["checks"].append(f"flow cost table: {len(rows)} rows shown, total ${rows[-1]['usd']}")
         shot("cost-flow-run-total.png")
@@ -115,8 +120,11 @@ def check_cost_pages(ui_url: str, api_url: str, flow_run_id: str, out_dir: Path,
         plot = max(plots, key=lambda a: len(a["data"]))
         browser.goto(f"{ui_url}/artifacts/artifact/{plot['id']}")
         browser.wait_for("document.querySelectorAll('h2, table').length > 0", 90, what="the usage markdown")
-        browser.wait_for(f"({_images_js()}).some(i => i.complete && i.w > 0 && i.shown > 0)", 60,
-                         what="the usage plot image, loaded and shown")
+        browser.wait_for(
+            f"({_images_js()}).some(i => i.complete && i.w > 0 && i.shown > 0)",
+            60,
+            what="the usage plot image, loaded and shown",
+        )
         report["checks"].append("usage plot: the SVG image renders")
         shot("cost-usage-plot.png", height=1100)
         hinted = [a for a in plots if "**Hint:**" in a["data"]]
@@ -136,8 +144,10 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "docs" / "screenshots"))
-    parser.add_argument("--url", help="use this running server (http://host:port) instead of starting one; the flow "
-                                      "runs against its API")
+    parser.add_argument(
+        "--url",
+        help="use this running server (http://host:port) instead of starting one; the flow runs against its API",
+    )
     args = parser.parse_args(argv)
     chromium = find_chromium()
     if not chromium:

@@ -46,18 +46,35 @@ class WorkerProcess:
 
     def start(self, wait_online: bool = True) -> "WorkerProcess":
         log = open(self.log_path, "a")
-        env = {**os.environ, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_HEARTBEAT_SECONDS": "5",
-               **self.env}
-        self.proc = subprocess.Popen([*PREFECT, "worker", "start", "--type", "kinetic-local", "--pool", self.pool,
-                                      "--name", f"{self.pool}-worker"], stdout=log, stderr=subprocess.STDOUT, env=env)
+        env = {**os.environ, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_HEARTBEAT_SECONDS": "5", **self.env}
+        self.proc = subprocess.Popen(
+            [
+                *PREFECT,
+                "worker",
+                "start",
+                "--type",
+                "kinetic-local",
+                "--pool",
+                self.pool,
+                "--name",
+                f"{self.pool}-worker",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
         log.close()
         if wait_online:
             started = time.time()
             with get_client(sync_client=True) as client:
                 while True:
                     workers = client.read_workers_for_work_pool(self.pool)
-                    if any(w.status.value == "ONLINE" and w.last_heartbeat_time and
-                           w.last_heartbeat_time.timestamp() >= started - 1 for w in workers):
+                    if any(
+                        w.status.value == "ONLINE"
+                        and w.last_heartbeat_time
+                        and w.last_heartbeat_time.timestamp() >= started - 1
+                        for w in workers
+                    ):
                         break
                     assert self.proc.poll() is None, self.log_path.read_text()[-3000:]
                     assert time.time() - started < 240, "worker never came online"  # minutes at load average 18

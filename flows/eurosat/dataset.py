@@ -32,8 +32,16 @@ OFFICIAL_URL = "https://zenodo.org/records/7711810/files/EuroSAT_RGB.zip"
 OFFICIAL_CHECKSUM = "md5:f46e308c4d50d4bf32fedad2d3d62f3b"
 
 CLASS_NAMES = (
-    "AnnualCrop", "Forest", "HerbaceousVegetation", "Highway", "Industrial",
-    "Pasture", "PermanentCrop", "Residential", "River", "SeaLake",
+    "AnnualCrop",
+    "Forest",
+    "HerbaceousVegetation",
+    "Highway",
+    "Industrial",
+    "Pasture",
+    "PermanentCrop",
+    "Residential",
+    "River",
+    "SeaLake",
 )
 IMAGE_SIZE = 64
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff")
@@ -127,7 +135,9 @@ def verify_checksum(path: Path, checksum: str | None) -> str:
     if expected is not None and digests[expected[0]] != expected[1]:
         raise ChecksumMismatch(
             f"{path}: {expected[0]} is {digests[expected[0]]}, expected {expected[1]} "
-            "(a truncated or different download?)", str(path))
+            "(a truncated or different download?)",
+            str(path),
+        )
     return digests["sha256"]
 
 
@@ -252,8 +262,11 @@ def fetch(source: str, checksum: str | None = None, cache_dir: str | Path | None
             except ChecksumMismatch:
                 raise
             except OSError as exc:
-                raise DatasetError(f"could not download {source}: {exc}. Download it yourself and pass the local "
-                                   "zip (or a gs:// copy) as the source.", source) from exc
+                raise DatasetError(
+                    f"could not download {source}: {exc}. Download it yourself and pass the local "
+                    "zip (or a gs:// copy) as the source.",
+                    source,
+                ) from exc
         return Fetched(str(dest), "zip", sha, source)
     if source.startswith("gs://"):
         name = PurePosixPath(urllib.parse.urlsplit(source).path).name or "data"
@@ -271,8 +284,9 @@ def fetch(source: str, checksum: str | None = None, cache_dir: str | Path | None
         if not zipfile.is_zipfile(path):
             raise DatasetError(f"{path} is neither a zip file nor a directory", str(path))
         return Fetched(str(path), "zip", verify_checksum(path, checksum), source)
-    raise DatasetError(f"data source {source!r} does not exist (expected a URL, gs://..., a zip or a directory)",
-                       source)
+    raise DatasetError(
+        f"data source {source!r} does not exist (expected a URL, gs://..., a zip or a directory)", source
+    )
 
 
 def directory_digest(root: Path) -> str:
@@ -324,53 +338,77 @@ def index_layout(fetched: Fetched, class_names: tuple[str, ...] = CLASS_NAMES) -
     files, dirs = _list_members(fetched)
     images = [f for f in files if f.lower().endswith(IMAGE_SUFFIXES)]
     if not images:
-        raise DatasetError(f"{where}: no images found (expected <root>/<Class>/<image>.jpg with classes "
-                           f"{', '.join(class_names)})", where)
+        raise DatasetError(
+            f"{where}: no images found (expected <root>/<Class>/<image>.jpg with classes {', '.join(class_names)})",
+            where,
+        )
     top = {f.split("/")[0] for f in images}
     # the root: one top-level folder that holds the class folders, or the top level itself
     if len(top) == 1 and (root := next(iter(top))) not in class_names and all(f.count("/") >= 2 for f in images):
         prefix = root + "/"
     else:
         prefix = ""
-    if not prefix and len(top) == 1 and (root := next(iter(top))) not in class_names \
-            and all(f.count("/") == 1 for f in images):
+    if (
+        not prefix
+        and len(top) == 1
+        and (root := next(iter(top))) not in class_names
+        and all(f.count("/") == 1 for f in images)
+    ):
         raise DatasetError(
             f"{where}: wrong layout: the images are directly inside {root + '/'!r} (e.g. {images[0]!r}); expected "
-            f"one sub-folder per class: {root}/<Class>/<image>.jpg", images[0])
+            f"one sub-folder per class: {root}/<Class>/<image>.jpg",
+            images[0],
+        )
     class_index = {name: i for i, name in enumerate(class_names)}
     entries = []
     for f in images:
-        rel = f[len(prefix):] if f.startswith(prefix) else f
+        rel = f[len(prefix) :] if f.startswith(prefix) else f
         parts = rel.split("/")
         if len(parts) != 2:
             raise DatasetError(
                 f"{where}: wrong layout: image {f!r} is not directly inside a class folder "
-                f"(expected {prefix or ''}<Class>/<image>.jpg, e.g. EuroSAT_RGB/Forest/Forest_1.jpg)", f)
+                f"(expected {prefix or ''}<Class>/<image>.jpg, e.g. EuroSAT_RGB/Forest/Forest_1.jpg)",
+                f,
+            )
         cls = parts[0]
         if cls not in class_index:
             raise DatasetError(
                 f"{where}: unknown class {cls!r} (folder {prefix}{cls}/, e.g. {f!r}); expected one of "
-                f"{', '.join(class_names)}", f)
+                f"{', '.join(class_names)}",
+                f,
+            )
         entries.append(Entry(f, class_index[cls]))
-    non_images = [f for f in files if f.startswith(prefix) and f.count("/") - prefix.count("/") == 1
-                  and not f.lower().endswith(IMAGE_SUFFIXES)]
+    non_images = [
+        f
+        for f in files
+        if f.startswith(prefix) and f.count("/") - prefix.count("/") == 1 and not f.lower().endswith(IMAGE_SUFFIXES)
+    ]
     if non_images:
-        raise DatasetError(f"{where}: {non_images[0]!r} is not an image (expected {', '.join(IMAGE_SUFFIXES)})",
-                           non_images[0])
+        raise DatasetError(
+            f"{where}: {non_images[0]!r} is not an image (expected {', '.join(IMAGE_SUFFIXES)})", non_images[0]
+        )
     counts = np.bincount([e.label for e in entries], minlength=len(class_names))
     dir_set = set(dirs)
     for name, count in zip(class_names, counts):
         if count == 0:
             folder = f"{prefix}{name}"
             state = "is empty" if folder in dir_set else "is missing"
-            raise DatasetError(f"{where}: class folder {folder!r} {state} (every class needs at least one image)",
-                               folder)
-    extra_dirs = [d for d in dirs if d.startswith(prefix) and d.count("/") == prefix.count("/")
-                  and d[len(prefix):] not in class_index and d[len(prefix):]]
+            raise DatasetError(
+                f"{where}: class folder {folder!r} {state} (every class needs at least one image)", folder
+            )
+    extra_dirs = [
+        d
+        for d in dirs
+        if d.startswith(prefix)
+        and d.count("/") == prefix.count("/")
+        and d[len(prefix) :] not in class_index
+        and d[len(prefix) :]
+    ]
     if extra_dirs:
         d = extra_dirs[0]
-        raise DatasetError(f"{where}: unknown class folder {d!r} (it holds no images); expected only "
-                           f"{', '.join(class_names)}", d)
+        raise DatasetError(
+            f"{where}: unknown class folder {d!r} (it holds no images); expected only {', '.join(class_names)}", d
+        )
     entries.sort(key=lambda e: (e.label, _natural_key(e.member)))
     return entries, prefix
 
@@ -413,7 +451,9 @@ def decode_image(data: bytes, name: str, size: int = IMAGE_SIZE) -> np.ndarray:
     return np.asarray(rgb, dtype=np.uint8)
 
 
-def decode_all(fetched: Fetched, entries: list[Entry], size: int = IMAGE_SIZE, workers: int | None = None) -> np.ndarray:
+def decode_all(
+    fetched: Fetched, entries: list[Entry], size: int = IMAGE_SIZE, workers: int | None = None
+) -> np.ndarray:
     """Decode every image; JPEG decoding runs on a thread per core (Pillow releases the GIL while decoding).
     The first image that fails is reported by name, as in a sequential decode."""
     from concurrent.futures import ThreadPoolExecutor
@@ -452,12 +492,21 @@ class Decoded:
     class_counts: tuple[int, ...]
 
     def as_dict(self) -> dict:
-        return {"path": self.path, "sha256": self.sha256, "num_images": self.num_images,
-                "class_names": list(self.class_names), "class_counts": list(self.class_counts)}
+        return {
+            "path": self.path,
+            "sha256": self.sha256,
+            "num_images": self.num_images,
+            "class_names": list(self.class_names),
+            "class_counts": list(self.class_counts),
+        }
 
 
-def prepare(fetched: Fetched, cache_dir: str | Path | None = None, class_names: tuple[str, ...] = CLASS_NAMES,
-            image_size: int = IMAGE_SIZE) -> Decoded:
+def prepare(
+    fetched: Fetched,
+    cache_dir: str | Path | None = None,
+    class_names: tuple[str, ...] = CLASS_NAMES,
+    image_size: int = IMAGE_SIZE,
+) -> Decoded:
     """Validate and decode every image once into ``cache_dir/decoded/<key>/`` (reused when present)."""
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     key = hashlib.sha256(json.dumps([fetched.sha256, list(class_names), image_size, FORMAT_VERSION]).encode())
@@ -475,9 +524,17 @@ def prepare(fetched: Fetched, cache_dir: str | Path | None = None, class_names: 
     try:
         np.save(staging / "images.npy", images)
         np.save(staging / "labels.npy", labels)
-        meta = {"class_names": list(class_names), "num_images": len(entries), "class_counts": list(counts),
-                "files": [e.member for e in entries], "source": fetched.source, "source_sha256": fetched.sha256,
-                "root": prefix, "image_size": image_size, "format": FORMAT_VERSION}
+        meta = {
+            "class_names": list(class_names),
+            "num_images": len(entries),
+            "class_counts": list(counts),
+            "files": [e.member for e in entries],
+            "source": fetched.source,
+            "source_sha256": fetched.sha256,
+            "root": prefix,
+            "image_size": image_size,
+            "format": FORMAT_VERSION,
+        }
         (staging / "meta.json").write_text(json.dumps(meta))
         (staging / "COMPLETE").write_text(key)
         _publish_dir(staging, target)
@@ -500,8 +557,9 @@ def load_decoded(path: str | Path, mmap: bool = False) -> tuple[np.ndarray, np.n
 # ------------------------------------------------------------------------------------------- splitting
 
 
-def stratified_split(labels: np.ndarray, val_fraction: float = 0.1, test_fraction: float = 0.1,
-                     seed: int = 0) -> dict[str, np.ndarray]:
+def stratified_split(
+    labels: np.ndarray, val_fraction: float = 0.1, test_fraction: float = 0.1, seed: int = 0
+) -> dict[str, np.ndarray]:
     """Per class: shuffle with ``seed``, then cut test, validation, train. Disjoint and deterministic."""
     if not (0 <= val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1):
         raise ValueError(f"bad split fractions val={val_fraction}, test={test_fraction}")
@@ -515,18 +573,21 @@ def stratified_split(labels: np.ndarray, val_fraction: float = 0.1, test_fractio
         if val_fraction > 0:
             n_val = max(1, n_val)
         if n_test + n_val >= len(idx):
-            raise DatasetError(f"class {int(cls)} has only {len(idx)} images: too few to split "
-                               f"(val {val_fraction}, test {test_fraction})")
+            raise DatasetError(
+                f"class {int(cls)} has only {len(idx)} images: too few to split "
+                f"(val {val_fraction}, test {test_fraction})"
+            )
         parts["test"].append(idx[:n_test])
-        parts["val"].append(idx[n_test:n_test + n_val])
-        parts["train"].append(idx[n_test + n_val:])
+        parts["val"].append(idx[n_test : n_test + n_val])
+        parts["train"].append(idx[n_test + n_val :])
     split = {k: np.sort(np.concatenate(v)).astype(np.int64) for k, v in parts.items()}
     assert not (set(split["train"]) & set(split["test"])) and not (set(split["val"]) & set(split["test"]))
     return split
 
 
-def save_split(decoded: Decoded, val_fraction: float, test_fraction: float, seed: int,
-               cache_dir: str | Path | None = None) -> tuple[str, dict[str, int]]:
+def save_split(
+    decoded: Decoded, val_fraction: float, test_fraction: float, seed: int, cache_dir: str | Path | None = None
+) -> tuple[str, dict[str, int]]:
     """Compute the split once and store it as ``split-<key>.npz`` beside the decoded data (atomically)."""
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     key = hashlib.sha256(json.dumps([decoded.sha256, val_fraction, test_fraction, seed]).encode()).hexdigest()[:24]

@@ -15,14 +15,19 @@ def compute_metrics(y_true, y_pred, class_names: list[str]) -> dict:
     labels = list(range(len(class_names)))
     precision, recall, f1, support = precision_recall_fscore_support(y_true, y_pred, labels=labels, zero_division=0)
     per_class = [
-        {"class": name, "precision": round(float(p), 4), "recall": round(float(r), 4), "f1": round(float(f), 4),
-         "support": int(s)}
+        {
+            "class": name,
+            "precision": round(float(p), 4),
+            "recall": round(float(r), 4),
+            "f1": round(float(f), 4),
+            "support": int(s),
+        }
         for name, p, r, f, s in zip(class_names, precision, recall, f1, support)
     ]
-    _, _, macro_f1, _ = precision_recall_fscore_support(y_true, y_pred, labels=labels, average="macro",
-                                                        zero_division=0)
-    _, _, weighted_f1, _ = precision_recall_fscore_support(y_true, y_pred, labels=labels, average="weighted",
-                                                           zero_division=0)
+    _, _, macro_f1, _ = precision_recall_fscore_support(y_true, y_pred, labels=labels, average="macro", zero_division=0)
+    _, _, weighted_f1, _ = precision_recall_fscore_support(
+        y_true, y_pred, labels=labels, average="weighted", zero_division=0
+    )
     return {
         "accuracy": round(float(accuracy_score(y_true, y_pred)), 4),
         "macro_f1": round(float(macro_f1), 4),
@@ -53,8 +58,9 @@ def plot_confusion_matrix(matrix, class_names: list[str], path: str | Path) -> N
     ax.set_yticks(range(len(class_names)), class_names)
     for i in range(m.shape[0]):
         for j in range(m.shape[1]):
-            ax.text(j, i, str(m[i, j]), ha="center", va="center", fontsize=8,
-                    color="white" if norm[i, j] > 0.5 else "black")
+            ax.text(
+                j, i, str(m[i, j]), ha="center", va="center", fontsize=8, color="white" if norm[i, j] > 0.5 else "black"
+            )
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
     ax.set_title(f"Confusion matrix (test, n={int(m.sum())}, accuracy {np.trace(m) / max(m.sum(), 1):.3f})")

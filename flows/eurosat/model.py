@@ -67,15 +67,42 @@ PRESETS: dict[str, ViTConfig] = {
     # the recipe for 2 CPU cores (bench/results/eurosat_compare.json): three stride-2 conv stages take the
     # 64x64 tile to an 8x8x128 map (locality for free), 2x2 patches of it make 16 tokens, 4 blocks, and the
     # mean of the patch tokens feeds the head; BatchNorm statistics that keep up in minutes-long runs
-    "hybrid": ViTConfig(patch_size=2, dim=128, depth=4, heads=4, mlp_ratio=2.0, dropout=0.0,
-                        stem_channels=(32, 64, 128), bn_momentum=0.9, pool="gap"),
+    "hybrid": ViTConfig(
+        patch_size=2,
+        dim=128,
+        depth=4,
+        heads=4,
+        mlp_ratio=2.0,
+        dropout=0.0,
+        stem_channels=(32, 64, 128),
+        bn_momentum=0.9,
+        pool="gap",
+    ),
     # the same shape at a quarter of the width and half the depth: for minutes-long runs (the README's first
     # command), where more steps matter more than capacity
-    "hybrid-mini": ViTConfig(patch_size=2, dim=64, depth=2, heads=2, mlp_ratio=2.0, dropout=0.0,
-                             stem_channels=(16, 32, 64), bn_momentum=0.9, pool="gap"),
+    "hybrid-mini": ViTConfig(
+        patch_size=2,
+        dim=64,
+        depth=2,
+        heads=2,
+        mlp_ratio=2.0,
+        dropout=0.0,
+        stem_channels=(16, 32, 64),
+        bn_momentum=0.9,
+        pool="gap",
+    ),
     # ``auto`` on a GPU/TPU (with mixed_bfloat16): a wider stem, 64 tokens, 8 wider blocks
-    "hybrid-large": ViTConfig(patch_size=1, dim=256, depth=8, heads=8, mlp_ratio=4.0, dropout=0.1,
-                              stem_channels=(64, 128, 256), bn_momentum=0.9, pool="gap"),
+    "hybrid-large": ViTConfig(
+        patch_size=1,
+        dim=256,
+        depth=8,
+        heads=8,
+        mlp_ratio=4.0,
+        dropout=0.1,
+        stem_channels=(64, 128, 256),
+        bn_momentum=0.9,
+        pool="gap",
+    ),
 }
 
 
@@ -122,7 +149,9 @@ class ClassTokenAndPosition(layers.Layer):
     def build(self, input_shape):
         init = keras.initializers.TruncatedNormal(stddev=0.02)
         self.cls = self.add_weight(shape=(1, 1, self.dim), initializer=init, name="cls_token")
-        self.pos = self.add_weight(shape=(1, self.num_tokens + 1, self.dim), initializer=init, name="position_embedding")
+        self.pos = self.add_weight(
+            shape=(1, self.num_tokens + 1, self.dim), initializer=init, name="position_embedding"
+        )
 
     def call(self, x):
         batch = ops.shape(x)[0]
@@ -139,8 +168,9 @@ class ClassTokenAndPosition(layers.Layer):
 def encoder_block(x, cfg: ViTConfig, index: int):
     name = f"block{index}"
     h = layers.LayerNormalization(epsilon=1e-6, name=f"{name}_ln1")(x)
-    h = layers.MultiHeadAttention(num_heads=cfg.heads, key_dim=cfg.dim // cfg.heads, dropout=cfg.attention_dropout,
-                                  name=f"{name}_attn")(h, h)
+    h = layers.MultiHeadAttention(
+        num_heads=cfg.heads, key_dim=cfg.dim // cfg.heads, dropout=cfg.attention_dropout, name=f"{name}_attn"
+    )(h, h)
     h = layers.Dropout(cfg.dropout, name=f"{name}_drop1")(h)
     x = layers.Add(name=f"{name}_res1")([x, h])
     h = layers.LayerNormalization(epsilon=1e-6, name=f"{name}_ln2")(x)

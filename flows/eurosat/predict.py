@@ -12,8 +12,9 @@ import numpy as np  # noqa: E402
 from eurosat import dataset as ds  # noqa: E402
 
 
-def predict_folder(model_path: str | Path, folder: str | Path, batch_size: int | None = None,
-                   tta: bool | None = None) -> list[dict]:
+def predict_folder(
+    model_path: str | Path, folder: str | Path, batch_size: int | None = None, tta: bool | None = None
+) -> list[dict]:
     """One ``{"file", "class", "confidence", "probabilities"}`` per image under ``folder`` (recursively).
 
     Scores exactly as the flow's evaluation scored the model (the same function and batch size), so the
@@ -27,8 +28,13 @@ def predict_folder(model_path: str | Path, folder: str | Path, batch_size: int |
     folder = Path(folder)
     if not folder.is_dir():
         raise ds.DatasetError(f"{folder} is not a directory", str(folder))
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in ds.IMAGE_SUFFIXES
-                   and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    files = sorted(
+        p
+        for p in folder.rglob("*")
+        if p.is_file()
+        and p.suffix.lower() in ds.IMAGE_SUFFIXES
+        and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    )
     if not files:
         raise ds.DatasetError(f"{folder}: no images found ({', '.join(ds.IMAGE_SUFFIXES)})", str(folder))
     model, class_names = load_model(model_path)
@@ -40,6 +46,12 @@ def predict_folder(model_path: str | Path, folder: str | Path, batch_size: int |
     rows = []
     for path, p in zip(files, probs):
         k = int(p.argmax())
-        rows.append({"file": str(path.relative_to(folder)), "class": class_names[k], "confidence": float(p[k]),
-                     "probabilities": {n: round(float(v), 5) for n, v in zip(class_names, p)}})
+        rows.append(
+            {
+                "file": str(path.relative_to(folder)),
+                "class": class_names[k],
+                "confidence": float(p[k]),
+                "probabilities": {n: round(float(v), 5) for n, v in zip(class_names, p)},
+            }
+        )
     return rows

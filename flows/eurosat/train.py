@@ -154,7 +154,7 @@ class Augmenter:
         h = int(s * math.sqrt(1 - lam))
         r, c = rng.integers(0, s - h + 1, 2)
         x = x.copy()
-        x[:, r:r + h, c:c + h] = x[perm, r:r + h, c:c + h]
+        x[:, r : r + h, c : c + h] = x[perm, r : r + h, c : c + h]
         area = h * h / (s * s)
         return x, (1 - area) * y + area * y[perm]
 
@@ -190,8 +190,8 @@ def make_batches(images, labels, cfg: TrainConfig, num_classes: int, host: int =
             if self._order_epoch != self.epoch:
                 self.order = np.random.default_rng([cfg.seed, self.epoch]).permutation(len(labels))
                 self._order_epoch = self.epoch
-            idx = self.order[index * cfg.batch_size:(index + 1) * cfg.batch_size]
-            idx = np.sort(idx[host * local:(host + 1) * local])
+            idx = self.order[index * cfg.batch_size : (index + 1) * cfg.batch_size]
+            idx = np.sort(idx[host * local : (host + 1) * local])
             x, y = images[idx], labels[idx]
             if cfg.augment:
                 rng = np.random.default_rng([cfg.seed, self.epoch, index, 1, *([host] if hosts > 1 else [])])
@@ -319,8 +319,13 @@ def _callbacks_module():
             clock = self.schedule._elapsed()
             probs = predict_images(self.model, self.x_test, self.batch_size, tta=False)
             m = mt.compute_metrics(self.y_test, probs.argmax(axis=1), self.class_names)
-            point = {"epoch": epoch + 1, "train_clock_s": round(clock, 1), "test_accuracy": m["accuracy"],
-                     "test_macro_f1": m["macro_f1"], "val_accuracy": round(float((logs or {}).get("val_accuracy", 0)), 4)}
+            point = {
+                "epoch": epoch + 1,
+                "train_clock_s": round(clock, 1),
+                "test_accuracy": m["accuracy"],
+                "test_macro_f1": m["macro_f1"],
+                "val_accuracy": round(float((logs or {}).get("val_accuracy", 0)), 4),
+            }
             self.state.setdefault("curve", []).append(point)
             print(f"curve: {point}", flush=True)
             self.state["_paused_this_epoch"] = self.state.get("_paused_this_epoch", 0.0) + time.perf_counter() - t
@@ -341,10 +346,12 @@ def _callbacks_module():
             logs = logs if logs is not None else {}
             logs["lr"] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
             planned = self.state.get("planned_epochs", self.cfg.epochs)
-            line = (f"epoch {epoch + 1}/{planned} loss={logs.get('loss', float('nan')):.4f} "
-                    f"acc={logs.get('accuracy', float('nan')):.4f} val_loss={logs.get('val_loss', float('nan')):.4f} "
-                    f"val_acc={logs.get('val_accuracy', float('nan')):.4f} lr={logs.get('lr', 0):.2e} "
-                    f"time={dt:.1f}s ({1000 * dt / self.steps:.0f} ms/step)")
+            line = (
+                f"epoch {epoch + 1}/{planned} loss={logs.get('loss', float('nan')):.4f} "
+                f"acc={logs.get('accuracy', float('nan')):.4f} val_loss={logs.get('val_loss', float('nan')):.4f} "
+                f"val_acc={logs.get('val_accuracy', float('nan')):.4f} lr={logs.get('lr', 0):.2e} "
+                f"time={dt:.1f}s ({1000 * dt / self.steps:.0f} ms/step)"
+            )
             print(line, flush=True)
             try:  # a progress artifact on the job's run (the worker turns this line into it)
                 from kinetic_prefect.progress import report
@@ -378,7 +385,11 @@ def _callbacks_module():
                     with np.load(best_file) as z:
                         self.early.best_weights = [z[f"w{i}"] for i in range(len(z.files))]
                 if self.plateau is not None and p:
-                    self.plateau.wait, self.plateau.best, self.plateau.cooldown_counter = p["wait"], p["best"], p["cooldown"]
+                    self.plateau.wait, self.plateau.best, self.plateau.cooldown_counter = (
+                        p["wait"],
+                        p["best"],
+                        p["cooldown"],
+                    )
 
         def on_epoch_end(self, epoch, logs=None):
             for k, v in (logs or {}).items():
@@ -387,22 +398,38 @@ def _callbacks_module():
             if improved:
                 _save_arrays(self.dir / "best.weights.npz", self.model.get_weights())
             name = f"epoch-{epoch + 1:04d}.npz"
-            _save_arrays(self.dir / name, self.model.get_weights() + [
-                np.asarray(keras.ops.convert_to_numpy(v)) for v in self.model.optimizer.variables])
-            callbacks = {"early": {"wait": int(self.early.wait), "best": _num(self.early.best),
-                                   "best_epoch": int(self.early.best_epoch)}}
+            _save_arrays(
+                self.dir / name,
+                self.model.get_weights()
+                + [np.asarray(keras.ops.convert_to_numpy(v)) for v in self.model.optimizer.variables],
+            )
+            callbacks = {
+                "early": {
+                    "wait": int(self.early.wait),
+                    "best": _num(self.early.best),
+                    "best_epoch": int(self.early.best_epoch),
+                }
+            }
             if self.plateau is not None:
-                callbacks["plateau"] = {"wait": int(self.plateau.wait), "best": _num(self.plateau.best),
-                                        "cooldown": int(self.plateau.cooldown_counter)}
+                callbacks["plateau"] = {
+                    "wait": int(self.plateau.wait),
+                    "best": _num(self.plateau.best),
+                    "cooldown": int(self.plateau.cooldown_counter),
+                }
             self.state.update(epoch=epoch + 1, weights=name, history=self.history, callbacks=callbacks)
             ds.atomic_write_json(self.dir / CHECKPOINT_STATE, self.state)
             for old in self.dir.glob("epoch-*.npz"):
                 if old.name != name:
                     old.unlink(missing_ok=True)
-            if (self.kill_after_epoch is not None and epoch + 1 == self.kill_after_epoch
-                    and not self.state.get("resumed_from_epoch")):
-                print(f"kill_after_epoch={self.kill_after_epoch}: SIGKILL after checkpointing epoch {epoch + 1}",
-                      flush=True)
+            if (
+                self.kill_after_epoch is not None
+                and epoch + 1 == self.kill_after_epoch
+                and not self.state.get("resumed_from_epoch")
+            ):
+                print(
+                    f"kill_after_epoch={self.kill_after_epoch}: SIGKILL after checkpointing epoch {epoch + 1}",
+                    flush=True,
+                )
                 os.kill(os.getpid(), signal.SIGKILL)
 
     return EpochSetter, Schedule, Progress, Checkpoint, Curve
@@ -433,8 +460,7 @@ def build_compiled_model(model_cfg, cfg: TrainConfig, mean, std):
 
     model = build_vit(model_cfg, mean=mean, std=std)
     model.compile(
-        optimizer=keras.optimizers.AdamW(learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay,
-                                         clipnorm=1.0),
+        optimizer=keras.optimizers.AdamW(learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay, clipnorm=1.0),
         loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=cfg.label_smoothing),
         metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
     )
@@ -445,8 +471,9 @@ PREDICT_BATCH_SIZE = 256  # evaluation and ``predict`` score with the same funct
 TTA_VIEWS = 8
 
 
-def predict_images(model, images: np.ndarray, batch_size: int = PREDICT_BATCH_SIZE, tta: bool = False,
-                   views: list | None = None) -> np.ndarray:
+def predict_images(
+    model, images: np.ndarray, batch_size: int = PREDICT_BATCH_SIZE, tta: bool = False, views: list | None = None
+) -> np.ndarray:
     """Class probabilities of uint8 images (N, H, W, 3). With ``tta``: the mean over the 8 dihedral transforms
     (8 forward passes per image). ``views``, when given a list, receives each transform's probabilities
     (the first is the plain single-view prediction). The flow's evaluation and ``predict`` both call this."""
@@ -473,12 +500,12 @@ def channel_stats(images: np.ndarray, chunk: int = 1024) -> tuple[np.ndarray, np
     squares = np.zeros(3)
     count = 0
     for start in range(0, len(images), chunk):
-        x = images[start:start + chunk].reshape(-1, 3).astype(np.float32)
+        x = images[start : start + chunk].reshape(-1, 3).astype(np.float32)
         total += x.sum(axis=0, dtype=np.float64)
         squares += np.square(x).sum(axis=0, dtype=np.float64)
         count += x.shape[0]
     mean = total / max(count, 1)
-    std = np.sqrt(np.maximum(squares / max(count, 1) - mean ** 2, 0.0)) + 1e-6
+    std = np.sqrt(np.maximum(squares / max(count, 1) - mean**2, 0.0)) + 1e-6
     return mean, std
 
 
@@ -535,22 +562,32 @@ def train_and_evaluate(
     host, hosts = _group()
     if hosts > 1:  # data-parallel over the group's devices: weights replicated, each global batch split by host
         if cfg.batch_size % hosts:
-            raise ValueError(f"batch_size={cfg.batch_size} does not split over {hosts} hosts: use a multiple of {hosts}")
+            raise ValueError(
+                f"batch_size={cfg.batch_size} does not split over {hosts} hosts: use a multiple of {hosts}"
+            )
         import jax
 
         distribution = keras.distribution.DataParallel(devices=jax.devices())
         distribution.auto_shard_dataset = False  # make_batches already yields this host's slice
         keras.distribution.set_distribution(distribution)
-        print(f"group: host {host} of {hosts}, data-parallel over {len(jax.devices())} devices; global batch "
-              f"{cfg.batch_size} = {hosts} x {cfg.batch_size // hosts}", flush=True)
+        print(
+            f"group: host {host} of {hosts}, data-parallel over {len(jax.devices())} devices; global batch "
+            f"{cfg.batch_size} = {hosts} x {cfg.batch_size // hosts}",
+            flush=True,
+        )
     print(f"device: {platform}; model {model_config.get('preset') or 'custom'} -> precision {precision}", flush=True)
-    print(f"data: {len(images)} images, {len(class_names)} classes; train {len(train_idx)}, val {len(val_idx)}, "
-          f"test {len(test_idx)} (held out until the end)", flush=True)
+    print(
+        f"data: {len(images)} images, {len(class_names)} classes; train {len(train_idx)}, val {len(val_idx)}, "
+        f"test {len(test_idx)} (held out until the end)",
+        flush=True,
+    )
 
     keras.utils.set_random_seed(cfg.seed)
     model = build_compiled_model(model_cfg, cfg, mean, std)
-    print(f"model: ViT {model_cfg.as_dict()}, {model.count_params():,} parameters, {model_cfg.tokens} tokens + [CLS]",
-          flush=True)
+    print(
+        f"model: ViT {model_cfg.as_dict()}, {model.count_params():,} parameters, {model_cfg.tokens} tokens + [CLS]",
+        flush=True,
+    )
 
     # ---- resume
     state: dict = {"config": {"model": model_cfg.as_dict(), "train": cfg.as_dict()}}
@@ -579,20 +616,44 @@ def train_and_evaluate(
     batches = make_batches(x_train, y_train, cfg, len(class_names), host, hosts)
     steps = len(batches)
     EpochSetter, Schedule, Progress, Checkpoint, Curve = _callbacks_module()
-    early = keras.callbacks.EarlyStopping(monitor="val_accuracy", mode="max", patience=cfg.early_stopping_patience,
-                                          restore_best_weights=True, verbose=0)
-    plateau = keras.callbacks.ReduceLROnPlateau(monitor="val_loss", factor=cfg.plateau_factor,
-                                                patience=cfg.plateau_patience, min_lr=cfg.min_learning_rate,
-                                                verbose=0) if cfg.plateau_patience > 0 else None
+    early = keras.callbacks.EarlyStopping(
+        monitor="val_accuracy", mode="max", patience=cfg.early_stopping_patience, restore_best_weights=True, verbose=0
+    )
+    plateau = (
+        keras.callbacks.ReduceLROnPlateau(
+            monitor="val_loss",
+            factor=cfg.plateau_factor,
+            patience=cfg.plateau_patience,
+            min_lr=cfg.min_learning_rate,
+            verbose=0,
+        )
+        if cfg.plateau_patience > 0
+        else None
+    )
     schedule = Schedule(cfg, state, steps)
-    curve = [Curve(state, schedule, x_test, y_test, class_names, PREDICT_BATCH_SIZE)] if test_curve and hosts == 1 else []
-    callbacks = [EpochSetter(batches), Progress(cfg, state, steps), *curve, schedule, early,
-                 *([plateau] if plateau is not None else []), Checkpoint(checkpoint_dir, state, history, early, plateau, kill_after_epoch)]
+    curve = (
+        [Curve(state, schedule, x_test, y_test, class_names, PREDICT_BATCH_SIZE)] if test_curve and hosts == 1 else []
+    )
+    callbacks = [
+        EpochSetter(batches),
+        Progress(cfg, state, steps),
+        *curve,
+        schedule,
+        early,
+        *([plateau] if plateau is not None else []),
+        Checkpoint(checkpoint_dir, state, history, early, plateau, kill_after_epoch),
+    ]
     t_train = time.perf_counter()
     if initial_epoch < cfg.epochs and not state.get("finished"):
-        model.fit(batches, validation_data=(x_val, keras.utils.to_categorical(y_val, len(class_names))),
-                  validation_batch_size=cfg.eval_batch_size, epochs=cfg.epochs, initial_epoch=initial_epoch,
-                  callbacks=callbacks, verbose=0)
+        model.fit(
+            batches,
+            validation_data=(x_val, keras.utils.to_categorical(y_val, len(class_names))),
+            validation_batch_size=cfg.eval_batch_size,
+            epochs=cfg.epochs,
+            initial_epoch=initial_epoch,
+            callbacks=callbacks,
+            verbose=0,
+        )
     train_seconds = time.perf_counter() - t_train
     if early.best_weights is not None:  # EarlyStopping restores only when it stopped; always use the best
         model.set_weights(early.best_weights)
@@ -605,8 +666,12 @@ def train_and_evaluate(
         keras.distribution.set_distribution(None)
         if host != 0:
             print(f"host {host}: training done; the coordinator scores the model", flush=True)
-            return {"host": host, "hosts": hosts, "epochs_run": len(history.get("loss", [])),
-                    "train_seconds": round(train_seconds, 2)}
+            return {
+                "host": host,
+                "hosts": hosts,
+                "epochs_run": len(history.get("loss", [])),
+                "train_seconds": round(train_seconds, 2),
+            }
         model = build_compiled_model(model_cfg, cfg, mean, std)
         model.set_weights(weights)
 
@@ -623,10 +688,13 @@ def train_and_evaluate(
     metrics["scoring"] = scoring_name(cfg.tta)
     metrics["single_view"] = {"accuracy": single["accuracy"], "macro_f1": single["macro_f1"]}
     metrics["scoring_ms_per_image"] = round(1000 * eval_seconds / max(1, len(y_test)), 3)
-    print(f"test: accuracy {metrics['accuracy']:.4f}, macro F1 {metrics['macro_f1']:.4f}, weighted F1 "
-          f"{metrics['weighted_f1']:.4f} on {len(y_test)} held-out images ({metrics['scoring']}, "
-          f"{metrics['scoring_ms_per_image']} ms/image); single view: accuracy {single['accuracy']:.4f}, "
-          f"macro F1 {single['macro_f1']:.4f}", flush=True)
+    print(
+        f"test: accuracy {metrics['accuracy']:.4f}, macro F1 {metrics['macro_f1']:.4f}, weighted F1 "
+        f"{metrics['weighted_f1']:.4f} on {len(y_test)} held-out images ({metrics['scoring']}, "
+        f"{metrics['scoring_ms_per_image']} ms/image); single view: accuracy {single['accuracy']:.4f}, "
+        f"macro F1 {single['macro_f1']:.4f}",
+        flush=True,
+    )
 
     # ---- outputs: model with class names, plots, metrics
     files = [MODEL_FILE, "confusion_matrix.png", "learning_curves.png", "metrics.json", "class_names.json"]
@@ -653,8 +721,7 @@ def train_and_evaluate(
         "parameters": int(model.count_params()),
         "model_config": model_cfg.as_dict(),
         "train_config": cfg.as_dict(),
-        "test": {"y_true": y_test.tolist(), "y_pred": y_pred.tolist(),
-                 "probabilities": np.round(probs, 5).tolist()},
+        "test": {"y_true": y_test.tolist(), "y_pred": y_pred.tolist(), "probabilities": np.round(probs, 5).tolist()},
         "metrics": metrics,
         "output_dir": str(output_dir),
         "files": files,
@@ -662,9 +729,26 @@ def train_and_evaluate(
         "hosts": hosts,
         "global_batch": cfg.batch_size,
     }
-    (output_dir / "metrics.json").write_text(json.dumps({k: result[k] for k in (
-        "metrics", "split_sizes", "epochs_run", "best_epoch", "resumed_from_epoch", "train_seconds",
-        "ms_per_step", "model_config", "train_config", "history")}, indent=1))
+    (output_dir / "metrics.json").write_text(
+        json.dumps(
+            {
+                k: result[k]
+                for k in (
+                    "metrics",
+                    "split_sizes",
+                    "epochs_run",
+                    "best_epoch",
+                    "resumed_from_epoch",
+                    "train_seconds",
+                    "ms_per_step",
+                    "model_config",
+                    "train_config",
+                    "history",
+                )
+            },
+            indent=1,
+        )
+    )
     return result
 
 
@@ -717,6 +801,7 @@ def load_model(path: str | Path):
         try:
             class_names = json.loads(zf.read("class_names.json"))
         except KeyError:
-            raise ds.DatasetError(f"{path} has no class_names.json: not a model saved by this pipeline",
-                                  str(path)) from None
+            raise ds.DatasetError(
+                f"{path} has no class_names.json: not a model saved by this pipeline", str(path)
+            ) from None
     return keras.saving.load_model(path, compile=False), class_names

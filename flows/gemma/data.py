@@ -48,13 +48,12 @@ DECISIONS = ("yes", "no", "maybe")
 
 # Official sources (pinned commits of the upstream repositories). Used when no local path is given.
 PUBMEDQA_URLS = {
-    "ori_pqal.json":
-        "https://raw.githubusercontent.com/pubmedqa/pubmedqa/1f00b98d5cc626844bf8c4ca513b6e62c40071ec/data/ori_pqal.json",
-    "test_ground_truth.json":
-        "https://raw.githubusercontent.com/pubmedqa/pubmedqa/3e7616d288b52edaf38f5fd5c59821c7806bde86/data/test_ground_truth.json",
+    "ori_pqal.json": "https://raw.githubusercontent.com/pubmedqa/pubmedqa/1f00b98d5cc626844bf8c4ca513b6e62c40071ec/data/ori_pqal.json",
+    "test_ground_truth.json": "https://raw.githubusercontent.com/pubmedqa/pubmedqa/3e7616d288b52edaf38f5fd5c59821c7806bde86/data/test_ground_truth.json",
 }
-PARADETOX_URL = ("https://raw.githubusercontent.com/s-nlp/paradetox/5aeb62cc485bd9077299697dfafba5164ef5abfb/"
-                 "paradetox/paradetox.tsv")
+PARADETOX_URL = (
+    "https://raw.githubusercontent.com/s-nlp/paradetox/5aeb62cc485bd9077299697dfafba5164ef5abfb/paradetox/paradetox.tsv"
+)
 
 PUBMEDQA_INSTRUCTION = (
     "Answer the biomedical research question using the abstract excerpts below. "
@@ -113,11 +112,19 @@ def chat(prefix_text: str, body: str, response: str | None = None) -> str:
     return text + (response + END_TURN if response is not None else "")
 
 
-def _example(id_: str, instruction: str, body: str, response: str, target: str, references: list[str],
-             input_view: str) -> dict:
-    return {"id": id_, "prefix": START_USER + instruction, "body": body, "suffix": END_USER,
-            "response": response.strip() + END_TURN, "target": target, "references": references,
-            "input": input_view}
+def _example(
+    id_: str, instruction: str, body: str, response: str, target: str, references: list[str], input_view: str
+) -> dict:
+    return {
+        "id": id_,
+        "prefix": START_USER + instruction,
+        "body": body,
+        "suffix": END_USER,
+        "response": response.strip() + END_TURN,
+        "target": target,
+        "references": references,
+        "input": input_view,
+    }
 
 
 def _hash_fraction(text: str) -> float:
@@ -154,8 +161,9 @@ def _download(url: str, dest: Path, timeout: float = 120) -> Path:
         except OSError:
             pass
         if isinstance(exc, OSError):
-            raise GemmaDataError(f"could not download {url}: {exc}. Download it yourself and pass the local "
-                                 "path as data_path.", url) from exc
+            raise GemmaDataError(
+                f"could not download {url}: {exc}. Download it yourself and pass the local path as data_path.", url
+            ) from exc
         raise
     return dest
 
@@ -171,20 +179,30 @@ def resolve_source(dataset: str, data_path: str | None, cache_dir: str | Path) -
     cache = Path(cache_dir)
     if dataset == "pubmedqa":
         if data_path is None:
-            files = {name: _download(url, cache / "downloads" / "pubmedqa" / name) for name, url in PUBMEDQA_URLS.items()}
+            files = {
+                name: _download(url, cache / "downloads" / "pubmedqa" / name) for name, url in PUBMEDQA_URLS.items()
+            }
         else:
             root = Path(data_path).expanduser()
             if not root.exists():
-                raise GemmaDataError(f"data_path {str(root)!r} does not exist (expected a folder with ori_pqal.json "
-                                     "and test_ground_truth.json)", str(root))
+                raise GemmaDataError(
+                    f"data_path {str(root)!r} does not exist (expected a folder with ori_pqal.json "
+                    "and test_ground_truth.json)",
+                    str(root),
+                )
             folder = root if root.is_dir() else root.parent
-            files = {"ori_pqal.json": root if root.is_file() else folder / "ori_pqal.json",
-                     "test_ground_truth.json": folder / "test_ground_truth.json"}
+            files = {
+                "ori_pqal.json": root if root.is_file() else folder / "ori_pqal.json",
+                "test_ground_truth.json": folder / "test_ground_truth.json",
+            }
             for name, path in files.items():
                 if not path.is_file():
-                    raise GemmaDataError(f"PubMedQA file {name} not found at {path}: data_path must be a folder with "
-                                         "ori_pqal.json and test_ground_truth.json (github.com/pubmedqa/pubmedqa, "
-                                         "data/)", str(path))
+                    raise GemmaDataError(
+                        f"PubMedQA file {name} not found at {path}: data_path must be a folder with "
+                        "ori_pqal.json and test_ground_truth.json (github.com/pubmedqa/pubmedqa, "
+                        "data/)",
+                        str(path),
+                    )
     elif dataset == "style-transfer":
         if data_path is None:
             files = {"paradetox.tsv": _download(PARADETOX_URL, cache / "downloads" / "paradetox" / "paradetox.tsv")}
@@ -192,18 +210,26 @@ def resolve_source(dataset: str, data_path: str | None, cache_dir: str | Path) -
             root = Path(data_path).expanduser()
             path = root / "paradetox.tsv" if root.is_dir() else root
             if not path.is_file():
-                raise GemmaDataError(f"ParaDetox file not found at {path}: data_path must be paradetox.tsv (columns "
-                                     "toxic, neutral1, neutral2, neutral3) or its folder", str(path))
+                raise GemmaDataError(
+                    f"ParaDetox file not found at {path}: data_path must be paradetox.tsv (columns "
+                    "toxic, neutral1, neutral2, neutral3) or its folder",
+                    str(path),
+                )
             files = {"paradetox.tsv": path}
     else:
         path = Path(dataset).expanduser()
         if path.suffix.lower() not in (".jsonl", ".json") and not path.exists():
-            raise GemmaDataError(f"dataset={dataset!r} is neither one of {', '.join(DATASETS)} nor an existing JSONL "
-                                 "file of prompt/response pairs", dataset)
+            raise GemmaDataError(
+                f"dataset={dataset!r} is neither one of {', '.join(DATASETS)} nor an existing JSONL "
+                "file of prompt/response pairs",
+                dataset,
+            )
         if not path.is_file():
-            raise GemmaDataError(f"JSONL file {str(path)!r} does not exist (dataset= takes pubmedqa, style-transfer "
-                                 "or the path of a .jsonl file with one {\"prompt\": ..., \"response\": ...} per line)",
-                                 str(path))
+            raise GemmaDataError(
+                f"JSONL file {str(path)!r} does not exist (dataset= takes pubmedqa, style-transfer "
+                'or the path of a .jsonl file with one {"prompt": ..., "response": ...} per line)',
+                str(path),
+            )
         dataset, files = "jsonl", {"pairs.jsonl": path}
     digest = hashlib.sha256(f"{dataset}:{FORMAT_VERSION}".encode())
     for name in sorted(files):
@@ -224,8 +250,9 @@ def pubmedqa_example(pmid: str, item: dict) -> dict:
     decision = item["final_decision"].strip().lower()
     response = f"{decision.capitalize()}. {item['LONG_ANSWER'].strip()}"
     instruction = PUBMEDQA_INSTRUCTION + f"Question: {item['QUESTION'].strip()}\n\nAbstract:\n"
-    return _example(pmid, instruction, "\n".join(lines), response, decision, [item["LONG_ANSWER"].strip()],
-                    item["QUESTION"].strip())
+    return _example(
+        pmid, instruction, "\n".join(lines), response, decision, [item["LONG_ANSWER"].strip()], item["QUESTION"].strip()
+    )
 
 
 def _load_json(path: Path, what: str) -> Any:
@@ -249,16 +276,24 @@ def load_pubmedqa(files: dict[str, str]) -> tuple[list[dict], list[dict]]:
         if missing:
             raise GemmaDataError(f"{items_path}: item {pmid} lacks {', '.join(missing)}", str(items_path))
         if str(item["final_decision"]).lower() not in DECISIONS:
-            raise GemmaDataError(f"{items_path}: item {pmid} has final_decision={item['final_decision']!r}, "
-                                 f"expected one of {DECISIONS}", str(items_path))
+            raise GemmaDataError(
+                f"{items_path}: item {pmid} has final_decision={item['final_decision']!r}, expected one of {DECISIONS}",
+                str(items_path),
+            )
     unknown = [p for p in truth if p not in items]
     if unknown:
-        raise GemmaDataError(f"{truth_path}: {len(unknown)} test PMIDs are not in {items_path.name} (e.g. {unknown[0]}); "
-                             "use the matching ori_pqal.json", str(truth_path))
+        raise GemmaDataError(
+            f"{truth_path}: {len(unknown)} test PMIDs are not in {items_path.name} (e.g. {unknown[0]}); "
+            "use the matching ori_pqal.json",
+            str(truth_path),
+        )
     for pmid, decision in truth.items():
         if str(decision).lower() != str(items[pmid]["final_decision"]).lower():
-            raise GemmaDataError(f"{truth_path}: PMID {pmid} is {decision!r} there but "
-                                 f"{items[pmid]['final_decision']!r} in {items_path.name}", str(truth_path))
+            raise GemmaDataError(
+                f"{truth_path}: PMID {pmid} is {decision!r} there but "
+                f"{items[pmid]['final_decision']!r} in {items_path.name}",
+                str(truth_path),
+            )
     train = [pubmedqa_example(p, items[p]) for p in sorted(items) if p not in truth]
     test = [pubmedqa_example(p, items[p]) for p in sorted(truth)]
     return train, test
@@ -277,8 +312,9 @@ def load_paradetox(files: dict[str, str], held_out_fraction: float = 0.1) -> tup
         reader = csv.reader(fh, delimiter="\t")  # quoted fields may span lines (the official file has a few)
         header = next(reader, None)
         if not header or header[0] != "toxic" or "neutral1" not in header:
-            raise GemmaDataError(f"{path}: expected a TSV header 'toxic, neutral1, neutral2, neutral3', got {header}",
-                                 str(path))
+            raise GemmaDataError(
+                f"{path}: expected a TSV header 'toxic, neutral1, neutral2, neutral3', got {header}", str(path)
+            )
         train, test = [], []
         for row in reader:
             line_no = reader.line_num
@@ -286,14 +322,16 @@ def load_paradetox(files: dict[str, str], held_out_fraction: float = 0.1) -> tup
                 continue
             neutrals = [" ".join(c.split()) for c in row[1:] if c and c.strip()]
             if not neutrals:
-                raise GemmaDataError(f"{path}:{line_no}: the toxic text has no polite rewrite (neutral1..3 empty)",
-                                     str(path))
+                raise GemmaDataError(
+                    f"{path}:{line_no}: the toxic text has no polite rewrite (neutral1..3 empty)", str(path)
+                )
             toxic = " ".join(row[0].split())
             example = style_example(f"paradetox-{line_no}", toxic, neutrals)
             (test if _hash_fraction(toxic) < held_out_fraction else train).append(example)
     if not train or not test:
-        raise GemmaDataError(f"{path}: too few rows to hold out an evaluation part ({len(train) + len(test)} rows)",
-                             str(path))
+        raise GemmaDataError(
+            f"{path}: too few rows to hold out an evaluation part ({len(train) + len(test)} rows)", str(path)
+        )
     return train, test
 
 
@@ -317,18 +355,29 @@ def load_jsonl_pairs(files: dict[str, str], held_out_fraction: float = 0.1) -> t
                 raise GemmaDataError(f"{path}:{line_no}: a {type(row).__name__}, not an object; {fix}", str(path))
             missing = [k for k in ("prompt", "response") if k not in row]
             if missing:
-                raise GemmaDataError(f"{path}:{line_no}: missing field {', '.join(repr(m) for m in missing)} "
-                                     f"(has {sorted(row)}); {fix}", str(path))
+                raise GemmaDataError(
+                    f"{path}:{line_no}: missing field {', '.join(repr(m) for m in missing)} (has {sorted(row)}); {fix}",
+                    str(path),
+                )
             for key in ("prompt", "response"):
                 if not isinstance(row[key], str) or not row[key].strip():
-                    raise GemmaDataError(f"{path}:{line_no}: field {key!r} must be a non-empty string, got "
-                                         f"{row[key]!r:.60}; {fix}", str(path))
+                    raise GemmaDataError(
+                        f"{path}:{line_no}: field {key!r} must be a non-empty string, got {row[key]!r:.60}; {fix}",
+                        str(path),
+                    )
             refs = row.get("references") or [row["response"]]
             if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
                 raise GemmaDataError(f"{path}:{line_no}: 'references' must be a list of strings", str(path))
             seen += 1
-            example = _example(str(row.get("id", f"line-{line_no}")), "", row["prompt"].strip(), row["response"],
-                               row["response"].strip(), refs, row["prompt"].strip())
+            example = _example(
+                str(row.get("id", f"line-{line_no}")),
+                "",
+                row["prompt"].strip(),
+                row["response"],
+                row["response"].strip(),
+                refs,
+                row["prompt"].strip(),
+            )
             (test if _hash_fraction(row["prompt"].strip()) < held_out_fraction else train).append(example)
     if seen == 0:
         raise GemmaDataError(f"{path} has no examples; {fix}", str(path))
@@ -346,17 +395,29 @@ def length_stats(values: Iterable[int]) -> dict:
     values = sorted(values)
     if not values:
         return {"count": 0}
-    return {"count": len(values), "min": values[0], "median": int(statistics.median(values)),
-            "p95": values[min(len(values) - 1, int(0.95 * len(values)))], "max": values[-1]}
+    return {
+        "count": len(values),
+        "min": values[0],
+        "median": int(statistics.median(values)),
+        "p95": values[min(len(values) - 1, int(0.95 * len(values)))],
+        "max": values[-1],
+    }
 
 
 def char_stats(examples: list[dict]) -> dict:
-    return {"prompt_chars": length_stats(len(e["prefix"]) + len(e["body"]) + len(e["suffix"]) for e in examples),
-            "response_chars": length_stats(len(e["response"]) for e in examples)}
+    return {
+        "prompt_chars": length_stats(len(e["prefix"]) + len(e["body"]) + len(e["suffix"]) for e in examples),
+        "response_chars": length_stats(len(e["response"]) for e in examples),
+    }
 
 
-def prepare(source: Source, cache_dir: str | Path, seed: int = 0, max_examples: int | None = None,
-            max_eval_examples: int | None = None) -> dict:
+def prepare(
+    source: Source,
+    cache_dir: str | Path,
+    seed: int = 0,
+    max_examples: int | None = None,
+    max_eval_examples: int | None = None,
+) -> dict:
     """Write ``train.jsonl`` and ``eval.jsonl`` (chat-formatted examples) under a content-keyed folder."""
     if max_examples is not None and max_examples < 1:
         raise GemmaDataError(f"max_examples={max_examples}: use a positive number or None for all")
@@ -381,11 +442,20 @@ def prepare(source: Source, cache_dir: str | Path, seed: int = 0, max_examples: 
     try:
         for name, rows in (("train.jsonl", train), ("eval.jsonl", held_out)):
             (tmp / name).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-        stats = {"path": str(out), "dataset": source.dataset, "fingerprint": source.fingerprint,
-                 "available": available, "sizes": {"train": len(train), "eval": len(held_out)},
-                 "train": char_stats(train), "eval": char_stats(held_out),
-                 "example": chat(train[0]["prefix"][len(START_USER):], train[0]["body"], train[0]["response"][:-len(END_TURN)])
-                 if train else ""}
+        stats = {
+            "path": str(out),
+            "dataset": source.dataset,
+            "fingerprint": source.fingerprint,
+            "available": available,
+            "sizes": {"train": len(train), "eval": len(held_out)},
+            "train": char_stats(train),
+            "eval": char_stats(held_out),
+            "example": chat(
+                train[0]["prefix"][len(START_USER) :], train[0]["body"], train[0]["response"][: -len(END_TURN)]
+            )
+            if train
+            else "",
+        }
         (tmp / "stats.json").write_text(json.dumps(stats, indent=1))
         try:
             os.replace(tmp, out)

@@ -15,8 +15,13 @@ def decision_accuracy(generations: list[dict], column: str) -> dict:
     confusion = {t: {p: 0 for p in (*DECISIONS, "unparsed")} for t in DECISIONS}
     for p, g in zip(predicted, rows):
         confusion[g["target"]][p or "unparsed"] += 1
-    return {"accuracy": round(correct / len(rows), 4), "count": len(rows), "correct": correct,
-            "unparsed": sum(p is None for p in predicted), "confusion": confusion}
+    return {
+        "accuracy": round(correct / len(rows), 4),
+        "count": len(rows),
+        "correct": correct,
+        "unparsed": sum(p is None for p in predicted),
+        "confusion": confusion,
+    }
 
 
 def chrf(generations: list[dict], column: str) -> dict:
@@ -36,8 +41,18 @@ def chrf(generations: list[dict], column: str) -> dict:
 def evaluate(dataset: str, generations: list[dict]) -> dict:
     if dataset == "pubmedqa":
         before, after = decision_accuracy(generations, "before"), decision_accuracy(generations, "after")
-        return {"metric": "accuracy", "before": before["accuracy"], "after": after["accuracy"],
-                "details": {"before": before, "after": after}, "count": after["count"]}
+        return {
+            "metric": "accuracy",
+            "before": before["accuracy"],
+            "after": after["accuracy"],
+            "details": {"before": before, "after": after},
+            "count": after["count"],
+        }
     before, after = chrf(generations, "before"), chrf(generations, "after")
-    return {"metric": "chrF", "before": before["chrf"], "after": after["chrf"],
-            "details": {"before": before, "after": after}, "count": after["count"]}
+    return {
+        "metric": "chrF",
+        "before": before["chrf"],
+        "after": after["chrf"],
+        "details": {"before": before, "after": after},
+        "count": after["count"],
+    }

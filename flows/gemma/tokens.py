@@ -65,7 +65,7 @@ def segment(examples: Sequence[dict], tokenize: Tokenize, batch: int = 256) -> S
             return [table[v] for v in values]
         out: list[list[int]] = []
         for start in range(0, len(values), batch):
-            out.extend(tokenize(values[start:start + batch]))
+            out.extend(tokenize(values[start : start + batch]))
         return out
 
     return Segments([str(e["id"]) for e in examples], run("prefix"), run("body"), run("suffix"), run("response"))
@@ -75,7 +75,9 @@ def _round_up(value: int, multiple: int = 64) -> int:
     return int(-(-value // multiple) * multiple)
 
 
-def check_fits(seg: Segments, sequence_length: int, *, generate_tokens: int | None = None, what: str = "training") -> None:
+def check_fits(
+    seg: Segments, sequence_length: int, *, generate_tokens: int | None = None, what: str = "training"
+) -> None:
     """Raise :class:`SequenceLengthError` if some example's fixed prompt part cannot fit."""
     if len(seg) == 0:
         return
@@ -88,13 +90,17 @@ def check_fits(seg: Segments, sequence_length: int, *, generate_tokens: int | No
     no_body = max(f + (generate_tokens if generate_tokens is not None else len(r)) for f, r in zip(fixed, seg.response))
     p95 = length_stats(full)["p95"]
     needed = f"{fixed[worst]} tokens for the chat template, instruction and question alone (nothing of its body)"
-    needed += (f", plus max_new_tokens={generate_tokens} to generate" if generate_tokens is not None
-               else ", plus at least one answer token")
+    needed += (
+        f", plus max_new_tokens={generate_tokens} to generate"
+        if generate_tokens is not None
+        else ", plus at least one answer token"
+    )
     raise SequenceLengthError(
         f"sequence_length={sequence_length} is too small for the prompt ({what}): example {seg.ids[worst]!r} needs "
         f"{needed}. Use sequence_length >= {_round_up(no_body)} (the longest prompt without its body, with its "
         f"{'generation' if generate_tokens is not None else 'answer'}, needs {no_body}; 95% of the complete "
-        f"examples fit in {p95})" + ("" if generate_tokens is None else " or lower max_new_tokens") + ".")
+        f"examples fit in {p95})" + ("" if generate_tokens is None else " or lower max_new_tokens") + "."
+    )
 
 
 @dataclass
@@ -106,8 +112,15 @@ class Packed:
     stats: dict = field(default_factory=dict)
 
 
-def pack(seg: Segments, sequence_length: int, bos_id: int, pad_id: int, *, generate_tokens: int | None = None,
-         what: str = "training") -> Packed:
+def pack(
+    seg: Segments,
+    sequence_length: int,
+    bos_id: int,
+    pad_id: int,
+    *,
+    generate_tokens: int | None = None,
+    what: str = "training",
+) -> Packed:
     """Training rows (``generate_tokens=None``: prompt + response) or generation prompts (prompt only, room left
     for ``generate_tokens`` new tokens)."""
     check_fits(seg, sequence_length, generate_tokens=generate_tokens, what=what)
@@ -129,7 +142,7 @@ def pack(seg: Segments, sequence_length: int, bos_id: int, pad_id: int, *, gener
         if room_for_body < len(body):
             body_cut += 1
             dropped += len(body) - max(room_for_body, 0)
-            body = body[:max(room_for_body, 0)]
+            body = body[: max(room_for_body, 0)]
         row = [bos_id] + prefix + body + suffix
         if generate_tokens is None:
             room = length - len(row)
@@ -137,16 +150,21 @@ def pack(seg: Segments, sequence_length: int, bos_id: int, pad_id: int, *, gener
                 response_cut += 1
                 dropped += len(response) - room
                 response = response[:room]
-            response_mask[i, len(row):len(row) + len(response)] = True
+            response_mask[i, len(row) : len(row) + len(response)] = True
             row = row + response
-        token_ids[i, :len(row)] = row
-        padding_mask[i, :len(row)] = True
+        token_ids[i, : len(row)] = row
+        padding_mask[i, : len(row)] = True
         lengths[i] = len(row)
     stats = {
-        "what": what, "examples": n, "sequence_length": length,
-        "full_tokens": length_stats(full_lengths), "response_tokens": length_stats(response_lengths),
+        "what": what,
+        "examples": n,
+        "sequence_length": length,
+        "full_tokens": length_stats(full_lengths),
+        "response_tokens": length_stats(response_lengths),
         "used_tokens": length_stats(lengths.tolist()),
-        "body_truncated": body_cut, "response_truncated": response_cut, "tokens_dropped": int(dropped),
+        "body_truncated": body_cut,
+        "response_truncated": response_cut,
+        "tokens_dropped": int(dropped),
         "fill": round(float(padding_mask.mean()), 4) if n else 0.0,
     }
     if generate_tokens is not None:
@@ -159,10 +177,12 @@ def describe(stats: dict) -> str:
     full, resp = stats["full_tokens"], stats["response_tokens"]
     if not stats["examples"]:
         return f"{stats['what']}: no examples"
-    line = (f"{stats['what']}: {stats['examples']} examples, sequence_length {stats['sequence_length']}; "
-            f"full length median {full['median']} / p95 {full['p95']} / max {full['max']} tokens; "
-            f"answers median {resp['median']} / max {resp['max']}; truncated: {stats['body_truncated']} bodies, "
-            f"{stats['response_truncated']} answers ({stats['tokens_dropped']} tokens dropped)")
+    line = (
+        f"{stats['what']}: {stats['examples']} examples, sequence_length {stats['sequence_length']}; "
+        f"full length median {full['median']} / p95 {full['p95']} / max {full['max']} tokens; "
+        f"answers median {resp['median']} / max {resp['max']}; truncated: {stats['body_truncated']} bodies, "
+        f"{stats['response_truncated']} answers ({stats['tokens_dropped']} tokens dropped)"
+    )
     if "max_new_tokens" in stats:
         line += f"; {stats['max_new_tokens']} new tokens generated at most"
     return line

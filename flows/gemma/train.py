@@ -34,8 +34,19 @@ from .data import read_jsonl
 from .tokens import describe, make_tokenize, pack, segment
 
 DEFAULTS = dict(
-    lora_rank=4, sequence_length=512, epochs=1, batch_size=4, learning_rate=1e-4, weight_decay=0.01,
-    max_new_tokens=64, eval_batch_size=16, eval_before=True, num_samples=8, seed=0, dtype="auto", log_every=10,
+    lora_rank=4,
+    sequence_length=512,
+    epochs=1,
+    batch_size=4,
+    learning_rate=1e-4,
+    weight_decay=0.01,
+    max_new_tokens=64,
+    eval_batch_size=16,
+    eval_before=True,
+    num_samples=8,
+    seed=0,
+    dtype="auto",
+    log_every=10,
 )
 LORA_FILE = "gemma_lora.lora.h5"
 MERGED_DIR = "merged_preset"
@@ -102,8 +113,15 @@ def save_checkpoint(ckpt_dir: Path, lm, epoch: int, history: dict, signature: st
     with open(tmp_opt, "wb") as fh:
         np.savez(fh, *[np.asarray(v.numpy() if hasattr(v, "numpy") else v) for v in lm.optimizer.variables])
     os.replace(tmp_opt, opt)
-    state = {"epoch": epoch, "history": history, "signature": signature, "lora": lora.name, "optimizer": opt.name,
-             "optimizer_variables": len(lm.optimizer.variables), "step_ms": step_ms}
+    state = {
+        "epoch": epoch,
+        "history": history,
+        "signature": signature,
+        "lora": lora.name,
+        "optimizer": opt.name,
+        "optimizer_variables": len(lm.optimizer.variables),
+        "step_ms": step_ms,
+    }
     tmp_state = ckpt_dir / ".tmp-state.json"
     tmp_state.write_text(json.dumps(state))
     os.replace(tmp_state, ckpt_dir / "state.json")  # the marker, written last
@@ -127,8 +145,10 @@ def restore_checkpoint(ckpt_dir: Path, lm, signature: str) -> dict | None:
     with np.load(ckpt_dir / state["optimizer"]) as saved:
         values = [saved[f"arr_{i}"] for i in range(len(saved.files))]
     if len(values) != len(optimizer.variables):
-        _print(f"checkpoint optimizer state has {len(values)} variables, the optimizer {len(optimizer.variables)}: "
-               "starting from epoch 0")
+        _print(
+            f"checkpoint optimizer state has {len(values)} variables, the optimizer {len(optimizer.variables)}: "
+            "starting from epoch 0"
+        )
         return None
     for variable, value in zip(optimizer.variables, values):
         variable.assign(value)
@@ -148,25 +168,29 @@ def _to_text(value) -> str:
     return str(value)
 
 
-def generate(lm, tokenizer, packed, indices: list[int], batch_size: int, max_new_tokens: int,
-             stop_ids: tuple[int, ...]) -> dict[int, str]:
+def generate(
+    lm, tokenizer, packed, indices: list[int], batch_size: int, max_new_tokens: int, stop_ids: tuple[int, ...]
+) -> dict[int, str]:
     """Greedy continuations of the packed prompts at ``indices``; batches of similar length, fixed shapes."""
     order = sorted(indices, key=lambda i: int(packed.lengths[i]))
     full = packed.token_ids.shape[1]
     texts: dict[int, str] = {}
     for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
+        chunk = order[start : start + batch_size]
         rows = chunk + [chunk[-1]] * (batch_size - len(chunk))  # a fixed batch shape: one compilation
         longest = int(max(packed.lengths[i] for i in chunk))
         width = min(full, -(-(longest + max_new_tokens) // 32) * 32)
-        inputs = {"token_ids": packed.token_ids[rows, :width], "padding_mask": packed.padding_mask[rows, :width],
-                  # text only: zero images (keras-hub 0.32 cannot batch a None "images" output)
-                  "images": np.zeros((len(rows), 0, 1, 1, 3), dtype="float32")}
+        inputs = {
+            "token_ids": packed.token_ids[rows, :width],
+            "padding_mask": packed.padding_mask[rows, :width],
+            # text only: zero images (keras-hub 0.32 cannot batch a None "images" output)
+            "images": np.zeros((len(rows), 0, 1, 1, 3), dtype="float32"),
+        }
         result = lm.generate(inputs, stop_token_ids=stop_ids)
         tokens = np.asarray(result["token_ids"])
         for row, i in enumerate(chunk):
             start_at = int(packed.lengths[i])
-            new = tokens[row, start_at:start_at + max_new_tokens].tolist()
+            new = tokens[row, start_at : start_at + max_new_tokens].tolist()
             for position, token in enumerate(new):
                 if token in stop_ids:
                     new = new[:position]
@@ -196,8 +220,10 @@ def run(data_dir: Path, preset: str | Path, config: dict, kill_after_epoch: int 
 
     keras.utils.set_random_seed(int(cfg["seed"]))
     dtype = choose_dtype(cfg["dtype"])
-    _print(f"loading preset {preset} (dtype {dtype}, keras {keras.__version__}, keras-hub {keras_hub.__version__}, "
-           f"backend {keras.backend.backend()})")
+    _print(
+        f"loading preset {preset} (dtype {dtype}, keras {keras.__version__}, keras-hub {keras_hub.__version__}, "
+        f"backend {keras.backend.backend()})"
+    )
     lm = keras_hub.models.Gemma3CausalLM.from_preset(str(preset), dtype=dtype)
     preprocessor = lm.preprocessor
     tokenizer = preprocessor.tokenizer
@@ -215,16 +241,22 @@ def run(data_dir: Path, preset: str | Path, config: dict, kill_after_epoch: int 
     _print(describe(eval_packed.stats))
     vocab = lm.backbone.vocabulary_size
     if train_packed.token_ids.size and int(train_packed.token_ids.max()) >= vocab:
-        raise ValueError(f"the tokenizer produced id {int(train_packed.token_ids.max())} >= the backbone's "
-                         f"vocabulary_size {vocab}: the preset's tokenizer and model do not match")
+        raise ValueError(
+            f"the tokenizer produced id {int(train_packed.token_ids.max())} >= the backbone's "
+            f"vocabulary_size {vocab}: the preset's tokenizer and model do not match"
+        )
 
     lm.backbone.enable_lora(rank=int(cfg["lora_rank"]))
     total_params = _count(lm.backbone.weights)
     trainable_params = _count(lm.backbone.trainable_weights)
-    _print(f"LoRA rank {cfg['lora_rank']}: {trainable_params:,} trainable of {total_params:,} parameters "
-           f"({100 * trainable_params / max(total_params, 1):.3f}%)")
+    _print(
+        f"LoRA rank {cfg['lora_rank']}: {trainable_params:,} trainable of {total_params:,} parameters "
+        f"({100 * trainable_params / max(total_params, 1):.3f}%)"
+    )
 
-    optimizer = keras.optimizers.AdamW(learning_rate=float(cfg["learning_rate"]), weight_decay=float(cfg["weight_decay"]))
+    optimizer = keras.optimizers.AdamW(
+        learning_rate=float(cfg["learning_rate"]), weight_decay=float(cfg["weight_decay"])
+    )
     optimizer.exclude_from_weight_decay(var_names=["bias", "scale"])
     lm.compile(
         optimizer=optimizer,
@@ -260,12 +292,25 @@ def run(data_dir: Path, preset: str | Path, config: dict, kill_after_epoch: int 
         order = rng.permutation(n)
         if len(order) < steps * batch_size:  # full batches only: one compiled shape
             order = np.concatenate([order, rng.choice(n, steps * batch_size - len(order))])
-        ids, mask, resp = train_packed.token_ids[order], train_packed.padding_mask[order], train_packed.response_mask[order]
+        ids, mask, resp = (
+            train_packed.token_ids[order],
+            train_packed.padding_mask[order],
+            train_packed.response_mask[order],
+        )
         x = {"token_ids": ids[:, :-1], "padding_mask": mask[:, :-1]}
         y, weights = ids[:, 1:], resp[:, 1:].astype("float32")
         progress.epoch = epoch + 1
-        fit = lm.fit(x, y, sample_weight=weights, batch_size=batch_size, epochs=epoch + 1, initial_epoch=epoch,
-                     shuffle=False, verbose=0, callbacks=[progress])
+        fit = lm.fit(
+            x,
+            y,
+            sample_weight=weights,
+            batch_size=batch_size,
+            epochs=epoch + 1,
+            initial_epoch=epoch,
+            shuffle=False,
+            verbose=0,
+            callbacks=[progress],
+        )
         loss, acc = float(fit.history["loss"][-1]), float(fit.history["accuracy"][-1])
         history["loss"].append(loss)
         history["accuracy"].append(acc)
@@ -275,8 +320,10 @@ def run(data_dir: Path, preset: str | Path, config: dict, kill_after_epoch: int 
             times = times[1:]
         step_ms.extend(times)
         save_checkpoint(ckpt_dir, lm, epoch + 1, history, signature, step_ms)
-        _print(f"epoch {epoch + 1}/{epochs} loss={loss:.4f} accuracy={acc:.4f} "
-               f"({np.median(times) if times else float('nan'):.0f} ms/step, checkpoint saved)")
+        _print(
+            f"epoch {epoch + 1}/{epochs} loss={loss:.4f} accuracy={acc:.4f} "
+            f"({np.median(times) if times else float('nan'):.0f} ms/step, checkpoint saved)"
+        )
         if kill_after_epoch is not None and epoch + 1 == kill_after_epoch and start_epoch == 0:
             _print(f"kill_after_epoch={kill_after_epoch}: SIGKILL (test hook)")
             sys.stdout.flush()
@@ -284,8 +331,11 @@ def run(data_dir: Path, preset: str | Path, config: dict, kill_after_epoch: int 
     train_s = time.perf_counter() - t_train
 
     t_gen = time.perf_counter()
-    after = generate(lm, tokenizer, eval_packed, eval_indices, int(cfg["eval_batch_size"]), max_new, stop_ids) \
-        if eval_indices else {}
+    after = (
+        generate(lm, tokenizer, eval_packed, eval_indices, int(cfg["eval_batch_size"]), max_new, stop_ids)
+        if eval_indices
+        else {}
+    )
     _print(f"generated {len(after)} answers after fine-tuning in {time.perf_counter() - t_gen:.1f} s")
 
     lm.backbone.save_lora_weights(str(out_dir / LORA_FILE))
@@ -295,18 +345,33 @@ def run(data_dir: Path, preset: str | Path, config: dict, kill_after_epoch: int 
         # keras-hub 0.32 cannot reload a preset whose config names a mixed policy; the variables are float32.
         lm.backbone.dtype_policy = lm.backbone.dtype_policy.variable_dtype
     lm.save_to_preset(str(out_dir / MERGED_DIR))  # LoRA merged into the kernels
-    generations = [{"id": eval_rows[i]["id"], "input": eval_rows[i]["input"], "target": eval_rows[i]["target"],
-                    "references": eval_rows[i]["references"], "before": before.get(i), "after": after.get(i)}
-                   for i in eval_indices]
+    generations = [
+        {
+            "id": eval_rows[i]["id"],
+            "input": eval_rows[i]["input"],
+            "target": eval_rows[i]["target"],
+            "references": eval_rows[i]["references"],
+            "before": before.get(i),
+            "after": after.get(i),
+        }
+        for i in eval_indices
+    ]
     with open(out_dir / "generations.jsonl", "w", encoding="utf-8") as fh:
         fh.writelines(json.dumps(g, ensure_ascii=False) + "\n" for g in generations)
     summary = {
-        "preset": cfg.get("preset_name") or str(preset), "dtype": dtype, "config": cfg, "epochs_run": len(history["loss"]),
-        "resumed_from_epoch": start_epoch, "history": history,
+        "preset": cfg.get("preset_name") or str(preset),
+        "dtype": dtype,
+        "config": cfg,
+        "epochs_run": len(history["loss"]),
+        "resumed_from_epoch": start_epoch,
+        "history": history,
         "ms_per_step": round(float(np.median(step_ms)), 1) if step_ms else None,
         "first_step_ms": round(first_step_ms, 1) if first_step_ms else None,
-        "steps_per_epoch": steps, "train_seconds": round(train_s, 2), "load_seconds": round(load_s, 2),
-        "trainable_params": trainable_params, "total_params": total_params,
+        "steps_per_epoch": steps,
+        "train_seconds": round(train_s, 2),
+        "load_seconds": round(load_s, 2),
+        "trainable_params": trainable_params,
+        "total_params": total_params,
         "token_stats": {"train": train_packed.stats, "eval": eval_packed.stats},
     }
     (out_dir / "train_summary.json").write_text(json.dumps(summary, indent=1))
@@ -332,7 +397,8 @@ def _progress_callback(keras, epochs: int, steps: int, every: int):
             loss = float(np.asarray((logs or {}).get("loss", np.nan)))  # forces the step to finish
             self.times.append((time.perf_counter() - self._t) * 1000)
             if (batch + 1) % max(every, 1) == 0 or batch + 1 == steps:
-                _print(f"epoch {self.epoch}/{epochs} step {batch + 1}/{steps} loss={loss:.4f} "
-                       f"({self.times[-1]:.0f} ms)")
+                _print(
+                    f"epoch {self.epoch}/{epochs} step {batch + 1}/{steps} loss={loss:.4f} ({self.times[-1]:.0f} ms)"
+                )
 
     return Progress()

@@ -25,10 +25,17 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kinetic_prefect.data import Data
-    from kinetic_prefect.kinetic.batch import BatchError, BatchHandle, attach_batch
-    from kinetic_prefect.kinetic.jobs import JobHandle, JobStatus, ResultAlreadyCollected, attach, list_jobs
-    from kinetic_prefect.kinetic.remote import RemoteCallable, run
+    from kinetic_prefect.data import Data as Data
+    from kinetic_prefect.kinetic.batch import BatchError as BatchError
+    from kinetic_prefect.kinetic.batch import BatchHandle as BatchHandle
+    from kinetic_prefect.kinetic.batch import attach_batch as attach_batch
+    from kinetic_prefect.kinetic.jobs import JobHandle as JobHandle
+    from kinetic_prefect.kinetic.jobs import JobStatus as JobStatus
+    from kinetic_prefect.kinetic.jobs import ResultAlreadyCollected as ResultAlreadyCollected
+    from kinetic_prefect.kinetic.jobs import attach as attach
+    from kinetic_prefect.kinetic.jobs import list_jobs as list_jobs
+    from kinetic_prefect.kinetic.remote import RemoteCallable as RemoteCallable
+    from kinetic_prefect.kinetic.remote import run as run
 
 __all__ = list(_LAZY)
 

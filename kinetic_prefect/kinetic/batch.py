@@ -22,7 +22,13 @@ from uuid import UUID
 
 from kinetic_prefect.contract import GROUP_INDEX_TAG_PREFIX, GROUP_TAG_PREFIX
 from kinetic_prefect.kinetic.jobs import (
-    PAGE, TERMINAL, JobHandle, JobStatus, ResultAlreadyCollected, start_waited_for_at_exit, status_of,
+    PAGE,
+    TERMINAL,
+    JobHandle,
+    JobStatus,
+    ResultAlreadyCollected,
+    start_waited_for_at_exit,
+    status_of,
 )
 
 logger = logging.getLogger("kinetic_prefect.kinetic")
@@ -35,12 +41,18 @@ class BatchError(Exception):
     """Some children of a batch failed: ``failures`` (their handles), ``partial_results`` (None where one failed),
     ``submission_failures`` (input index -> the exception raised while submitting it)."""
 
-    def __init__(self, group_id: str, failures: list[JobHandle], partial_results: list[Any],
-                 submission_failures: dict[int, BaseException] | None = None):
+    def __init__(
+        self,
+        group_id: str,
+        failures: list[JobHandle],
+        partial_results: list[Any],
+        submission_failures: dict[int, BaseException] | None = None,
+    ):
         self.group_id, self.failures, self.partial_results = group_id, failures, partial_results
         self.submission_failures = dict(submission_failures or {})
-        super().__init__(f"Batch {group_id}: {len(failures) + len(self.submission_failures)} of "
-                         f"{len(partial_results)} jobs failed")
+        super().__init__(
+            f"Batch {group_id}: {len(failures) + len(self.submission_failures)} of {len(partial_results)} jobs failed"
+        )
 
 
 def _as_call(item: Any, input_mode: str) -> tuple[tuple, dict[str, Any]]:
@@ -54,8 +66,9 @@ def _as_call(item: Any, input_mode: str) -> tuple[tuple, dict[str, Any]]:
         if not isinstance(item, dict):
             raise TypeError(f"input_mode='kwargs' takes dicts, not {type(item).__name__}: {item!r}")
         return (), dict(item)
-    if isinstance(item, dict) and all(isinstance(k, str) and k.isidentifier() and not keyword.iskeyword(k)
-                                      for k in item):
+    if isinstance(item, dict) and all(
+        isinstance(k, str) and k.isidentifier() and not keyword.iskeyword(k) for k in item
+    ):
         return (), dict(item)
     if isinstance(item, (list, tuple)):
         return tuple(item), {}
@@ -91,12 +104,15 @@ class BatchHandle:
         by_id: dict[str, Any] = {}
         with get_client(sync_client=True) as client:
             for start in range(0, len(ids), PAGE):  # one read per 200 jobs (the server's cap on a read)
-                chunk = ids[start:start + PAGE]
-                for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=chunk)),
-                                                 limit=len(chunk)):
+                chunk = ids[start : start + PAGE]
+                for run in client.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=chunk)), limit=len(chunk)
+                ):
                     by_id[str(run.id)] = run.state
-        return {i: status_of(by_id[job.job_id]) if job.job_id in by_id else JobStatus.NOT_FOUND
-                for i, job in submitted.items()}
+        return {
+            i: status_of(by_id[job.job_id]) if job.job_id in by_id else JobStatus.NOT_FOUND
+            for i, job in submitted.items()
+        }
 
     def statuses(self) -> list[tuple[int, JobStatus]]:
         return sorted(self._states().items())
@@ -156,8 +172,9 @@ class BatchHandle:
             time.sleep(POLL_SECONDS)
 
     # ------------------------------------------------------------------ collecting
-    def results(self, timeout: float | None = None, ordered: bool = True, cleanup: bool = True,
-                return_exceptions: bool = False) -> list[Any]:
+    def results(
+        self, timeout: float | None = None, ordered: bool = True, cleanup: bool = True, return_exceptions: bool = False
+    ) -> list[Any]:
         """Every job's value, in input order (``ordered=False``: in the order they ended); a failed position raises
         ``BatchError`` (``return_exceptions=True``: holds the exception)."""
         order: list[int] = []
@@ -179,8 +196,12 @@ class BatchHandle:
                 errors[index] = exc
         self._cached_failures = failures
         if errors and not return_exceptions:
-            raise BatchError(self.group_id, failures, [None if i in errors else r for i, r in enumerate(results)],
-                             self._submission_errors)
+            raise BatchError(
+                self.group_id,
+                failures,
+                [None if i in errors else r for i, r in enumerate(results)],
+                self._submission_errors,
+            )
         for index, exc in errors.items():
             results[index] = exc
         if not ordered:
@@ -221,8 +242,16 @@ class BatchHandle:
 class _Submission:
     """The submission loop of one batch (Kinetic's rules, see the module docstring)."""
 
-    def __init__(self, remote: Any, batch: BatchHandle, calls: list[tuple[tuple, dict[str, Any]]],
-                 max_concurrent: int | None, retries: int, fail_fast: bool, cancel_running_on_fail: bool):
+    def __init__(
+        self,
+        remote: Any,
+        batch: BatchHandle,
+        calls: list[tuple[tuple, dict[str, Any]]],
+        max_concurrent: int | None,
+        retries: int,
+        fail_fast: bool,
+        cancel_running_on_fail: bool,
+    ):
         self.remote, self.batch, self.calls = remote, batch, calls
         self.max_concurrent, self.retries = max_concurrent, retries
         self.fail_fast, self.cancel_running = fail_fast, fail_fast and cancel_running_on_fail
@@ -274,8 +303,10 @@ class _Submission:
                         continue
                     cancelled = self.batch._cancel_requested.is_set()  # noqa: SLF001
                     if self.attempts[index] <= self.retries and not cancelled:
-                        logger.warning(f"batch {self.batch.group_id}: input {index} failed "
-                                       f"(attempt {self.attempts[index]}); submitting it again")
+                        logger.warning(
+                            f"batch {self.batch.group_id}: input {index} failed "
+                            f"(attempt {self.attempts[index]}); submitting it again"
+                        )
                         self.submit(index)
                     else:
                         self.batch._failed_indices.add(index)  # noqa: SLF001
@@ -286,14 +317,26 @@ class _Submission:
             self.batch._submission_complete.set()  # noqa: SLF001
 
 
-def run_async_map(remote: Any, inputs: Any, *, input_mode: str = "auto",
-                  max_concurrent: int | None = DEFAULT_MAX_CONCURRENT, retries: int = 0, fail_fast: bool = False,
-                  cancel_running_on_fail: bool = False, name: str | None = None, tags: dict[str, str] | None = None,
-                  project: str | None = None, cluster: str | None = None) -> BatchHandle:
+def run_async_map(
+    remote: Any,
+    inputs: Any,
+    *,
+    input_mode: str = "auto",
+    max_concurrent: int | None = DEFAULT_MAX_CONCURRENT,
+    retries: int = 0,
+    fail_fast: bool = False,
+    cancel_running_on_fail: bool = False,
+    name: str | None = None,
+    tags: dict[str, str] | None = None,
+    project: str | None = None,
+    cluster: str | None = None,
+) -> BatchHandle:
     """One detached job per input; returns once the submission has ended or was handed to a background thread."""
     if project is not None or cluster is not None:
-        raise TypeError("run_async_map(project=/cluster=) has no per-call equivalent here: a work pool holds where "
-                        f"jobs run; pass work_pool='NAME' to @kinetic.run (or set {Env.WORK_POOL})")
+        raise TypeError(
+            "run_async_map(project=/cluster=) has no per-call equivalent here: a work pool holds where "
+            f"jobs run; pass work_pool='NAME' to @kinetic.run (or set {Env.WORK_POOL})"
+        )
     if input_mode not in INPUT_MODES:
         raise ValueError(f"input_mode={input_mode!r} is not one of {', '.join(INPUT_MODES)}")
     if max_concurrent is not None and (isinstance(max_concurrent, bool) or max_concurrent < 1):
@@ -342,8 +385,10 @@ def attach_batch(group_id: str, poll_interval: float = 10.0, poll_timeout: float
     for index, job in children.items():
         batch.jobs[index] = job
     if None in batch.jobs:
-        logger.warning(f"batch {group_id}: {batch.jobs.count(None)} of {total} inputs have no job yet; looking again "
-                       f"until {poll_timeout} s from now")
+        logger.warning(
+            f"batch {group_id}: {batch.jobs.count(None)} of {total} inputs have no job yet; looking again "
+            f"until {poll_timeout} s from now"
+        )
         batch._refresh_until = time.monotonic() + (poll_timeout if poll_timeout is not None else float("inf"))
     else:
         batch._submission_complete.set()

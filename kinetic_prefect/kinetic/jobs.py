@@ -26,7 +26,13 @@ from typing import Any, Callable
 from uuid import UUID
 
 from kinetic_prefect.contract import (
-    DETACHED_TAG, GROUP_INDEX_TAG_PREFIX, GROUP_TAG_PREFIX, LOG_END_MARKER, Env, Outcome, RunLayout,
+    DETACHED_TAG,
+    GROUP_INDEX_TAG_PREFIX,
+    GROUP_TAG_PREFIX,
+    LOG_END_MARKER,
+    Env,
+    Outcome,
+    RunLayout,
 )
 
 
@@ -68,7 +74,7 @@ def _sync(coro: Any) -> Any:
 
 
 def _tag_value(tags: list[str], prefix: str) -> str | None:
-    return next((t[len(prefix):] for t in tags if t.startswith(prefix)), None)
+    return next((t[len(prefix) :] for t in tags if t.startswith(prefix)), None)
 
 
 @dataclass
@@ -96,9 +102,11 @@ class JobHandle:
 
         variables = flow_run.job_variables or {}
         if not (variables.get("env") or {}).get(Env.RUN_ID):
-            raise ValueError(f"flow run {flow_run.id} ({flow_run.name}) is not a kinetic job: its job variables carry "
-                             f"no {Env.RUN_ID}. Pass the id of a job's run (`kinetic-prefect jobs list`), not of the "
-                             "flow that called the kinetic task.")
+            raise ValueError(
+                f"flow run {flow_run.id} ({flow_run.name}) is not a kinetic job: its job variables carry "
+                f"no {Env.RUN_ID}. Pass the id of a job's run (`kinetic-prefect jobs list`), not of the "
+                "flow that called the kinetic task."
+            )
         try:
             func_name = (await client.read_flow(flow_run.flow_id)).name
         except ObjectNotFound:
@@ -110,12 +118,18 @@ class JobHandle:
             except ObjectNotFound:
                 pass
         index = _tag_value(flow_run.tags, GROUP_INDEX_TAG_PREFIX)
-        return cls(job_id=str(flow_run.id), func_name=func_name, display_name=flow_run.name,
-                   accelerator=str(variables.get("accelerator", "")), work_pool=flow_run.work_pool_name or "",
-                   backend=pool_type, created_at=flow_run.created.isoformat() if flow_run.created else "",
-                   group_id=_tag_value(flow_run.tags, GROUP_TAG_PREFIX),
-                   group_index=int(index.split("/")[0]) if index else None,
-                   detached=DETACHED_TAG in flow_run.tags)
+        return cls(
+            job_id=str(flow_run.id),
+            func_name=func_name,
+            display_name=flow_run.name,
+            accelerator=str(variables.get("accelerator", "")),
+            work_pool=flow_run.work_pool_name or "",
+            backend=pool_type,
+            created_at=flow_run.created.isoformat() if flow_run.created else "",
+            group_id=_tag_value(flow_run.tags, GROUP_TAG_PREFIX),
+            group_index=int(index.split("/")[0]) if index else None,
+            detached=DETACHED_TAG in flow_run.tags,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if not k.startswith("_") and v is not None}
@@ -154,8 +168,9 @@ class JobHandle:
                 from kinetic_prefect import _prefect
 
                 async with get_client() as client:
-                    await _prefect.wait_for_final_state(client, UUID(self.job_id),
-                                                        on_log=lambda text: print(text, flush=True))
+                    await _prefect.wait_for_final_state(
+                        client, UUID(self.job_id), on_log=lambda text: print(text, flush=True)
+                    )
 
             _sync(follow_logs())
             return None
@@ -173,8 +188,12 @@ class JobHandle:
         with get_client(sync_client=True) as client:
             offset = 0
             while True:
-                page = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[UUID(self.job_id)])),
-                                        limit=200, offset=offset, sort=LogSort.TIMESTAMP_ASC)
+                page = client.read_logs(
+                    LogFilter(flow_run_id=LogFilterFlowRunId(any_=[UUID(self.job_id)])),
+                    limit=200,
+                    offset=offset,
+                    sort=LogSort.TIMESTAMP_ASC,
+                )
                 lines.extend(line for log in page if log.message != LOG_END_MARKER for line in log.message.split("\n"))
                 if len(page) < 200:
                     return lines
@@ -199,11 +218,16 @@ class JobHandle:
             try:
                 with anyio.fail_after(timeout):
                     await _prefect.wait_for_final_state(
-                        client, UUID(self.job_id), poll_seconds=0.5,
-                        on_log=(lambda text: print(text, file=sys.stderr, flush=True)) if stream_logs else None)
+                        client,
+                        UUID(self.job_id),
+                        poll_seconds=0.5,
+                        on_log=(lambda text: print(text, file=sys.stderr, flush=True)) if stream_logs else None,
+                    )
             except TimeoutError:
-                raise TimeoutError(f"job {self.job_id} ({self.display_name}) did not end within {timeout} s; it keeps "
-                                   "running: call result() again, or cancel() it") from None
+                raise TimeoutError(
+                    f"job {self.job_id} ({self.display_name}) did not end within {timeout} s; it keeps "
+                    "running: call result() again, or cancel() it"
+                ) from None
             flow_run = await self._read(client)
             store, key = await _open_store(client, flow_run)
         return await to_thread.run_sync(self._collect, flow_run, store, key, cleanup)
@@ -218,13 +242,15 @@ class JobHandle:
         state = flow_run.state
         layout = RunLayout(flow_run.job_variables["env"][Env.RUN_ID])
         if state.is_cancelled():
-            raise KineticJobCancelled(f"job {self.job_id} ({self.display_name}) was cancelled: "
-                                      f"{state.message or 'on request'}")
+            raise KineticJobCancelled(
+                f"job {self.job_id} ({self.display_name}) was cancelled: {state.message or 'on request'}"
+            )
         try:
             outcome = Outcome.from_json(dispatch._read_signed(store, layout.outcome, key))  # noqa: SLF001
         except ObjectNotFound:
-            raise KineticJobCrashed(f"job {self.job_id} ({self.display_name}) ended without an outcome "
-                                    f"({state.name}: {state.message})") from None
+            raise KineticJobCrashed(
+                f"job {self.job_id} ({self.display_name}) ended without an outcome ({state.name}: {state.message})"
+            ) from None
         if not outcome.completed:
             try:
                 blob = dispatch._read_signed(store, layout.result, key)  # noqa: SLF001
@@ -234,9 +260,11 @@ class JobHandle:
         try:
             value = cloudpickle.loads(dispatch._read_signed(store, layout.result, key))  # noqa: SLF001
         except ObjectNotFound:
-            raise ResultAlreadyCollected(f"job {self.job_id} ({self.display_name}) succeeded, but its result was "
-                                         "already collected and deleted (result(cleanup=False) keeps it for a second "
-                                         "reader)") from None
+            raise ResultAlreadyCollected(
+                f"job {self.job_id} ({self.display_name}) succeeded, but its result was "
+                "already collected and deleted (result(cleanup=False) keeps it for a second "
+                "reader)"
+            ) from None
         if cleanup:
             for object_key in (layout.payload, layout.result):
                 signing.delete(store, object_key)
@@ -312,6 +340,7 @@ async def _delete_run_objects(flow_run_id: UUID) -> None:
 # ---------------------------------------------------------------------- finding jobs
 PAGE = 200
 
+
 def attach(job_id: str | UUID) -> JobHandle:
     """The handle of a job from its id (its run's id), from any process that reaches the same Prefect API.
 
@@ -324,16 +353,19 @@ def attach(job_id: str | UUID) -> JobHandle:
     try:
         run_id = UUID(str(job_id))
     except ValueError:
-        raise ValueError(f"job id {job_id!r} is not a job's run id (a UUID such as the one "
-                         "`kinetic-prefect jobs list` prints)") from None
+        raise ValueError(
+            f"job id {job_id!r} is not a job's run id (a UUID such as the one `kinetic-prefect jobs list` prints)"
+        ) from None
 
     async def read() -> JobHandle:
         async with get_client() as client:
             try:
                 flow_run = await client.read_flow_run(run_id)
             except ObjectNotFound:
-                raise LookupError(f"no job {job_id} on {client.api_url}: is PREFECT_API_URL the server it was "
-                                  "submitted to? (`kinetic-prefect jobs list` lists the jobs there)") from None
+                raise LookupError(
+                    f"no job {job_id} on {client.api_url}: is PREFECT_API_URL the server it was "
+                    "submitted to? (`kinetic-prefect jobs list` lists the jobs there)"
+                ) from None
             return await JobHandle.from_flow_run(client, flow_run)
 
     return _sync(read())
@@ -344,11 +376,16 @@ def list_jobs(include_finished: bool = False, limit: int = 200, work_pool: str |
     return _sync(_list_jobs(include_finished, limit, work_pool))
 
 
-async def _list_jobs(include_finished: bool, limit: int, work_pool: str | None,
-                     extra_tags: tuple[str, ...] = ()) -> list[JobHandle]:
+async def _list_jobs(
+    include_finished: bool, limit: int, work_pool: str | None, extra_tags: tuple[str, ...] = ()
+) -> list[JobHandle]:
     from prefect import get_client
     from prefect.client.schemas.filters import (
-        FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType, FlowRunFilterTags, WorkPoolFilter,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        FlowRunFilterTags,
+        WorkPoolFilter,
         WorkPoolFilterName,
     )
     from prefect.client.schemas.objects import StateType
@@ -362,9 +399,13 @@ async def _list_jobs(include_finished: bool, limit: int, work_pool: str | None,
     async with get_client() as client:
         runs: list[Any] = []
         while len(runs) < limit:  # in pages: the server caps one read at PREFECT_API_DEFAULT_LIMIT (200)
-            page = await client.read_flow_runs(flow_run_filter=flow_filter, work_pool_filter=pool_filter,
-                                               limit=min(PAGE, limit - len(runs)), offset=len(runs),
-                                               sort=FlowRunSort.EXPECTED_START_TIME_DESC)
+            page = await client.read_flow_runs(
+                flow_run_filter=flow_filter,
+                work_pool_filter=pool_filter,
+                limit=min(PAGE, limit - len(runs)),
+                offset=len(runs),
+                sort=FlowRunSort.EXPECTED_START_TIME_DESC,
+            )
             runs.extend(page)
             if len(page) < PAGE:
                 break
@@ -400,9 +441,12 @@ class Detach:
                     f"kinetic-prefect: no worker polls pool {pool.name!r}, so detached jobs run inside this process: "
                     "Python waits for them at exit, and a job whose process is killed stops itself. For jobs that "
                     f"outlive their script, start one: `prefect worker start --type {pool.type} --pool {pool.name}` "
-                    "(with a Prefect server that outlives the script too: `prefect server start`).", stacklevel=2)
-            handle._runner = threading.Thread(target=_run_in_process_thread, args=(pool, flow_run, call.env),
-                                              name=f"kinetic-job-{flow_run.id}")
+                    "(with a Prefect server that outlives the script too: `prefect server start`).",
+                    stacklevel=2,
+                )
+            handle._runner = threading.Thread(
+                target=_run_in_process_thread, args=(pool, flow_run, call.env), name=f"kinetic-job-{flow_run.id}"
+            )
             start_waited_for_at_exit(handle._runner)
         return handle
 
@@ -448,8 +492,15 @@ def _run_in_process_thread(pool: Any, flow_run: Any, secret_env: dict[str, str])
         print(f"kinetic-prefect: in-process job {flow_run.id} stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
-def submit_detached(options: Any, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], task_name: str,
-                    tags: tuple[str, ...] = (), source_fn: Callable[..., Any] | None = None) -> JobHandle:
+def submit_detached(
+    options: Any,
+    fn: Callable[..., Any],
+    args: tuple,
+    kwargs: dict[str, Any],
+    task_name: str,
+    tags: tuple[str, ...] = (),
+    source_fn: Callable[..., Any] | None = None,
+) -> JobHandle:
     """Submit one call as a detached job through the same path as every call (``dispatch.call_remotely``)."""
     from kinetic_prefect import dispatch
 

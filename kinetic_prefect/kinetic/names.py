@@ -41,30 +41,55 @@ def _shapes(rows: str) -> dict[int, KineticTpuShape]:
 
 # TPU type -> (GKE accelerator label, the chip count of the bare type name, shapes). Facts from Kinetic's docs.
 TPU_FAMILIES_KINETIC: dict[str, tuple[str, int, dict[int, KineticTpuShape]]] = {
-    "v3": ("tpu-v3-podslice", 4, _shapes(
-        "4 2x2 ct3-hightpu-4t 1; 16 4x4 ct3p-hightpu-4t 4; 32 4x8 ct3p-hightpu-4t 8; 64 8x8 ct3p-hightpu-4t 16;"
-        "128 8x16 ct3p-hightpu-4t 32; 256 16x16 ct3p-hightpu-4t 64; 512 16x32 ct3p-hightpu-4t 128;"
-        "1024 32x32 ct3p-hightpu-4t 256; 2048 32x64 ct3p-hightpu-4t 512")),
-    "v4": ("tpu-v4-podslice", 4, _shapes(
-        "4 2x2x1 ct4p-hightpu-4t 1; 8 2x2x2 ct4p-hightpu-4t 2; 16 2x2x4 ct4p-hightpu-4t 4;"
-        "32 2x4x4 ct4p-hightpu-4t 8; 64 4x4x4 ct4p-hightpu-4t 16; 128 4x4x8 ct4p-hightpu-4t 32;"
-        "256 4x8x8 ct4p-hightpu-4t 64; 512 8x8x8 ct4p-hightpu-4t 128; 1024 8x8x16 ct4p-hightpu-4t 256;"
-        "2048 8x16x16 ct4p-hightpu-4t 512; 4096 16x16x16 ct4p-hightpu-4t 1024")),
-    "v5litepod": ("tpu-v5-lite-podslice", 4, _shapes(
-        "1 1x1 ct5lp-hightpu-1t 1; 4 2x2 ct5lp-hightpu-4t 1; 8 2x4 ct5lp-hightpu-8t 1; 16 4x4 ct5lp-hightpu-4t 4;"
-        "32 4x8 ct5lp-hightpu-4t 8; 64 8x8 ct5lp-hightpu-4t 16; 128 8x16 ct5lp-hightpu-4t 32;"
-        "256 16x16 ct5lp-hightpu-4t 64")),
-    "v5p": ("tpu-v5p-slice", 8, _shapes(
-        "8 2x2x2 ct5p-hightpu-4t 2; 16 2x2x4 ct5p-hightpu-4t 4; 32 2x4x4 ct5p-hightpu-4t 8")),
+    "v3": (
+        "tpu-v3-podslice",
+        4,
+        _shapes(
+            "4 2x2 ct3-hightpu-4t 1; 16 4x4 ct3p-hightpu-4t 4; 32 4x8 ct3p-hightpu-4t 8; 64 8x8 ct3p-hightpu-4t 16;"
+            "128 8x16 ct3p-hightpu-4t 32; 256 16x16 ct3p-hightpu-4t 64; 512 16x32 ct3p-hightpu-4t 128;"
+            "1024 32x32 ct3p-hightpu-4t 256; 2048 32x64 ct3p-hightpu-4t 512"
+        ),
+    ),
+    "v4": (
+        "tpu-v4-podslice",
+        4,
+        _shapes(
+            "4 2x2x1 ct4p-hightpu-4t 1; 8 2x2x2 ct4p-hightpu-4t 2; 16 2x2x4 ct4p-hightpu-4t 4;"
+            "32 2x4x4 ct4p-hightpu-4t 8; 64 4x4x4 ct4p-hightpu-4t 16; 128 4x4x8 ct4p-hightpu-4t 32;"
+            "256 4x8x8 ct4p-hightpu-4t 64; 512 8x8x8 ct4p-hightpu-4t 128; 1024 8x8x16 ct4p-hightpu-4t 256;"
+            "2048 8x16x16 ct4p-hightpu-4t 512; 4096 16x16x16 ct4p-hightpu-4t 1024"
+        ),
+    ),
+    "v5litepod": (
+        "tpu-v5-lite-podslice",
+        4,
+        _shapes(
+            "1 1x1 ct5lp-hightpu-1t 1; 4 2x2 ct5lp-hightpu-4t 1; 8 2x4 ct5lp-hightpu-8t 1; 16 4x4 ct5lp-hightpu-4t 4;"
+            "32 4x8 ct5lp-hightpu-4t 8; 64 8x8 ct5lp-hightpu-4t 16; 128 8x16 ct5lp-hightpu-4t 32;"
+            "256 16x16 ct5lp-hightpu-4t 64"
+        ),
+    ),
+    "v5p": (
+        "tpu-v5p-slice",
+        8,
+        _shapes("8 2x2x2 ct5p-hightpu-4t 2; 16 2x2x4 ct5p-hightpu-4t 4; 32 2x4x4 ct5p-hightpu-4t 8"),
+    ),
     "v6e": ("tpu-v6e-slice", 8, _shapes("8 2x4 ct6e-standard-4t 2; 16 4x4 ct6e-standard-4t 4")),
 }
 _TPU_ALIASES = {"v5e": "v5litepod"}
 # What Kinetic picks for a bare count ("gpu:4", "tpu:8"): the most capable type that has it.
 _GPU_PREFERENCE = ("h100", "a100-80gb", "a100", "l4", "v100", "t4", "p100", "p4")
 _TPU_PREFERENCE = ("v6e", "v5p", "v5litepod", "v4", "v3")
-_KINETIC_GPUS = {"l4": "nvidia-l4", "t4": "nvidia-tesla-t4", "v100": "nvidia-tesla-v100", "a100": "nvidia-tesla-a100",
-                 "a100-80gb": "nvidia-a100-80gb", "h100": "nvidia-h100-80gb", "p4": "nvidia-tesla-p4",
-                 "p100": "nvidia-tesla-p100"}
+_KINETIC_GPUS = {
+    "l4": "nvidia-l4",
+    "t4": "nvidia-tesla-t4",
+    "v100": "nvidia-tesla-v100",
+    "a100": "nvidia-tesla-a100",
+    "a100-80gb": "nvidia-a100-80gb",
+    "h100": "nvidia-h100-80gb",
+    "p4": "nvidia-tesla-p4",
+    "p100": "nvidia-tesla-p100",
+}
 _GPU_BY_LABEL = {label: short for short, label in _KINETIC_GPUS.items()}
 _MULTI_GPU = re.compile(r"([^x]+)x(\d+)")
 _TPU_TOPOLOGY = re.compile(r"([a-z0-9_]+)-(\d+x\d+(?:x\d+)?)")
@@ -84,18 +109,25 @@ def _tpu(raw: str, family: str, shape: KineticTpuShape) -> AcceleratorSpec:
         if spec.gke_accelerator == label and spec.tpu_topology == shape.topology and spec.hosts == shape.hosts:
             return spec
     same_chips = [s.name for s in accelerators.catalog() if s.family == "tpu" and s.chips == shape.chips][:4]
-    why = ("TPU v3 is not in this catalog (GKE runs v4, v5e, v5p, v6e and TPU7x)" if family == "v3"
-           else f"this catalog has no {shape.topology} slice of {family}")
+    why = (
+        "TPU v3 is not in this catalog (GKE runs v4, v5e, v5p, v6e and TPU7x)"
+        if family == "v3"
+        else f"this catalog has no {shape.topology} slice of {family}"
+    )
     nearest = f"; the nearest with {shape.chips} chips: {', '.join(same_chips)}" if same_chips else ""
-    raise UnknownAcceleratorError(f"Kinetic accelerator {raw!r} ({family}, {shape.chips} chips, {shape.topology} on "
-                                  f"{shape.hosts} host(s)): {why}{nearest}. Run `kinetic-prefect accelerators`.")
+    raise UnknownAcceleratorError(
+        f"Kinetic accelerator {raw!r} ({family}, {shape.chips} chips, {shape.topology} on "
+        f"{shape.hosts} host(s)): {why}{nearest}. Run `kinetic-prefect accelerators`."
+    )
 
 
 def _tpu_by_chips(raw: str, family: str, chips: int) -> AcceleratorSpec:
     shapes = TPU_FAMILIES_KINETIC[family][2]
     if chips not in shapes:
-        raise UnknownAcceleratorError(f"Kinetic accelerator {raw!r}: {family} comes in {sorted(shapes)} chips "
-                                      f"(Kinetic counts chips in TPU names), e.g. {family}-{min(shapes)}.")
+        raise UnknownAcceleratorError(
+            f"Kinetic accelerator {raw!r}: {family} comes in {sorted(shapes)} chips "
+            f"(Kinetic counts chips in TPU names), e.g. {family}-{min(shapes)}."
+        )
     return _tpu(raw, family, shapes[chips])
 
 
@@ -136,8 +168,10 @@ def _read(raw: str, s: str) -> AcceleratorSpec:
             if short in _KINETIC_GPUS:
                 return _gpu(raw, short, int(m.group(2)))
         if kind:
-            raise UnknownAcceleratorError(f"Kinetic accelerator {raw!r}: unknown GPU; Kinetic's GPUs are "
-                                          f"{', '.join(_KINETIC_GPUS)} (with xN for N per node).")
+            raise UnknownAcceleratorError(
+                f"Kinetic accelerator {raw!r}: unknown GPU; Kinetic's GPUs are "
+                f"{', '.join(_KINETIC_GPUS)} (with xN for N per node)."
+            )
     if rest.isdigit():
         chips = int(rest)
         for family in _TPU_PREFERENCE:
@@ -152,15 +186,18 @@ def _read(raw: str, s: str) -> AcceleratorSpec:
             for shape in TPU_FAMILIES_KINETIC[family][2].values():
                 if shape.topology == m.group(2):
                     return _tpu(raw, family, shape)
-            raise UnknownAcceleratorError(f"Kinetic accelerator {raw!r}: {family} comes in the topologies "
-                                          f"{', '.join(s.topology for s in TPU_FAMILIES_KINETIC[family][2].values())}.")
+            raise UnknownAcceleratorError(
+                f"Kinetic accelerator {raw!r}: {family} comes in the topologies "
+                f"{', '.join(s.topology for s in TPU_FAMILIES_KINETIC[family][2].values())}."
+            )
     if m := _TPU_CHIPS.fullmatch(rest):
         family = _TPU_ALIASES.get(m.group(1), m.group(1))
         if family in TPU_FAMILIES_KINETIC:
             return _tpu_by_chips(raw, family, int(m.group(2)))
     raise UnknownAcceleratorError(
         f"Unknown Kinetic accelerator {raw!r}. Kinetic's names: cpu; GPUs {', '.join(_KINETIC_GPUS)} (l4x2, gpu:4); "
-        f"TPUs {', '.join(TPU_FAMILIES_KINETIC)} with a chip count or topology (v5litepod-4, v6e-2x4, tpu:8).")
+        f"TPUs {', '.join(TPU_FAMILIES_KINETIC)} with a chip count or topology (v5litepod-4, v6e-2x4, tpu:8)."
+    )
 
 
 def _fits_gpu(short: str, count: int) -> bool:
@@ -200,9 +237,11 @@ def read_differently(name: str) -> str | None:
     if ours is None or theirs is None or _hardware(ours) == _hardware(theirs):
         return None
     unambiguous = next((c for c in _spellings_of(ours) if _agree(c)), ours.name)
-    return (f"accelerator {name!r} is read as GKE names it: {ours.name}, {describe(ours)}. Keras Kinetic reads the "
-            f"same name as {describe(theirs)}, which is {theirs.name!r} here. Write {unambiguous!r} to keep this "
-            f"reading, {theirs.name!r} for Kinetic's, or use kinetic_prefect.kinetic.run (Kinetic's reading).")
+    return (
+        f"accelerator {name!r} is read as GKE names it: {ours.name}, {describe(ours)}. Keras Kinetic reads the "
+        f"same name as {describe(theirs)}, which is {theirs.name!r} here. Write {unambiguous!r} to keep this "
+        f"reading, {theirs.name!r} for Kinetic's, or use kinetic_prefect.kinetic.run (Kinetic's reading)."
+    )
 
 
 def _agree(name: str) -> bool:
@@ -240,11 +279,20 @@ def naming_table(names: list[str]) -> str:
     rows = ["| name | Kinetic reads it as | = here | this catalog reads it as |", "| --- | --- | --- | --- |"]
     for name in names:
         ours, theirs = both_readings(name)
-        rows.append(f"| `{name}` | {describe(theirs) if theirs else '(not a Kinetic name)'} "
-                    f"| {f'`{theirs.name}`' if theirs else '-'} | "
-                    f"{f'`{ours.name}`, {describe(ours)}' if ours else '(not a name here)'} |")
+        rows.append(
+            f"| `{name}` | {describe(theirs) if theirs else '(not a Kinetic name)'} "
+            f"| {f'`{theirs.name}`' if theirs else '-'} | "
+            f"{f'`{ours.name}`, {describe(ours)}' if ours else '(not a name here)'} |"
+        )
     return "\n".join(rows) + "\n"
 
 
-__all__ = ["AcceleratorNamingWarning", "TPU_FAMILIES_KINETIC", "both_readings", "kinetic_reading", "naming_table",
-           "read_differently", "warn_if_read_differently"]
+__all__ = [
+    "AcceleratorNamingWarning",
+    "TPU_FAMILIES_KINETIC",
+    "both_readings",
+    "kinetic_reading",
+    "naming_table",
+    "read_differently",
+    "warn_if_read_differently",
+]

@@ -16,15 +16,20 @@ from kinetic_prefect.kinetic.names import kinetic_reading
 
 KINETIC_DEFAULT_ACCELERATOR = "tpu-v5e-1"  # Kinetic's default; on a machine without it, kinetic-local uses the CPU
 
-_POOL_HOLDS_IT = ("has no per-call equivalent here: a work pool holds where jobs run (a kinetic-gke pool's "
-                  "project, zone, cluster and namespace); create one for that cluster and pass work_pool='NAME' "
-                  f"(or set {Env.WORK_POOL})")
+_POOL_HOLDS_IT = (
+    "has no per-call equivalent here: a work pool holds where jobs run (a kinetic-gke pool's "
+    "project, zone, cluster and namespace); create one for that cluster and pass work_pool='NAME' "
+    f"(or set {Env.WORK_POOL})"
+)
 _NO_EQUIVALENT: dict[str, str] = {
-    "zone": _POOL_HOLDS_IT, "project": _POOL_HOLDS_IT, "cluster": _POOL_HOLDS_IT, "namespace": _POOL_HOLDS_IT,
+    "zone": _POOL_HOLDS_IT,
+    "project": _POOL_HOLDS_IT,
+    "cluster": _POOL_HOLDS_IT,
+    "namespace": _POOL_HOLDS_IT,
     "base_image_repo": "has no equivalent (no prebuilt base images are pulled); the nearest is base_image='IMAGE', "
-                       "the base of the image built for requirements= on kinetic-gke",
+    "the base of the image built for requirements= on kinetic-gke",
     "debug": "has no equivalent (no debugpy server in the job); the nearest: `kinetic-prefect jobs logs -f JOB`, and "
-             "a failed job's exception comes back with its remote traceback (exc.remote_traceback)",
+    "a failed job's exception comes back with its remote traceback (exc.remote_traceback)",
 }
 
 
@@ -39,8 +44,10 @@ def _check_kinetic_options(kinetic_options: dict[str, Any]) -> dict[str, Any]:
         if name == "backend":
             if value in (None, "gke"):
                 continue
-            raise TypeError(f"kinetic.run(backend={value!r}) has no equivalent: multi-host jobs need no separate "
-                            "backend here; name a multi-host slice (accelerator='v5litepod-16') or pass hosts=N.")
+            raise TypeError(
+                f"kinetic.run(backend={value!r}) has no equivalent: multi-host jobs need no separate "
+                "backend here; name a multi-host slice (accelerator='v5litepod-16') or pass hosts=N."
+            )
         if name == "container_image":
             if value not in (None, "bundled", "prebuilt"):  # both mean: an environment with the requirements
                 translated["image"] = value
@@ -61,9 +68,11 @@ def with_volumes(fn: Callable[..., Any], output_dir: str | None) -> Callable[...
                 if os.path.lexists(mount):
                     if os.path.realpath(mount) == os.path.realpath(path):
                         continue
-                    raise FileExistsError(f"volumes={{{mount!r}: ...}}: {mount} already exists on the job's host; "
-                                          "mount the Data at a path that does not exist yet (or pass it as an "
-                                          "argument)")
+                    raise FileExistsError(
+                        f"volumes={{{mount!r}: ...}}: {mount} already exists on the job's host; "
+                        "mount the Data at a path that does not exist yet (or pass it as an "
+                        "argument)"
+                    )
                 os.makedirs(os.path.dirname(mount.rstrip("/")) or "/", exist_ok=True)
                 os.symlink(path, mount.rstrip("/"))
                 linked.append(mount.rstrip("/"))
@@ -85,8 +94,16 @@ class RemoteCallable:
     """What ``@kinetic.run`` returns: call it (blocking), ``run_async`` it (a ``JobHandle``) or ``run_async_map`` it
     (a ``BatchHandle``). ``.task`` is the underlying ``@kinetic_task`` (``.submit()``, ``.map()``, ``with_options``)."""
 
-    def __init__(self, fn: Callable[..., Any], accelerator: str, volumes: dict[str, Any] | None,
-                 output_dir: str | None, spot: bool, capture_env_vars: list[str] | None, task_options: dict[str, Any]):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        accelerator: str,
+        volumes: dict[str, Any] | None,
+        output_dir: str | None,
+        spot: bool,
+        capture_env_vars: list[str] | None,
+        task_options: dict[str, Any],
+    ):
         from kinetic_prefect.decorator import kinetic_task
 
         spec = kinetic_reading(accelerator)
@@ -129,15 +146,15 @@ class RemoteCallable:
         from kinetic_prefect.kinetic.jobs import submit_detached
 
         call_args, call_kwargs = self._call_args(args, kwargs)
-        return submit_detached(self.task.kinetic, self._body, call_args, call_kwargs, self.task.name,
-                               source_fn=self.fn)
+        return submit_detached(self.task.kinetic, self._body, call_args, call_kwargs, self.task.name, source_fn=self.fn)
 
     def _submit_tagged(self, args: tuple, kwargs: dict[str, Any], tags: tuple[str, ...]) -> Any:
         from kinetic_prefect.kinetic.jobs import submit_detached
 
         call_args, call_kwargs = self._call_args(args, kwargs)
-        return submit_detached(self.task.kinetic, self._body, call_args, call_kwargs, self.task.name, tags=tags,
-                               source_fn=self.fn)
+        return submit_detached(
+            self.task.kinetic, self._body, call_args, call_kwargs, self.task.name, tags=tags, source_fn=self.fn
+        )
 
     def run_async_map(self, inputs: Any, **options: Any) -> Any:
         """One detached job per input; a ``BatchHandle`` (see kinetic_prefect.kinetic.batch.run_async_map)."""
@@ -146,24 +163,46 @@ class RemoteCallable:
         return run_async_map(self, inputs, **options)
 
 
-def run(__fn: Callable[..., Any] | None = None, *, accelerator: str = KINETIC_DEFAULT_ACCELERATOR,
-        capture_env_vars: list[str] | None = None, volumes: dict[str, Any] | None = None,
-        output_dir: str | None = None, spot: bool = False, container_image: str | None = None,
-        zone: str | None = None, project: str | None = None, cluster: str | None = None,
-        backend: str | None = None, namespace: str | None = None, base_image_repo: str | None = None,
-        debug: bool = False, **kinetic_task_options: Any) -> Any:
+def run(
+    __fn: Callable[..., Any] | None = None,
+    *,
+    accelerator: str = KINETIC_DEFAULT_ACCELERATOR,
+    capture_env_vars: list[str] | None = None,
+    volumes: dict[str, Any] | None = None,
+    output_dir: str | None = None,
+    spot: bool = False,
+    container_image: str | None = None,
+    zone: str | None = None,
+    project: str | None = None,
+    cluster: str | None = None,
+    backend: str | None = None,
+    namespace: str | None = None,
+    base_image_repo: str | None = None,
+    debug: bool = False,
+    **kinetic_task_options: Any,
+) -> Any:
     """Keras Kinetic's ``@kinetic.run``: accelerator names are read as Kinetic reads them (``v5p-8`` is 8 chips on
     2 hosts). Every ``@kinetic_task`` option passes through too (``retries=``, ``requirements=``, ``work_pool=``,
     ``cache_policy=``...): what Prefect adds to Kinetic."""
-    translated = _check_kinetic_options({"container_image": container_image, "zone": zone, "project": project,
-                                         "cluster": cluster, "backend": backend, "namespace": namespace,
-                                         "base_image_repo": base_image_repo, "debug": debug})
+    translated = _check_kinetic_options(
+        {
+            "container_image": container_image,
+            "zone": zone,
+            "project": project,
+            "cluster": cluster,
+            "backend": backend,
+            "namespace": namespace,
+            "base_image_repo": base_image_repo,
+            "debug": debug,
+        }
+    )
     options = {**translated, **kinetic_task_options}
 
     def decorate(fn: Callable[..., Any]) -> RemoteCallable:
         if isinstance(fn, (classmethod, staticmethod)) or not callable(fn):
-            raise TypeError(f"@kinetic.run decorates a function, not {type(fn).__name__}; put it below "
-                            "@classmethod/@staticmethod")
+            raise TypeError(
+                f"@kinetic.run decorates a function, not {type(fn).__name__}; put it below @classmethod/@staticmethod"
+            )
         return RemoteCallable(fn, accelerator, volumes, output_dir, spot, capture_env_vars, dict(options))
 
     return decorate(__fn) if __fn is not None else decorate

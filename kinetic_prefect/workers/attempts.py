@@ -36,32 +36,48 @@ def plan_for(configuration: Any) -> capacity.CapacityPlan:
     # the launcher may have chosen already (kinetic-local: the first accelerator this machine has)
     chosen = names.index(configuration.accelerator) if configuration.accelerator in names else 0
     return capacity.CapacityPlan(
-        specs, preemption_retries=capacity.DEFAULT_PREEMPTION_RETRIES if retries is None else int(retries),
-        spot_fallback=bool(getattr(configuration, "spot_fallback", False)), index=chosen,
-        capacity_wait_seconds=capacity.DEFAULT_CAPACITY_WAIT_SECONDS if wait is None else float(wait))
+        specs,
+        preemption_retries=capacity.DEFAULT_PREEMPTION_RETRIES if retries is None else int(retries),
+        spot_fallback=bool(getattr(configuration, "spot_fallback", False)),
+        index=chosen,
+        capacity_wait_seconds=capacity.DEFAULT_CAPACITY_WAIT_SECONDS if wait is None else float(wait),
+    )
 
 
 def attempt_env(plan: capacity.CapacityPlan) -> dict[str, str]:
     """What the job is told about this attempt: the accelerator it got (so the body can size its batch)."""
     spec = plan.current
-    return {Env.ACCELERATOR: spec.name, Env.ACCELERATOR_CHIPS: str(capacity.chip_count(spec)),
-            Env.PREEMPTIONS: str(plan.preemptions), "JAX_PLATFORMS": spec.jax_platform}
+    return {
+        Env.ACCELERATOR: spec.name,
+        Env.ACCELERATOR_CHIPS: str(capacity.chip_count(spec)),
+        Env.PREEMPTIONS: str(plan.preemptions),
+        "JAX_PLATFORMS": spec.jax_platform,
+    }
 
 
 def _can_relaunch(launcher: JobLauncher) -> bool:
     return launcher.can_relaunch
 
 
-async def _relaunch(worker: Any, flow_run: FlowRun, configuration: Any, identifier: str,
-                    plan: capacity.CapacityPlan) -> str:
+async def _relaunch(
+    worker: Any, flow_run: FlowRun, configuration: Any, identifier: str, plan: capacity.CapacityPlan
+) -> str:
     logger = worker.get_flow_run_logger(flow_run)
     configuration.env.update(attempt_env(plan))
-    return await worker.launcher.relaunch(flow_run, configuration, identifier, plan.current, len(plan.attempts),
-                                          logger.info)
+    return await worker.launcher.relaunch(
+        flow_run, configuration, identifier, plan.current, len(plan.attempts), logger.info
+    )
 
 
-async def on_pending(worker: Any, flow_run: FlowRun, configuration: Any, identifier: str, status: JobStatus,
-                     plan: capacity.CapacityPlan, waited_seconds: float) -> str | None:
+async def on_pending(
+    worker: Any,
+    flow_run: FlowRun,
+    configuration: Any,
+    identifier: str,
+    status: JobStatus,
+    plan: capacity.CapacityPlan,
+    waited_seconds: float,
+) -> str | None:
     """The next accelerator's job when this one cannot be placed, else None (keep waiting, or time out)."""
     if not plan.has_fallback or not _can_relaunch(worker.launcher):
         return None
@@ -73,9 +89,18 @@ async def on_pending(worker: Any, flow_run: FlowRun, configuration: Any, identif
     why = plan.attempts[-2].ended
     worker.get_flow_run_logger(flow_run).warning(
         f"Accelerator {tried} cannot be placed ({why}): falling back to {capacity.label(plan.current)} "
-        f"(attempt {len(plan.attempts)} of {len(plan.specs)})")
-    worker.emit_job_event(flow_run, EVENT_FALLBACK, configuration, identifier=identifier, tried=tried, reason=why,
-                          next=capacity.label(plan.current), detail=status.detail)
+        f"(attempt {len(plan.attempts)} of {len(plan.specs)})"
+    )
+    worker.emit_job_event(
+        flow_run,
+        EVENT_FALLBACK,
+        configuration,
+        identifier=identifier,
+        tried=tried,
+        reason=why,
+        next=capacity.label(plan.current),
+        detail=status.detail,
+    )
     return await _relaunch(worker, flow_run, configuration, identifier, plan)
 
 
@@ -105,14 +130,25 @@ def resumed_from(progress: dict | None, outcome: Outcome | None) -> str | None:
     return None
 
 
-async def on_exit(worker: Any, flow_run: FlowRun, configuration: Any, identifier: str, status: JobStatus,
-                  plan: capacity.CapacityPlan, progress: dict | None) -> str | None:
+async def on_exit(
+    worker: Any,
+    flow_run: FlowRun,
+    configuration: Any,
+    identifier: str,
+    status: JobStatus,
+    plan: capacity.CapacityPlan,
+    progress: dict | None,
+) -> str | None:
     """After the job ended: another attempt's identifier when it was preempted and the budget lasts; HANDLED when
     it was preempted once too often (the run is Crashed); None to finish from the outcome as usual."""
     outcome = await _read_outcome(worker, configuration)
     reason = status.preempted
-    if reason is None and getattr(worker.launcher, "outside_sigterm_is_preemption", False) \
-            and _terminated(outcome) and status.failed_host is None:
+    if (
+        reason is None
+        and getattr(worker.launcher, "outside_sigterm_is_preemption", False)
+        and _terminated(outcome)
+        and status.failed_host is None
+    ):
         reason = "the job was stopped by a SIGTERM from outside the worker (the machine shutting down?)"
     if reason is None or (outcome is not None and outcome.completed):
         if plan.preemptions and plan.resumed is None:
@@ -124,19 +160,32 @@ async def on_exit(worker: Any, flow_run: FlowRun, configuration: Any, identifier
     logger = worker.get_flow_run_logger(flow_run)
     plan.resumed = resumed_from(progress, outcome) or plan.resumed
     spec = plan.retry_after_preemption(reason)
-    worker.emit_job_event(flow_run, EVENT_PREEMPTED, configuration, identifier=identifier, reason=reason,
-                          preemptions=plan.preemptions, budget=plan.preemption_retries,
-                          resumed_from=plan.resumed, next=capacity.label(spec) if spec else None)
+    worker.emit_job_event(
+        flow_run,
+        EVENT_PREEMPTED,
+        configuration,
+        identifier=identifier,
+        reason=reason,
+        preemptions=plan.preemptions,
+        budget=plan.preemption_retries,
+        resumed_from=plan.resumed,
+        next=capacity.label(spec) if spec else None,
+    )
     await _discard_attempt(worker, configuration)
     if spec is None:
         await write_record(worker, flow_run, configuration, plan)
-        await worker.mark_crashed(flow_run, f"Job {identifier} was preempted {plan.preemptions}× "
-                                            f"(preemption_retries={plan.preemption_retries} spent): {reason}")
+        await worker.mark_crashed(
+            flow_run,
+            f"Job {identifier} was preempted {plan.preemptions}× "
+            f"(preemption_retries={plan.preemption_retries} spent): {reason}",
+        )
         return HANDLED
     on_demand = " on on-demand capacity (spot_fallback)" if plan.on_demand and not spec.spot else ""
-    logger.warning(f"Job {identifier} was preempted ({reason}): attempt {plan.preemptions + 1} on "
-                   f"{capacity.label(spec)}{on_demand}, resuming from {plan.resumed or 'its checkpoints'} "
-                   f"(preemption {plan.preemptions} of {plan.preemption_retries}; `retries` are not spent)")
+    logger.warning(
+        f"Job {identifier} was preempted ({reason}): attempt {plan.preemptions + 1} on "
+        f"{capacity.label(spec)}{on_demand}, resuming from {plan.resumed or 'its checkpoints'} "
+        f"(preemption {plan.preemptions} of {plan.preemption_retries}; `retries` are not spent)"
+    )
     return await _relaunch(worker, flow_run, configuration, identifier, plan)
 
 
@@ -155,9 +204,14 @@ async def write_record(worker: Any, flow_run: FlowRun, configuration: Any, plan:
 
     spec = plan.current
     resumed = plan.resumed if plan.preemptions else None
-    record = CapacityRecord(accelerator=capacity.label(spec), chips=capacity.chip_count(spec),
-                            summary=plan.summary(), preemptions=plan.preemptions, resumed_from=resumed,
-                            attempts=[vars(a) for a in plan.attempts])
+    record = CapacityRecord(
+        accelerator=capacity.label(spec),
+        chips=capacity.chip_count(spec),
+        summary=plan.summary(),
+        preemptions=plan.preemptions,
+        resumed_from=resumed,
+        attempts=[vars(a) for a in plan.attempts],
+    )
     try:
         store = await worker.open_pool_store(configuration)
         key = await secret_blocks.signing_key()

@@ -62,7 +62,9 @@ class KineticJobConfiguration(BaseJobConfiguration):
         self._secret_env = value if isinstance(value, dict) else json.loads(value)
         await Secret.adelete(block_name)
 
-    def prepare_for_flow_run(self, flow_run, deployment=None, flow=None, work_pool=None, worker_name=None, worker_id=None):
+    def prepare_for_flow_run(
+        self, flow_run, deployment=None, flow=None, work_pool=None, worker_name=None, worker_id=None
+    ):
         super().prepare_for_flow_run(flow_run, deployment, flow, work_pool, worker_name, worker_id)
         if self.command == self._base_flow_run_command():
             self.command = RUNNER_COMMAND

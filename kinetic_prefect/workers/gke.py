@@ -61,9 +61,12 @@ def kube_retry(call: Callable[..., Any]) -> Callable[..., Any]:
     a decided answer (403, 404, 409, 422) is raised at once."""
     import tenacity
 
-    return tenacity.retry(retry=tenacity.retry_if_exception(is_transient_kube_error),
-                          wait=tenacity.wait_exponential(multiplier=0.5, max=8),
-                          stop=tenacity.stop_after_delay(120), reraise=True)(call)
+    return tenacity.retry(
+        retry=tenacity.retry_if_exception(is_transient_kube_error),
+        wait=tenacity.wait_exponential(multiplier=0.5, max=8),
+        stop=tenacity.stop_after_delay(120),
+        reraise=True,
+    )(call)
 
 
 class JobGone(Exception):
@@ -88,13 +91,28 @@ def _prune(value: Any) -> Any:
 
 def _minimal_manifest() -> dict[str, Any]:
     """What prefect-kubernetes' validation accepts; the pool's template replaces it for real jobs."""
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"annotations": {}, "labels": {}},
-            "spec": {"template": {"spec": {"parallelism": 1, "completions": 1, "restartPolicy": "Never",
-                                           "containers": [{"name": CONTAINER}]}}}}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"annotations": {}, "labels": {}},
+        "spec": {
+            "template": {
+                "spec": {
+                    "parallelism": 1,
+                    "completions": 1,
+                    "restartPolicy": "Never",
+                    "containers": [{"name": CONTAINER}],
+                }
+            }
+        },
+    }
 
 
-def kube_client(cluster_config: KubernetesClusterConfig | None = None, kubeconfig_path: str | None = None,
-                kube_context: str | None = None):
+def kube_client(
+    cluster_config: KubernetesClusterConfig | None = None,
+    kubeconfig_path: str | None = None,
+    kube_context: str | None = None,
+):
     """A (blocking) Kubernetes API client: the pool's KubernetesClusterConfig block, else a kubeconfig
     path, else in-cluster credentials (the in-cluster worker), else ~/.kube/config."""
     from kubernetes import client, config
@@ -146,7 +164,9 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
         spec = accelerators.resolve(self.accelerator)
         return spec.with_spot() if self.spot else spec
 
-    def prepare_for_flow_run(self, flow_run, deployment=None, flow=None, work_pool=None, worker_name=None, worker_id=None):
+    def prepare_for_flow_run(
+        self, flow_run, deployment=None, flow=None, work_pool=None, worker_name=None, worker_id=None
+    ):
         super().prepare_for_flow_run(flow_run, deployment, flow, work_pool, worker_name, worker_id)
         spec = self.accelerator_spec
         if work_pool is not None:
@@ -155,7 +175,9 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
         self._template_manifest = copy.deepcopy(self.job_manifest)
         self.job_manifest = self.render_manifest(spec, flow_run)
 
-    def render_manifest(self, spec: accelerators.AcceleratorSpec, flow_run: FlowRun, attempt: int = 1) -> dict[str, Any]:
+    def render_manifest(
+        self, spec: accelerators.AcceleratorSpec, flow_run: FlowRun, attempt: int = 1
+    ) -> dict[str, Any]:
         from kinetic_prefect.workers import gke_capacity
 
         manifest = copy.deepcopy(self._template_manifest if self._template_manifest is not None else self.job_manifest)
@@ -180,8 +202,9 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
         if spec.resource_name:
             tolerations.append({"key": spec.resource_name, "operator": "Exists", "effect": "NoSchedule"})
         if spec.spot:
-            tolerations.append({"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true",
-                                "effect": "NoSchedule"})
+            tolerations.append(
+                {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+            )
         pod["tolerations"] = tolerations or None
         containers = pod.setdefault("containers", [{}])
         container = containers[0]
@@ -193,21 +216,36 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
         for key, value in self.env.items():
             if value is not None:
                 existing_env[key] = {"name": key, "value": str(value)}
-        secrets = {name: existing_env.pop(name)["value"] for name in list(existing_env)
-                   if name in SECRET_ENV_NAMES and "value" in existing_env[name]}
+        secrets = {
+            name: existing_env.pop(name)["value"]
+            for name in list(existing_env)
+            if name in SECRET_ENV_NAMES and "value" in existing_env[name]
+        }
         if secrets:
             self.set_secret_env({**secrets, **self.secret_env})
         container["env"] = list(existing_env.values())
-        requests = {k: v for k, v in {"cpu": self.cpu_request, "memory": self.memory_request,
-                                      "ephemeral-storage": self.ephemeral_storage_request}.items() if v}
+        requests = {
+            k: v
+            for k, v in {
+                "cpu": self.cpu_request,
+                "memory": self.memory_request,
+                "ephemeral-storage": self.ephemeral_storage_request,
+            }.items()
+            if v
+        }
         resources = container.setdefault("resources", {})
         resources["requests"] = {**(resources.get("requests") or {}), **requests}
         if spec.resource_name:
             resources["limits"] = {**(resources.get("limits") or {}), spec.resource_name: str(spec.resource_count)}
         if self.shm_size:  # PyTorch/Grain data loaders share batches through /dev/shm (64 MiB by default)
-            pod["volumes"] = [*(pod.get("volumes") or []),
-                              {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": self.shm_size}}]
-            container["volumeMounts"] = [*(container.get("volumeMounts") or []), {"name": "dshm", "mountPath": "/dev/shm"}]
+            pod["volumes"] = [
+                *(pod.get("volumes") or []),
+                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": self.shm_size}},
+            ]
+            container["volumeMounts"] = [
+                *(container.get("volumeMounts") or []),
+                {"name": "dshm", "mountPath": "/dev/shm"},
+            ]
         if self.host_count > 1:
             self._render_group(manifest, spec)
         gke_capacity.render(manifest, self, spec, attempt)
@@ -224,8 +262,11 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
         pod["subdomain"] = name
         hostnames = [f"{name}-{i}.{name}" for i in range(hosts)]
         index = {"valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}}
-        env: list[dict[str, Any]] = [{"name": Env.NUM_HOSTS, "value": str(hosts)}, {"name": Env.HOST_INDEX, **index},
-               {"name": Env.COORDINATOR_ADDRESS, "value": f"{hostnames[0]}:{JAX_COORDINATOR_PORT}"}]
+        env: list[dict[str, Any]] = [
+            {"name": Env.NUM_HOSTS, "value": str(hosts)},
+            {"name": Env.HOST_INDEX, **index},
+            {"name": Env.COORDINATOR_ADDRESS, "value": f"{hostnames[0]}:{JAX_COORDINATOR_PORT}"},
+        ]
         if spec.family == "tpu":  # what GKE's TPU webhook sets for a multi-host slice
             env += [{"name": "TPU_WORKER_ID", **index}, {"name": "TPU_WORKER_HOSTNAMES", "value": ",".join(hostnames)}]
         container = pod["containers"][0]
@@ -238,14 +279,26 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
         if self.host_count <= 1:
             return None
         name = self.job_manifest["metadata"]["name"]
-        metadata: dict[str, Any] = {"name": name, "namespace": self.namespace,
-                                    "labels": dict(self.job_manifest["metadata"].get("labels") or {})}
+        metadata: dict[str, Any] = {
+            "name": name,
+            "namespace": self.namespace,
+            "labels": dict(self.job_manifest["metadata"].get("labels") or {}),
+        }
         if owner_uid:
-            metadata["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": owner_uid,
-                                            "blockOwnerDeletion": False}]
-        return {"apiVersion": "v1", "kind": "Service", "metadata": metadata,
-                "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {"job-name": name},
-                         "ports": [{"name": "coordinator", "port": JAX_COORDINATOR_PORT}]}}
+            metadata["ownerReferences"] = [
+                {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": owner_uid, "blockOwnerDeletion": False}
+            ]
+        return {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": metadata,
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": True,
+                "selector": {"job-name": name},
+                "ports": [{"name": "coordinator", "port": JAX_COORDINATOR_PORT}],
+            },
+        }
 
     def kube_client(self):
         return kube_client(self.cluster_config, self.kubeconfig_path, self.kube_context)
@@ -334,8 +387,11 @@ class JobFollower:
 
     def events_for(self, name: str) -> list[str]:
         events = self.core.list_namespaced_event(self.namespace).items
-        return [f"{e.reason}: {e.message}" for e in events
-                if e.involved_object is not None and e.involved_object.name == name and e.type != "Normal"]
+        return [
+            f"{e.reason}: {e.message}"
+            for e in events
+            if e.involved_object is not None and e.involved_object.name == name and e.type != "Normal"
+        ]
 
     def stream_logs(self, pod_name: str, again: bool = False) -> None:
         """Follow the container's log in a thread. ``again`` (once the pod has ended) reads the whole
@@ -350,8 +406,9 @@ class JobFollower:
         def pump() -> None:
             seen = 0
             try:
-                response: Any = self.core.read_namespaced_pod_log(pod_name, self.namespace, container=CONTAINER,
-                                                             follow=True, _preload_content=False)
+                response: Any = self.core.read_namespaced_pod_log(
+                    pod_name, self.namespace, container=CONTAINER, follow=True, _preload_content=False
+                )
                 if "json" in (response.headers.get("Content-Type") or ""):
                     raise RuntimeError("not a log yet")  # an object/Status instead of text: try again later
                 buffer = b""
@@ -404,8 +461,7 @@ class JobFollower:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            kube_retry(self.batch.delete_namespaced_job)(self.job_name, self.namespace,
-                                                         propagation_policy="Background")
+            kube_retry(self.batch.delete_namespaced_job)(self.job_name, self.namespace, propagation_policy="Background")
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -431,12 +487,14 @@ class GKEJobLauncher(JobLauncher):
         if identifier not in self._followers:
             namespace, _, job_name = identifier.partition(":")
             emit = self._emitters.get(identifier, lambda line: None)
-            self._followers[identifier] = JobFollower(self.api(configuration), namespace, job_name,
-                                                      lambda line: self._emitters.get(identifier, emit)(line))
+            self._followers[identifier] = JobFollower(
+                self.api(configuration), namespace, job_name, lambda line: self._emitters.get(identifier, emit)(line)
+            )
         return self._followers[identifier]
 
-    async def submit(self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration,
-                     log: Callable[[str], None]) -> str:
+    async def submit(
+        self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration, log: Callable[[str], None]
+    ) -> str:
         if configuration._image_given is None:
             configuration._image_given = bool(configuration.image)
         image = await anyio.to_thread.run_sync(self.ensure_image, configuration, log)
@@ -459,9 +517,12 @@ class GKEJobLauncher(JobLauncher):
         key = f"{identifier}#{index}"
         if key not in self._followers:
             namespace, _, job_name = identifier.partition(":")
-            self._followers[key] = JobFollower(self.api(configuration), namespace, job_name,
-                                               lambda line: self._emitters.get(identifier, lambda _: None)(
-                                                   f"[host {index}] {line}"))
+            self._followers[key] = JobFollower(
+                self.api(configuration),
+                namespace,
+                job_name,
+                lambda line: self._emitters.get(identifier, lambda _: None)(f"[host {index}] {line}"),
+            )
         return self._followers[key]
 
     async def group_status(self, identifier: str, configuration: KineticGKEJobConfiguration) -> JobStatus:
@@ -493,12 +554,18 @@ class GKEJobLauncher(JobLauncher):
                 pod = pods[failed[0]]
                 code, reason = self._exit(pod)
                 follower = self.follower(identifier, configuration)
-                disrupted = [found for i in failed if (found := await anyio.to_thread.run_sync(
-                    follower.disruption, pods[i]))]
-                return JobStatus("exited", exit_code=code or 1, diagnosis=self.diagnose(pod, configuration),
-                                 failed_host=failed[0] or None, preempted=disrupted[0] if disrupted else None,
-                                 detail=f"host {failed[0]} of {hosts} (pod {pod.metadata.name}) failed: {reason}; "
-                                        "the group fails with it")
+                disrupted = [
+                    found for i in failed if (found := await anyio.to_thread.run_sync(follower.disruption, pods[i]))
+                ]
+                return JobStatus(
+                    "exited",
+                    exit_code=code or 1,
+                    diagnosis=self.diagnose(pod, configuration),
+                    failed_host=failed[0] or None,
+                    preempted=disrupted[0] if disrupted else None,
+                    detail=f"host {failed[0]} of {hosts} (pod {pod.metadata.name}) failed: {reason}; "
+                    "the group fails with it",
+                )
             code, reason = self._exit(pods[0])
             return JobStatus("exited", exit_code=code, detail=f"all {hosts} hosts finished (host 0: {reason})")
         waiting = [i for i in range(hosts) if phases.get(i) in (None, "Pending")]
@@ -513,15 +580,25 @@ class GKEJobLauncher(JobLauncher):
             waited = time.monotonic() - since
             if waited > configuration.pod_watch_timeout_seconds:
                 text = await anyio.to_thread.run_sync(self.follower(identifier, configuration).diagnose_pending, pod)
-                return JobStatus("pending", fatal=True, diagnosis=diagnosis, capacity=placing,
-                                 detail=f"host {waiting[0]} of {hosts} still pending after {waited:.0f}s: {text}")
-            return JobStatus("pending", diagnosis=diagnosis, capacity=placing,
-                             detail=f"{hosts - len(waiting)} of {hosts} hosts scheduled")
+                return JobStatus(
+                    "pending",
+                    fatal=True,
+                    diagnosis=diagnosis,
+                    capacity=placing,
+                    detail=f"host {waiting[0]} of {hosts} still pending after {waited:.0f}s: {text}",
+                )
+            return JobStatus(
+                "pending",
+                diagnosis=diagnosis,
+                capacity=placing,
+                detail=f"{hosts - len(waiting)} of {hosts} hosts scheduled",
+            )
         nodes = ", ".join(sorted({pod.spec.node_name or "?" for pod in pods.values()}))
         return JobStatus("running", detail=f"{hosts} hosts running on {nodes}")
 
     async def _drain_logs(self, identifier: str, pods: dict[int, Any], configuration) -> None:
         """Every host's last lines, the hosts side by side (one after another costs a round trip per host)."""
+
         async def drain(index: int, pod: Any) -> None:
             follower = self.host_follower(identifier, index, configuration)
             follower.stream_logs(pod.metadata.name)
@@ -554,8 +631,13 @@ class GKEJobLauncher(JobLauncher):
             waited = time.monotonic() - since
             if waited > configuration.pod_watch_timeout_seconds:
                 text = await anyio.to_thread.run_sync(follower.diagnose_pending, pod)
-                return JobStatus("pending", detail=f"still pending after {waited:.0f}s: {text}", fatal=True,
-                                 diagnosis=diagnosis, capacity=placing)
+                return JobStatus(
+                    "pending",
+                    detail=f"still pending after {waited:.0f}s: {text}",
+                    fatal=True,
+                    diagnosis=diagnosis,
+                    capacity=placing,
+                )
             return JobStatus("pending", diagnosis=diagnosis, capacity=placing)
         if phase == "Running":
             follower.stream_logs(pod.metadata.name)
@@ -566,8 +648,13 @@ class GKEJobLauncher(JobLauncher):
         await anyio.to_thread.run_sync(follower.finish_logs)
         exit_code, reason = self._exit(pod)
         preempted = await anyio.to_thread.run_sync(follower.disruption, pod) if phase == "Failed" else None
-        return JobStatus("exited", exit_code=exit_code, detail=f"pod {pod.metadata.name} {phase}: {reason}",
-                         diagnosis=diagnosis, preempted=preempted)
+        return JobStatus(
+            "exited",
+            exit_code=exit_code,
+            detail=f"pod {pod.metadata.name} {phase}: {reason}",
+            diagnosis=diagnosis,
+            preempted=preempted,
+        )
 
     async def _podless_status(self, identifier: str, follower: JobFollower) -> JobStatus | None:
         """A Job without a pod: queued (suspended until Kueue admits it), or failed with its pod gone (the pod
@@ -583,9 +670,13 @@ class GKEJobLauncher(JobLauncher):
         if failed is None:
             return None
         preempted = await anyio.to_thread.run_sync(follower.disruption, None)
-        return JobStatus("exited", exit_code=None, detail=f"Job failed ({failed.reason}: {failed.message}); its pod "
-                         "is gone", preempted=preempted or ("its pod was deleted with its node" if
-                                                            failed.reason == "PodFailurePolicy" else None))
+        return JobStatus(
+            "exited",
+            exit_code=None,
+            detail=f"Job failed ({failed.reason}: {failed.message}); its pod is gone",
+            preempted=preempted
+            or ("its pod was deleted with its node" if failed.reason == "PodFailurePolicy" else None),
+        )
 
     async def _pending_capacity(self, follower: JobFollower, pod, configuration) -> str | None:
         """capacity.NO_NODE_POOL / INSUFFICIENT_CAPACITY for a pod the scheduler cannot place; the events (the
@@ -615,16 +706,29 @@ class GKEJobLauncher(JobLauncher):
         spec = configuration.accelerator_spec
         if found.category.value in ("Unschedulable.NodeAffinity", "Unschedulable.Taint") and spec.node_selector:
             labels = ", ".join(f"{k}={v}" for k, v in spec.node_selector.items())
-            resolution = (f"no node pool has accelerator {spec.name} ({labels}): create one, or enable node "
-                          f"auto-provisioning. {resolution}")
+            resolution = (
+                f"no node pool has accelerator {spec.name} ({labels}): create one, or enable node "
+                f"auto-provisioning. {resolution}"
+            )
         elif found.category.value == "Unschedulable.InsufficientResources" and spec.resource_name:
-            resolution = (f"every {spec.name} node is busy or the quota is used up: try spot, another zone, or "
-                          f"wait. {resolution}")
-        return {"category": found.category.value, "level": found.level.value, "summary": found.summary,
-                "detail": found.detail, "resolution": resolution}
+            resolution = (
+                f"every {spec.name} node is busy or the quota is used up: try spot, another zone, or wait. {resolution}"
+            )
+        return {
+            "category": found.category.value,
+            "level": found.level.value,
+            "summary": found.summary,
+            "detail": found.detail,
+            "resolution": resolution,
+        }
 
-    async def forward_logs(self, identifier: str, configuration: KineticGKEJobConfiguration,
-                           emit: Callable[[str], None], final: bool = False) -> None:
+    async def forward_logs(
+        self,
+        identifier: str,
+        configuration: KineticGKEJobConfiguration,
+        emit: Callable[[str], None],
+        final: bool = False,
+    ) -> None:
         # Each pod's log is streamed by a thread (JobFollower.stream_logs) straight into ``emit``.
         self._emitters[identifier] = emit
         if final:
@@ -638,8 +742,15 @@ class GKEJobLauncher(JobLauncher):
 
     can_relaunch = True
 
-    async def relaunch(self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration, identifier: str,
-                       spec: accelerators.AcceleratorSpec, attempt: int, log: Callable[[str], None]) -> str:
+    async def relaunch(
+        self,
+        flow_run: FlowRun,
+        configuration: KineticGKEJobConfiguration,
+        identifier: str,
+        spec: accelerators.AcceleratorSpec,
+        attempt: int,
+        log: Callable[[str], None],
+    ) -> str:
         """A new Job (``-a<attempt>``) for the same run on ``spec``: the old one is deleted first (its pod is
         pending, or gone with its node), so one run never holds two accelerators."""
         from kinetic_prefect import capacity
@@ -678,8 +789,11 @@ class GKEJobLauncher(JobLauncher):
         namespace = getattr(base, "namespace", None) or "default"
         api = await anyio.to_thread.run_sync(self.api, base)
         pool_label = _label_value(work_pool.name)
-        jobs = await anyio.to_thread.run_sync(lambda: client.BatchV1Api(api).list_namespaced_job(
-            namespace, label_selector=f"{POOL_LABEL}={pool_label}").items)
+        jobs = await anyio.to_thread.run_sync(
+            lambda: (
+                client.BatchV1Api(api).list_namespaced_job(namespace, label_selector=f"{POOL_LABEL}={pool_label}").items
+            )
+        )
         found = []
         for job in jobs:
             labels = (job.metadata.labels if job.metadata else None) or {}
@@ -687,24 +801,6 @@ class GKEJobLauncher(JobLauncher):
             if labels.get(POOL_LABEL) == pool_label and labels.get(FLOW_RUN_LABEL):
                 found.append((labels[FLOW_RUN_LABEL], f"{namespace}:{job.metadata.name}"))  # type: ignore[union-attr]
         return found
-
-
-def pod_span(pod: Any, gone_at: float | None = None) -> Any:
-    """A pod's billed span (``cost.HostSpan``): from its start (``status.startTime``) to its containers' end (the
-    latest ``finishedAt``; else when the Job was seen deleted), at the spot rate when the pod was bound to spot
-    nodes (its ``cloud.google.com/gke-spot`` node selector, as the manifest asks). None: it never started."""
-    from kinetic_prefect.cost import HostSpan
-
-    status = pod.status
-    if status is None or status.start_time is None:
-        return None
-    finished = [c.state.terminated.finished_at for c in (status.container_statuses or [])
-                if c.state is not None and c.state.terminated is not None and c.state.terminated.finished_at]
-    running = [c for c in (status.container_statuses or []) if c.state is not None and c.state.terminated is None]
-    end = max(finished).timestamp() if finished and not running else gone_at
-    spot = ((pod.spec.node_selector or {}) if pod.spec is not None else {}).get(accelerators.SPOT_LABEL) == "true"
-    return HostSpan(status.start_time.timestamp(), end, spot)
-
 
     # ------------------------------------------------------------------ images
     @staticmethod
@@ -727,7 +823,10 @@ def pod_span(pod: Any, gone_at: float | None = None) -> Any:
             bucket = configuration.build_staging_bucket
             assert project and region and bucket, "check_pool_settings refuses a cloud-build pool without them"
             return builders.CloudBuildBuilder(
-                project=project, region=region, repository=configuration.image_repository, staging_bucket=bucket,
+                project=project,
+                region=region,
+                repository=configuration.image_repository,
+                staging_bucket=bucket,
                 credentials=credentials,
             ).ensure(spec, log)
         raise ValueError(
@@ -739,9 +838,18 @@ def pod_span(pod: Any, gone_at: float | None = None) -> Any:
     def _existing_job(api, namespace: str, flow_run: FlowRun) -> str | None:
         from kubernetes import client
 
-        jobs = client.BatchV1Api(api).list_namespaced_job(namespace, label_selector=f"{FLOW_RUN_LABEL}={flow_run.id}").items
-        mine = [j for j in jobs if j.metadata and (j.metadata.labels or {}).get(FLOW_RUN_LABEL) == str(flow_run.id)
-                and j.metadata.deletion_timestamp is None]
+        jobs = (
+            client.BatchV1Api(api)
+            .list_namespaced_job(namespace, label_selector=f"{FLOW_RUN_LABEL}={flow_run.id}")
+            .items
+        )
+        mine = [
+            j
+            for j in jobs
+            if j.metadata
+            and (j.metadata.labels or {}).get(FLOW_RUN_LABEL) == str(flow_run.id)
+            and j.metadata.deletion_timestamp is None
+        ]
         mine.sort(key=lambda j: int((j.metadata.labels or {}).get("kinetic.prefect.io/attempt") or 1))
         return mine[-1].metadata.name if mine else None  # type: ignore[union-attr]  # filtered above
 
@@ -759,10 +867,17 @@ def pod_span(pod: Any, gone_at: float | None = None) -> Any:
         core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
         namespace = configuration.namespace
         if configuration.secret_env:
-            body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                    "metadata": {"name": secret_name, "namespace": namespace,
-                                 "labels": {"app.kubernetes.io/managed-by": "kinetic-prefect"}},
-                    "stringData": configuration.secret_env}
+            body = {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "type": "Opaque",
+                "metadata": {
+                    "name": secret_name,
+                    "namespace": namespace,
+                    "labels": {"app.kubernetes.io/managed-by": "kinetic-prefect"},
+                },
+                "stringData": configuration.secret_env,
+            }
             try:
                 kube_retry(core.create_namespaced_secret)(namespace, body)
             except ApiException as exc:
@@ -778,7 +893,9 @@ def pod_span(pod: Any, gone_at: float | None = None) -> Any:
             if exc.status != 409:
                 raise
             created = kube_retry(batch.read_namespaced_job)(job_name, namespace)
-            mine = (created.metadata.labels or {}).get(FLOW_RUN_LABEL) == manifest["metadata"]["labels"].get(FLOW_RUN_LABEL)
+            mine = (created.metadata.labels or {}).get(FLOW_RUN_LABEL) == manifest["metadata"]["labels"].get(
+                FLOW_RUN_LABEL
+            )
             if not mine:
                 raise
         service = configuration.service_manifest(created.metadata.uid)
@@ -789,9 +906,23 @@ def pod_span(pod: Any, gone_at: float | None = None) -> Any:
                 if exc.status != 409:  # 409: an earlier attempt made it
                     raise
         if configuration.secret_env:
-            kube_retry(core.patch_namespaced_secret)(secret_name, namespace, {"metadata": {"ownerReferences": [{
-                "apiVersion": "batch/v1", "kind": "Job", "name": created.metadata.name,
-                "uid": created.metadata.uid or "", "blockOwnerDeletion": False}]}})
+            kube_retry(core.patch_namespaced_secret)(
+                secret_name,
+                namespace,
+                {
+                    "metadata": {
+                        "ownerReferences": [
+                            {
+                                "apiVersion": "batch/v1",
+                                "kind": "Job",
+                                "name": created.metadata.name,
+                                "uid": created.metadata.uid or "",
+                                "blockOwnerDeletion": False,
+                            }
+                        ]
+                    }
+                },
+            )
         return created.metadata.name
 
     @staticmethod
@@ -801,6 +932,26 @@ def pod_span(pod: Any, gone_at: float | None = None) -> Any:
             if terminated is not None:
                 return int(terminated.exit_code), terminated.reason or "terminated"
         return (0, "Succeeded") if pod.status.phase == "Succeeded" else (1, pod.status.reason or "Failed")
+
+
+def pod_span(pod: Any, gone_at: float | None = None) -> Any:
+    """A pod's billed span (``cost.HostSpan``): from its start (``status.startTime``) to its containers' end (the
+    latest ``finishedAt``; else when the Job was seen deleted), at the spot rate when the pod was bound to spot
+    nodes (its ``cloud.google.com/gke-spot`` node selector, as the manifest asks). None: it never started."""
+    from kinetic_prefect.cost import HostSpan
+
+    status = pod.status
+    if status is None or status.start_time is None:
+        return None
+    finished = [
+        c.state.terminated.finished_at
+        for c in (status.container_statuses or [])
+        if c.state is not None and c.state.terminated is not None and c.state.terminated.finished_at
+    ]
+    running = [c for c in (status.container_statuses or []) if c.state is not None and c.state.terminated is None]
+    end = max(finished).timestamp() if finished and not running else gone_at
+    spot = ((pod.spec.node_selector or {}) if pod.spec is not None else {}).get(accelerators.SPOT_LABEL) == "true"
+    return HostSpan(status.start_time.timestamp(), end, spot)
 
 
 class KineticGKEWorker(KineticWorker, BaseWorker):  # type: ignore[misc]  # run() returns a BaseWorkerResult subclass
@@ -828,23 +979,29 @@ class KineticGKEWorker(KineticWorker, BaseWorker):  # type: ignore[misc]  # run(
         if settings.get("image"):
             return
         builder = settings.get("image_builder") or "none"
-        needed = {"cloud-build": ("image_repository", "gcp_project", "gcp_region", "build_staging_bucket"),
-                  "docker": ("image_repository",)}.get(builder)
+        needed = {
+            "cloud-build": ("image_repository", "gcp_project", "gcp_region", "build_staging_bucket"),
+            "docker": ("image_repository",),
+        }.get(builder)
         if needed is None:
             raise ValueError(
                 f"work pool {pool_name!r} (kinetic-gke) has no image and image_builder={builder!r}: pass image= to "
                 f"@kinetic_task, or set the pool's builder, e.g. `kinetic-prefect pool-set {pool_name} "
                 "image_builder=cloud-build image_repository=us-docker.pkg.dev/PROJECT/REPO gcp_project=PROJECT "
-                "gcp_region=REGION build_staging_bucket=BUCKET`")
+                "gcp_region=REGION build_staging_bucket=BUCKET`"
+            )
         missing = [name for name in needed if not settings.get(name)]
         if missing:
             raise ValueError(
                 f"work pool {pool_name!r} builds images with {builder} but {', '.join(missing)} "
                 f"{'is' if len(missing) == 1 else 'are'} not set: `kinetic-prefect pool-set {pool_name} "
-                + " ".join(f"{name}=..." for name in missing) + "` (or pass image= to @kinetic_task)")
+                + " ".join(f"{name}=..." for name in missing)
+                + "` (or pass image= to @kinetic_task)"
+            )
 
-    async def kill_infrastructure(self, infrastructure_pid: str, configuration: KineticGKEJobConfiguration,
-                                  grace_seconds: int = 30) -> None:
+    async def kill_infrastructure(
+        self, infrastructure_pid: str, configuration: KineticGKEJobConfiguration, grace_seconds: int = 30
+    ) -> None:
         namespace, _, job_name = infrastructure_pid.partition(":")
         if not job_name:
             raise InfrastructureNotFound(f"not a kinetic-gke job id: {infrastructure_pid!r}")

@@ -27,8 +27,9 @@ ATTEMPT_LABEL = "kinetic.prefect.io/attempt"
 # The Job fails at once when its pod is disrupted, and says so in its own Failed condition (reason
 # PodFailurePolicy): that record outlives the pod, which the pod GC deletes together with a deleted node.
 # The retry is the worker's (a new Job per attempt): only it can move to on-demand capacity or keep a budget.
-POD_FAILURE_POLICY = {"rules": [{"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget",
-                                                                            "status": "True"}]}]}
+POD_FAILURE_POLICY = {
+    "rules": [{"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
+}
 
 SCALE_UP_TRIGGERED = "TriggeredScaleUp"  # the cluster autoscaler (or node auto-provisioning) is adding a node
 
@@ -37,19 +38,26 @@ def check_settings(pool_name: str, settings: dict[str, Any]) -> None:
     """Capacity settings that cannot work together, refused before anything is uploaded."""
     spot = bool(settings.get("spot"))
     if settings.get("reservation") and spot:
-        raise ValueError(f"work pool {pool_name!r}: reservation={settings['reservation']!r} with spot=true cannot "
-                         "be placed: Spot VMs never consume reservations. Drop spot, or drop the reservation "
-                         f"(`kinetic-prefect pool-set {pool_name} reservation=`)")
+        raise ValueError(
+            f"work pool {pool_name!r}: reservation={settings['reservation']!r} with spot=true cannot "
+            "be placed: Spot VMs never consume reservations. Drop spot, or drop the reservation "
+            f"(`kinetic-prefect pool-set {pool_name} reservation=`)"
+        )
     if (settings.get("flex_start") or settings.get("queued_provisioning")) and spot:
-        raise ValueError(f"work pool {pool_name!r}: flex-start capacity is its own provisioning model, not Spot: "
-                         "set spot=false, or drop flex_start / queued_provisioning")
+        raise ValueError(
+            f"work pool {pool_name!r}: flex-start capacity is its own provisioning model, not Spot: "
+            "set spot=false, or drop flex_start / queued_provisioning"
+        )
     if settings.get("reservation") and (settings.get("flex_start") or settings.get("queued_provisioning")):
-        raise ValueError(f"work pool {pool_name!r}: a reservation and flex-start are two ways to get capacity; "
-                         "set one of them")
+        raise ValueError(
+            f"work pool {pool_name!r}: a reservation and flex-start are two ways to get capacity; set one of them"
+        )
     retries = settings.get("preemption_retries")
     if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int) or retries < 0):
-        raise ValueError(f"preemption_retries={retries!r}: give a whole number >= 0 (0: a preemption crashes the "
-                         "run, and the task's own `retries` decide)")
+        raise ValueError(
+            f"preemption_retries={retries!r}: give a whole number >= 0 (0: a preemption crashes the "
+            "run, and the task's own `retries` decide)"
+        )
     wait = settings.get("capacity_wait_seconds")
     if wait is not None and (isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0):
         raise ValueError(f"capacity_wait_seconds={wait!r}: give seconds >= 0")
@@ -93,7 +101,11 @@ def pending_capacity(pod: dict[str, Any] | None, event_reasons: list[str]) -> st
             message = (condition.get("message") or "").lower()
     if "insufficient" in message:
         return capacity.INSUFFICIENT_CAPACITY
-    if "affinity/selector" in message or "node selector" in message or "taint" in message \
-            or "NotTriggerScaleUp" in event_reasons:
+    if (
+        "affinity/selector" in message
+        or "node selector" in message
+        or "taint" in message
+        or "NotTriggerScaleUp" in event_reasons
+    ):
         return capacity.NO_NODE_POOL
     return None

@@ -22,8 +22,15 @@ JOB_RULES = [
 ]
 
 
-def worker_manifests(pool: str, *, namespace: str = "default", image: str, name: str = "kinetic-gke-worker",
-                     api_secret: str = "prefect-api", replicas: int = 1) -> list[dict[str, Any]]:
+def worker_manifests(
+    pool: str,
+    *,
+    namespace: str = "default",
+    image: str,
+    name: str = "kinetic-gke-worker",
+    api_secret: str = "prefect-api",
+    replicas: int = 1,
+) -> list[dict[str, Any]]:
     """ServiceAccount, Role, RoleBinding and Deployment for ``prefect worker start --type kinetic-gke``.
 
     ``image`` must contain kinetic-prefect with the ``gcp`` and ``k8s`` extras: the image
@@ -33,32 +40,60 @@ def worker_manifests(pool: str, *, namespace: str = "default", image: str, name:
     meta = {"name": name, "namespace": namespace, "labels": labels}
     secret_env = [
         {"name": "PREFECT_API_URL", "valueFrom": {"secretKeyRef": {"name": api_secret, "key": "url"}}},
-        {"name": "PREFECT_API_KEY", "valueFrom": {"secretKeyRef": {"name": api_secret, "key": "key", "optional": True}}},
+        {
+            "name": "PREFECT_API_KEY",
+            "valueFrom": {"secretKeyRef": {"name": api_secret, "key": "key", "optional": True}},
+        },
     ]
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta, "rules": JOB_RULES},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]},
-        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
-         "spec": {
-             "replicas": replicas,
-             "selector": {"matchLabels": labels},
-             "template": {
-                 "metadata": {"labels": labels},
-                 "spec": {
-                     "serviceAccountName": name,
-                     "containers": [{
-                         "name": "worker", "image": image,
-                         "args": ["prefect", "worker", "start", "--type", "kinetic-gke", "--pool", pool,
-                                  "--with-healthcheck"],
-                         "env": [*secret_env, {"name": "PREFECT_WORKER_WEBSERVER_PORT", "value": "8080"}],
-                         "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
-                         "livenessProbe": {"httpGet": {"path": "/health", "port": 8080},
-                                           "initialDelaySeconds": 30, "periodSeconds": 30},
-                     }],
-                 },
-             },
-         }},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": meta,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": meta,
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "serviceAccountName": name,
+                        "containers": [
+                            {
+                                "name": "worker",
+                                "image": image,
+                                "args": [
+                                    "prefect",
+                                    "worker",
+                                    "start",
+                                    "--type",
+                                    "kinetic-gke",
+                                    "--pool",
+                                    pool,
+                                    "--with-healthcheck",
+                                ],
+                                "env": [*secret_env, {"name": "PREFECT_WORKER_WEBSERVER_PORT", "value": "8080"}],
+                                "resources": {
+                                    "requests": {"cpu": "250m", "memory": "512Mi"},
+                                    "limits": {"memory": "1Gi"},
+                                },
+                                "livenessProbe": {
+                                    "httpGet": {"path": "/health", "port": 8080},
+                                    "initialDelaySeconds": 30,
+                                    "periodSeconds": 30,
+                                },
+                            }
+                        ],
+                    },
+                },
+            },
+        },
     ]

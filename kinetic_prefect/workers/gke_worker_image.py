@@ -42,8 +42,9 @@ def find_source(source: Path | str | None = None) -> Path:
     if source is not None:
         path = Path(source).resolve()
         if not _is_checkout(path):
-            raise WorkerImageError(f"{path} is not a kinetic-prefect checkout (it needs pyproject.toml, uv.lock and "
-                                   f"{DOCKERFILE})")
+            raise WorkerImageError(
+                f"{path} is not a kinetic-prefect checkout (it needs pyproject.toml, uv.lock and {DOCKERFILE})"
+            )
         return path
     import kinetic_prefect
 
@@ -51,7 +52,8 @@ def find_source(source: Path | str | None = None) -> Path:
     if not _is_checkout(path):
         raise WorkerImageError(
             "the worker image is built from a kinetic-prefect source checkout (with uv.lock and "
-            f"{DOCKERFILE}), and this kinetic-prefect is installed from {path}; pass --source CHECKOUT")
+            f"{DOCKERFILE}), and this kinetic-prefect is installed from {path}; pass --source CHECKOUT"
+        )
     return path
 
 
@@ -101,13 +103,22 @@ def image_reference(repository: str, source: Path | str | None = None, base_imag
 
 def ca_bundle_files(bundle: Path | str) -> dict[str, bytes]:
     """Extra build-stage files that make pip and uv trust ``bundle`` (builds behind a TLS-intercepting proxy)."""
-    return {"etc/ssl/certs/ca-certificates.crt": Path(bundle).read_bytes(),
-            "etc/pip.conf": b"[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n"}
+    return {
+        "etc/ssl/certs/ca-certificates.crt": Path(bundle).read_bytes(),
+        "etc/pip.conf": b"[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n",
+    }
 
 
 def _run(args: list[str], log: Callable[[str], None]) -> None:
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            text=True, errors="replace", bufsize=1)
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        errors="replace",
+        bufsize=1,
+    )
     assert proc.stdout is not None
     tail: list[str] = []
     with proc:
@@ -116,17 +127,26 @@ def _run(args: list[str], log: Callable[[str], None]) -> None:
             tail = [*tail[-39:], line]
             log(line)
     if proc.returncode != 0:
-        raise WorkerImageError(f"`{' '.join(args[:2])}` failed with exit status {proc.returncode}; last output:\n"
-                               + "\n".join(tail))
+        raise WorkerImageError(
+            f"`{' '.join(args[:2])}` failed with exit status {proc.returncode}; last output:\n" + "\n".join(tail)
+        )
 
 
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def build(repository: str, *, source: Path | str | None = None, base_image: str = DEFAULT_BASE_IMAGE,
-          push: bool = False, docker: str = "docker", network: str | None = None,
-          extra_files: dict[str, bytes] | None = None, log: Callable[[str], None] = _stderr) -> str:
+def build(
+    repository: str,
+    *,
+    source: Path | str | None = None,
+    base_image: str = DEFAULT_BASE_IMAGE,
+    push: bool = False,
+    docker: str = "docker",
+    network: str | None = None,
+    extra_files: dict[str, bytes] | None = None,
+    log: Callable[[str], None] = _stderr,
+) -> str:
     """``docker build`` the worker image (and ``docker push`` it with ``push``); returns its reference.
 
     ``extra_files`` (path inside the image -> bytes) are placed into the build stage before anything is installed,

@@ -39,7 +39,7 @@ from prefect.states import Cancelled, Completed, Crashed, Failed, Running, State
 from prefect.utilities.engine import propose_state
 from prefect.workers.base import BaseWorkerResult
 
-from kinetic_prefect import prefect_runs, secret_blocks
+from kinetic_prefect import accelerators, prefect_runs, secret_blocks
 from kinetic_prefect.contract import LOG_END_MARKER, Env, Outcome, RunLayout
 from kinetic_prefect.outages import Outage
 
@@ -90,8 +90,9 @@ class JobLauncher(abc.ABC):
     async def status(self, identifier: str, configuration: Any) -> JobStatus: ...
 
     @abc.abstractmethod
-    async def forward_logs(self, identifier: str, configuration: Any, emit: Callable[[str], None],
-                           final: bool = False) -> None:
+    async def forward_logs(
+        self, identifier: str, configuration: Any, emit: Callable[[str], None], final: bool = False
+    ) -> None:
         """Hand new output to ``emit`` (batched); ``final``: the job has ended, drain everything."""
 
     @abc.abstractmethod
@@ -107,8 +108,15 @@ class JobLauncher(abc.ABC):
     # Launchers that implement ``relaunch`` say so: their jobs get fallbacks and preemption retries.
     can_relaunch: bool = False
 
-    async def relaunch(self, flow_run: FlowRun, configuration: Any, identifier: str,
-                       spec: accelerators.AcceleratorSpec, attempt: int, log: Callable[[str], None]) -> str:
+    async def relaunch(
+        self,
+        flow_run: FlowRun,
+        configuration: Any,
+        identifier: str,
+        spec: accelerators.AcceleratorSpec,
+        attempt: int,
+        log: Callable[[str], None],
+    ) -> str:
         """Replace the job ``identifier`` (pending or ended) by a new attempt on ``spec``; return its identifier.
         Launchers that cannot do this leave it out: their jobs get no fallbacks and no preemption retries."""
         raise NotImplementedError
@@ -148,7 +156,9 @@ class ProgressArtifact:
                     kept.append(line)
                     continue
                 self.latest = record
-                kept.append(f"progress {record['percent']:.0f}%" + (f": {record['message']}" if record["message"] else ""))
+                kept.append(
+                    f"progress {record['percent']:.0f}%" + (f": {record['message']}" if record["message"] else "")
+                )
                 if self.publish_from_threads:
                     try:
                         anyio.from_thread.run(self.publish)
@@ -167,12 +177,16 @@ class ProgressArtifact:
         description = record["message"] or f"{record['done']:g} of {record['total']:g}"
         try:
             if self.artifact_id is None:
-                artifact = await self.client.create_artifact(ArtifactCreate(
-                    type="progress", data=record["percent"], description=description, flow_run_id=self.flow_run.id))
+                artifact = await self.client.create_artifact(
+                    ArtifactCreate(
+                        type="progress", data=record["percent"], description=description, flow_run_id=self.flow_run.id
+                    )
+                )
                 self.artifact_id = artifact.id
             else:
-                await self.client.update_artifact(self.artifact_id,
-                                                  ArtifactUpdate(data=record["percent"], description=description))
+                await self.client.update_artifact(
+                    self.artifact_id, ArtifactUpdate(data=record["percent"], description=description)
+                )
             self.published = record
         except Exception:  # progress is a nicety: it never fails a job
             pass
@@ -219,8 +233,10 @@ class KineticWorker:
     async def _propose(self, flow_run: FlowRun, state: Any) -> None:
         outage = Outage(f"the worker following {flow_run.name}", self.get_flow_run_logger(flow_run).warning)
         try:
-            await outage.call(lambda: propose_state(self.client, state.model_copy(), flow_run_id=flow_run.id),
-                              f"setting the job's run {state.name}")
+            await outage.call(
+                lambda: propose_state(self.client, state.model_copy(), flow_run_id=flow_run.id),
+                f"setting the job's run {state.name}",
+            )
         except Abort:  # already final (e.g. Cancelled by someone else): the first word stands
             pass
 
@@ -240,8 +256,9 @@ class KineticWorker:
         await self._propose(flow_run, state)
 
     # ------------------------------------------------------------------ events
-    def emit_job_event(self, flow_run: FlowRun, phase: str, configuration: Any, labels: dict[str, str] | None = None,
-                       **payload: Any) -> None:
+    def emit_job_event(
+        self, flow_run: FlowRun, phase: str, configuration: Any, labels: dict[str, str] | None = None, **payload: Any
+    ) -> None:
         """``kinetic.job.<phase>`` (pending, running, unschedulable, exited, cancelled, crashed) on the job's
         run, so an automation can react, e.g. page on "kinetic.job.unschedulable" for tpu-v6e-8."""
         try:
@@ -251,11 +268,21 @@ class KineticWorker:
             pool = getattr(self, "_work_pool", None)
             emit_event(
                 event=f"kinetic.job.{phase}",
-                resource={"prefect.resource.id": f"prefect.flow-run.{flow_run.id}",
-                          "prefect.resource.name": flow_run.name, "kinetic.accelerator": accelerator,
-                          **(labels or {})},
-                related=[{"prefect.resource.id": f"prefect.work-pool.{pool.id}", "prefect.resource.role": "work-pool",
-                          "prefect.resource.name": pool.name}] if pool is not None else None,
+                resource={
+                    "prefect.resource.id": f"prefect.flow-run.{flow_run.id}",
+                    "prefect.resource.name": flow_run.name,
+                    "kinetic.accelerator": accelerator,
+                    **(labels or {}),
+                },
+                related=[
+                    {
+                        "prefect.resource.id": f"prefect.work-pool.{pool.id}",
+                        "prefect.resource.role": "work-pool",
+                        "prefect.resource.name": pool.name,
+                    }
+                ]
+                if pool is not None
+                else None,
                 payload={k: v for k, v in payload.items() if v is not None},
             )
         except Exception:  # events are for automations; they never fail a job
@@ -292,13 +319,16 @@ class KineticWorker:
     def refuse_non_job(self, configuration: Any) -> str | None:
         if configuration.env.get(Env.PAYLOAD_SHA256):
             return None
-        return (f"A {getattr(self, 'type', 'kinetic')} pool runs @kinetic_task jobs, not flows: this flow run has no "
-                "kinetic payload (a deployment's flow run?). Deploy flows to a pool whose worker runs flows "
-                "(`prefect work-pool create pipelines --type process`, or kubernetes); their @kinetic_task steps "
-                "then come to this pool by themselves.")
+        return (
+            f"A {getattr(self, 'type', 'kinetic')} pool runs @kinetic_task jobs, not flows: this flow run has no "
+            "kinetic payload (a deployment's flow run?). Deploy flows to a pool whose worker runs flows "
+            "(`prefect work-pool create pipelines --type process`, or kubernetes); their @kinetic_task steps "
+            "then come to this pool by themselves."
+        )
 
-    async def run(self, flow_run: FlowRun, configuration: Any,
-                  task_status: anyio.abc.TaskStatus[str] | None = None) -> KineticWorkerResult:
+    async def run(
+        self, flow_run: FlowRun, configuration: Any, task_status: anyio.abc.TaskStatus[str] | None = None
+    ) -> KineticWorkerResult:
         logger = self.get_flow_run_logger(flow_run)
 
         def ended_before_start(identifier: str) -> KineticWorkerResult:
@@ -349,9 +379,12 @@ class KineticWorker:
             configuration.secret_env[signing.KEY_ENV] = key.decode()
             return True
         if configuration.env.get(signing.REQUIRED_ENV):
-            await self.mark_crashed(flow_run, f"The caller signs its store objects but this worker has no signing key: "
-                                              f"set {signing.KEY_ENV} or the Prefect Secret block "
-                                              f"{signing.SECRET_BLOCK!r} where the worker runs.")
+            await self.mark_crashed(
+                flow_run,
+                f"The caller signs its store objects but this worker has no signing key: "
+                f"set {signing.KEY_ENV} or the Prefect Secret block "
+                f"{signing.SECRET_BLOCK!r} where the worker runs.",
+            )
             return False
         return True
 
@@ -413,24 +446,42 @@ class KineticWorker:
                 if status.diagnosis and status.diagnosis.get("category") != last_diagnosis:
                     # as soon as the cluster says why (not only at the timeout): an automation can page now
                     last_diagnosis = status.diagnosis.get("category")
-                    logger.warning(f"{status.diagnosis.get('summary')}: {status.diagnosis.get('detail')} "
-                                   f"({status.diagnosis.get('resolution')})")
-                    self.emit_job_event(flow_run, "diagnosis", configuration, identifier=identifier,
-                                        labels={"kubernetes.diagnosis": last_diagnosis or ""}, **status.diagnosis)
+                    logger.warning(
+                        f"{status.diagnosis.get('summary')}: {status.diagnosis.get('detail')} "
+                        f"({status.diagnosis.get('resolution')})"
+                    )
+                    self.emit_job_event(
+                        flow_run,
+                        "diagnosis",
+                        configuration,
+                        identifier=identifier,
+                        labels={"kubernetes.diagnosis": last_diagnosis or ""},
+                        **status.diagnosis,
+                    )
                 if status.phase != last_phase and status.phase in ("pending", "running"):
                     last_phase = status.phase
-                    self.emit_job_event(flow_run, status.phase, configuration, identifier=identifier, detail=status.detail)
+                    self.emit_job_event(
+                        flow_run, status.phase, configuration, identifier=identifier, detail=status.detail
+                    )
                 if status.phase == "running" and not marked_running:
                     marked_running = plan.started = True
                     await self.mark_running(flow_run, (status.detail or "Job running") + attempts.final_note(plan))
-                elif status.phase == "pending" and (moved := await attempts.on_pending(
-                        self, flow_run, configuration, identifier, status, plan, time.monotonic() - pending_since)):
+                elif status.phase == "pending" and (
+                    moved := await attempts.on_pending(
+                        self, flow_run, configuration, identifier, status, plan, time.monotonic() - pending_since
+                    )
+                ):
                     identifier, last_phase, last_diagnosis, pending_since = moved, None, None, time.monotonic()
                     continue
                 elif status.phase == "pending" and status.fatal:
-                    self.emit_job_event(flow_run, "unschedulable", configuration, identifier=identifier,
-                                        diagnosis=status.detail,
-                                        labels={"kubernetes.diagnosis": (status.diagnosis or {}).get("category", "")})
+                    self.emit_job_event(
+                        flow_run,
+                        "unschedulable",
+                        configuration,
+                        identifier=identifier,
+                        diagnosis=status.detail,
+                        labels={"kubernetes.diagnosis": (status.diagnosis or {}).get("category", "")},
+                    )
                     await self.launcher.cancel(identifier, configuration, 0)
                     await self.mark_crashed(flow_run, f"Job {identifier} cannot start: {status.detail}")
                     return result
@@ -438,10 +489,17 @@ class KineticWorker:
                     await self.launcher.forward_logs(identifier, configuration, emit, final=True)
                     await progress.publish()
                     await self._end_of_output(output, identifier)
-                    self.emit_job_event(flow_run, "exited", configuration, identifier=identifier,
-                                        exit_code=status.exit_code, detail=status.detail)
-                    moved = await attempts.on_exit(self, flow_run, configuration, identifier, status, plan,
-                                                   progress.latest)
+                    self.emit_job_event(
+                        flow_run,
+                        "exited",
+                        configuration,
+                        identifier=identifier,
+                        exit_code=status.exit_code,
+                        detail=status.detail,
+                    )
+                    moved = await attempts.on_exit(
+                        self, flow_run, configuration, identifier, status, plan, progress.latest
+                    )
                     if moved == attempts.HANDLED:
                         return result
                     if moved:
@@ -450,8 +508,9 @@ class KineticWorker:
                     await self.finish(flow_run, configuration, identifier, status, note=attempts.final_note(plan))
                     return result
                 elif status.phase == "gone":
-                    await self.mark_crashed(flow_run, f"Job {identifier} disappeared before it finished "
-                                                      f"({status.detail or 'deleted'})")
+                    await self.mark_crashed(
+                        flow_run, f"Job {identifier} disappeared before it finished ({status.detail or 'deleted'})"
+                    )
                     return result
                 await anyio.sleep(poll)
         except CancelRequested as request:
@@ -514,8 +573,9 @@ class KineticWorker:
             return open_store(url)
         return gcp.open_store(url, await gcp.credentials_block("worker", name))
 
-    async def finish(self, flow_run: FlowRun, configuration: Any, identifier: str, status: JobStatus,
-                     note: str = "") -> None:
+    async def finish(
+        self, flow_run: FlowRun, configuration: Any, identifier: str, status: JobStatus, note: str = ""
+    ) -> None:
         """Completed/Failed from the outcome record; no record means the job crashed."""
         from kinetic_prefect import signing
         from kinetic_prefect.storage import ObjectNotFound as NoObject
@@ -534,7 +594,7 @@ class KineticWorker:
             except NoObject:
                 break
             except Exception:  # a store hiccup: the outcome is there or it is not, ask again
-                await anyio.sleep(2 ** attempt)
+                await anyio.sleep(2**attempt)
         hosts = outcome.num_hosts if outcome is not None else int(getattr(configuration, "host_count", 1) or 1)
         coordinator_failed = outcome is None or not outcome.completed
         if hosts > 1 and coordinator_failed and (status.failed_host or outcome is None or _stopped(outcome)):
@@ -542,14 +602,25 @@ class KineticWorker:
                 return
         if outcome is None:
             code = status.exit_code
-            await self.mark_crashed(flow_run, f"Job {identifier} ended without reporting an outcome "
-                                              f"(exit status {code if code is not None else 'unknown'}"
-                                              f"{'; ' + status.detail if status.detail else ''}){note}")
+            await self.mark_crashed(
+                flow_run,
+                f"Job {identifier} ended without reporting an outcome "
+                f"(exit status {code if code is not None else 'unknown'}"
+                f"{'; ' + status.detail if status.detail else ''}){note}",
+            )
             return
         await self.mark_from_outcome(flow_run, outcome, note)
 
-    async def _report_group_failure(self, flow_run: FlowRun, identifier: str, status: JobStatus, store: Any,
-                                    layout: RunLayout, key: bytes | None, hosts: int) -> bool:
+    async def _report_group_failure(
+        self,
+        flow_run: FlowRun,
+        identifier: str,
+        status: JobStatus,
+        store: Any,
+        layout: RunLayout,
+        key: bytes | None,
+        hosts: int,
+    ) -> bool:
         """A group is all or nothing, and its failure is the failure of the host that ended it. The coordinator then
         only followed: stopped (JobTerminated), killed while blocked in a collective (no outcome), or failed in a
         collective whose peer died ("Connection reset by peer"). ``status.failed_host`` names that host when the
@@ -584,15 +655,19 @@ class KineticWorker:
             await anyio.to_thread.run_sync(signing.put, store, layout.outcome, host.to_json(), key)
             self.get_flow_run_logger(flow_run).error(
                 f"Host {index} of {hosts} failed while {host.phase}: {host.error_type}: "
-                f"{host.message}; the group fails with it")
+                f"{host.message}; the group fails with it"
+            )
             await self.mark_from_outcome(flow_run, host)
             return True
         if missing:
             for object_key in (layout.result, layout.outcome):
                 await anyio.to_thread.run_sync(signing.delete, store, object_key)
-            await self.mark_crashed(flow_run, f"Job {identifier}: host {missing[0]} of {hosts} ended "
-                                              f"without reporting an outcome ({status.detail or 'killed?'}); the "
-                                              "group was stopped (all or nothing)")
+            await self.mark_crashed(
+                flow_run,
+                f"Job {identifier}: host {missing[0]} of {hosts} ended "
+                f"without reporting an outcome ({status.detail or 'killed?'}); the "
+                "group was stopped (all or nothing)",
+            )
             return True
         return False
 
@@ -609,7 +684,8 @@ class KineticWorker:
             if flow_run.state is None or flow_run.state.is_final():
                 continue
             configuration = await self.job_configuration.resolve_for_flow_run(  # type: ignore[attr-defined]
-                flow_run, client=self.client, work_pool=self.work_pool, worker_name=self.name)  # type: ignore[attr-defined]
+                flow_run, client=self.client, work_pool=self.work_pool, worker_name=self.name
+            )  # type: ignore[attr-defined]
             configuration.env.pop(Env.ENV_BLOCK, None)  # read and deleted by the first worker; the job has it
             start_soon(self.follow, flow_run, configuration, identifier)
             count += 1

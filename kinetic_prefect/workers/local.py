@@ -38,7 +38,6 @@ from kinetic_prefect.workers.base import KineticJobConfiguration, load_template
 from kinetic_prefect.workers.lifecycle import JobLauncher, JobStatus, KineticWorker
 
 
-
 class EnvironmentBuildError(RuntimeError):
     pass
 
@@ -89,8 +88,10 @@ class LocalEnvironments:
         requirements = [*spec.requirements, *runtime, f"cloudpickle=={cloudpickle.__version__}"]
         steps = (
             ("creating the virtual environment", [uv, "venv", "--quiet", "--python", spec.python, str(env_dir)]),
-            (f"installing {len(requirements)} requirements",
-             [uv, "pip", "install", "--quiet", "--python", str(env_dir / "bin" / "python"), *requirements]),
+            (
+                f"installing {len(requirements)} requirements",
+                [uv, "pip", "install", "--quiet", "--python", str(env_dir / "bin" / "python"), *requirements],
+            ),
         )
         for done, (what, cmd) in enumerate(steps):
             log(progress.line(done, len(steps), f"job environment {spec.tag}: {what}"))
@@ -122,11 +123,41 @@ class LocalEnvironments:
 # store's client reads), never the caller's other variables. A job sees these, the pool's ``env``
 # and what ``env=`` forwards: the same set on every pool and both submission paths.
 MACHINE_ENV = (
-    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*", "TZ", "TMPDIR", "TEMP", "TMP", "TERM",
-    "XDG_*", "PYTHONPATH", "VIRTUAL_ENV", "*_PROXY", "*_proxy", "SSL_CERT_*", "REQUESTS_CA_BUNDLE",
-    "CURL_CA_BUNDLE", "CUDA_VISIBLE_DEVICES", "NVIDIA_*", "TPU_*", "OPENBLAS_*", "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_*",
-    "STORAGE_EMULATOR_HOST", "GCSFS_*", Env.CACHE_DIR, Env.NODE_CACHE, Env.CHECKPOINT_SYNC_SECONDS,
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "LANG",
+    "LANGUAGE",
+    "LC_*",
+    "TZ",
+    "TMPDIR",
+    "TEMP",
+    "TMP",
+    "TERM",
+    "XDG_*",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "*_PROXY",
+    "*_proxy",
+    "SSL_CERT_*",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_*",
+    "TPU_*",
+    "OPENBLAS_*",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "GOOGLE_CLOUD_PROJECT",
+    "CLOUDSDK_*",
+    "STORAGE_EMULATOR_HOST",
+    "GCSFS_*",
+    Env.CACHE_DIR,
+    Env.NODE_CACHE,
+    Env.CHECKPOINT_SYNC_SECONDS,
     Env.LOCAL_DEVICES,
 )
 
@@ -159,14 +190,22 @@ def _choose_local_accelerator(configuration: KineticLocalJobConfiguration) -> No
     """A fallback list on this machine: the first accelerator it has; none: the first, on the CPU (warned)."""
     from kinetic_prefect import capacity
 
-    if len(configuration._accelerator_choices) < 2 or configuration.accelerator != configuration._accelerator_choices[0]:
+    if (
+        len(configuration._accelerator_choices) < 2
+        or configuration.accelerator != configuration._accelerator_choices[0]
+    ):
         return
     for name in configuration._accelerator_choices:
         spec = accelerators.resolve(name)
         if accelerators.local_platform_available(spec.jax_platform):
             configuration.accelerator = name
-            configuration.env.update({Env.ACCELERATOR: spec.name, Env.ACCELERATOR_CHIPS: str(capacity.chip_count(spec)),
-                                      "JAX_PLATFORMS": spec.jax_platform})
+            configuration.env.update(
+                {
+                    Env.ACCELERATOR: spec.name,
+                    Env.ACCELERATOR_CHIPS: str(capacity.chip_count(spec)),
+                    "JAX_PLATFORMS": spec.jax_platform,
+                }
+            )
             return
 
 
@@ -184,8 +223,9 @@ def _ticks_to_epoch(ticks: int | None) -> float | None:
     if ticks is None:
         return None
     try:
-        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))
+        boot = next(
+            int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime ")
+        )
         return boot + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, StopIteration, ValueError, IndexError):
         return None
@@ -226,8 +266,10 @@ class _LogCursor:
         self._gap = 0  # lines left out since the last forwarded one
 
     def _note(self) -> str:
-        text = (f"[kinetic] {self._gap:,} lines of output left out here (over {self.rate:,} lines/s); "
-                "the whole log is kept with the job's outputs as job.log")
+        text = (
+            f"[kinetic] {self._gap:,} lines of output left out here (over {self.rate:,} lines/s); "
+            "the whole log is kept with the job's outputs as job.log"
+        )
         self._gap = 0
         return text
 
@@ -314,8 +356,9 @@ class LocalJobLauncher(JobLauncher):
     @staticmethod
     def _hosts(record: dict[str, Any]) -> list[dict[str, Any]]:
         """One entry per host process (records of single jobs name only ``pid``/``start_ticks``)."""
-        return record.get("hosts") or [{"pid": record["pid"], "start_ticks": record.get("start_ticks"),
-                                        "log_offset": record.get("log_offset", 0)}]
+        return record.get("hosts") or [
+            {"pid": record["pid"], "start_ticks": record.get("start_ticks"), "log_offset": record.get("log_offset", 0)}
+        ]
 
     @staticmethod
     def log_name(index: int) -> str:
@@ -329,9 +372,12 @@ class LocalJobLauncher(JobLauncher):
         return argv
 
     def job_environment(self, configuration: KineticLocalJobConfiguration) -> dict[str, str]:
-        env = {**machine_environment(configuration.inherit_env),
-               **{k: str(v) for k, v in configuration.env.items() if v is not None},
-               **configuration.secret_env, "PYTHONUNBUFFERED": "1"}
+        env = {
+            **machine_environment(configuration.inherit_env),
+            **{k: str(v) for k, v in configuration.env.items() if v is not None},
+            **configuration.secret_env,
+            "PYTHONUNBUFFERED": "1",
+        }
         if not accelerators.local_platform_available(env.get("JAX_PLATFORMS", "")):
             env["JAX_PLATFORMS"] = "cpu"  # the named accelerator is not on this machine (warned at submit)
         if self.owner_pid is not None:
@@ -342,14 +388,17 @@ class LocalJobLauncher(JobLauncher):
         return env
 
     # -------------------------------------------------------------- JobLauncher
-    async def submit(self, flow_run: FlowRun, configuration: KineticLocalJobConfiguration,
-                     log: Callable[[str], None]) -> str:
+    async def submit(
+        self, flow_run: FlowRun, configuration: KineticLocalJobConfiguration, log: Callable[[str], None]
+    ) -> str:
         identifier = str(flow_run.id)
         _choose_local_accelerator(configuration)
         wanted = configuration.env.get("JAX_PLATFORMS") or ""
         if not accelerators.local_platform_available(wanted):
-            log(f"WARNING: accelerator {configuration.accelerator!r} is not on this machine (no {wanted} device for "
-                "JAX): the job runs on the CPU. Use a kinetic-gke pool to get one.")
+            log(
+                f"WARNING: accelerator {configuration.accelerator!r} is not on this machine (no {wanted} device for "
+                "JAX): the job runs on the CPU. Use a kinetic-gke pool to get one."
+            )
         hosts = configuration.host_count
         argv = await anyio.to_thread.run_sync(self.command, configuration, log)
         job_dir = self.job_dir(identifier)
@@ -357,38 +406,63 @@ class LocalJobLauncher(JobLauncher):
         base_env = {**self.job_environment(configuration), Env.JOB_DIR: str(job_dir)}
         if hosts > 1:
             base_env.update({Env.NUM_HOSTS: str(hosts), Env.COORDINATOR_ADDRESS: f"127.0.0.1:{_free_port()}"})
-            log(f"Starting a group of {hosts} job processes "
-                f"(host 0 is the coordinator, {base_env[Env.COORDINATOR_ADDRESS]})")
+            log(
+                f"Starting a group of {hosts} job processes "
+                f"(host 0 is the coordinator, {base_env[Env.COORDINATOR_ADDRESS]})"
+            )
         processes: list[subprocess.Popen] = []
         warm_call = hosts == 1 and configuration.keep_warm_seconds > 0
         try:
             if warm_call:
-                processes.append(self.warm_runners.hand_over(
-                    argv, configuration.working_dir, base_env, job_dir, self.log_name(0),
-                    configuration.keep_warm_seconds, configuration.min_warm))
+                processes.append(
+                    self.warm_runners.hand_over(
+                        argv,
+                        configuration.working_dir,
+                        base_env,
+                        job_dir,
+                        self.log_name(0),
+                        configuration.keep_warm_seconds,
+                        configuration.min_warm,
+                    )
+                )
             for index in range(0 if warm_call else hosts):
                 env = {**base_env, Env.HOST_INDEX: str(index)} if hosts > 1 else base_env
                 with open(job_dir / self.log_name(index), "ab") as out:
-                    processes.append(subprocess.Popen(
-                        argv, cwd=configuration.working_dir or None, env=env,
-                        stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                        start_new_session=True,  # one process group per host: a cancel stops it and its children
-                    ))
+                    processes.append(
+                        subprocess.Popen(
+                            argv,
+                            cwd=configuration.working_dir or None,
+                            env=env,
+                            stdin=subprocess.DEVNULL,
+                            stdout=out,
+                            stderr=subprocess.STDOUT,
+                            start_new_session=True,  # one process group per host: a cancel stops it and its children
+                        )
+                    )
         except BaseException:
             for process in processes:  # all or nothing from the start
                 _kill_group(process.pid, signal.SIGKILL)
             raise
         self._children[identifier] = processes
         started_at = time.time()  # metering: the hosts' processes start together (cost.HostSpan)
-        entries = [{"pid": p.pid, "start_ticks": _process_start_ticks(p.pid), "log_offset": 0, "started_at": started_at}
-                   for p in processes]
-        record = {"pid": processes[0].pid, "start_ticks": entries[0]["start_ticks"], "flow_run_id": identifier,
-                  "owner": "caller" if self.owner_pid is not None else "worker",
-                  "pool": configuration.labels.get("prefect.io/work-pool-name"), "log_offset": 0,
-                  "hosts": entries, "warm": warm_call}
+        entries = [
+            {"pid": p.pid, "start_ticks": _process_start_ticks(p.pid), "log_offset": 0, "started_at": started_at}
+            for p in processes
+        ]
+        record = {
+            "pid": processes[0].pid,
+            "start_ticks": entries[0]["start_ticks"],
+            "flow_run_id": identifier,
+            "owner": "caller" if self.owner_pid is not None else "worker",
+            "pool": configuration.labels.get("prefect.io/work-pool-name"),
+            "log_offset": 0,
+            "hosts": entries,
+            "warm": warm_call,
+        }
         (job_dir / "job.json").write_text(json.dumps(record))
-        self._cursors[identifier] = [_LogCursor(job_dir / self.log_name(i), 0, configuration.log_lines_per_second)
-                                     for i in range(hosts)]
+        self._cursors[identifier] = [
+            _LogCursor(job_dir / self.log_name(i), 0, configuration.log_lines_per_second) for i in range(hosts)
+        ]
         return identifier
 
     async def find(self, flow_run: FlowRun, configuration: KineticLocalJobConfiguration) -> str | None:
@@ -432,11 +506,14 @@ class LocalJobLauncher(JobLauncher):
         failed = [(i, code) for i, (alive, code) in enumerate(states) if not alive and code not in (None, 0)]
         if failed:
             index, code = failed[0]
-            detail = (f"host {index} of {hosts} exited with status {code}; the group fails with it "
-                      "(the other hosts were stopped)")
+            detail = (
+                f"host {index} of {hosts} exited with status {code}; the group fails with it "
+                "(the other hosts were stopped)"
+            )
             await self._stop_group(identifier, self.PEER_STOP_GRACE_SECONDS)
-            status = self._group_failure[identifier] = JobStatus("exited", exit_code=code, detail=detail,
-                                                                 failed_host=index)
+            status = self._group_failure[identifier] = JobStatus(
+                "exited", exit_code=code, detail=detail, failed_host=index
+            )
             return status
         if not any(alive for alive, _ in states):
             return JobStatus("exited", exit_code=states[0][1], detail=f"all {hosts} hosts exited")
@@ -445,21 +522,34 @@ class LocalJobLauncher(JobLauncher):
             if time.monotonic() - since > self.GROUP_EXIT_GRACE_SECONDS:
                 left = [i for i, (alive, _) in enumerate(states) if alive]
                 await self._stop_group(identifier, self.PEER_STOP_GRACE_SECONDS)
-                return JobStatus("exited", exit_code=states[0][1],
-                                 detail=f"host 0 exited; host(s) {', '.join(map(str, left))} still ran "
-                                        f"{self.GROUP_EXIT_GRACE_SECONDS:.0f} s later and were stopped")
+                return JobStatus(
+                    "exited",
+                    exit_code=states[0][1],
+                    detail=f"host 0 exited; host(s) {', '.join(map(str, left))} still ran "
+                    f"{self.GROUP_EXIT_GRACE_SECONDS:.0f} s later and were stopped",
+                )
         pids = ", ".join(str(h["pid"]) for h in self._hosts(record)) if record else "?"
         return JobStatus("running", detail=f"Local group of {hosts} job processes ({pids})")
 
-    async def forward_logs(self, identifier: str, configuration: KineticLocalJobConfiguration,
-                           emit: Callable[[str], None], final: bool = False) -> None:
+    async def forward_logs(
+        self,
+        identifier: str,
+        configuration: KineticLocalJobConfiguration,
+        emit: Callable[[str], None],
+        final: bool = False,
+    ) -> None:
         cursors = self._cursors.get(identifier)
         if cursors is None:  # reattached: go on from what the previous worker forwarded
             record = self._record(identifier) or {}
             hosts = self._hosts(record) if record else [{"log_offset": 0}]
             cursors = self._cursors[identifier] = [
-                _LogCursor(self.job_dir(identifier) / self.log_name(i), int(host.get("log_offset", 0)),
-                           configuration.log_lines_per_second) for i, host in enumerate(hosts)]
+                _LogCursor(
+                    self.job_dir(identifier) / self.log_name(i),
+                    int(host.get("log_offset", 0)),
+                    configuration.log_lines_per_second,
+                )
+                for i, host in enumerate(hosts)
+            ]
         for index, cursor in enumerate(cursors):
             await anyio.to_thread.run_sync(cursor.read, _tagged(emit, index), final)
 
@@ -505,8 +595,7 @@ class LocalJobLauncher(JobLauncher):
         for pid in pids:
             _kill_group(pid, signal.SIGKILL)  # children that outlived the runner
 
-    async def cancel(self, identifier: str, configuration: KineticLocalJobConfiguration,
-                     grace_seconds: float) -> None:
+    async def cancel(self, identifier: str, configuration: KineticLocalJobConfiguration, grace_seconds: float) -> None:
         await self._stop_group(identifier, grace_seconds)
 
     # The worker stops its jobs only through cancel(): a SIGTERM from anyone else (the machine shutting down, an
@@ -515,8 +604,15 @@ class LocalJobLauncher(JobLauncher):
 
     can_relaunch = True
 
-    async def relaunch(self, flow_run: FlowRun, configuration: KineticLocalJobConfiguration, identifier: str,
-                       spec: accelerators.AcceleratorSpec, attempt: int, log: Callable[[str], None]) -> str:
+    async def relaunch(
+        self,
+        flow_run: FlowRun,
+        configuration: KineticLocalJobConfiguration,
+        identifier: str,
+        spec: accelerators.AcceleratorSpec,
+        attempt: int,
+        log: Callable[[str], None],
+    ) -> str:
         """The same job again (same identifier and log files): the log is forwarded on from where it was."""
         offsets = [cursor.offset for cursor in self._cursors.get(identifier, [])]
         await self._stop_group(identifier, 0)
@@ -546,8 +642,11 @@ class LocalJobLauncher(JobLauncher):
                 if not cursor.dropped:
                     continue
                 try:
-                    await anyio.to_thread.run_sync(open_store(str(configuration.env[Env.STORE])).put_file,
-                                                   f"{layout.host_outputs(index)}/job.log", cursor.path)
+                    await anyio.to_thread.run_sync(
+                        open_store(str(configuration.env[Env.STORE])).put_file,
+                        f"{layout.host_outputs(index)}/job.log",
+                        cursor.path,
+                    )
                 except Exception:
                     pass
         shutil.rmtree(job_dir, ignore_errors=True)

@@ -36,8 +36,13 @@ class JobLogForwarder:
         self.console.info(text, extra={"send_to_api": False})
         if not self.to_api:
             return
-        record = LogCreate(name=LOGGER_NAME, level=logging.INFO, message=text, flow_run_id=self.flow_run_id,
-                           timestamp=datetime.datetime.now(datetime.timezone.utc))
+        record = LogCreate(
+            name=LOGGER_NAME,
+            level=logging.INFO,
+            message=text,
+            flow_run_id=self.flow_run_id,
+            timestamp=datetime.datetime.now(datetime.timezone.utc),
+        )
         with self._lock:
             self._pending.append(record)
 
@@ -56,7 +61,7 @@ class JobLogForwarder:
                         break
                     request.append(record)
                     size += len(record.message)
-                await self.outage.call(lambda: self.client.create_logs(request), "forwarding the job's output")
+                await self.outage.call(lambda: self.client.create_logs(request), "forwarding the job's output")  # noqa: B023
                 sent += len(request)
         except BaseException:
             with self._lock:  # not stored: sent again by the next flush, in order

@@ -27,8 +27,15 @@ from prefect.client.schemas.objects import FlowRun
 from kinetic_prefect import accelerators, cost, prefect_runs, secret_blocks
 from kinetic_prefect.cost_records import flow_cost, job_cost_rows
 from kinetic_prefect.contract import (
-    BUDGET_ERROR_TYPE, FAILED, FLOW_COST_ARTIFACT_KEY, FLOW_COST_EVENT, JOB_COST_ARTIFACT_KEY, PHASE_FUNCTION, Env,
-    Outcome, RunLayout,
+    BUDGET_ERROR_TYPE,
+    FAILED,
+    FLOW_COST_ARTIFACT_KEY,
+    FLOW_COST_EVENT,
+    JOB_COST_ARTIFACT_KEY,
+    PHASE_FUNCTION,
+    Env,
+    Outcome,
+    RunLayout,
 )
 
 
@@ -87,18 +94,34 @@ async def publish_job_cost(worker: Any, flow_run: FlowRun, meter: JobMeter) -> c
     logger = worker.get_flow_run_logger(flow_run)
     if meter.problem:
         logger.warning(f"Cost not priced: {meter.problem}")
-    described = (f"{job.accelerator}{' (spot)' if job.spot else ''}, {job.hosts} host(s), {job.minutes:.2f} min: "
-                 f"{_usd(job.usd)}" + (f" at ${job.usd_per_hour:.4f}/h" if job.usd_per_hour else ""))
+    described = (
+        f"{job.accelerator}{' (spot)' if job.spot else ''}, {job.hosts} host(s), {job.minutes:.2f} min: "
+        f"{_usd(job.usd)}" + (f" at ${job.usd_per_hour:.4f}/h" if job.usd_per_hour else "")
+    )
     logger.info(f"Cost of this job: {described}")
     try:
-        await worker.client.create_artifact(ArtifactCreate(
-            key=JOB_COST_ARTIFACT_KEY, type="table", data=json.dumps([row]), flow_run_id=flow_run.id,
-            description=f"kinetic job cost: {described} ({job.price_source})"))
+        await worker.client.create_artifact(
+            ArtifactCreate(
+                key=JOB_COST_ARTIFACT_KEY,
+                type="table",
+                data=json.dumps([row]),
+                flow_run_id=flow_run.id,
+                description=f"kinetic job cost: {described} ({job.price_source})",
+            )
+        )
     except Exception as exc:
         logger.warning(f"Could not record the job's cost artifact ({type(exc).__name__}: {exc})")
         return job
-    worker.emit_job_event(flow_run, "cost", meter.configuration, usd=job.usd, minutes=round(job.minutes, 4),
-                          hosts=job.hosts, spot=job.spot, usd_per_hour=job.usd_per_hour)
+    worker.emit_job_event(
+        flow_run,
+        "cost",
+        meter.configuration,
+        usd=job.usd,
+        minutes=round(job.minutes, 4),
+        hosts=job.hosts,
+        spot=job.spot,
+        usd_per_hour=job.usd_per_hour,
+    )
     await publish_flow_total(worker, flow_run)
     return job
 
@@ -123,26 +146,45 @@ async def publish_flow_total(worker: Any, flow_run: FlowRun) -> cost.FlowCost | 
         total = await flow_cost(client, parent)
         columns = ("call", "accelerator", "spot", "hosts", "minutes", "usd")
         rows = [{k: row.get(k) for k in columns} for row in total.rows]
-        rows.append({"call": "total", "accelerator": "", "spot": "", "hosts": sum(r.get("hosts") or 0 for r in rows),
-                     "minutes": round(sum(r.get("minutes") or 0 for r in rows), 4), "usd": round(total.total_usd, 6)})
-        description = (f"kinetic calls of this flow run: {len(total.rows)}, total ${total.total_usd:.4f}"
-                       + (f" ({total.unpriced} unpriced)" if total.unpriced else ""))
-        existing = await client.read_artifacts(artifact_filter=ArtifactFilter(
-            key=ArtifactFilterKey(any_=[FLOW_COST_ARTIFACT_KEY]), flow_run_id=ArtifactFilterFlowRunId(any_=[parent])))
+        rows.append(
+            {
+                "call": "total",
+                "accelerator": "",
+                "spot": "",
+                "hosts": sum(r.get("hosts") or 0 for r in rows),
+                "minutes": round(sum(r.get("minutes") or 0 for r in rows), 4),
+                "usd": round(total.total_usd, 6),
+            }
+        )
+        description = f"kinetic calls of this flow run: {len(total.rows)}, total ${total.total_usd:.4f}" + (
+            f" ({total.unpriced} unpriced)" if total.unpriced else ""
+        )
+        existing = await client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=[FLOW_COST_ARTIFACT_KEY]), flow_run_id=ArtifactFilterFlowRunId(any_=[parent])
+            )
+        )
         existing = sorted(existing, key=lambda a: a.created or 0)
         if existing:
             await client.update_artifact(existing[0].id, ArtifactUpdate(data=json.dumps(rows), description=description))
             for extra in existing[1:]:  # two jobs that ended at once may each have created one
                 await client.delete_artifact(extra.id)
         else:
-            await client.create_artifact(ArtifactCreate(key=FLOW_COST_ARTIFACT_KEY, type="table",
-                                                        data=json.dumps(rows), flow_run_id=parent,
-                                                        description=description))
+            await client.create_artifact(
+                ArtifactCreate(
+                    key=FLOW_COST_ARTIFACT_KEY,
+                    type="table",
+                    data=json.dumps(rows),
+                    flow_run_id=parent,
+                    description=description,
+                )
+            )
         _emit_flow_total(parent, total)
         return total
     except Exception as exc:  # the total is a report: it never fails the job
         worker.get_flow_run_logger(flow_run).warning(
-            f"Could not update the flow run's cost total ({type(exc).__name__}: {exc})")
+            f"Could not update the flow run's cost total ({type(exc).__name__}: {exc})"
+        )
         return None
 
 
@@ -150,9 +192,15 @@ def _emit_flow_total(parent: UUID, total: cost.FlowCost) -> None:
     try:
         from prefect.events import emit_event
 
-        emit_event(event=FLOW_COST_EVENT, resource={"prefect.resource.id": f"prefect.flow-run.{parent}"},
-                   payload={"total_usd": round(total.total_usd, 6), "calls": len(total.rows),
-                            "unpriced_calls": total.unpriced})
+        emit_event(
+            event=FLOW_COST_EVENT,
+            resource={"prefect.resource.id": f"prefect.flow-run.{parent}"},
+            payload={
+                "total_usd": round(total.total_usd, 6),
+                "calls": len(total.rows),
+                "unpriced_calls": total.unpriced,
+            },
+        )
     except Exception:
         pass
 
@@ -177,7 +225,8 @@ async def record_budget_outcome(worker: Any, flow_run: FlowRun, configuration: A
         await anyio.to_thread.run_sync(signing.put, store, layout.outcome, outcome.to_json(), key)
     except Exception as exc:  # the run still ends Failed with the budget's message
         worker.get_flow_run_logger(flow_run).warning(
-            f"Could not record the budget stop in the job's outcome ({type(exc).__name__}: {exc})")
+            f"Could not record the budget stop in the job's outcome ({type(exc).__name__}: {exc})"
+        )
 
 
 __all__ = ["JobMeter", "flow_cost", "job_cost_rows", "publish_job_cost", "record_budget_outcome"]

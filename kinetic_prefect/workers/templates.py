@@ -25,6 +25,7 @@ def generated_template(worker_type: str) -> dict[str, Any]:
     if worker_type == "kinetic-local":
         from kinetic_prefect.job_variables import KineticLocalVariables as variables
         from kinetic_prefect.workers.local import KineticLocalJobConfiguration as configuration
+
         manifest = None
     elif worker_type == "kinetic-gke":
         from kinetic_prefect.workers.gke import KineticGKEJobConfiguration as configuration

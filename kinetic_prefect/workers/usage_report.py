@@ -21,11 +21,24 @@ from kinetic_prefect.utilization import parse
 GIB = 2**30
 # Memory of one GPU / one TPU chip (GiB), from the vendors' public specifications, for the hints.
 ACCELERATOR_MEMORY_GIB = {
-    "nvidia-tesla-t4": 16, "nvidia-tesla-p4": 8, "nvidia-tesla-p100": 16, "nvidia-tesla-v100": 16,
-    "nvidia-l4": 24, "nvidia-tesla-a100": 40, "nvidia-a100-80gb": 80, "nvidia-h100-80gb": 80,
-    "nvidia-h100-mega-80gb": 80, "nvidia-h200-141gb": 141, "nvidia-b200": 180, "nvidia-gb200": 186,
-    "nvidia-rtx-pro-6000": 96, "tpu-v4-podslice": 32, "tpu-v5-lite-podslice": 16, "tpu-v5p-slice": 95,
-    "tpu-v6e-slice": 32, "tpu7x": 192,
+    "nvidia-tesla-t4": 16,
+    "nvidia-tesla-p4": 8,
+    "nvidia-tesla-p100": 16,
+    "nvidia-tesla-v100": 16,
+    "nvidia-l4": 24,
+    "nvidia-tesla-a100": 40,
+    "nvidia-a100-80gb": 80,
+    "nvidia-h100-80gb": 80,
+    "nvidia-h100-mega-80gb": 80,
+    "nvidia-h200-141gb": 141,
+    "nvidia-b200": 180,
+    "nvidia-gb200": 186,
+    "nvidia-rtx-pro-6000": 96,
+    "tpu-v4-podslice": 32,
+    "tpu-v5-lite-podslice": 16,
+    "tpu-v5p-slice": 95,
+    "tpu-v6e-slice": 32,
+    "tpu7x": 192,
 }
 # Smaller single GPUs a job could move to, smallest first (catalog names).
 GPU_LADDER = ("l4", "a100", "a100-80gb", "h200")
@@ -66,8 +79,10 @@ def summarize(samples: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
             limits = [d for d in devices if d.get("limit")]
             if limits:
                 add("accelerator memory peak, JAX (% of limit)", max(100.0 * d["peak"] / d["limit"] for d in limits))
-    return {name: {"peak": round(max(values), 3), "mean": round(sum(values) / len(values), 3), "samples": len(values)}
-            for name, values in series.items()}
+    return {
+        name: {"peak": round(max(values), 3), "mean": round(sum(values) / len(values), 3), "samples": len(values)}
+        for name, values in series.items()
+    }
 
 
 def hint(spec: accelerators.AcceleratorSpec, summary: dict[str, dict[str, float]]) -> str | None:
@@ -76,24 +91,39 @@ def hint(spec: accelerators.AcceleratorSpec, summary: dict[str, dict[str, float]
         return None
     gpu_seen = "GPU utilization (%)" in summary or any(k.startswith("accelerator memory") for k in summary)
     if not gpu_seen:
-        return (f"the job asked for {spec.name} but saw no accelerator (no NVML GPU, no JAX device memory): it ran on "
-                "the CPU, or never initialised JAX on the device")
+        return (
+            f"the job asked for {spec.name} but saw no accelerator (no NVML GPU, no JAX device memory): it ran on "
+            "the CPU, or never initialised JAX on the device"
+        )
     total = memory_gib(spec)
-    peak_gib = (summary.get("accelerator memory peak, JAX (GiB, busiest device)")
-                or summary.get("GPU memory, NVML (GiB, busiest GPU)") or {}).get("peak")
+    peak_gib = (
+        summary.get("accelerator memory peak, JAX (GiB, busiest device)")
+        or summary.get("GPU memory, NVML (GiB, busiest GPU)")
+        or {}
+    ).get("peak")
     if total and peak_gib is not None:
         share = 100.0 * peak_gib / total
         if share < UNUSED_MEMORY_PERCENT:
             word = "HBM" if spec.family == "tpu" else "GPU memory"
-            smaller = next((name for name in GPU_LADDER if spec.family == "gpu" and name != spec.name
-                            and (memory_gib(accelerators.resolve(name)) or 0) >= peak_gib * 1.25
-                            and (memory_gib(accelerators.resolve(name)) or 0) < total), None)
+            smaller = next(
+                (
+                    name
+                    for name in GPU_LADDER
+                    if spec.family == "gpu"
+                    and name != spec.name
+                    and (memory_gib(accelerators.resolve(name)) or 0) >= peak_gib * 1.25
+                    and (memory_gib(accelerators.resolve(name)) or 0) < total
+                ),
+                None,
+            )
             tail = f": an {smaller} would do" if smaller else ": a smaller accelerator would do"
             return f"peak {word} {share:.0f} % of a{'n' if spec.name[0] in 'aeiou' else ''} {spec.name}{tail}"
     util = summary.get("GPU utilization (%)")
     if util and util["mean"] < IDLE_PERCENT:
-        return (f"the GPU was busy {util['mean']:.0f} % of the time on average (peak {util['peak']:.0f} %): the job "
-                "waits on input or the CPU; feed it faster or use a smaller GPU")
+        return (
+            f"the GPU was busy {util['mean']:.0f} % of the time on average (peak {util['peak']:.0f} %): the job "
+            "waits on input or the CPU; feed it faster or use a smaller GPU"
+        )
     return None
 
 
@@ -104,8 +134,10 @@ def plot_svg(samples: list[dict[str, Any]], width: int = 720, height: int = 260)
     start = samples[0]["t"]
     span = max(1e-6, samples[-1]["t"] - start)
     lines: dict[str, tuple[str, list[tuple[float, float]]]] = {
-        "host CPU %": ("#1f77b4", []), "host memory % of machine": ("#2ca02c", []),
-        "GPU utilization %": ("#d62728", []), "accelerator memory % of limit": ("#9467bd", []),
+        "host CPU %": ("#1f77b4", []),
+        "host memory % of machine": ("#2ca02c", []),
+        "GPU utilization %": ("#d62728", []),
+        "accelerator memory % of limit": ("#9467bd", []),
     }
     for sample in samples:
         x = sample["t"] - start
@@ -126,22 +158,32 @@ def plot_svg(samples: list[dict[str, Any]], width: int = 720, height: int = 260)
     def point(x: float, y: float) -> str:
         return f"{left + plot_w * x / span:.1f},{top + plot_h * (1 - min(100.0, max(0.0, y)) / 100.0):.1f}"
 
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
-             f'font-size="11"><rect width="{width}" height="{height}" fill="white"/>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+        f'font-size="11"><rect width="{width}" height="{height}" fill="white"/>'
+    ]
     for pct in (0, 25, 50, 75, 100):
         y = top + plot_h * (1 - pct / 100)
-        parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#ddd"/>'
-                     f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{pct}%</text>')
-    parts.append(f'<text x="{left + plot_w / 2}" y="{top + plot_h + 18}" text-anchor="middle">'
-                 f'seconds since the first sample (0 – {span:.0f} s)</text>')
+        parts.append(
+            f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#ddd"/>'
+            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{pct}%</text>'
+        )
+    parts.append(
+        f'<text x="{left + plot_w / 2}" y="{top + plot_h + 18}" text-anchor="middle">'
+        f"seconds since the first sample (0 – {span:.0f} s)</text>"
+    )
     legend_x = left
     for label, (color, points) in lines.items():
         if not points:
             continue
-        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.8" '
-                     f'points="{" ".join(point(x, y) for x, y in points)}"/>')
-        parts.append(f'<rect x="{legend_x}" y="{height - 18}" width="10" height="10" fill="{color}"/>'
-                     f'<text x="{legend_x + 14}" y="{height - 9}">{label}</text>')
+        parts.append(
+            f'<polyline fill="none" stroke="{color}" stroke-width="1.8" '
+            f'points="{" ".join(point(x, y) for x, y in points)}"/>'
+        )
+        parts.append(
+            f'<rect x="{legend_x}" y="{height - 18}" width="10" height="10" fill="{color}"/>'
+            f'<text x="{legend_x + 14}" y="{height - 9}">{label}</text>'
+        )
         legend_x += 14 + 7 * len(label) + 18
     parts.append("</svg>")
     return "".join(parts)
@@ -179,22 +221,35 @@ class UsageReport:
 
         summary = summarize(self.samples)
         advice = hint(self.spec, summary)
-        rows = [{"figure": name, "peak": v["peak"], "mean": v["mean"], "samples": v["samples"]}
-                for name, v in summary.items()]
+        rows = [
+            {"figure": name, "peak": v["peak"], "mean": v["mean"], "samples": v["samples"]}
+            for name, v in summary.items()
+        ]
         seconds = self.samples[-1]["t"] - self.samples[0]["t"]
         description = f"kinetic job usage on {self.spec.name}: {len(self.samples)} samples over {seconds:.0f} s"
         svg = plot_svg(self.samples)
-        markdown = (f"## Usage of {self.flow_run.name} ({self.spec.name})\n\n"
-                    + (f"**Hint:** {advice}\n\n" if advice else "")
-                    + f"![usage over time](data:image/svg+xml;base64,{base64.b64encode(svg.encode()).decode()})\n\n"
-                    + "| figure | peak | mean |\n| --- | ---: | ---: |\n"
-                    + "".join(f"| {r['figure']} | {r['peak']:g} | {r['mean']:g} |\n" for r in rows))
+        markdown = (
+            f"## Usage of {self.flow_run.name} ({self.spec.name})\n\n"
+            + (f"**Hint:** {advice}\n\n" if advice else "")
+            + f"![usage over time](data:image/svg+xml;base64,{base64.b64encode(svg.encode()).decode()})\n\n"
+            + "| figure | peak | mean |\n| --- | ---: | ---: |\n"
+            + "".join(f"| {r['figure']} | {r['peak']:g} | {r['mean']:g} |\n" for r in rows)
+        )
         try:
-            await self.client.create_artifact(ArtifactCreate(
-                key=USAGE_ARTIFACT_KEY, type="table", data=json.dumps(rows), flow_run_id=self.flow_run.id,
-                description=description + (f". Hint: {advice}" if advice else "")))
-            await self.client.create_artifact(ArtifactCreate(
-                type="markdown", data=markdown, flow_run_id=self.flow_run.id, description=description + " (plot)"))
+            await self.client.create_artifact(
+                ArtifactCreate(
+                    key=USAGE_ARTIFACT_KEY,
+                    type="table",
+                    data=json.dumps(rows),
+                    flow_run_id=self.flow_run.id,
+                    description=description + (f". Hint: {advice}" if advice else ""),
+                )
+            )
+            await self.client.create_artifact(
+                ArtifactCreate(
+                    type="markdown", data=markdown, flow_run_id=self.flow_run.id, description=description + " (plot)"
+                )
+            )
         except Exception as exc:  # a report: it never fails the job
             logger.warning(f"Could not record the job's usage artifacts ({type(exc).__name__}: {exc})")
             return

@@ -78,8 +78,16 @@ class WarmRunners:
         self._by_key[key] = runners
         return runners
 
-    def hand_over(self, argv: list[str], cwd: str | None, env: dict[str, str], job_dir: Path, log_name: str,
-                  keep_warm_seconds: float, min_warm: int) -> subprocess.Popen:
+    def hand_over(
+        self,
+        argv: list[str],
+        cwd: str | None,
+        env: dict[str, str],
+        job_dir: Path,
+        log_name: str,
+        keep_warm_seconds: float,
+        min_warm: int,
+    ) -> subprocess.Popen:
         """Give one call to an idle runner of its environment, or to a new one; returns the runner's process."""
         key = environment_key(argv, cwd, env)
         with self._lock:
@@ -88,8 +96,12 @@ class WarmRunners:
             if runner is None:
                 runner = self._start(key, argv, cwd, env, forever=sum(r.forever for r in live) < min_warm)
                 self._by_key[key].append(runner)
-        call = {"job_dir": str(job_dir), "log": log_name, "env": env,
-                "keep_warm_seconds": None if runner.forever else keep_warm_seconds}
+        call = {
+            "job_dir": str(job_dir),
+            "log": log_name,
+            "env": env,
+            "keep_warm_seconds": None if runner.forever else keep_warm_seconds,
+        }
         partial = runner.control / (WarmRunnerFiles.CALL + ".partial")
         partial.write_text(json.dumps(call))
         os.replace(partial, runner.control / WarmRunnerFiles.CALL)
@@ -102,8 +114,14 @@ class WarmRunners:
         base[Env.WARM_LAUNCHER_PID] = str(os.getpid())
         with open(control / "runner.log", "ab") as out:
             process = subprocess.Popen(
-                [*warm_argv(argv), str(control)], cwd=cwd or None, env=base, stdin=subprocess.DEVNULL,
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                [*warm_argv(argv), str(control)],
+                cwd=cwd or None,
+                env=base,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.started += 1
         return WarmRunner(process, control, key, forever)
 

@@ -17,8 +17,9 @@ def train_model_a():
     import keras
     import numpy as np
 
-    model = keras.Sequential([keras.layers.Input(shape=(10,)), keras.layers.Dense(8, activation="relu"),
-                              keras.layers.Dense(1)])
+    model = keras.Sequential(
+        [keras.layers.Input(shape=(10,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)]
+    )
     model.compile(optimizer="adam", loss="mse")
     x, y = np.random.randn(64, 10), np.random.randn(64, 1)
     print("Training model A...")
