@@ -61,7 +61,7 @@ async def call_budget(client: Any, task_budget: float | None, pool: Any, pool_va
     context = FlowRunContext.get()
     flow_run = context.flow_run if context is not None else None
     limit = flow_budget(flow_run.tags) if flow_run is not None else None
-    if limit is not None:
+    if limit is not None and flow_run is not None:
         from kinetic_prefect.cost_records import flow_cost
 
         spent = (await flow_cost(client, flow_run.id)).total_usd

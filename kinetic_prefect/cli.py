@@ -332,7 +332,9 @@ def cost_command(
         return moment.replace(tzinfo=timezone.utc) if moment is not None and moment.tzinfo is None else moment
 
     try:
-        runs = run_coro_as_sync(flow_run_costs(flow_run, deployment, flow_name, utc(since), utc(until), last))
+        runs: list[Any] = run_coro_as_sync(  # its return type is lost
+            flow_run_costs(flow_run, deployment, flow_name, utc(since), utc(until), last)
+        )
     except ValueError as exc:
         raise ClickException(str(exc)) from None
     total = sum(r.total_usd for r in runs)

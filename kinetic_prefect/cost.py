@@ -152,6 +152,7 @@ def host_rate(spec: accelerators.AcceleratorSpec, price: Price | None, spot: boo
     rate = price.rate(spot) if price is not None else None
     if rate is None:
         return None
+    assert price is not None  # a rate came from it
     return rate * (max(1, spec.chips_per_host) if price.unit == "chip" else 1)
 
 
@@ -162,7 +163,7 @@ def job_cost(spec: accelerators.AcceleratorSpec, spans: list[HostSpan], price: P
     rate_total: float | None = 0.0
     for span in spans:
         rate = host_rate(spec, price, span.spot)
-        if rate is None:
+        if rate is None or usd is None or rate_total is None:
             usd = rate_total = None
             break
         usd += rate * span.seconds(now) / 3600.0

@@ -69,7 +69,7 @@ async def _select_runs(
             raise ValueError(f"--deployment {deployment!r}: name it FLOW/DEPLOYMENT, e.g. eurosat-vit/weekly-retrain")
         found = await client.read_deployment_by_name(deployment)
         deployment_filter = DeploymentFilter(id=DeploymentFilterId(any_=[found.id]))
-    start = FlowRunFilterStartTime(after_=since, before_=until) if since or until else None
+    start = FlowRunFilterStartTime(after_=since, before_=until) if since or until else None  # type: ignore[arg-type]
     runs = await client.read_flow_runs(
         flow_run_filter=FlowRunFilter(start_time=start) if start else None,
         flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])) if flow_name else None,

@@ -486,7 +486,7 @@ async def _submit_and_wait(
                     await Outage(f"the caller of {run_name}").call(
                         lambda: client.read_flow_run(flow_run.id), "reading the job's final state"
                     )
-                ).state  # type: ignore[assignment]
+                ).state
         except BaseException:
             if polling:  # the worker stops the job; shielded: this task is being cancelled itself
                 await _prefect.cancel_flow_run(

@@ -94,9 +94,8 @@ class Outage:
                 delay = min(5.0, delay * 2)
                 continue
             if self.announced:
-                self.notify(
-                    f"the Prefect API answers again after {time.monotonic() - self.since:.0f} s; {self.what} goes on"
-                )
+                away = time.monotonic() - (self.since or time.monotonic())
+                self.notify(f"the Prefect API answers again after {away:.0f} s; {self.what} goes on")
             self.since, self.announced = None, False
             return value
 

@@ -591,7 +591,7 @@ def _store_full(outcome: Outcome, store, object_key: str, size: int, exc: OSErro
     outcome.status, outcome.phase, outcome.error_type = FAILED, PHASE_WRITE_RESULT, STORE_FULL_ERROR
     outcome.user_error = False
     outcome.message = (
-        f"{errno.errorcode.get(exc.errno, exc.errno)} ({exc.strerror}) while writing the result "
+        f"{errno.errorcode.get(exc.errno or 0, exc.errno)} ({exc.strerror}) while writing the result "
         f"({size / 2**20:.1f} MiB) to {store.url_for(object_key)}: the store {store.url} is full. Free "
         f"space there, or return less and write large results to {Env.OUTPUT_DIR}"
     )

@@ -46,7 +46,7 @@ def caller_interrupted() -> bool:
     if getattr(threading, "_SHUTTING_DOWN", False) and isinstance(getattr(sys, "last_value", None), _interrupts()):
         return True  # the script already ended with the interrupt; the interpreter now waits for its threads
     # CPython's view of each thread's exception being handled (an exc_info tuple before 3.12, the exception after).
-    handled = sys._current_exceptions().get(main.ident)  # noqa: SLF001
+    handled = sys._current_exceptions().get(main.ident or 0)  # noqa: SLF001
     exc = handled[1] if isinstance(handled, tuple) else handled
     return isinstance(exc, _interrupts())
 
@@ -132,7 +132,7 @@ def _cancel_job_runs(task_run_ids: list[Any]) -> None:
             t.id
             for t in siblings
             if t.task_key.startswith(TRACKING_TASK_KEY_PREFIX)
-            and any(str(p.id) in wanted for p in t.task_inputs.get("__parents__", []))
+            and any(str(getattr(p, "id", None)) in wanted for p in t.task_inputs.get("__parents__", []))
         ]
         if not trackers:
             return

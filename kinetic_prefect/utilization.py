@@ -124,7 +124,7 @@ def jax_device_memory() -> list[dict[str, Any]]:
         devices = jax.local_devices()
     except Exception:
         return []
-    found = []
+    found: list[Any] = []
     for device in devices:
         if getattr(device, "platform", "cpu") == "cpu":
             continue

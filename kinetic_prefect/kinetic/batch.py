@@ -184,9 +184,10 @@ class BatchHandle:
         results: list[Any] = [None] * len(self.jobs)
         failures: list[JobHandle] = []
         errors: dict[int, BaseException] = dict(self._submission_errors)
-        for index, job in enumerate(self.jobs):
-            if job is None:
+        for index, maybe_job in enumerate(self.jobs):
+            if maybe_job is None:
                 continue
+            job = maybe_job
             try:
                 results[index] = job.result(cleanup=cleanup)
             except ResultAlreadyCollected:
@@ -202,8 +203,8 @@ class BatchHandle:
                 [None if i in errors else r for i, r in enumerate(results)],
                 self._submission_errors,
             )
-        for index, exc in errors.items():
-            results[index] = exc
+        for index, error in errors.items():
+            results[index] = error
         if not ordered:
             rest = [i for i in range(len(self.jobs)) if i not in order]
             return [results[i] for i in order + rest]

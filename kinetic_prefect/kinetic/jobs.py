@@ -240,7 +240,7 @@ class JobHandle:
         from kinetic_prefect.storage import ObjectNotFound
 
         state = flow_run.state
-        layout = RunLayout(flow_run.job_variables["env"][Env.RUN_ID])
+        layout = RunLayout((flow_run.job_variables or {})["env"][Env.RUN_ID])
         if state.is_cancelled():
             raise KineticJobCancelled(
                 f"job {self.job_id} ({self.display_name}) was cancelled: {state.message or 'on request'}"
@@ -256,7 +256,7 @@ class JobHandle:
                 blob = dispatch._read_signed(store, layout.result, key)  # noqa: SLF001
             except ObjectNotFound:
                 blob = None
-            dispatch._raise_remote(outcome, blob, self.display_name, self._fn)  # noqa: SLF001
+            dispatch._raise_remote(outcome, blob, self.display_name, self._fn)  # type: ignore[arg-type]  # noqa: SLF001
         try:
             value = cloudpickle.loads(dispatch._read_signed(store, layout.result, key))  # noqa: SLF001
         except ObjectNotFound:
@@ -332,7 +332,7 @@ async def _delete_run_objects(flow_run_id: UUID) -> None:
     async with get_client() as client:
         flow_run = await client.read_flow_run(flow_run_id)
         store, _key = await _open_store(client, flow_run)
-    layout = RunLayout(flow_run.job_variables["env"][Env.RUN_ID])
+    layout = RunLayout((flow_run.job_variables or {})["env"][Env.RUN_ID])
     for object_key in (layout.payload, layout.result, layout.outcome):
         await to_thread.run_sync(signing.delete, store, object_key)
 
@@ -470,7 +470,7 @@ def start_waited_for_at_exit(thread: threading.Thread) -> None:
     thread is joined only after that, when the job's worker can no longer start a thread ("cannot schedule new
     futures after interpreter shutdown")."""
     if not _waited_for_at_exit:
-        threading._register_atexit(_join_at_exit)  # noqa: SLF001 - the hook that runs before the pools' shutdown
+        threading._register_atexit(_join_at_exit)  # type: ignore[attr-defined]  # noqa: SLF001 - the hook that runs before the pools' shutdown
     _waited_for_at_exit.append(thread)
     thread.start()
 

@@ -119,7 +119,7 @@ class RemoteCallable:
         self._adapted = bool(self.volumes or output_dir)
         self._body = with_volumes(fn, output_dir) if self._adapted else fn
         task_options.setdefault("name", fn.__name__)
-        self.task = kinetic_task(self._body, accelerator=spec, env=list(capture_env_vars or ()), **task_options)
+        self.task = kinetic_task(self._body, accelerator=spec, env=list(capture_env_vars or ()), **task_options)  # type: ignore[call-overload]
         functools.update_wrapper(self, fn)
 
     def _call_args(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:

@@ -356,7 +356,7 @@ class JobFollower:
 
     def event_reasons(self, name: str) -> list[str]:
         events = self.core.list_namespaced_event(self.namespace).items
-        return [e.reason for e in events if e.involved_object is not None and e.involved_object.name == name]
+        return [e.reason or "" for e in events if e.involved_object is not None and e.involved_object.name == name]
 
     def node_exists(self, name: str) -> bool | None:
         """None: not known (the worker's namespaced Role may not read nodes, which are cluster-wide)."""
@@ -850,7 +850,7 @@ class GKEJobLauncher(JobLauncher):
             and (j.metadata.labels or {}).get(FLOW_RUN_LABEL) == str(flow_run.id)
             and j.metadata.deletion_timestamp is None
         ]
-        mine.sort(key=lambda j: int((j.metadata.labels or {}).get("kinetic.prefect.io/attempt") or 1))
+        mine.sort(key=lambda j: int((j.metadata.labels or {}).get("kinetic.prefect.io/attempt") or 1))  # type: ignore[union-attr]
         return mine[-1].metadata.name if mine else None  # type: ignore[union-attr]  # filtered above
 
     @staticmethod

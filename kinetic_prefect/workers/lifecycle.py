@@ -684,8 +684,11 @@ class KineticWorker:
             if flow_run.state is None or flow_run.state.is_final():
                 continue
             configuration = await self.job_configuration.resolve_for_flow_run(  # type: ignore[attr-defined]
-                flow_run, client=self.client, work_pool=self.work_pool, worker_name=self.name
-            )  # type: ignore[attr-defined]
+                flow_run,
+                client=self.client,
+                work_pool=self.work_pool,  # type: ignore[attr-defined]  # BaseWorker's, mixed in
+                worker_name=self.name,  # type: ignore[attr-defined]
+            )
             configuration.env.pop(Env.ENV_BLOCK, None)  # read and deleted by the first worker; the job has it
             start_soon(self.follow, flow_run, configuration, identifier)
             count += 1

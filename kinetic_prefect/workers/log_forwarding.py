@@ -41,7 +41,7 @@ class JobLogForwarder:
             level=logging.INFO,
             message=text,
             flow_run_id=self.flow_run_id,
-            timestamp=datetime.datetime.now(datetime.timezone.utc),
+            timestamp=datetime.datetime.now(datetime.timezone.utc),  # type: ignore[arg-type]  # pendulum-typed
         )
         with self._lock:
             self._pending.append(record)
@@ -55,7 +55,8 @@ class JobLogForwarder:
         sent = 0
         try:
             while sent < len(batch):
-                request, size = [], 0
+                request: list[Any] = []
+                size = 0
                 for record in batch[sent:]:
                     if request and size + len(record.message) > REQUEST_BYTES:
                         break
