@@ -15,6 +15,10 @@ from test_gke_manifests import K8S_VERSION, render
 # --------------------------------------------------------------------------- fallback lists
 
 
+def _noop() -> None:
+    """A task body (a lambda would need name=)."""
+
+
 def test_a_list_resolves_in_order_and_travels_as_one_job_variable():
     specs = capacity.choices(["tpu-v6e-8", "a100x4", "l4x4:spot"])
     assert [capacity.label(s) for s in specs] == ["tpu-v6e-8", "a100x4", "l4x4:spot"]
@@ -33,20 +37,20 @@ def test_a_list_resolves_in_order_and_travels_as_one_job_variable():
 )
 def test_a_bad_list_fails_at_decoration_naming_the_culprit(bad, culprit):
     with pytest.raises(ValueError, match=culprit):
-        kinetic_task(lambda: None, accelerator=bad)
+        kinetic_task(_noop, accelerator=bad)
 
 
 def test_multi_host_and_single_host_mix_only_where_hosts_allows():
     with pytest.raises(ValueError, match=r"mixes host counts \(tpu-v5p-16: 2, l4: 1\).*hosts=2"):
-        kinetic_task(lambda: None, accelerator=["tpu-v5p-16", "l4"])
-    task = kinetic_task(lambda: None, accelerator=["tpu-v5p-16", "l4"], hosts=2)  # both run as 2 hosts
+        kinetic_task(_noop, accelerator=["tpu-v5p-16", "l4"])
+    task = kinetic_task(_noop, accelerator=["tpu-v5p-16", "l4"], hosts=2)  # both run as 2 hosts
     assert [s.name for s in (task.kinetic.accelerator, *task.kinetic.fallbacks)] == ["tpu-v5p-16", "l4"]
     with pytest.raises(ValueError, match="slice of 2 hosts"):
-        kinetic_task(lambda: None, accelerator=["tpu-v5p-16", "l4"], hosts=4)
+        kinetic_task(_noop, accelerator=["tpu-v5p-16", "l4"], hosts=4)
 
 
 def test_with_options_takes_a_list_and_keeps_the_capacity_options():
-    task = kinetic_task(lambda: None, accelerator="l4", preemption_retries=1, spot_fallback=True)
+    task = kinetic_task(_noop, accelerator="l4", preemption_retries=1, spot_fallback=True)
     other = task.with_options(accelerator=["a100x4", "l4x4"])
     assert other.kinetic.accelerator.name == "a100x4" and [s.name for s in other.kinetic.fallbacks] == ["l4x4"]
     assert other.kinetic.preemption_retries == 1 and other.kinetic.spot_fallback is True
@@ -58,7 +62,7 @@ def test_job_variables_carry_the_list_and_the_budget():
     from kinetic_prefect.dispatch import PreparedCall, _job_variables
     from kinetic_prefect.contract import RunLayout
 
-    task = kinetic_task(lambda: None, accelerator=["a100x4", "l4x4:spot"], preemption_retries=2)
+    task = kinetic_task(_noop, accelerator=["a100x4", "l4x4:spot"], preemption_retries=2)
     call = PreparedCall(RunLayout("r"), b"", "0" * 64, None, {}, [])
     variables = _job_variables(task.kinetic, call, "/tmp/store", {"preemption_retries", "spot_fallback"})
     assert variables["accelerator"] == "a100x4,l4x4:spot" and variables["preemption_retries"] == 2

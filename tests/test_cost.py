@@ -249,7 +249,7 @@ def test_a_budget_needs_a_price_and_fails_before_upload():
         pipeline()
     assert job_runs(name) == []
     with pytest.raises(cost.PriceTableError, match="positive number"):
-        kinetic_task(max_cost_usd=0)(lambda: 1)
+        kinetic_task(max_cost_usd=0, name="zero-budget")(lambda: 1)
 
 
 # --------------------------------------------------------------------------- pricing, at the launcher boundary
