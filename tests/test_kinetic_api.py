@@ -147,11 +147,11 @@ def test_kinetic_task_warns_once_where_the_namings_disagree():
     names._warned.clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        kinetic_task(accelerator="tpu-v5p-8")(lambda: None)
-        kinetic_task(accelerator="tpu-v5p-8")(lambda: None)  # once per name
-        kinetic_task(accelerator="tpu-v5p-2x2x1")(lambda: None)  # the unambiguous spelling: silent
-        kinetic_task(accelerator="tpu-v5litepod-4")(lambda: None)  # both namings agree: silent
-        kinetic_task(accelerator="l4")(lambda: None)
+        kinetic_task(accelerator="tpu-v5p-8", name="noop")(lambda: None)
+        kinetic_task(accelerator="tpu-v5p-8", name="noop")(lambda: None)  # once per name
+        kinetic_task(accelerator="tpu-v5p-2x2x1", name="noop")(lambda: None)  # the unambiguous spelling: silent
+        kinetic_task(accelerator="tpu-v5litepod-4", name="noop")(lambda: None)  # both namings agree: silent
+        kinetic_task(accelerator="l4", name="noop")(lambda: None)
     messages = [str(w.message) for w in caught if issubclass(w.category, names.AcceleratorNamingWarning)]
     assert len(messages) == 1, messages
     assert "'tpu-v5p-8'" in messages[0] and "4 chips (2x2x1) on 1 host" in messages[0]

@@ -118,7 +118,8 @@ class RemoteCallable:
         self.output_dir = output_dir
         self._adapted = bool(self.volumes or output_dir)
         self._body = with_volumes(fn, output_dir) if self._adapted else fn
-        task_options.setdefault("name", fn.__name__)
+        # a lambda has no name a Prefect flow may carry: Kinetic accepts one, so it is named for what it is
+        task_options.setdefault("name", "lambda" if fn.__name__ == "<lambda>" else fn.__name__)
         self.task = kinetic_task(self._body, accelerator=spec, env=list(capture_env_vars or ()), **task_options)  # type: ignore[call-overload]
         functools.update_wrapper(self, fn)
 
