@@ -200,15 +200,15 @@ def test_an_unpicklable_argument_fails_before_anything_is_stored(store_dir):
 
 def test_bad_decorator_inputs_fail_at_decoration_with_the_fix(tmp_path):
     with pytest.raises(ValueError, match="Closest valid names: l4"):
-        kinetic_task(accelerator="l7")(lambda: None)
+        kinetic_task(accelerator="l7", name="noop")(lambda: None)
     with pytest.raises(RequirementsError, match="does not exist"):
-        kinetic_task(requirements=str(tmp_path / "missing.txt"))(lambda: None)
+        kinetic_task(requirements=str(tmp_path / "missing.txt"), name="noop")(lambda: None)
     bad = tmp_path / "requirements.txt"
     bad.write_text("numpy>=1\nthis is not a requirement!!\n")
     with pytest.raises(RequirementsError, match=r"requirements.txt:2"):
-        kinetic_task(requirements=str(bad))(lambda: None)
+        kinetic_task(requirements=str(bad), name="noop")(lambda: None)
     with pytest.raises(ValueError, match="submission"):
-        kinetic_task(submission="teleport")(lambda: None)
+        kinetic_task(submission="teleport", name="noop")(lambda: None)
 
 
 def test_missing_forwarded_env_var_and_unknown_pool_fail_before_launch(monkeypatch):
