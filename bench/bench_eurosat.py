@@ -276,8 +276,6 @@ def cmd_predict_check(args) -> None:
 
 def cmd_measure(args) -> None:
     """ms/step of candidate configurations on real (sample) batches through the real input pipeline."""
-    import keras
-    import numpy as np
 
     from eurosat import dataset as ds
     from eurosat.model import ViTConfig
