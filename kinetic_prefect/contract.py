@@ -147,6 +147,7 @@ class WarmRunnerFiles:
         Env.CHECKPOINT_KEY,
         Env.FLOW_RUN_ID,
         Env.ENV_BLOCK,
+        Env.JOB_DIR,  # the call's own folder (its working copy of the project, its log)
     )
     PER_CALL_ENV_PREFIXES = ("PREFECT__",)  # Prefect's own per-run variables (PREFECT__FLOW_RUN_ID...)
 
