@@ -257,11 +257,6 @@ def test_cancelling_the_job_run_is_not_undone_by_retries(route, tmp_path):
     assert task_run_of(runs[0]).state.is_cancelled()
 
 
-@pytest.mark.xfail(
-    reason="known regression of this round's merge: the job stops and its run ends Cancelled, but the call now "
-    "raises KineticJobCancelled and the parent flow run ends Failed instead of Cancelled (issue 21, open)",
-    strict=False,
-)
 def test_cancelling_the_parent_flow_run_stops_the_job(route, tmp_path):
     pool, submission = route
     name = f"parent-{uuid.uuid4().hex[:6]}"
