@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -122,17 +123,29 @@ def _wait(predicate, timeout: float, what: str):
     return value
 
 
-def _events(name: str, since: float):
-    from prefect.events.filters import EventFilter, EventNameFilter
+def _events(name: str, since: float, until=bool, timeout: float = 20.0):
+    """Events named ``name`` since ``since``; the server stores events asynchronously, so poll until
+    ``until(found)`` holds (or the timeout passes, returning what there is)."""
+    from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter
     from prefect.events.worker import EventsWorker
 
     EventsWorker.drain_all()
-    with get_client(sync_client=True) as client:
-        return [
-            e
-            for e in client.read_events(EventFilter(event=EventNameFilter(name=[name])), limit=50).events
-            if e.occurred.timestamp() >= since - 5
-        ]
+    deadline = time.time() + timeout
+    while True:
+        with get_client(sync_client=True) as client:
+            found = [
+                e
+                for e in client.read_events(
+                    EventFilter(
+                        event=EventNameFilter(name=[name]),
+                        occurred=EventOccurredFilter(since=datetime.fromtimestamp(since - 5, tz=timezone.utc)),
+                    ),
+                    limit=50,  # the most the events API returns in one page; newest first
+                ).events
+            ]
+        if until(found) or time.time() > deadline:
+            return found
+        time.sleep(0.5)
 
 
 def test_an_l4_call_is_scheduled_on_the_l4_pool_and_returns(kube, gke_pool, python_base_image):
