@@ -55,3 +55,54 @@ def test_a_restarted_worker_forwards_every_line_once(worker_factory, tmp_path):
     missing = sorted(set(expected) - set(stored))
     assert not missing, f"{len(missing)} of {LINES} lines never reached the run's logs, e.g. {missing[:5]}"
     assert stored == expected, f"{len(stored) - len(set(stored))} lines were forwarded twice"
+
+
+def test_a_log_request_whose_answer_was_lost_is_not_stored_twice():
+    """An outage can cut a request off after the server stored it: the retry sends only what is missing."""
+    import asyncio
+
+    import httpx
+    from prefect import get_client
+
+    from kinetic_prefect.outages import Outage
+    from kinetic_prefect.workers.log_forwarding import JobLogForwarder
+
+    @flow
+    def parent() -> str:
+        from prefect.runtime import flow_run
+
+        return flow_run.id
+
+    flow_run_id = parent()
+    marker = uuid.uuid4().hex[:8]
+
+    class LosesTheFirstAnswer:
+        """The server stores the first request, then the connection drops before its answer arrives."""
+
+        def __init__(self, client):
+            self.client, self.lost = client, False
+
+        async def create_logs(self, logs):
+            await self.client.create_logs(logs)
+            if not self.lost:
+                self.lost = True
+                raise httpx.ReadError("connection dropped before the answer")
+
+        def __getattr__(self, name):
+            return getattr(self.client, name)
+
+    async def forward() -> list[str]:
+        async with get_client() as client:
+            forwarder = JobLogForwarder(LosesTheFirstAnswer(client), flow_run_id, logging_console(), Outage("test"))
+            for i in range(6):
+                forwarder.emit(f"{marker}-{i}")
+            assert await forwarder.flush()
+            return [log.message for log in await client.read_logs() if log.message.startswith(marker)]
+
+    assert sorted(asyncio.run(forward())) == [f"{marker}-{i}" for i in range(6)]
+
+
+def logging_console():
+    import logging
+
+    return logging.getLogger("kinetic-test-console")

@@ -62,7 +62,7 @@ class JobLogForwarder:
                         break
                     request.append(record)
                     size += len(record.message)
-                await self.outage.call(lambda: self.client.create_logs(request), "forwarding the job's output")  # noqa: B023
+                await self.outage.call(_once(self.client, self.flow_run_id, request), "forwarding the job's output")
                 sent += len(request)
         except BaseException:
             with self._lock:  # not stored: sent again by the next flush, in order
@@ -70,5 +70,46 @@ class JobLogForwarder:
             raise
         return True
 
+
+def _once(client: Any, flow_run_id: Any, request: list[Any]) -> Any:
+    """``create_logs(request)`` made safe to retry: a request cut off in an outage may have been stored even
+    though no answer came back, so every try after the first sends only the records the run does not have yet
+    (matched by timestamp and message, which a resent record keeps)."""
+    tries = 0
+
+    async def send() -> None:
+        nonlocal tries
+        tries += 1
+        todo = request if tries == 1 else await _not_stored(client, flow_run_id, request)
+        if todo:
+            await client.create_logs(todo)
+
+    return send
+
+
+async def _not_stored(client: Any, flow_run_id: Any, records: list[Any]) -> list[Any]:
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterTimestamp
+
+    earliest = min(r.timestamp for r in records) - datetime.timedelta(microseconds=1)
+    latest = max(r.timestamp for r in records) + datetime.timedelta(microseconds=1)
+    stored: set[tuple[Any, str]] = set()
+    offset = 0
+    while True:
+        page = await client.read_logs(
+            log_filter=LogFilter(
+                flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]),
+                timestamp=LogFilterTimestamp(after_=earliest, before_=latest),
+            ),
+            limit=PAGE,
+            offset=offset,
+        )
+        stored.update((log.timestamp, log.message) for log in page)
+        if len(page) < PAGE:
+            break
+        offset += len(page)
+    return [r for r in records if (r.timestamp, r.message) not in stored]
+
+
+PAGE = 200
 
 __all__ = ["JobLogForwarder"]
