@@ -75,6 +75,9 @@ def fail_fast(futures: Iterable[Any], poll_seconds: float = 0.5) -> list[Any]:
 
     futures = list(futures)
     for done in as_completed(futures):
+        # wait() on a done future records the state the task runner returned; without it ``state`` is read from
+        # the API, where the task run's final state can lag behind (a failed call still showed Retrying)
+        done.wait()
         if _is_failure(done.state):
             stop_futures([f for f in futures if f is not done], poll_seconds=poll_seconds)
             return [done.result()]  # raises the failure
