@@ -357,9 +357,6 @@ def test_keyboard_interrupt_in_the_job_fails_the_task_not_the_caller():
 # --------------------------------------------------------------------------- nothing left behind
 
 
-@pytest.mark.xfail(
-    reason="failed once on the merged tree of this round, not yet diagnosed (issue 21 defect 8, open)", strict=False
-)
 def test_no_temporary_directories_payloads_or_results_are_left(tmp_path, monkeypatch, store_dir):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
@@ -386,7 +383,9 @@ def test_no_temporary_directories_payloads_or_results_are_left(tmp_path, monkeyp
     for run in job_runs(name):
         run_id = run.job_variables["env"]["KINETIC_RUN_ID"]
         left = sorted(p.name for p in (store_dir / "runs" / run_id).iterdir())
-        assert left == ["outcome.json"], left
+        # the payload and the result are gone; the two small records stay (the outcome, and the worker's
+        # record of where the job ran, which the caller reports)
+        assert left in (["outcome.json"], ["capacity.json", "outcome.json"]), left
         assert (store_dir / "outputs" / run_id / "model.txt").read_text() == "weights"
     jobs_dir = Path(os.environ["KINETIC_CACHE_DIR"]) / "jobs"
     assert not [run.id for run in job_runs(name) if (jobs_dir / str(run.id)).exists()], "job folders left"
