@@ -71,32 +71,72 @@ def prefect_database(request: pytest.FixtureRequest):
         yield url
 
 
+class PrefectServerProcess:
+    """The session's `prefect server start`, which a test may stop and start again on the same port and database
+    (a real server restart: its in-memory state goes, what the database holds stays)."""
+
+    def __init__(self, database_url: str):
+        self.database_url = database_url
+        self.proc: subprocess.Popen | None = None
+        self.log_path = _session_dir / "prefect-server.log"
+        self.outages: list[float] = []
+        self._stopped_at: float | None = None
+
+    @property
+    def url(self) -> str:
+        return os.environ["PREFECT_API_URL"]
+
+    def start(self, timeout: float = 300) -> None:  # a fresh database's migrations took over 120 s at load 18
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(_PORT)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=os.environ.copy(),
+            )
+        deadline = time.time() + timeout
+        health = f"http://127.0.0.1:{_PORT}/api/health"
+        while True:
+            try:
+                with urllib.request.urlopen(health, timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.time() > deadline:
+                self.proc.kill()
+                raise RuntimeError(
+                    f"Prefect server did not start; see {self.log_path}:\n" + self.log_path.read_text()[-3000:]
+                )
+            time.sleep(0.3)
+        if self._stopped_at is not None:
+            self.outages.append(time.time() - self._stopped_at)
+            self._stopped_at = None
+
+    def stop(self) -> None:
+        assert self.proc is not None
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._stopped_at = time.time()
+
+    # the outage tests drive a server restart as they drive their TCP gate (api_gate.ApiGate)
+    cut = stop
+    restore = start
+
+
+_server: PrefectServerProcess | None = None
+
+
 @pytest.fixture(scope="session", autouse=True)
 def prefect_server(prefect_database):
     """`prefect server start` as a separate process; waits for /api/health."""
-    log = open(_session_dir / "prefect-server.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(_PORT)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=os.environ.copy(),
-    )
-    deadline = time.time() + 300  # a fresh database's migrations took over 120 s at load average 18
-    url = f"http://127.0.0.1:{_PORT}/api/health"
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            raise RuntimeError(
-                f"Prefect server did not start; see {_session_dir / 'prefect-server.log'}:\n"
-                + (_session_dir / "prefect-server.log").read_text()[-3000:]
-            )
-        time.sleep(0.3)
+    global _server
+    _server = PrefectServerProcess(prefect_database)
+    _server.start()
     if prefect_database.startswith("postgresql"):
         from postgres_cluster import prefect_tables
 
@@ -105,12 +145,14 @@ def prefect_server(prefect_database):
     from prefect.logging.handlers import APILogWorker
 
     APILogWorker.drain_all(timeout=10)  # before the server goes, or the last batch fails to send
-    proc.terminate()
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    _server.stop()
+
+
+@pytest.fixture
+def prefect_server_process(prefect_server) -> PrefectServerProcess:
+    """The session's server process, for a test that restarts it."""
+    assert _server is not None
+    return _server
 
 
 @pytest.fixture
