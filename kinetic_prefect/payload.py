@@ -124,21 +124,13 @@ def _library_roots() -> tuple[Path, ...]:
         return _library_roots_value
 
 
-def _is_under(path: Path, root: Path) -> bool:
-    try:
-        path.relative_to(root)
-        return True
-    except ValueError:
-        return False
-
-
 @functools.lru_cache(maxsize=16384)
 def _is_project_file(file: str, project_dir: Path) -> bool:
     """Whether a module file is the user's code under the project (not a library installed there)."""
     path = Path(file).resolve()
     return (
-        _is_under(path, project_dir)
-        and not any(_is_under(path, lib) for lib in _library_roots())
+        path.is_relative_to(project_dir)
+        and not any(path.is_relative_to(lib) for lib in _library_roots())
         and "site-packages" not in path.parts
     )
 
@@ -612,7 +604,7 @@ def _select_project_files(root: Path, exclude: Iterable[Path] = ()) -> _Selectio
         if spec.match_file(rel):
             continue
         path = root / rel
-        if not path.is_file() or any(_is_under(path.resolve(), e) for e in excluded):
+        if not path.is_file() or any(path.resolve().is_relative_to(e) for e in excluded):
             continue
         if _SECRET_SPEC.match_file(rel):
             if rel.endswith(SOURCE_SUFFIXES):
@@ -818,7 +810,7 @@ def cached_project_archive(project_dir: Path, exclude: Iterable[Path] = ()) -> P
     """
     root = Path(project_dir).resolve()
     exclude = [Path(p).resolve() for p in exclude]
-    excluded = tuple(sorted(os.path.relpath(p, root) for p in exclude if _is_under(p, root) and p != root))
+    excluded = tuple(sorted(os.path.relpath(p, root) for p in exclude if p.is_relative_to(root) and p != root))
     key = (str(root), excluded)
     with _archive_lock:
         now = time.time_ns()  # before anything is read: a later write has a later mtime (± a clock tick)
