@@ -39,7 +39,8 @@ from kinetic_prefect.errors import (
 from kinetic_prefect.data_repair import heal_before_call, heal_reported
 from kinetic_prefect.image import ImageSpec
 from kinetic_prefect.outages import Outage
-from kinetic_prefect.payload import build_call_payload, cached_project_archive, find_project_dir, sha256_hex
+from kinetic_prefect.payload import build_call_payload
+from kinetic_prefect.project_archive import cached_project_archive, find_project_dir, sha256_hex
 
 SUBMISSION_MODES = ("auto", "in-process", "worker")
 

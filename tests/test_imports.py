@@ -53,6 +53,7 @@ CALLER = {
     "decorator",
     "dispatch",
     "payload",
+    "project_archive",
     "results",
     "pools",
     "in_process",
