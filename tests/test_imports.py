@@ -54,6 +54,7 @@ CALLER = {
     "dispatch",
     "payload",
     "project_archive",
+    "remote_errors",
     "results",
     "pools",
     "in_process",
