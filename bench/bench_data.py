@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from kinetic_prefect import data as kd  # noqa: E402
+from kinetic_prefect import data_manifest  # noqa: E402
 from kinetic_prefect.storage import open_store  # noqa: E402
 
 
@@ -185,7 +186,7 @@ def compare_uploads(emulator: Emulator, endpoint: str, root: Path, n_files: int,
     os.environ["STORAGE_EMULATOR_HOST"] = endpoint  # kinetic's client cache is keyed by it: a new client
     store = open_store(emulator.bucket(f"kinetic-bench-{tag}"))
     store.exists("warm-up")  # the google import and client set-up, as the naive side's below, are not timed
-    kd._memo.clear()
+    data_manifest._memo.clear()
     start = time.perf_counter()
     manifest = kd.hash_local(kd.Data(root))
     hashed = time.perf_counter()
@@ -233,7 +234,7 @@ def second_upload(root: Path, store, repeats: int, sha: str) -> dict:
     for memo in (True, False):
         for _ in range(repeats):
             if not memo:
-                kd._memo.clear()  # what a new Python process on the caller side would pay
+                data_manifest._memo.clear()  # what a new Python process on the caller side would pay
             start = time.perf_counter()
             again = kd.hash_local(kd.Data(root))
             sent.append(kd.upload(again, store))
@@ -309,7 +310,7 @@ def main() -> None:
         kd.hash_local(data)  # warms the page cache for both sides
         ours, theirs = [], []
         for _ in range(args.repeats):  # interleaved, so load from other processes hits both alike
-            kd._memo.clear()
+            data_manifest._memo.clear()
             seconds, manifest = timed(lambda: kd.hash_local(kd.Data(root)))
             ours.append(seconds)
             theirs.append(sha256sum_seconds(root))
@@ -330,7 +331,7 @@ def main() -> None:
         if args.drop_caches:
             cold_ours, cold_theirs = [], []
             for _ in range(args.repeats):
-                kd._memo.clear()
+                data_manifest._memo.clear()
                 drop_caches()
                 cold_ours.append(timed(lambda: kd.hash_local(kd.Data(root)))[0])
                 drop_caches()

@@ -17,9 +17,10 @@ import logging
 import os
 from typing import Any, Callable
 
-from kinetic_prefect import data as data_module
+from kinetic_prefect import data_manifest
 from kinetic_prefect.contract import PHASE_FETCH_DATA
-from kinetic_prefect.data import Manifest
+from kinetic_prefect.data_manifest import Manifest
+from kinetic_prefect.data_sources import DataError
 from kinetic_prefect.storage import Store
 
 _logger = logging.getLogger(__name__)
@@ -45,16 +46,16 @@ def damaged_files(manifest: Manifest, store: Store) -> list[str]:
         if st.st_size != size:
             damaged.append(rel)
             continue
-        memo_key = data_module._memo_key(str(path), st)  # noqa: SLF001 - the module's own hashing memo
-        stored_sha = data_module._memo.get(memo_key)  # noqa: SLF001
+        memo_key = data_manifest._memo_key(str(path), st)  # noqa: SLF001 - the module's own hashing memo
+        stored_sha = data_manifest._memo.get(memo_key)  # noqa: SLF001
         if stored_sha is None:
             try:
-                _read, stored_sha = data_module._hash_file(str(path), size)  # noqa: SLF001
-            except data_module.DataError:
+                _read, stored_sha = data_manifest._hash_file(str(path), size)  # noqa: SLF001
+            except DataError:
                 damaged.append(rel)
                 continue
-            with data_module._memo_lock:  # noqa: SLF001
-                data_module._memo[memo_key] = stored_sha  # noqa: SLF001
+            with data_manifest._memo_lock:  # noqa: SLF001
+                data_manifest._memo[memo_key] = stored_sha  # noqa: SLF001
         if stored_sha != sha:
             damaged.append(rel)
     return damaged

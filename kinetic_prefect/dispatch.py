@@ -8,9 +8,7 @@ retry, which calls it again and launches a new job.
 from __future__ import annotations
 
 import fnmatch
-import linecache
 import os
-import re
 import sys
 import uuid
 from dataclasses import dataclass, field
@@ -24,22 +22,19 @@ from prefect.context import TaskRunContext
 from prefect.logging import get_run_logger
 
 from kinetic_prefect import _prefect, accelerators, budgets, capacity, config, data, gcp, signing
-from kinetic_prefect.contract import BUDGET_ERROR_TYPE, STORE_FULL_ERROR, Env, Outcome, RunLayout, checkpoints_key
+from kinetic_prefect.contract import Env, Outcome, RunLayout, checkpoints_key
 from kinetic_prefect.contract import PHASE_RESTORE_CODE
-from kinetic_prefect.errors import (
-    BudgetExceeded,
-    KineticJobCrashed,
-    KineticJobInterrupted,
-    KineticJobSetupError,
-    PayloadError,
-    RemoteError,
-    RemoteTraceback,
-    StoreFull,
-)
+from kinetic_prefect.errors import KineticJobCrashed, PayloadError
 from kinetic_prefect.data_repair import heal_before_call, heal_reported
 from kinetic_prefect.image import ImageSpec
 from kinetic_prefect.outages import Outage
-from kinetic_prefect.payload import build_call_payload, cached_project_archive, find_project_dir, sha256_hex
+from kinetic_prefect.payload import build_call_payload
+from kinetic_prefect.project_archive import cached_project_archive, find_project_dir, sha256_hex
+from kinetic_prefect.remote_errors import raise_remote
+
+# The remote-exception decoding's public names, for callers that import them from here.
+from kinetic_prefect.remote_errors import readable_traceback as readable_traceback
+from kinetic_prefect.remote_errors import rebuild_exception as rebuild_exception
 
 SUBMISSION_MODES = ("auto", "in-process", "worker")
 
@@ -320,81 +315,6 @@ def _job_variables(
     return variables
 
 
-_DYNAMIC_FRAME = re.compile(r'File "<dynamic-code>", line (\d+), in (\S+)\n')
-
-
-def readable_traceback(traceback_text: str, fn: Callable[..., Any]) -> str:
-    """Put file names and source lines back into frames of functions that were pickled by value.
-
-    cloudpickle blanks ``co_filename`` to ``<dynamic-code>``; line numbers survive, and the
-    caller still has the code, so frames of the task function and its module's functions can
-    be mapped back to the caller's files.
-    """
-    candidates = [fn] + [getattr(v, "user_fn", v) for v in getattr(fn, "__globals__", {}).values()]
-    codes: dict[str, list[Any]] = {}
-    for candidate in candidates:
-        code = getattr(candidate, "__code__", None)
-        if code is not None:
-            codes.setdefault(code.co_name, []).append(code)
-
-    def replace(match: re.Match) -> str:
-        line, name = int(match.group(1)), match.group(2)
-        for code in codes.get(name, []):
-            last = max((ln for _, _, ln in code.co_lines() if ln), default=code.co_firstlineno)
-            if code.co_firstlineno <= line <= last:
-                source = linecache.getline(code.co_filename, line).strip()
-                return f'File "{code.co_filename}", line {line}, in {name}\n' + (f"    {source}\n" if source else "")
-        return match.group(0)
-
-    return _DYNAMIC_FRAME.sub(replace, traceback_text)
-
-
-def rebuild_exception(exc_type: type, exc_args: tuple, exc_state: dict[str, Any]) -> BaseException:
-    """The remote exception, rebuilt without calling its own ``__init__`` (see
-    runner._pickle_exception), but with its built-in base's ``__init__``: that is what sets
-    ``SystemExit.code``, ``OSError.errno`` and the like from ``args``."""
-    exc: BaseException = BaseException.__new__(exc_type)
-    builtin = next(c for c in exc_type.__mro__ if c.__module__ == "builtins")
-    try:
-        builtin.__init__(exc, *exc_args)  # type: ignore[misc]  # the base's own __init__, on purpose
-    except Exception:
-        pass
-    exc.args = exc_args
-    exc.__dict__.update(exc_state)
-    return exc
-
-
-def _raise_remote(outcome: Outcome, result_blob: bytes | None, run_name: str, fn: Callable[..., Any]) -> None:
-    if outcome.error_type == BUDGET_ERROR_TYPE:
-        raise BudgetExceeded(f"job {run_name}: {outcome.message} (its checkpoints and outputs are kept)")
-    traceback_text = readable_traceback(outcome.traceback, fn)
-    if outcome.error_type == STORE_FULL_ERROR:
-        raise StoreFull(outcome.message) from RemoteTraceback(traceback_text)
-    if not outcome.user_error:
-        raise KineticJobSetupError(
-            outcome.phase or "?", f"{outcome.error_type}: {outcome.message}"
-        ) from RemoteTraceback(traceback_text)
-    exc: BaseException | None = None
-    if result_blob is not None:
-        try:
-            record = cloudpickle.loads(result_blob)
-            if record[0] == "exception-object":  # the exception pickled as itself (runner._pickle_whole_exception)
-                exc = record[1]
-            else:
-                _tag, exc_type, exc_args, exc_state = record
-                exc = rebuild_exception(exc_type, exc_args, exc_state)
-        except Exception:  # the type exists remotely only (e.g. a module the caller lacks)
-            exc = None
-    if isinstance(exc, KeyboardInterrupt) or (exc is None and outcome.error_type == "builtins.KeyboardInterrupt"):
-        # Raised as is, it would look like Ctrl-C in the caller and crash the flow instead of failing the task.
-        exc = KineticJobInterrupted(f"the job's function raised KeyboardInterrupt {outcome.message!r}".rstrip())
-    if not isinstance(exc, BaseException):
-        exc = RemoteError(outcome.error_type or "Exception", outcome.message)
-    exc.add_note(f"(raised in kinetic job {run_name}; the remote traceback is shown above)")
-    exc.remote_traceback = traceback_text  # type: ignore[attr-defined]
-    raise exc.with_traceback(None) from RemoteTraceback(traceback_text)
-
-
 async def _submit_and_collect(
     options: KineticOptions, call: PreparedCall, task_name: str, fn: Callable[..., Any], detach: Any = None
 ) -> Any:
@@ -523,7 +443,7 @@ async def _submit_and_wait(
             blob = None
         await to_thread.run_sync(_forget_broken_code, store, call, outcome)
         await to_thread.run_sync(heal_reported, store, call.data, outcome)
-        _raise_remote(outcome, blob, run_name, fn)
+        raise_remote(outcome, blob, run_name, fn)
     finally:
         await to_thread.run_sync(_discard_run, store, call)
 

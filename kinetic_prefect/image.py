@@ -108,6 +108,11 @@ RUNNER_MODULES = (
     "errors",
     "accelerators",
     "data",
+    "data_sources",
+    "data_manifest",
+    "data_upload",
+    "data_localize",
+    "data_walk",
     "config",
     "utilization",
 )

@@ -1,12 +1,9 @@
-"""Caller side: package a call (function + arguments) and the project's code for a job.
+"""Caller side: package a call (function + arguments) for a job.
 
-Two artifacts leave the caller:
-
-* the **call payload**: the function and each argument pickled separately with cloudpickle,
-  so an unpicklable argument is reported by name before anything is stored; the job checks
-  its sha256 before unpickling a byte of it;
-* the **project archive**: the project directory as a deterministic tar.gz, content-addressed
-  so an unchanged project is uploaded once and extracted once per node.
+The **call payload** holds the function and each argument pickled separately with cloudpickle, so an
+unpicklable argument is reported by name before anything is stored; the job checks its sha256 before
+unpickling a byte of it. The project's code travels beside it, as the project archive
+(:mod:`kinetic_prefect.project_archive`; its names are importable from here too).
 
 Fan-outs (``.map()``) build many payloads at once, from many threads:
 
@@ -18,38 +15,24 @@ Fan-outs (``.map()``) build many payloads at once, from many threads:
   reads, the flow run). Rebinding a captured variable gives a fresh pickle; mutating a captured
   object in place (``weights[:] = 0``) does not: the function is a snapshot taken at its first
   call in a flow run. Pass what changes between calls as an argument, call
-  :func:`forget_function`, or set ``KINETIC_PAYLOAD_CACHE=0``;
-* the project archive is built once (:func:`cached_project_archive`) and rebuilt only when the
-  tree's paths, sizes or mtimes change.
+  :func:`forget_function`, or set ``KINETIC_PAYLOAD_CACHE=0``.
 
 A payload over ``KINETIC_PAYLOAD_WARN_BYTES`` (bytes; default 10 MiB; 0: never) warns once per
 function, naming the large closure variable, global or argument: large inputs belong in
 ``kinetic_prefect.Data``.
-
-Secret-looking files (:data:`SECRET_PATTERNS`: ``.env``, ``*.pem``, ``id_rsa``, ``kaggle.json``...)
-are left out of the archive, and a warning lists them. To ship one, un-ignore it in
-``.kineticignore`` with a gitignore negation: a line ``!.env`` (or ``!certs/client.pem``).
-Secret-looking Python source (``secrets.py``) is shipped, since the job may import it, with a
-warning.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import gzip
-import hashlib
 import inspect
-import io
 import logging
 import os
 import pickle
-import subprocess
 import sys
 import sysconfig
-import tarfile
 import threading
-import time
 import types
 import warnings
 from collections import OrderedDict
@@ -58,54 +41,27 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import cloudpickle
-import pathspec
 
-from kinetic_prefect.contract import PAYLOAD_FORMAT, Env, code_key
+from kinetic_prefect.contract import PAYLOAD_FORMAT, Env
 from kinetic_prefect.errors import PayloadError
 
+# The project archive's names, for callers that import them from here.
+from kinetic_prefect.project_archive import (
+    ALWAYS_IGNORED as ALWAYS_IGNORED,
+    LARGE_TREE_BYTES as LARGE_TREE_BYTES,
+    LARGE_TREE_FILES as LARGE_TREE_FILES,
+    PROJECT_MARKERS as PROJECT_MARKERS,
+    SECRET_PATTERNS as SECRET_PATTERNS,
+    SOURCE_SUFFIXES as SOURCE_SUFFIXES,
+    ProjectArchive as ProjectArchive,
+    archive_project as archive_project,
+    cached_project_archive as cached_project_archive,
+    collect_project_files as collect_project_files,
+    find_project_dir as find_project_dir,
+    sha256_hex as sha256_hex,
+)
+
 logger = logging.getLogger("kinetic_prefect.payload")
-
-
-# Never shipped, whatever the ignore files say: VCS data, environments and caches.
-ALWAYS_IGNORED = [
-    ".git/",
-    ".hg/",
-    ".venv/",
-    "venv/",
-    "__pycache__/",
-    "*.pyc",
-    "node_modules/",
-    ".pytest_cache/",
-    ".mypy_cache/",
-    ".ruff_cache/",
-    ".ipynb_checkpoints/",
-    ".tox/",
-    ".DS_Store",
-]
-SECRET_PATTERNS = [
-    ".env",
-    ".env.*",
-    "*.pem",
-    "*.key",
-    "*.p12",
-    "id_rsa*",
-    "id_ed25519*",
-    ".netrc",
-    "kaggle.json",
-    "*credentials*.json",
-    "service-account*.json",
-    "*secret*",
-]
-LARGE_TREE_BYTES = 100 * 2**20
-LARGE_TREE_FILES = 10_000
-PROJECT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
-
-
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-# --------------------------------------------------------------------------- the call payload
 
 
 # Python 3.11's sysconfig fills its config-vars dict on first use without a lock: a second thread
@@ -124,21 +80,13 @@ def _library_roots() -> tuple[Path, ...]:
         return _library_roots_value
 
 
-def _is_under(path: Path, root: Path) -> bool:
-    try:
-        path.relative_to(root)
-        return True
-    except ValueError:
-        return False
-
-
 @functools.lru_cache(maxsize=16384)
 def _is_project_file(file: str, project_dir: Path) -> bool:
     """Whether a module file is the user's code under the project (not a library installed there)."""
     path = Path(file).resolve()
     return (
-        _is_under(path, project_dir)
-        and not any(_is_under(path, lib) for lib in _library_roots())
+        path.is_relative_to(project_dir)
+        and not any(path.is_relative_to(lib) for lib in _library_roots())
         and "site-packages" not in path.parts
     )
 
@@ -537,306 +485,3 @@ def _warn_large_payload(
         PayloadSizeWarning,
         stacklevel=3,
     )
-
-
-# --------------------------------------------------------------------------- the project archive
-
-
-def find_project_dir(fn: Callable[..., Any]) -> Path:
-    """The nearest ancestor of the function's file that looks like a project root."""
-    try:
-        source = Path(inspect.getfile(inspect.unwrap(fn))).resolve()
-    except (TypeError, OSError):
-        return Path.cwd().resolve()
-    if not source.exists():  # defined in a REPL / notebook cell
-        return Path.cwd().resolve()
-    for parent in source.parents:
-        if any((parent / marker).exists() for marker in PROJECT_MARKERS):
-            return parent
-    return source.parent
-
-
-def _ignore_lines(root: Path, name: str) -> list[str]:
-    file = root / name
-    return file.read_text().splitlines() if file.is_file() else []
-
-
-def _ignore_spec(root: Path) -> pathspec.PathSpec:
-    lines = list(ALWAYS_IGNORED) + _ignore_lines(root, ".gitignore") + _ignore_lines(root, ".kineticignore")
-    return pathspec.GitIgnoreSpec.from_lines(lines)
-
-
-_SECRET_SPEC = pathspec.GitIgnoreSpec.from_lines(SECRET_PATTERNS)
-SOURCE_SUFFIXES = (".py", ".pyi")
-
-
-def _git_candidates(root: Path) -> list[str] | None:
-    """Files git would keep (tracked + untracked-not-ignored, nested .gitignores honoured)."""
-    if not (root / ".git").exists():
-        return None
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-            capture_output=True,
-            check=True,
-            timeout=30,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return [p for p in out.decode().split("\0") if p]
-
-
-@dataclass(frozen=True)
-class _Selection:
-    files: list[str]  # shipped
-    secrets: list[str]  # secret-looking, left out
-    secret_code: list[str]  # secret-looking Python source: shipped (the job may import it), warned about
-
-
-def _select_project_files(root: Path, exclude: Iterable[Path] = ()) -> _Selection:
-    root = root.resolve()
-    spec = _ignore_spec(root)
-    # SECRET_PATTERNS then .kineticignore: a "!pattern" line there opts a secret-looking file back in
-    secret_spec = pathspec.GitIgnoreSpec.from_lines(SECRET_PATTERNS + _ignore_lines(root, ".kineticignore"))
-    excluded = [Path(p).resolve() for p in exclude]
-    candidates = _git_candidates(root)
-    if candidates is None:
-        candidates = []
-        for dirpath, dirnames, filenames in os.walk(root):
-            rel_dir = os.path.relpath(dirpath, root)
-            rel_dir = "" if rel_dir == "." else rel_dir + "/"
-            dirnames[:] = sorted(d for d in dirnames if not spec.match_file(rel_dir + d + "/"))
-            candidates.extend(rel_dir + f for f in filenames)
-    files, secrets, secret_code = [], [], []
-    for rel in sorted(set(candidates)):
-        if spec.match_file(rel):
-            continue
-        path = root / rel
-        if not path.is_file() or any(_is_under(path.resolve(), e) for e in excluded):
-            continue
-        if _SECRET_SPEC.match_file(rel):
-            if rel.endswith(SOURCE_SUFFIXES):
-                secret_code.append(rel)
-            elif secret_spec.match_file(rel):
-                secrets.append(rel)
-                continue
-        files.append(rel)
-    return _Selection(files, secrets, secret_code)
-
-
-def collect_project_files(root: Path, exclude: Iterable[Path] = ()) -> list[str]:
-    """Relative paths to ship: git's view where available, then .gitignore/.kineticignore rules,
-    without secret-looking files (SECRET_PATTERNS) unless a ``!pattern`` line of .kineticignore opts them in."""
-    return _select_project_files(root, exclude).files
-
-
-def _shown(paths: list[str], limit: int = 20) -> str:
-    return ", ".join(paths[:limit]) + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
-
-
-def _warn_about(root: Path, selection: _Selection, total: int) -> None:
-    files = selection.files
-    if selection.secrets:
-        example = selection.secrets[0]
-        warnings.warn(
-            f"kinetic-prefect: left out of the project archive {len(selection.secrets)} secret-looking "
-            f"file(s) of {root}: {_shown(selection.secrets)}. The job will not see them; pass credentials "
-            "through the environment or a secret store. To ship one anyway, add a line such as "
-            f"'!{example}' to {root / '.kineticignore'}.",
-            stacklevel=4,
-        )
-    if selection.secret_code:
-        warnings.warn(
-            f"kinetic-prefect: shipping secret-looking source files of {root} (code the job may import): "
-            f"{_shown(selection.secret_code)}. If they hold credentials, move these out of the code or list "
-            f"them in {root / '.kineticignore'}.",
-            stacklevel=4,
-        )
-    if total > LARGE_TREE_BYTES or len(files) > LARGE_TREE_FILES:
-        warnings.warn(
-            f"kinetic-prefect: shipping {len(files)} files ({total / 2**20:.0f} MiB) from {root}. "
-            "Pass datasets as kinetic_prefect.Data and list bulky folders in .kineticignore.",
-            stacklevel=4,
-        )
-
-
-@dataclass(frozen=True)
-class ProjectArchive:
-    root: Path
-    sha256: str
-    data: bytes
-    files: int
-
-    @property
-    def key(self) -> str:
-        return code_key(self.sha256)
-
-
-_archive_memo: dict[tuple, ProjectArchive] = {}
-
-
-def _file_stats(root: Path, files: list[str]) -> list[tuple[str, int, int, int]]:
-    stats = []
-    for rel in files:
-        st = (root / rel).stat()
-        stats.append((rel, st.st_size, st.st_mtime_ns, st.st_mode & 0o111))
-    return stats
-
-
-def _tar_gz(root: Path, stats: list[tuple[str, int, int, int]]) -> ProjectArchive:
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for rel, size, _mtime, exec_bits in stats:
-            info = tarfile.TarInfo(rel)
-            info.size = size
-            info.mode = 0o755 if exec_bits else 0o644
-            info.mtime = 0  # determinism: the hash depends on content only
-            with open(root / rel, "rb") as fh:
-                tar.addfile(info, fh)
-    data = gzip.compress(raw.getvalue(), compresslevel=6, mtime=0)
-    return ProjectArchive(root=root, sha256=sha256_hex(data), data=data, files=len(stats))
-
-
-def archive_project(root: Path, exclude: Iterable[Path] = ()) -> ProjectArchive:
-    """A deterministic tar.gz of the project (same files and bytes → same sha256), memoized by file stats.
-
-    Lists the project (``git ls-files``) on every call; a fan-out calls :func:`cached_project_archive`.
-    """
-    root = root.resolve()
-    selection = _select_project_files(root, exclude)
-    stats = _file_stats(root, selection.files)
-    signature = (str(root), tuple(stats))
-    cached = _archive_memo.get(signature)
-    if cached is not None:
-        return cached
-    _warn_about(root, selection, sum(s[1] for s in stats))
-    archive = _tar_gz(root, stats)
-    _archive_memo.clear()  # one project per process in practice; keep memory bounded
-    _archive_memo[signature] = archive
-    return archive
-
-
-# ----- the archive, shared by every call of a fan-out
-#
-# cached_project_archive() skips listing (git ls-files, ignore rules) and tarring when a cheap
-# signature of the tree is unchanged: the path, size, mtime and exec bit of every file under the
-# root (not descending into ALWAYS_IGNORED folders, folders the root's ignore files exclude, nor
-# the excluded Data paths) and the stats of .git/index and .git/info/exclude. A file whose mtime
-# is within _RACY_NS of the build could have been rewritten with the same size and mtime tick
-# after it was read (as git's "racily clean" entries): such an archive is rebuilt at its next use.
-
-_archive_cache: OrderedDict[tuple, tuple[tuple, int, ProjectArchive]] = OrderedDict()
-_archive_lock = threading.Lock()  # one build at a time: a fan-out's calls wait for the first one's
-_ARCHIVE_CACHE_ENTRIES = 4
-_RACY_NS = 2 * 10**9
-_ALWAYS_SPEC = pathspec.GitIgnoreSpec.from_lines(ALWAYS_IGNORED)
-
-
-_ignored_memo: dict[str, tuple[tuple, bool, Callable[[str], bool]]] = {}
-
-
-def _ignored_matcher(root: Path) -> tuple[bool, Callable[[str], bool]]:
-    """(whether ignored folders may be skipped, a memoized "is this path ignored" test) for the root.
-
-    Matching every path against the ignore rules is most of a signature's cost: the answers are
-    kept while .gitignore and .kineticignore keep their stats.
-    """
-    stats: list[tuple[int, int, int] | None] = []
-    for name in (".gitignore", ".kineticignore"):
-        try:
-            st = (root / name).stat()
-            stats.append((st.st_size, st.st_mtime_ns, st.st_ino))
-        except OSError:
-            stats.append(None)
-    key = tuple(stats)
-    cached = _ignored_memo.get(str(root))
-    if cached is None or cached[0] != key or any(s is not None and s[1] >= time.time_ns() - _RACY_NS for s in stats):
-        spec = _ignore_spec(root)
-        # a negation (!pattern) may re-include a file under an ignored folder: then walk everything
-        prune = not any(getattr(p, "include", None) is False for p in spec.patterns)
-        answers: dict[str, bool] = {}
-
-        def ignored(rel: str, spec: pathspec.PathSpec = spec, answers: dict[str, bool] = answers) -> bool:
-            answer = answers.get(rel)
-            if answer is None:
-                answer = answers[rel] = spec.match_file(rel)  # the spec includes ALWAYS_IGNORED
-            return answer
-
-        cached = (key, prune, ignored)
-        if len(_ignored_memo) > 16:
-            _ignored_memo.clear()
-        _ignored_memo[str(root)] = cached
-    return cached[1], cached[2]
-
-
-def _tree_signature(root: Path, excluded: tuple[str, ...]) -> tuple:
-    prune, ignored = _ignored_matcher(root)
-    entries: list[tuple] = []
-    for name in (".git/index", ".git/info/exclude"):
-        try:
-            st = (root / name).stat()
-            entries.append((name, st.st_size, st.st_mtime_ns, 0))
-        except OSError:
-            pass
-    stack = [""]
-    while stack:
-        rel_dir = stack.pop()
-        try:
-            iterator = os.scandir(root / rel_dir if rel_dir else root)
-        except OSError:
-            continue
-        with iterator:
-            for entry in iterator:
-                rel = rel_dir + entry.name
-                if rel in excluded:
-                    continue
-                try:
-                    is_dir = entry.is_dir(follow_symlinks=False)
-                except OSError:
-                    is_dir = False
-                if is_dir:
-                    if prune and ignored(rel + "/") or not prune and _ALWAYS_SPEC.match_file(rel + "/"):
-                        continue
-                    stack.append(rel + "/")
-                    continue
-                if prune and ignored(rel):
-                    continue
-                try:
-                    st = entry.stat()
-                    entries.append((rel, st.st_size, st.st_mtime_ns, st.st_mode & 0o111))
-                except OSError:
-                    entries.append((rel, -1, 0, 0))
-    entries.sort()
-    return tuple(entries)
-
-
-def cached_project_archive(project_dir: Path, exclude: Iterable[Path] = ()) -> ProjectArchive:
-    """:func:`archive_project`, built once and reused while the project tree is unchanged.
-
-    Thread-safe: the calls of a fan-out share one archive object (and one build); a changed,
-    added or removed file gives a new archive. Excluded paths (Data folders) are part of the key.
-    """
-    root = Path(project_dir).resolve()
-    exclude = [Path(p).resolve() for p in exclude]
-    excluded = tuple(sorted(os.path.relpath(p, root) for p in exclude if _is_under(p, root) and p != root))
-    key = (str(root), excluded)
-    with _archive_lock:
-        now = time.time_ns()  # before anything is read: a later write has a later mtime (± a clock tick)
-        signature = _tree_signature(root, excluded)
-        cached = _archive_cache.get(key)
-        if cached is not None and cached[0] == signature:
-            if all(entry[2] < cached[1] - _RACY_NS for entry in signature):
-                _archive_cache.move_to_end(key)
-                return cached[2]
-        selection = _select_project_files(root, exclude)
-        stats = _file_stats(root, selection.files)
-        _warn_about(root, selection, sum(s[1] for s in stats))
-        archive = _tar_gz(root, stats)
-        if cached is not None and cached[2].sha256 == archive.sha256:
-            archive = cached[2]  # unchanged content: keep handing out the same object
-        # the signature taken before reading: a file changed since makes the next call rebuild
-        _archive_cache[key] = (signature, now, archive)
-        _archive_cache.move_to_end(key)
-        while len(_archive_cache) > _ARCHIVE_CACHE_ENTRIES:
-            _archive_cache.popitem(last=False)
-        return archive

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import os
 import pathlib
 import pickle
@@ -16,6 +17,7 @@ import zipfile
 import pytest
 
 from kinetic_prefect import data as kd
+from kinetic_prefect import data_manifest
 from kinetic_prefect.data import (
     Data,
     DataError,
@@ -67,9 +69,9 @@ def tree(tmp_path) -> pathlib.Path:
 
 @pytest.fixture(autouse=True)
 def _fresh_memo():
-    kd._memo.clear()
+    data_manifest._memo.clear()
     yield
-    kd._memo.clear()
+    data_manifest._memo.clear()
 
 
 def count_calls(monkeypatch, obj, *names: str) -> list:
@@ -220,7 +222,7 @@ def test_hash_depends_on_relative_paths_and_bytes_only(tree, tmp_path):
 
 def test_file_hash(tree, tmp_path):
     m = hash_local(Data(tree / "a.txt"))
-    assert m.kind == "file" and m.files == (("a.txt", 6, kd.hashlib.sha256(b"alpha\n").hexdigest()),)
+    assert m.kind == "file" and m.files == (("a.txt", 6, hashlib.sha256(b"alpha\n").hexdigest()),)
     (tmp_path / "other").mkdir()
     shutil.copy(tree / "a.txt", tmp_path / "other" / "a.txt")
     shutil.copy(tree / "a.txt", tmp_path / "other" / "b.txt")
@@ -234,7 +236,7 @@ def test_file_hash(tree, tmp_path):
 
 
 def test_hash_memoized_in_process(tree, monkeypatch):
-    calls = count_calls(monkeypatch, kd, "_hash_file")
+    calls = count_calls(monkeypatch, data_manifest, "_hash_file")
     data = Data(tree)
     first = hash_local(data)
     assert len(calls) == len(first.files)

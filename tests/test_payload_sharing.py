@@ -11,7 +11,7 @@ import time
 
 import cloudpickle
 
-from kinetic_prefect import payload
+from kinetic_prefect import project_archive
 from kinetic_prefect.payload import build_call_payload, cached_project_archive, forget_function
 
 
@@ -128,8 +128,8 @@ def _project(tmp_path):
 def test_the_project_archive_is_built_once_and_rebuilt_when_a_file_changes(tmp_path, monkeypatch):
     root = _project(tmp_path)
     listings = []
-    real = payload._select_project_files
-    monkeypatch.setattr(payload, "_select_project_files", lambda *a, **k: listings.append(1) or real(*a, **k))
+    real = project_archive._select_project_files
+    monkeypatch.setattr(project_archive, "_select_project_files", lambda *a, **k: listings.append(1) or real(*a, **k))
 
     first = cached_project_archive(root)
     assert cached_project_archive(root) is first

@@ -237,6 +237,7 @@ class JobHandle:
 
         from kinetic_prefect import dispatch, signing
         from kinetic_prefect.errors import KineticJobCancelled, KineticJobCrashed
+        from kinetic_prefect.remote_errors import raise_remote
         from kinetic_prefect.storage import ObjectNotFound
 
         state = flow_run.state
@@ -256,7 +257,7 @@ class JobHandle:
                 blob = dispatch._read_signed(store, layout.result, key)  # noqa: SLF001
             except ObjectNotFound:
                 blob = None
-            dispatch._raise_remote(outcome, blob, self.display_name, self._fn)  # type: ignore[arg-type]  # noqa: SLF001
+            raise_remote(outcome, blob, self.display_name, self._fn)  # type: ignore[arg-type]
         try:
             value = cloudpickle.loads(dispatch._read_signed(store, layout.result, key))  # noqa: SLF001
         except ObjectNotFound:
