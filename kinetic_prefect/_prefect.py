@@ -2,7 +2,7 @@
 
 ``prefect_runs`` (a job's flow run: create, follow, cancel, wait), ``pools`` (the work-pool registry),
 ``in_process`` (in-process submission), ``embedded_server`` (the local server bootstrap) and
-``secret_blocks`` (the signing key and forwarded env values kept in Prefect). Worker-side code imports
+``key_blocks`` (the signing key and forwarded env values kept in Prefect). Worker-side code imports
 those modules directly: this one reaches the pool registry, which imports the workers.
 """
 
@@ -24,7 +24,7 @@ from kinetic_prefect.prefect_runs import (
     wait_for_final_state,
     with_retries,
 )
-from kinetic_prefect.secret_blocks import _signing_key_cache, signing_key, store_secret_env
+from kinetic_prefect.key_blocks import _signing_key_cache, signing_key, store_secret_env
 
 __all__ = [
     "EPHEMERAL_STARTUP_SECONDS",

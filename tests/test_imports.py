@@ -43,7 +43,7 @@ SHARED = {
     "builders",
     "job_variables",
     "prefect_runs",
-    "secret_blocks",
+    "key_blocks",
     "locks",
     "outages",
     "cost",

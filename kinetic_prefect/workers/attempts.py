@@ -105,11 +105,11 @@ async def on_pending(
 
 
 async def _read_outcome(worker: Any, configuration: Any) -> Outcome | None:
-    from kinetic_prefect import secret_blocks, signing
+    from kinetic_prefect import key_blocks, signing
 
     store = await worker.open_pool_store(configuration)
     layout = RunLayout(configuration.env[Env.RUN_ID])
-    key = await secret_blocks.signing_key()
+    key = await key_blocks.signing_key()
     try:
         return Outcome.from_json(await anyio.to_thread.run_sync(signing.get, store, layout.outcome, key))
     except Exception:
@@ -200,7 +200,7 @@ async def _discard_attempt(worker: Any, configuration: Any) -> None:
 
 
 async def write_record(worker: Any, flow_run: FlowRun, configuration: Any, plan: capacity.CapacityPlan) -> None:
-    from kinetic_prefect import secret_blocks, signing
+    from kinetic_prefect import key_blocks, signing
 
     spec = plan.current
     resumed = plan.resumed if plan.preemptions else None
@@ -214,7 +214,7 @@ async def write_record(worker: Any, flow_run: FlowRun, configuration: Any, plan:
     )
     try:
         store = await worker.open_pool_store(configuration)
-        key = await secret_blocks.signing_key()
+        key = await key_blocks.signing_key()
         layout = RunLayout(configuration.env[Env.RUN_ID])
         await anyio.to_thread.run_sync(signing.put, store, layout.capacity, record.to_json(), key)
     except Exception as exc:  # the record is a report: it never fails a job

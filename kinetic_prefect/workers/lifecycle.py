@@ -39,7 +39,7 @@ from prefect.states import Cancelled, Completed, Crashed, Failed, Running, State
 from prefect.utilities.engine import propose_state
 from prefect.workers.base import BaseWorkerResult
 
-from kinetic_prefect import accelerators, prefect_runs, secret_blocks
+from kinetic_prefect import accelerators, prefect_runs, key_blocks
 from kinetic_prefect.contract import LOG_END_MARKER, Env, Outcome, RunLayout
 from kinetic_prefect.outages import Outage
 
@@ -374,7 +374,7 @@ class KineticWorker:
         """The job gets the worker's signing key in memory (never in job variables or a manifest)."""
         from kinetic_prefect import signing
 
-        key = await secret_blocks.signing_key()
+        key = await key_blocks.signing_key()
         if key is not None:
             configuration.secret_env[signing.KEY_ENV] = key.decode()
             return True
@@ -583,7 +583,7 @@ class KineticWorker:
         outcome: Outcome | None = None
         store = await self.open_pool_store(configuration)
         layout = RunLayout(configuration.env[Env.RUN_ID])
-        key = await secret_blocks.signing_key()
+        key = await key_blocks.signing_key()
         for attempt in range(5):
             try:
                 outcome = Outcome.from_json(await anyio.to_thread.run_sync(signing.get, store, layout.outcome, key))

@@ -24,7 +24,7 @@ from uuid import UUID
 import anyio
 from prefect.client.schemas.objects import FlowRun
 
-from kinetic_prefect import accelerators, cost, prefect_runs, secret_blocks
+from kinetic_prefect import accelerators, cost, prefect_runs, key_blocks
 from kinetic_prefect.cost_records import flow_cost, job_cost_rows
 from kinetic_prefect.contract import (
     BUDGET_ERROR_TYPE,
@@ -214,7 +214,7 @@ async def record_budget_outcome(worker: Any, flow_run: FlowRun, configuration: A
     try:
         store = await worker.open_pool_store(configuration)
         layout = RunLayout(configuration.env[Env.RUN_ID])
-        key = await secret_blocks.signing_key()
+        key = await key_blocks.signing_key()
         try:
             outcome = Outcome.from_json(await anyio.to_thread.run_sync(signing.get, store, layout.outcome, key))
         except (ObjectNotFound, signing.TamperedObject, ValueError):

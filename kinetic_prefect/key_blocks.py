@@ -1,4 +1,4 @@
-"""Secrets kept in Prefect: the store signing key, and forwarded env values for a polling worker."""
+"""The signing key and the forwarded env values a polling worker needs, kept as Prefect Secret blocks."""
 
 from __future__ import annotations
 
