@@ -69,8 +69,15 @@ def job_runs_final(name: str) -> tuple[int, int]:
     from prefect import get_client
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName
 
+    runs: list = []
     with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[name])), limit=1000)
+        while True:  # the API returns at most 200 runs a page
+            page = client.read_flow_runs(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=[name])), limit=200, offset=len(runs)
+            )
+            runs += page
+            if len(page) < 200:
+                break
     return len(runs), sum(1 for r in runs if r.state is not None and r.state.is_final())
 
 
