@@ -45,6 +45,7 @@ def install_counter() -> None:
             with _lock:
                 _counts[_endpoint(request)] += 1
             return original(self, request, *args, **kwargs)
+
         return send
 
     httpx.AsyncClient.send = counting(httpx.AsyncClient.send)
@@ -66,8 +67,12 @@ def measure(label: str, run) -> dict:
     logs = sum(n for e, n in delta.items() if e.startswith("POST /logs"))
     total = sum(delta.values()) - logs
     print(f"{label}: {total} API requests (+{logs} log batches) in {wall:.2f}s", flush=True)
-    return {"requests": total, "log_batches": logs, "wall_s": round(wall, 3),
-            "by_endpoint": dict(sorted(delta.items(), key=lambda kv: -kv[1]))}
+    return {
+        "requests": total,
+        "log_batches": logs,
+        "wall_s": round(wall, 3),
+        "by_endpoint": dict(sorted(delta.items(), key=lambda kv: -kv[1])),
+    }
 
 
 def _dump_tasks_on_sigusr1() -> None:
@@ -117,8 +122,11 @@ def main() -> None:
             return noop.map(range(args.inputs)).result()
 
         one()  # warm: the pool, the project archive, the environment
-        report = {"database": args.database, "one_call": measure("one call", one),
-                  f"map_{args.inputs}": measure(f"map over {args.inputs}", fan_out)}
+        report = {
+            "database": args.database,
+            "one_call": measure("one call", one),
+            f"map_{args.inputs}": measure(f"map over {args.inputs}", fan_out),
+        }
         per_input = report[f"map_{args.inputs}"]["requests"] / args.inputs
         report["map_requests_per_input"] = round(per_input, 2)
         print(f"map: {per_input:.1f} requests per input", flush=True)

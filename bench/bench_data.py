@@ -60,13 +60,29 @@ class Emulator:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         self.endpoint = f"http://127.0.0.1:{port}"
-        args = [str(_fake_gcs_binary()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
-                "-external-url", self.endpoint, "-log-level", "warn", "-backend", backend]
+        args = [
+            str(_fake_gcs_binary()),
+            "-scheme",
+            "http",
+            "-host",
+            "127.0.0.1",
+            "-port",
+            str(port),
+            "-external-url",
+            self.endpoint,
+            "-log-level",
+            "warn",
+            "-backend",
+            backend,
+        ]
         self.root = None
         if backend == "filesystem":
             shm = Path("/dev/shm")
-            self.root = Path(tempfile.mkdtemp(prefix="kinetic-bench-gcs-",
-                                              dir=shm if shm.is_dir() and os.access(shm, os.W_OK) else workdir))
+            self.root = Path(
+                tempfile.mkdtemp(
+                    prefix="kinetic-bench-gcs-", dir=shm if shm.is_dir() and os.access(shm, os.W_OK) else workdir
+                )
+            )
             args += ["-filesystem-root", str(self.root)]
         self.log_path = workdir / "fake-gcs-server.log"
         with open(self.log_path, "wb") as log:
@@ -84,9 +100,12 @@ class Emulator:
         os.environ["STORAGE_EMULATOR_HOST"] = self.endpoint
 
     def bucket(self, name: str) -> str:
-        request = urllib.request.Request(f"{self.endpoint}/storage/v1/b?project=test",
-                                         data=json.dumps({"name": name}).encode(),
-                                         headers={"Content-Type": "application/json"}, method="POST")
+        request = urllib.request.Request(
+            f"{self.endpoint}/storage/v1/b?project=test",
+            data=json.dumps({"name": name}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
         with urllib.request.urlopen(request, timeout=10):
             pass
         return f"gs://{name}"
@@ -177,8 +196,9 @@ class LatencyProxy:
             self.proc.wait(10)
 
 
-def compare_uploads(emulator: Emulator, endpoint: str, root: Path, n_files: int, n_bytes: int, tag: str,
-                    args) -> tuple[dict, object]:
+def compare_uploads(
+    emulator: Emulator, endpoint: str, root: Path, n_files: int, n_bytes: int, tag: str, args
+) -> tuple[dict, object]:
     """First hash + upload to a fresh bucket vs one-by-one upload_from_filename to another, through ``endpoint``."""
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
@@ -241,8 +261,10 @@ def second_upload(root: Path, store, repeats: int, sha: str) -> dict:
             (same if memo else fresh).append(time.perf_counter() - start)
             assert again.sha256 == sha
     return {
-        "same_process_s": med(same), "same_process_runs_s": [round(x, 4) for x in same],
-        "new_process_s": med(fresh), "new_process_runs_s": [round(x, 4) for x in fresh],
+        "same_process_s": med(same),
+        "same_process_runs_s": [round(x, 4) for x in same],
+        "new_process_s": med(fresh),
+        "new_process_runs_s": [round(x, 4) for x in fresh],
         "bytes_uploaded": max(sent),
         "goal_met": max(same + fresh) <= 2.0 and max(sent) == 0,
     }
@@ -283,11 +305,19 @@ def main() -> None:
     parser.add_argument("--zip", required=True, help="a zip of the dataset (e.g. EuroSAT_RGB_dev.zip)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each cheap measurement (median reported)")
     parser.add_argument("--backend", choices=["filesystem", "memory"], default="filesystem")
-    parser.add_argument("--naive-budget-s", type=float, default=180.0,
-                        help="time the sequential upload on a subset and extrapolate if the whole would take longer")
+    parser.add_argument(
+        "--naive-budget-s",
+        type=float,
+        default=180.0,
+        help="time the sequential upload on a subset and extrapolate if the whole would take longer",
+    )
     parser.add_argument("--naive-subset", type=int, default=2000)
-    parser.add_argument("--latency-ms", type=float, default=20.0,
-                        help="also compare the uploads through a proxy adding this much per request (0: skip)")
+    parser.add_argument(
+        "--latency-ms",
+        type=float,
+        default=20.0,
+        help="also compare the uploads through a proxy adding this much per request (0: skip)",
+    )
     parser.add_argument("--drop-caches", action="store_true", help="also time cold-cache hashing (needs root)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "data.json"))
     args = parser.parse_args()
@@ -295,8 +325,11 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="kinetic-bench-data-"))
     result: dict = {
         "zip": str(Path(args.zip).resolve()),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "load_average_at_start": [round(x, 2) for x in os.getloadavg()]},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        },
     }
     emulator = None
     try:
@@ -319,11 +352,13 @@ def main() -> None:
         result["dataset"] = {"files": n_files, "bytes": n_bytes, "sha256": manifest.sha256}
         hashing = {
             "what": "Data(dir) + hash_local (walk, stat, sha256 of every file; memo cleared) vs "
-                    "`find -print0 | xargs -0 sha256sum`, warm page cache",
-            "hash_local_s": med(ours), "hash_local_runs_s": [round(x, 4) for x in ours],
+            "`find -print0 | xargs -0 sha256sum`, warm page cache",
+            "hash_local_s": med(ours),
+            "hash_local_runs_s": [round(x, 4) for x in ours],
             "hash_local_files_per_s": round(n_files / statistics.median(ours)),
             "hash_local_mb_per_s": round(n_bytes / 1e6 / statistics.median(ours), 1),
-            "sha256sum_s": med(theirs), "sha256sum_runs_s": [round(x, 4) for x in theirs],
+            "sha256sum_s": med(theirs),
+            "sha256sum_runs_s": [round(x, 4) for x in theirs],
             "sha256sum_files_per_s": round(n_files / statistics.median(theirs)),
             "speed_vs_sha256sum": round(statistics.median(theirs) / statistics.median(ours), 2),
             "memoized_rehash_s": med(memo_runs),
@@ -336,9 +371,11 @@ def main() -> None:
                 cold_ours.append(timed(lambda: kd.hash_local(kd.Data(root)))[0])
                 drop_caches()
                 cold_theirs.append(sha256sum_seconds(root))
-            hashing.update(cold_hash_local_s=med(cold_ours), cold_sha256sum_s=med(cold_theirs),
-                           cold_speed_vs_sha256sum=round(statistics.median(cold_theirs)
-                                                         / statistics.median(cold_ours), 2))
+            hashing.update(
+                cold_hash_local_s=med(cold_ours),
+                cold_sha256sum_s=med(cold_theirs),
+                cold_speed_vs_sha256sum=round(statistics.median(cold_theirs) / statistics.median(cold_ours), 2),
+            )
         result["hash"] = hashing
         print(json.dumps({"hash": hashing}, indent=2), flush=True)
 
@@ -347,13 +384,18 @@ def main() -> None:
         on_tmpfs = emulator.root is not None and str(emulator.root).startswith("/dev/shm")
         backend = f"{args.backend} backend" + (", on tmpfs" if on_tmpfs else "")
         loopback, store = compare_uploads(emulator, emulator.endpoint, root, n_files, n_bytes, "loopback", args)
-        result["first_upload"] = {"emulator": f"fake-gcs-server ({backend}) on this machine, loopback",
-                                  **loopback, "repeats": 1}
+        result["first_upload"] = {
+            "emulator": f"fake-gcs-server ({backend}) on this machine, loopback",
+            **loopback,
+            "repeats": 1,
+        }
         print(json.dumps({"first_upload": result["first_upload"]}, indent=2), flush=True)
         result["second_upload"] = {
             "what": "Data(dir) + hash_local + upload of unchanged content (one marker lookup, nothing sent), "
-                    "loopback emulator; new_process = per-file hash memo cleared",
-            **second_upload(root, store, args.repeats, manifest.sha256), "goal_s": 2.0, "goal_bytes": 0,
+            "loopback emulator; new_process = per-file hash memo cleared",
+            **second_upload(root, store, args.repeats, manifest.sha256),
+            "goal_s": 2.0,
+            "goal_bytes": 0,
         }
         print(json.dumps({"second_upload": result["second_upload"]}, indent=2), flush=True)
 
@@ -367,15 +409,15 @@ def main() -> None:
             added_ms = 1000 / delayed["naive_files_per_s"] - 1000 / loopback["naive_files_per_s"]
             result["first_upload_with_latency"] = {
                 "emulator": f"the same emulator behind a proxy adding {args.latency_ms:g} ms to every request "
-                            "(a stand-in for the round trip to real GCS)",
+                "(a stand-in for the round trip to real GCS)",
                 "measured_added_ms_per_sequential_upload": round(added_ms, 1),
-                **delayed, "repeats": 1,
+                **delayed,
+                "repeats": 1,
                 "second_upload_same_process_s": second["same_process_s"],
                 "second_upload_new_process_s": second["new_process_s"],
                 "second_upload_bytes": second["bytes_uploaded"],
             }
-            print(json.dumps({"first_upload_with_latency": result["first_upload_with_latency"]}, indent=2),
-                  flush=True)
+            print(json.dumps({"first_upload_with_latency": result["first_upload_with_latency"]}, indent=2), flush=True)
         result["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
         result["notes"] = [
             "first_upload (loopback): both paths are CPU-bound. The emulator answers within a millisecond, so an "

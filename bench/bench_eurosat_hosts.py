@@ -21,8 +21,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "flows"))
 os.environ.setdefault("KERAS_BACKEND", "jax")
 _home = Path(tempfile.mkdtemp(prefix="kinetic-bench-hosts-"))
-os.environ.update(PREFECT_HOME=str(_home / "prefect-home"), KINETIC_CACHE_DIR=str(_home / "kinetic-cache"),
-                  PREFECT_SERVER_ANALYTICS_ENABLED="false")
+os.environ.update(
+    PREFECT_HOME=str(_home / "prefect-home"),
+    KINETIC_CACHE_DIR=str(_home / "kinetic-cache"),
+    PREFECT_SERVER_ANALYTICS_ENABLED="false",
+)
 os.environ.pop("PREFECT_API_URL", None)
 
 DEV_ZIP = ROOT.parent / "shared" / "data" / "eurosat" / "EuroSAT_RGB_dev.zip"
@@ -38,12 +41,22 @@ def main() -> None:
     args = parser.parse_args()
     import eurosat_vit
 
-    settings = dict(source=str(DEV_ZIP), epochs=args.epochs, batch_size=args.batch_size, model_size=args.model_size,
-                    augment="dihedral", tta=False, seed=0, retries=0, early_stopping_patience=100,
-                    cache_dir=str(_home / "eurosat-cache"))
+    settings = dict(
+        source=str(DEV_ZIP),
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        model_size=args.model_size,
+        augment="dihedral",
+        tta=False,
+        seed=0,
+        retries=0,
+        early_stopping_patience=100,
+        cache_dir=str(_home / "eurosat-cache"),
+    )
     # decode + split once, outside the timed runs (both runs then read the same cached arrays)
-    eurosat_vit.eurosat_vit(**{**settings, "epochs": 1, "train_limit": 128, "model_size": "tiny",
-                               "output_dir": str(_home / "warm")})
+    eurosat_vit.eurosat_vit(
+        **{**settings, "epochs": 1, "train_limit": 128, "model_size": "tiny", "output_dir": str(_home / "warm")}
+    )
     runs = {}
     for hosts in (int(h) for h in args.order.split(",")):
         load_before = os.getloadavg()
@@ -51,20 +64,27 @@ def main() -> None:
         result = eurosat_vit.eurosat_vit(**settings, hosts=hosts, output_dir=str(_home / f"out-{hosts}"))
         wall = time.perf_counter() - started
         runs[str(hosts)] = {
-            "hosts": hosts, "test_accuracy": result["accuracy"], "macro_f1": result["macro_f1"],
-            "epochs_run": result["epochs_run"], "flow_wall_s": round(wall, 1), "train_s": result["train_seconds"],
-            "ms_per_step": result["ms_per_step"], "final_loss": result["history"]["loss"][-1],
-            "val_accuracy": result["history"]["val_accuracy"], "load_avg_before": load_before,
-            "load_avg_after": os.getloadavg()}
+            "hosts": hosts,
+            "test_accuracy": result["accuracy"],
+            "macro_f1": result["macro_f1"],
+            "epochs_run": result["epochs_run"],
+            "flow_wall_s": round(wall, 1),
+            "train_s": result["train_seconds"],
+            "ms_per_step": result["ms_per_step"],
+            "final_loss": result["history"]["loss"][-1],
+            "val_accuracy": result["history"]["val_accuracy"],
+            "load_avg_before": load_before,
+            "load_avg_after": os.getloadavg(),
+        }
         print(json.dumps(runs[str(hosts)]), flush=True)
         RESULT.write_text(json.dumps({"runs": runs}, indent=1))
     one, two = runs["1"], runs["2"]
     summary = {
         "what": "EuroSAT flow on the dev zip (split 18,364 / 2,293 / 2,293, seed 0), the same global batch and "
-                "epochs, hosts=1 (one job process) vs hosts=2 (two job processes on this 2-core machine, "
-                "data-parallel, jax.distributed with gloo CPU collectives); single-view test accuracy",
-        "settings": {k: v for k, v in settings.items() if k not in ("source", "cache_dir")} | {
-            "source": "../shared/data/eurosat/EuroSAT_RGB_dev.zip"},
+        "epochs, hosts=1 (one job process) vs hosts=2 (two job processes on this 2-core machine, "
+        "data-parallel, jax.distributed with gloo CPU collectives); single-view test accuracy",
+        "settings": {k: v for k, v in settings.items() if k not in ("source", "cache_dir")}
+        | {"source": "../shared/data/eurosat/EuroSAT_RGB_dev.zip"},
         "accuracy_difference_points": round(100 * (two["test_accuracy"] - one["test_accuracy"]), 2),
         "train_time_ratio_2_over_1": round(two["train_s"] / one["train_s"], 2),
         "flow_wall_ratio_2_over_1": round(two["flow_wall_s"] / one["flow_wall_s"], 2),

@@ -88,7 +88,9 @@ def main() -> None:
 
     dtype = "float32" if args.count_only else choose_dtype(args.dtype)
     if args.size == "1b" and jax.devices()[0].platform == "cpu" and not args.count_only:
-        print("warning: timing the 1B architecture on CPU (minutes per step); --count-only gives the counts", flush=True)
+        print(
+            "warning: timing the 1B architecture on CPU (minutes per step); --count-only gives the counts", flush=True
+        )
     keras.utils.set_random_seed(0)
     t = time.perf_counter()
     lm = build(args.size, dtype, seq)
@@ -97,28 +99,55 @@ def main() -> None:
     lm.backbone.enable_lora(rank=args.lora_rank)
     trainable, total = count(lm.backbone.trainable_weights), count(lm.backbone.weights)
     entry: dict = {
-        "size": args.size, "device": _device(), "dtype": dtype, "lora_rank": args.lora_rank,
-        "params": {"base": total_before_lora, "lora_trainable": trainable, "total_with_lora": total,
-                   "trainable_percent": round(100 * trainable / total, 4)},
-        "config": {k: v for k, v in lm.backbone.get_config().items()
-                   if k in ("vocabulary_size", "num_layers", "num_query_heads", "num_key_value_heads", "hidden_dim",
-                            "intermediate_dim", "head_dim", "sliding_window_size")},
+        "size": args.size,
+        "device": _device(),
+        "dtype": dtype,
+        "lora_rank": args.lora_rank,
+        "params": {
+            "base": total_before_lora,
+            "lora_trainable": trainable,
+            "total_with_lora": total,
+            "trainable_percent": round(100 * trainable / total, 4),
+        },
+        "config": {
+            k: v
+            for k, v in lm.backbone.get_config().items()
+            if k
+            in (
+                "vocabulary_size",
+                "num_layers",
+                "num_query_heads",
+                "num_key_value_heads",
+                "hidden_dim",
+                "intermediate_dim",
+                "head_dim",
+                "sliding_window_size",
+            )
+        },
         "build_seconds": round(build_s, 1),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "load_avg_at_start": [round(v, 2) for v in os.getloadavg()],
-                    "jax": jax.__version__, "keras": keras.__version__},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "load_avg_at_start": [round(v, 2) for v in os.getloadavg()],
+            "jax": jax.__version__,
+            "keras": keras.__version__,
+        },
     }
     if args.size == "1b":
         entry["params"]["matches_gemma3_1b_preset"] = total_before_lora == EXPECTED_1B_PARAMS
-    print(f"{args.size}: {trainable:,} LoRA parameters trainable of {total:,} ({entry['params']['trainable_percent']}%)"
-          f", base model {total_before_lora:,}", flush=True)
+    print(
+        f"{args.size}: {trainable:,} LoRA parameters trainable of {total:,} ({entry['params']['trainable_percent']}%)"
+        f", base model {total_before_lora:,}",
+        flush=True,
+    )
 
     if not args.count_only:
         vocab = lm.backbone.vocabulary_size
         rng = np.random.default_rng(0)
         token_ids = rng.integers(10, vocab, size=(batch, seq)).astype("int32")
         weights = np.zeros((batch, seq - 1), dtype="float32")
-        weights[:, seq // 2:] = 1.0  # loss on the "answer" half only, as in the flow
+        weights[:, seq // 2 :] = 1.0  # loss on the "answer" half only, as in the flow
         x = {"token_ids": token_ids[:, :-1], "padding_mask": np.ones((batch, seq - 1), dtype=bool)}
         y = token_ids[:, 1:]
         lm.compile(
@@ -142,20 +171,38 @@ def main() -> None:
         def tile(a):  # the same batch every step
             return np.concatenate([a] * total_steps)
 
-        lm.fit({k: tile(v) for k, v in x.items()}, tile(y), sample_weight=tile(weights), batch_size=batch, epochs=1,
-               shuffle=False, verbose=0, callbacks=[Timer()])
+        lm.fit(
+            {k: tile(v) for k, v in x.items()},
+            tile(y),
+            sample_weight=tile(weights),
+            batch_size=batch,
+            epochs=1,
+            shuffle=False,
+            verbose=0,
+            callbacks=[Timer()],
+        )
         loss = losses[-1]
-        timed = times[args.warmup:]
-        entry.update({
-            "batch_size": batch, "sequence_length": seq, "steps_timed": len(timed),
-            "first_step_ms": round(times[0], 1),
-            "ms_per_step": {"median": round(statistics.median(timed), 2), "min": round(min(timed), 2),
-                            "max": round(max(timed), 2)},
-            "tokens_per_second": round(batch * (seq - 1) / (statistics.median(timed) / 1000)),
-            "final_loss": round(loss, 4),
-        })
-        print(f"{args.size} on {entry['device']} ({dtype}), batch {batch} x {seq} tokens: median "
-              f"{entry['ms_per_step']['median']} ms/step (first step {entry['first_step_ms']:.0f} ms)", flush=True)
+        timed = times[args.warmup :]
+        entry.update(
+            {
+                "batch_size": batch,
+                "sequence_length": seq,
+                "steps_timed": len(timed),
+                "first_step_ms": round(times[0], 1),
+                "ms_per_step": {
+                    "median": round(statistics.median(timed), 2),
+                    "min": round(min(timed), 2),
+                    "max": round(max(timed), 2),
+                },
+                "tokens_per_second": round(batch * (seq - 1) / (statistics.median(timed) / 1000)),
+                "final_loss": round(loss, 4),
+            }
+        )
+        print(
+            f"{args.size} on {entry['device']} ({dtype}), batch {batch} x {seq} tokens: median "
+            f"{entry['ms_per_step']['median']} ms/step (first step {entry['first_step_ms']:.0f} ms)",
+            flush=True,
+        )
     entry["machine"]["load_avg_at_end"] = [round(v, 2) for v in os.getloadavg()]
 
     out = Path(args.out)

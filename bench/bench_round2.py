@@ -53,8 +53,11 @@ def signing_overhead_ms(repeats: int = 300) -> dict:
             one_call(key)
             samples[mode].append(time.perf_counter() - start)
     unsigned, signed = statistics.median(samples["unsigned"]), statistics.median(samples["signed"])
-    return {"store_traffic_unsigned_ms": unsigned * 1000, "store_traffic_signed_ms": signed * 1000,
-            "signing_added_per_call_ms": (signed - unsigned) * 1000}
+    return {
+        "store_traffic_unsigned_ms": unsigned * 1000,
+        "store_traffic_signed_ms": signed * 1000,
+        "signing_added_per_call_ms": (signed - unsigned) * 1000,
+    }
 
 
 def main() -> None:
@@ -128,8 +131,14 @@ def main() -> None:
         "signed_call_median_s": med(signed),
         "signing_added_ms": (med(signed) - med(unsigned)) * 1000,
         **signing_overhead_ms(),
-        "samples_s": {"one_call": single, "map": mapped, "quiet": quiet, "chatty": loud,
-                      "unsigned": unsigned, "signed": signed},
+        "samples_s": {
+            "one_call": single,
+            "map": mapped,
+            "quiet": quiet,
+            "chatty": loud,
+            "unsigned": unsigned,
+            "signed": signed,
+        },
         "load_average": os.getloadavg(),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

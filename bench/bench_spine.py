@@ -60,14 +60,21 @@ def main() -> None:
         bundle_dir = home / "bundles"
         python = [sys.executable]
         with get_client(sync_client=True) as client:
-            client.create_work_pool(WorkPoolCreate(
-                name="bench-process", type="process",
-                base_job_template=ProcessWorker.get_default_base_job_template(),
-                storage_configuration=WorkPoolStorageConfiguration(
-                    bundle_upload_step={"bench.prefect_native.upload": {"launcher": python, "directory": str(bundle_dir)}},
-                    bundle_execution_step={"bench.prefect_native.execute": {"launcher": python, "directory": str(bundle_dir)}},
-                ),
-            ))
+            client.create_work_pool(
+                WorkPoolCreate(
+                    name="bench-process",
+                    type="process",
+                    base_job_template=ProcessWorker.get_default_base_job_template(),
+                    storage_configuration=WorkPoolStorageConfiguration(
+                        bundle_upload_step={
+                            "bench.prefect_native.upload": {"launcher": python, "directory": str(bundle_dir)}
+                        },
+                        bundle_execution_step={
+                            "bench.prefect_native.execute": {"launcher": python, "directory": str(bundle_dir)}
+                        },
+                    ),
+                )
+            )
         native = bind_flow_to_infrastructure(native_noop, "bench-process", ProcessWorker, launcher=python)
 
         def timed(fn, *a) -> float:
@@ -90,7 +97,9 @@ def main() -> None:
         "prefect_native_warm_median_s": statistics.median(prefect_native),
         "ratio_native_over_kinetic": statistics.median(prefect_native) / statistics.median(kinetic),
         "cached_median_ms": statistics.median(cached) * 1000,
-        "kinetic_s": kinetic, "prefect_native_s": prefect_native, "cached_s": cached,
+        "kinetic_s": kinetic,
+        "prefect_native_s": prefect_native,
+        "cached_s": cached,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))

@@ -128,17 +128,19 @@ def run_mode(mode: str, repeats: int, sizes: list[int]) -> dict:
         samples["sequential_64"].append(attempt(f"{mode} sequential 64", lambda: loop(64)))
         print(mode, {k: v[-1] and round(v[-1], 2) for k, v in samples.items()}, flush=True)
     medians = {k: median(v) for k, v in samples.items()}
-    report: dict = {"samples_s": {k: [x and round(x, 3) for x in v] for k, v in samples.items()},
-                    "median_s": {k: v and round(v, 3) for k, v in medians.items()},
-                    "map_64_over_one_call": ratio(medians["map_64"], medians["one_call"]),
-                    "sequential_64_over_map_64": ratio(medians["sequential_64"], medians["map_64"])}
+    report: dict = {
+        "samples_s": {k: [x and round(x, 3) for x in v] for k, v in samples.items()},
+        "median_s": {k: v and round(v, 3) for k, v in medians.items()},
+        "map_64_over_one_call": ratio(medians["map_64"], medians["one_call"]),
+        "sequential_64_over_map_64": ratio(medians["sequential_64"], medians["map_64"]),
+    }
 
     if not sizes:  # the pairs alone (the cold mode's figures are the before)
         return report
     scaling = {}
     for n in sizes:
         values: list[int] = []
-        wall = attempt(f"{mode} scaling {n}", lambda: values.extend(fan_out(n)))
+        wall = attempt(f"{mode} scaling {n}", lambda values=values, n=n: values.extend(fan_out(n)))
         scaling[n] = {"wall_s": wall and round(wall, 3), "values_ok": values == list(range(n))}
         print(mode, "scaling", n, scaling[n], flush=True)
     made, final = job_runs_final(noop.name)
@@ -152,8 +154,11 @@ def run_mode(mode: str, repeats: int, sizes: list[int]) -> dict:
 
     one_sleep_s = attempt(f"{mode} one sleep", one_sleep)
     sixteen_s = attempt(f"{mode} 16 sleeps", lambda: sleeps(16))
-    report["sleep_5s"] = {"one_call_s": one_sleep_s and round(one_sleep_s, 3),
-                          "map_16_s": sixteen_s and round(sixteen_s, 3), "ratio": ratio(sixteen_s, one_sleep_s)}
+    report["sleep_5s"] = {
+        "one_call_s": one_sleep_s and round(one_sleep_s, 3),
+        "map_16_s": sixteen_s and round(sixteen_s, 3),
+        "ratio": ratio(sixteen_s, one_sleep_s),
+    }
     print(mode, "sleeps", report["sleep_5s"], flush=True)
     if mode == "warm":
         from kinetic_prefect import config
@@ -167,14 +172,20 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--databases", nargs="+", default=["postgresql", "sqlite"])
     parser.add_argument("--modes", nargs="+", default=["warm", "cold"])
-    parser.add_argument("--cold-pairs-only", action="store_true",
-                        help="cold mode: the interleaved pairs only, no scaling or sleeps (they take long cold)")
+    parser.add_argument(
+        "--cold-pairs-only",
+        action="store_true",
+        help="cold mode: the interleaved pairs only, no scaling or sleeps (they take long cold)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 256])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "sweeps.json")
     args = parser.parse_args()
-    results: dict = {"command": "uv run python bench/bench_sweeps.py " + " ".join(sys.argv[1:]),
-                     "cpus": os.cpu_count(), "load_average_at_start": os.getloadavg()[0]}
+    results: dict = {
+        "command": "uv run python bench/bench_sweeps.py " + " ".join(sys.argv[1:]),
+        "cpus": os.cpu_count(),
+        "load_average_at_start": os.getloadavg()[0],
+    }
     for database in args.databases:
         with prefect_server(database=database):
             for mode in args.modes:

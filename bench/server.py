@@ -16,8 +16,10 @@ from pathlib import Path
 
 # Prefect's server keeps 5 (+10 overflow) database connections by default; a 64-input fan-out on a loaded machine
 # waited out the 30 s checkout ("QueuePool limit of size 5 overflow 10 reached") and answered 500.
-POSTGRES_SERVER_ENV = {"PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_SIZE": "20",
-                       "PREFECT_SERVER_DATABASE_SQLALCHEMY_MAX_OVERFLOW": "40"}
+POSTGRES_SERVER_ENV = {
+    "PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_SIZE": "20",
+    "PREFECT_SERVER_DATABASE_SQLALCHEMY_MAX_OVERFLOW": "40",
+}
 
 
 @contextlib.contextmanager
@@ -52,8 +54,12 @@ def _server(database_url: str | None):
         env.update(POSTGRES_SERVER_ENV)
     os.environ.update(env)
     log = open(home / "server.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                             "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=os.environ.copy(),
+    )
     try:
         deadline = time.time() + 600  # minutes on a loaded machine: a first start migrates the database
         while True:
