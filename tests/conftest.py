@@ -14,7 +14,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -94,21 +93,15 @@ class PrefectServerProcess:
                 stderr=subprocess.STDOUT,
                 env=os.environ.copy(),
             )
-        deadline = time.time() + timeout
-        health = f"http://127.0.0.1:{_PORT}/api/health"
-        while True:
-            try:
-                with urllib.request.urlopen(health, timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if self.proc.poll() is not None or time.time() > deadline:
-                self.proc.kill()
-                raise RuntimeError(
-                    f"Prefect server did not start; see {self.log_path}:\n" + self.log_path.read_text()[-3000:]
-                )
-            time.sleep(0.3)
+        from ui_check import wait_http  # imported here: it imports kinetic_prefect, which imports Prefect
+
+        try:
+            wait_http(f"http://127.0.0.1:{_PORT}/api/health", timeout, self.proc)
+        except RuntimeError:
+            self.proc.kill()
+            raise RuntimeError(
+                f"Prefect server did not start; see {self.log_path}:\n" + self.log_path.read_text()[-3000:]
+            ) from None
         if self._stopped_at is not None:
             self.outages.append(time.time() - self._stopped_at)
             self._stopped_at = None
