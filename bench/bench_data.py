@@ -1,4 +1,4 @@
-"""Dataset arguments (kinetic_prefect.data): content hashing, first upload, and the no-op second upload.
+"""Dataset arguments (kinetic_prefect.pod.data): content hashing, first upload, and the no-op second upload.
 
     uv run --extra dev python bench/bench_data.py --zip /work/shared/data/eurosat/EuroSAT_RGB_dev.zip
 
@@ -41,8 +41,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kinetic_prefect import data as kd  # noqa: E402
-from kinetic_prefect import data_manifest  # noqa: E402
+from kinetic_prefect.pod import data as kd  # noqa: E402
+from kinetic_prefect.pod import data_manifest  # noqa: E402
 from kinetic_prefect.storage import open_store  # noqa: E402
 
 

@@ -162,7 +162,7 @@ def run_mode(mode: str, repeats: int, sizes: list[int]) -> dict:
     print(mode, "sleeps", report["sleep_5s"], flush=True)
     if mode == "warm":
         from kinetic_prefect import config
-        from kinetic_prefect.workers import warm
+        from kinetic_prefect.workers.local import warm
 
         report["runner_processes_started"] = warm.runners_for(config.cache_dir() / "warm").started
     return report

@@ -1,7 +1,7 @@
 """kinetic-prefect: run a Prefect task's body on an accelerator, through a Prefect work pool.
 
 The package root stays import-light on purpose: the job runner imports
-``kinetic_prefect.runner`` in a fresh interpreter and must not pay for Prefect.
+``kinetic_prefect.pod.runner`` in a fresh interpreter and must not pay for Prefect.
 Public names are resolved lazily on first access.
 """
 
@@ -12,27 +12,27 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "kinetic_task": "kinetic_prefect.decorator",
-    "KineticTask": "kinetic_prefect.decorator",
+    "kinetic_task": "kinetic_prefect.caller.decorator",
+    "KineticTask": "kinetic_prefect.caller.decorator",
     "RemoteTraceback": "kinetic_prefect.errors",
     "KineticJobCrashed": "kinetic_prefect.errors",
-    "ImageSpec": "kinetic_prefect.image",
-    "Data": "kinetic_prefect.data",
-    "JobOutputs": "kinetic_prefect.outputs",
+    "ImageSpec": "kinetic_prefect.shared.image",
+    "Data": "kinetic_prefect.pod.data",
+    "JobOutputs": "kinetic_prefect.pod.outputs",
     "attach": "kinetic_prefect.kinetic.jobs",
-    "fail_fast": "kinetic_prefect.sweeps",
+    "fail_fast": "kinetic_prefect.shared.sweeps",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kinetic_prefect.data import Data as Data
-    from kinetic_prefect.decorator import KineticTask as KineticTask
-    from kinetic_prefect.decorator import kinetic_task as kinetic_task
+    from kinetic_prefect.pod.data import Data as Data
+    from kinetic_prefect.caller.decorator import KineticTask as KineticTask
+    from kinetic_prefect.caller.decorator import kinetic_task as kinetic_task
     from kinetic_prefect.errors import KineticJobCrashed as KineticJobCrashed
     from kinetic_prefect.errors import RemoteTraceback as RemoteTraceback
-    from kinetic_prefect.image import ImageSpec as ImageSpec
+    from kinetic_prefect.shared.image import ImageSpec as ImageSpec
     from kinetic_prefect.kinetic.jobs import attach as attach
-    from kinetic_prefect.outputs import JobOutputs as JobOutputs
-    from kinetic_prefect.sweeps import fail_fast as fail_fast
+    from kinetic_prefect.pod.outputs import JobOutputs as JobOutputs
+    from kinetic_prefect.shared.sweeps import fail_fast as fail_fast
 
 __all__ = ["__version__", *_LAZY]
 

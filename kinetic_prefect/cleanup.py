@@ -96,7 +96,7 @@ def _final_or_unknown(flow_run_id: str, active: set[str]) -> bool:
 
 
 def _job_processes_gone(record: dict) -> bool:
-    from kinetic_prefect.workers.local import LocalJobLauncher, _process_start_ticks
+    from kinetic_prefect.workers.local.worker import LocalJobLauncher, _process_start_ticks
 
     hosts = LocalJobLauncher._hosts(record) if record.get("pid") or record.get("hosts") else []  # noqa: SLF001
     return all(_process_start_ticks(int(h["pid"])) != h.get("start_ticks") for h in hosts if h.get("pid"))
@@ -151,7 +151,7 @@ def find(
         for folder in sorted(p for p in tmp.iterdir() if p.is_dir() and p.name.startswith(TMP_PREFIXES)):
             if _newest_mtime(folder) < cutoff:
                 found.append(Leftover(folder, _size(folder), "a job's temporary folder"))
-    from kinetic_prefect.runner import _node_cache
+    from kinetic_prefect.pod.runner import _node_cache
 
     node_code = _node_cache() / "code"
     if node_code.is_dir():

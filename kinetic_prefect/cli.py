@@ -222,7 +222,7 @@ def gke_worker_image_command(
     """Build the in-cluster kinetic-gke worker image (docker/kinetic-gke-worker.Dockerfile) and print its reference.
 
     The build log goes to stderr, the reference alone to stdout: IMAGE=$(kinetic-prefect gke-worker-image ...)."""
-    from kinetic_prefect.workers import gke_worker_image
+    from kinetic_prefect.workers.gke import worker_image as gke_worker_image
 
     base_image = base_image or gke_worker_image.DEFAULT_BASE_IMAGE
     try:
@@ -265,7 +265,7 @@ def gke_worker_manifests_command(
     """Print manifests that run a kinetic-gke worker in a cluster (pipe them to `kubectl apply -f -`)."""
     import yaml
 
-    from kinetic_prefect.workers.gke_deploy import worker_manifests
+    from kinetic_prefect.workers.gke.deploy import worker_manifests
 
     if image is None:
         if repository is None:
@@ -274,7 +274,7 @@ def gke_worker_manifests_command(
                 "`kinetic-prefect gke-worker-image --repository REPOSITORY` builds",
                 param_hint="'--image'",
             )
-        from kinetic_prefect.workers import gke_worker_image
+        from kinetic_prefect.workers.gke import worker_image as gke_worker_image
 
         try:
             image = gke_worker_image.image_reference(

@@ -91,7 +91,7 @@ async def flow_run_costs(
 ) -> list[RunCost]:
     from prefect import get_client
 
-    from kinetic_prefect.cost_records import flow_cost
+    from kinetic_prefect.shared.cost_records import flow_cost
 
     async with get_client() as client:
         runs = await _select_runs(client, list(flow_run_ids or []), deployment, flow_name, since, until, last)

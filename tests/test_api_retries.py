@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from kinetic_prefect import _prefect
+from kinetic_prefect.caller import _prefect
 
 
 class BusyServer(http.server.ThreadingHTTPServer):

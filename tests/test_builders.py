@@ -26,8 +26,8 @@ import pytest
 from docker_fixture import proxy_files
 
 import kinetic_prefect
-from kinetic_prefect import builders
-from kinetic_prefect.builders import (
+from kinetic_prefect.shared import builders
+from kinetic_prefect.shared.builders import (
     CloudBuildBuilder,
     DockerBuilder,
     ImageBuildError,
@@ -37,7 +37,7 @@ from kinetic_prefect.builders import (
     context_archive,
     image_name,
 )
-from kinetic_prefect.image import RUNNER_MODULES, ImageSpec
+from kinetic_prefect.shared.image import RUNNER_MODULES, ImageSpec
 
 PACKAGE_DIR = Path(kinetic_prefect.__file__).parent
 
@@ -69,7 +69,7 @@ def test_build_context_cpu_contents(tmp_path):
     assert "FROM python:3.11-slim" in lines
     assert "ENV PYTHONUNBUFFERED=1 \\" in lines and "    PIP_NO_CACHE_DIR=1 \\" in lines
     assert "WORKDIR /workspace" in lines
-    assert lines[-1] == 'ENTRYPOINT ["python", "-u", "-m", "kinetic_prefect.runner"]'
+    assert lines[-1] == 'ENTRYPOINT ["python", "-u", "-m", "kinetic_prefect.pod.runner"]'
     assert "COPY extra/ /" not in dockerfile
     requirements = files["requirements.txt"].decode().splitlines()
     assert requirements == ["tabulate==0.9.0", f"cloudpickle=={cloudpickle.__version__}", builders.STORAGE_REQUIREMENT]
@@ -159,7 +159,7 @@ def _make_function():
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_docker_build_push_run_then_skip(docker_engine, local_registry, python_base_image, tmp_path):
-    from kinetic_prefect.payload import build_call_payload
+    from kinetic_prefect.caller.payload import build_call_payload
     from kinetic_prefect.storage import LocalStore
 
     # A repository of its own, so a registry that outlives this session never already holds the tag.

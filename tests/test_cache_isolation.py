@@ -39,7 +39,7 @@ def test_two_flows_calling_the_same_cached_task_run_one_job():
 
 
 def test_the_store_lock_has_one_holder_across_store_clients(tmp_path, gcs_bucket):
-    from kinetic_prefect.locks import StoreLockManager
+    from kinetic_prefect.caller.locks import StoreLockManager
 
     for url in (str(tmp_path / "store"), f"{gcs_bucket}/locks-test"):
         first, second = StoreLockManager(url), StoreLockManager(url)  # two "machines"

@@ -7,8 +7,9 @@ from __future__ import annotations
 import kubernetes_validate
 import pytest
 
-from kinetic_prefect import accelerators, capacity, kinetic_task
-from kinetic_prefect.workers import gke_capacity
+from kinetic_prefect import accelerators, kinetic_task
+from kinetic_prefect.shared import capacity
+from kinetic_prefect.workers.gke import capacity as gke_capacity
 from test_gke_manifests import K8S_VERSION, render
 
 
@@ -59,7 +60,7 @@ def test_with_options_takes_a_list_and_keeps_the_capacity_options():
 
 
 def test_job_variables_carry_the_list_and_the_budget():
-    from kinetic_prefect.dispatch import PreparedCall, _job_variables
+    from kinetic_prefect.caller.dispatch import PreparedCall, _job_variables
     from kinetic_prefect.contract import RunLayout
 
     task = kinetic_task(_noop, accelerator=["a100x4", "l4x4:spot"], preemption_retries=2)
@@ -270,7 +271,7 @@ def test_flex_start_and_queued_provisioning_render_as_gke_documents():
     ],
 )
 def test_capacity_settings_that_cannot_work_are_refused_before_upload(settings, culprit):
-    from kinetic_prefect.workers.gke import KineticGKEWorker
+    from kinetic_prefect.workers.gke.worker import KineticGKEWorker
 
     with pytest.raises(ValueError, match=culprit):
         KineticGKEWorker.check_pool_settings("gke", {"image": "x"}, settings)

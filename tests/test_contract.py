@@ -1,5 +1,5 @@
 """The contract is complete: every ``KINETIC_*`` name, runner phase, marker and envelope version lives in
-``contract.py``; the other modules use its names (the tests may spell them)."""
+``kinetic_prefect/contract/``; the other modules use its names (the tests may spell them)."""
 
 from __future__ import annotations
 
@@ -40,10 +40,10 @@ def test_no_kinetic_literal_outside_the_contract() -> None:
     offenders = [
         f"{path.parent.name}/{hit}"
         for path in sorted(PACKAGE_DIR.rglob("*.py"))
-        if path.name != "contract.py"
+        if path.parent != PACKAGE_DIR / "contract"
         for hit in kinetic_literals(path)
     ]
-    assert not offenders, "KINETIC_ names spelled outside contract.py (use contract.Env):\n" + "\n".join(offenders)
+    assert not offenders, "KINETIC_ names outside the contract package (use contract.Env):\n" + "\n".join(offenders)
 
 
 def test_the_scan_sees_code_strings_and_f_strings_but_not_docstrings(tmp_path: Path) -> None:
@@ -62,13 +62,13 @@ def test_every_env_name_is_a_kinetic_name_and_unique() -> None:
 
 
 def test_the_runner_reports_its_phases_and_markers_by_the_contract_names() -> None:
-    from kinetic_prefect import runner
+    from kinetic_prefect.pod import runner
 
     assert runner.JobTerminated.__name__ == contract.JOB_TERMINATED_TYPE
     stopped = contract.Outcome(status=contract.FAILED, error_type=f"__main__.{contract.JOB_TERMINATED_TYPE}")
     assert stopped.terminated
     assert not contract.Outcome(status=contract.FAILED, error_type="builtins.KeyError").terminated
-    source = (PACKAGE_DIR / "runner.py").read_text()
+    source = (PACKAGE_DIR / "pod" / "runner.py").read_text()
     phases = [v for k, v in vars(contract).items() if k.startswith("PHASE_")]
     # Every phase the runner names is the contract's (a phase spelled in the runner would not be in this list).
     calls = [
@@ -85,7 +85,7 @@ def test_the_runner_reports_its_phases_and_markers_by_the_contract_names() -> No
 def test_the_payload_envelope_version_is_the_contracts() -> None:
     import pickle
 
-    from kinetic_prefect.payload import build_call_payload
+    from kinetic_prefect.caller.payload import build_call_payload
 
     envelope = pickle.loads(build_call_payload(len, ((),), {}, None))
     assert envelope["format"] == contract.PAYLOAD_FORMAT
@@ -96,7 +96,7 @@ def test_the_decorator_lists_its_options_once() -> None:
     the same defaults; ``KINETIC_OPTION_NAMES`` is derived from them."""
     import inspect
 
-    from kinetic_prefect import decorator
+    from kinetic_prefect.caller import decorator
 
     options = inspect.signature(decorator._options).parameters
     own = [

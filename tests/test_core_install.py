@@ -25,7 +25,7 @@ def test_without_the_k8s_extra_local_works_and_gke_names_the_install():
     script = BLOCK_EXTRAS + textwrap.dedent("""
         from prefect.workers.base import BaseWorker
         import kinetic_prefect.workers as workers
-        from kinetic_prefect import _prefect
+        from kinetic_prefect.caller import _prefect
 
         assert BaseWorker.get_worker_class_from_type("kinetic-local") is workers.KineticLocalWorker
         assert _prefect.worker_class_for("kinetic-local") is workers.KineticLocalWorker

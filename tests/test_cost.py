@@ -17,7 +17,8 @@ from prefect import flow, get_client
 from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
 
-from kinetic_prefect import accelerators, cost, kinetic_task
+from kinetic_prefect import accelerators, kinetic_task
+from kinetic_prefect.shared import cost
 from kinetic_prefect.contract import FLOW_COST_ARTIFACT_KEY, JOB_COST_ARTIFACT_KEY, USAGE_ARTIFACT_KEY
 from kinetic_prefect.errors import BudgetExceeded
 from kinetic_prefect.workers.base import load_template
@@ -296,7 +297,7 @@ def _gke_manifest(accelerator: str, **variables) -> dict:
 
     from prefect.client.schemas.objects import FlowRun
 
-    from kinetic_prefect.workers.gke import KineticGKEJobConfiguration
+    from kinetic_prefect.workers.gke.worker import KineticGKEJobConfiguration
 
     template = load_template("kinetic-gke")
     configuration = asyncio.run(
@@ -309,8 +310,8 @@ def _gke_manifest(accelerator: str, **variables) -> dict:
 
 
 def test_a_spot_l4_pod_is_priced_at_the_spot_rate():
-    from kinetic_prefect.prices import PRICES
-    from kinetic_prefect.workers.gke import pod_span
+    from kinetic_prefect.shared.prices import PRICES
+    from kinetic_prefect.workers.gke.worker import pod_span
 
     started = datetime(2026, 12, 1, 10, 0, tzinfo=timezone.utc)
     spot = pod_span(_pod_from_manifest(_gke_manifest("l4", spot=True), 0, started, started + timedelta(minutes=30)))
@@ -328,7 +329,7 @@ def test_a_spot_l4_pod_is_priced_at_the_spot_rate():
 
 
 def test_a_two_host_group_is_priced_for_both_hosts():
-    from kinetic_prefect.workers.gke import pod_span
+    from kinetic_prefect.workers.gke.worker import pod_span
 
     manifest = _gke_manifest("l4", hosts=2)
     assert manifest["spec"]["completions"] == 2
@@ -348,7 +349,7 @@ def test_a_two_host_group_is_priced_for_both_hosts():
 
 
 def test_price_tables_name_their_culprit():
-    from kinetic_prefect import prices
+    from kinetic_prefect.shared import prices
 
     assert all(p.source and p.date for p in prices.PRICES.values())
     for name in prices.PRICES:
@@ -394,7 +395,7 @@ def test_usage_hints_name_what_would_do():
 def test_the_sampler_reads_this_machine_and_jax_on_cpu_reports_no_device_memory():
     import jax
 
-    from kinetic_prefect import utilization
+    from kinetic_prefect.pod import utilization
 
     jax.numpy.ones(4).block_until_ready()  # a CPU backend exists now: memory_stats() is None or partial there
     assert utilization.jax_device_memory() == []

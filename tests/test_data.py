@@ -1,4 +1,4 @@
-"""kinetic_prefect.data: Data validation, content hashing, upload to the store and localize on the job side,
+"""kinetic_prefect.pod.data: Data validation, content hashing, upload to the store and localize on the job side,
 against a local directory store and a fake-gcs-server bucket."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import zipfile
 
 import pytest
 
-from kinetic_prefect import data as kd
-from kinetic_prefect import data_manifest
-from kinetic_prefect.data import (
+from kinetic_prefect.pod import data as kd
+from kinetic_prefect.pod import data_manifest
+from kinetic_prefect.pod.data import (
     Data,
     DataError,
     DataRef,
@@ -511,7 +511,7 @@ def test_eurosat_sample_round_trip(shared_data, tmp_path, gcs_bucket):
 
 def test_module_imports_no_prefect_or_google():
     code = (
-        "import sys, kinetic_prefect.data; "
+        "import sys, kinetic_prefect.pod.data; "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('prefect', 'google', 'cloudpickle')]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )

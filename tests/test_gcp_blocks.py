@@ -30,7 +30,7 @@ from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.client.schemas.filters import FlowFilter, FlowFilterName
 
 from kinetic_prefect import kinetic_task
-from kinetic_prefect.results import block_name
+from kinetic_prefect.caller.results import block_name
 from kinetic_prefect.storage import open_store
 from kinetic_prefect.workers.base import load_template
 
@@ -248,7 +248,7 @@ def test_a_missing_credentials_block_is_refused_before_anything_is_uploaded(gcs_
 def test_cloud_build_and_artifact_registry_clients_take_the_block_credentials():
     from google.auth.credentials import AnonymousCredentials
 
-    from kinetic_prefect.builders import CloudBuildBuilder
+    from kinetic_prefect.shared.builders import CloudBuildBuilder
 
     credentials = AnonymousCredentials()
     builder = CloudBuildBuilder("p", "us-central1", "repo", "gs://staging", credentials=credentials)

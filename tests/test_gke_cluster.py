@@ -33,8 +33,8 @@ from prefect_kubernetes.credentials import KubernetesClusterConfig
 
 from kinetic_prefect import kinetic_task
 from kinetic_prefect.errors import KineticJobCrashed
-from kinetic_prefect.workers.gke import KineticGKEWorker
-from kinetic_prefect.workers.gke_deploy import worker_manifests
+from kinetic_prefect.workers.gke.worker import KineticGKEWorker
+from kinetic_prefect.workers.gke.deploy import worker_manifests
 
 pytestmark = pytest.mark.slow
 
@@ -43,8 +43,8 @@ pytestmark = pytest.mark.slow
 def job_image(local_registry, python_base_image):
     """The image the worker will look for, built ahead with this machine's proxy CA (the worker then finds the
     tag in the registry and skips its own build, which is what a warm repository looks like)."""
-    from kinetic_prefect.builders import DockerBuilder
-    from kinetic_prefect.image import ImageSpec
+    from kinetic_prefect.shared.builders import DockerBuilder
+    from kinetic_prefect.shared.image import ImageSpec
 
     for family in ("gpu", "tpu", "cpu"):
         spec = ImageSpec.create(None, family=family, base_image=python_base_image)
@@ -576,8 +576,8 @@ def test_a_multi_host_tpu_slice_runs_one_pod_per_host_and_returns_the_coordinato
 @pytest.fixture(scope="module")
 def jax_image(local_registry, python_base_image):
     """A job image with JAX (CPU), for a group that forms one jax.distributed group across pods."""
-    from kinetic_prefect.builders import DockerBuilder
-    from kinetic_prefect.image import ImageSpec
+    from kinetic_prefect.shared.builders import DockerBuilder
+    from kinetic_prefect.shared.image import ImageSpec
 
     spec = ImageSpec.create(["jax"], family="cpu", base_image=python_base_image)
     DockerBuilder(f"{local_registry}/kinetic-tests", network="host", extra_files=proxy_files()).ensure(

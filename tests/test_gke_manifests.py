@@ -12,7 +12,7 @@ import pytest
 from prefect.client.schemas.objects import FlowRun, WorkPool
 
 from kinetic_prefect import accelerators
-from kinetic_prefect.workers.gke import KineticGKEJobConfiguration, KineticGKEWorker
+from kinetic_prefect.workers.gke.worker import KineticGKEJobConfiguration, KineticGKEWorker
 
 K8S_VERSION = "1.33.0"
 SINGLE_HOST = [s.name for s in accelerators.catalog() if not s.multi_host]
@@ -43,7 +43,7 @@ def test_every_single_host_entry_renders_a_valid_job(name):
     pod = manifest["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert manifest["spec"]["backoffLimit"] == 0 and pod["restartPolicy"] == "Never"
-    assert container["command"] == ["python", "-u", "-m", "kinetic_prefect.runner"]
+    assert container["command"] == ["python", "-u", "-m", "kinetic_prefect.pod.runner"]
     assert pod.get("nodeSelector", {}) == spec.node_selector
     if spec.family == "cpu":
         assert "tolerations" not in pod and "limits" not in container.get("resources", {})
@@ -161,7 +161,7 @@ def test_the_template_file_is_what_the_worker_type_serves():
 
 def test_in_cluster_worker_manifests_are_valid_and_least_privilege():
 
-    from kinetic_prefect.workers.gke_deploy import worker_manifests
+    from kinetic_prefect.workers.gke.deploy import worker_manifests
 
     docs = worker_manifests("gpu", namespace="ml", image="us-docker.pkg.dev/p/r/worker:1")
     for doc in docs:
@@ -196,7 +196,7 @@ def test_the_pool_form_is_prefect_kubernetes_form_plus_the_kinetic_variables():
     retries belong to Prefect."""
     from prefect_kubernetes.worker import KubernetesWorker, KubernetesWorkerJobConfiguration
 
-    from kinetic_prefect.workers.gke import KineticGKEJobConfiguration, KineticGKEWorker
+    from kinetic_prefect.workers.gke.worker import KineticGKEJobConfiguration, KineticGKEWorker
 
     ours = KineticGKEWorker.get_default_base_job_template()["variables"]
     theirs = KubernetesWorker.get_default_base_job_template()["variables"]

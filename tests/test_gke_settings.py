@@ -11,7 +11,7 @@ from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.client.schemas.filters import FlowFilter, FlowFilterName
 
 from kinetic_prefect import kinetic_task
-from kinetic_prefect.workers.gke import KineticGKEWorker
+from kinetic_prefect.workers.gke.worker import KineticGKEWorker
 
 
 def _pool(**defaults) -> str:

@@ -208,7 +208,7 @@ def test_hosts_below_one_or_on_a_pool_without_groups_is_refused_before_upload(st
         kinetic_task(accelerator="tpu-v5litepod-16", hosts=2)(body)
 
     # A pool made from a template without the `hosts` variable (before groups existed) would run one process.
-    from kinetic_prefect.workers.local import KineticLocalWorker
+    from kinetic_prefect.workers.local.worker import KineticLocalWorker
 
     old = KineticLocalWorker.get_default_base_job_template()
     old["job_configuration"].pop("hosts")

@@ -17,91 +17,51 @@ import kinetic_prefect
 PACKAGE_DIR = Path(kinetic_prefect.__file__).parent
 PACKAGE = "kinetic_prefect"
 
-# The sides (docs/ARCHITECTURE.md, "Who imports whom"). A module not listed here fails the test: say where it lives.
-CONTRACT = {"contract"}
-POD = {
-    "runner",
-    "outputs",
-    "progress",
-    "signing",
-    "storage",
-    "errors",
-    "accelerators",
-    "data",
-    "data_sources",
-    "data_manifest",
-    "data_upload",
-    "data_localize",
-    "data_walk",
-    "config",
-    "utilization",
-    "warm_runner",
-}
-SHARED = {
-    "gcp",
-    "image",
-    "builders",
-    "job_variables",
-    "prefect_runs",
-    "key_blocks",
-    "locks",
-    "outages",
-    "cost",
-    "prices",
-    "capacity",
-    "sweeps",
-    "cost_records",
-}
-CALLER = {
-    "__init__",
-    "_prefect",
-    "decorator",
-    "dispatch",
-    "payload",
-    "project_archive",
-    "remote_errors",
-    "results",
-    "pools",
-    "in_process",
-    "task_calls",
-    "data_repair",
-    "budgets",
-    "capacity_report",
-    "embedded_server",
-}
-WORKER_PREFIX = "workers"
-KINETIC_API_PREFIX = "kinetic"  # the Kinetic-compatible API: a caller-side facade over kinetic_task
+# The sides (docs/ARCHITECTURE.md, "Who imports whom"): a side is a package, so a module's place says its
+# side. Outside the side packages only the leaves, the tools and the kept public paths live; a new top-level
+# module fails the test until it is put on a side.
+SIDE_PACKAGES = {"contract": "contract", "pod": "pod", "shared": "shared", "caller": "caller", "workers": "worker"}
+KINETIC_API_PACKAGE = "kinetic"  # the Kinetic-compatible API: a caller-side facade over kinetic_task
+LEAVES = {"storage", "signing", "errors", "accelerators", "config"}  # ship to the pod; import only the contract
 TOOLS = {"cli", "doctor", "steps", "jobs_cli", "cleanup", "cost_report"}
+# The public paths of modules that moved into pod/, kept for user code and old pickles (each aliases its module).
+KEPT_PATHS = {"runner": "pod.runner", "progress": "pod.progress", "outputs": "pod.outputs", "data": "pod.data"}
 
 # Who may import whom (besides itself): the pod never reaches the caller or the worker (it ships alone to a
 # job), shared helpers never reach a side, the worker never reaches the caller; the caller reaches the worker
-# only to submit in-process (pools, in_process); tools (the CLI, doctor, deployment steps) may use anything.
+# only to submit in-process (pools); tools (the CLI, doctor, deployment steps) may use anything.
 ALLOWED = {
-    "contract": set(),
-    "pod": {"contract"},
-    "shared": {"contract", "pod"},
-    "worker": {"contract", "pod", "shared"},
-    "caller": {"contract", "pod", "shared"},
-    "tools": {"contract", "pod", "shared", "caller", "worker"},
+    "contract": {"contract"},
+    "leaf": {"contract"},
+    "pod": {"contract", "leaf"},
+    "kept path": {"pod"},
+    "shared": {"contract", "leaf", "pod"},
+    "worker": {"contract", "leaf", "pod", "shared"},
+    "caller": {"contract", "leaf", "pod", "shared"},
+    "tools": {"contract", "leaf", "pod", "shared", "caller", "worker"},
 }
-CALLER_INTO_WORKER = {"pools"}  # the registry finds a pool's worker class; everything else goes through it
+CALLER_INTO_WORKER = {"caller.pools"}  # the registry finds a pool's worker class; everything else goes through it
 
 
 def side_of(module: str) -> str:
     short = module.removeprefix(f"{PACKAGE}.") if module != PACKAGE else "__init__"
-    if short in CONTRACT:
-        return "contract"
-    if short in POD:
-        return "pod"
-    if short in SHARED:
-        return "shared"
-    if short in CALLER or short.startswith(KINETIC_API_PREFIX):
+    top = short.split(".")[0]
+    if short == "__init__":
+        return "caller"  # the public names, loaded lazily from the caller (and pod) modules
+    if top in SIDE_PACKAGES:
+        return SIDE_PACKAGES[top]
+    if top == KINETIC_API_PACKAGE:
         return "caller"
-    if short == WORKER_PREFIX or short.startswith(f"{WORKER_PREFIX}."):
-        return "worker"
+    if short in LEAVES:
+        return "leaf"
     if short in TOOLS:
         return "tools"
-    raise AssertionError(f"{module} is on no side: add it to one in tests/test_imports.py and docs/ARCHITECTURE.md")
+    if short in KEPT_PATHS:
+        return "kept path"
+    raise AssertionError(
+        f"{module} is on no side: move it into a side's package, or list it in tests/test_imports.py and "
+        "docs/ARCHITECTURE.md"
+    )
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -227,9 +187,56 @@ def test_each_side_imports_only_what_the_architecture_allows() -> None:
 
 
 def test_the_pod_side_is_what_ships_to_a_job() -> None:
-    from kinetic_prefect.image import RUNNER_MODULES
+    from kinetic_prefect.shared.image import RUNNER_MODULES
 
-    assert POD | CONTRACT | {"__init__"} == set(RUNNER_MODULES)
+    modules = [module_name(path, PACKAGE_DIR) for path in PACKAGE_DIR.rglob("*.py")]
+    shipping = {
+        m.removeprefix(f"{PACKAGE}.")
+        for m in modules
+        if side_of(m) in {"pod", "leaf", "kept path"} or m == f"{PACKAGE}.contract"
+    }
+    shipped = {m.replace("/", ".").removesuffix(".__init__") for m in RUNNER_MODULES if m != "__init__"}
+    assert shipped == shipping
+    assert "__init__" in RUNNER_MODULES  # the package root, whose public names load lazily
+
+
+def test_the_side_packages_import_nothing_when_entered() -> None:
+    """Importing ``kinetic_prefect.pod.runner`` runs ``pod/__init__`` first: a side's ``__init__`` stays empty of
+    imports, so reaching one module of a side loads no other (``workers`` alone imports its worker types: it is
+    Prefect's entry point)."""
+    for package in ["contract.job_variables", *SIDE_PACKAGES, "workers.local", "workers.gke", KINETIC_API_PACKAGE]:
+        init = PACKAGE_DIR / package.split(".")[0] / "__init__.py"
+        if "." in package:
+            init = PACKAGE_DIR.joinpath(*package.split(".")) / "__init__.py"
+        if not init.is_file() or package in {"contract", "workers", KINETIC_API_PACKAGE}:
+            continue
+        tree = ast.parse(init.read_text())
+        ours = [node.lineno for node in _imports(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
+        assert not ours, f"{init.relative_to(PACKAGE_DIR)} imports at lines {ours}"
+
+
+@pytest.mark.parametrize("kept, module", sorted(KEPT_PATHS.items()))
+def test_the_kept_public_paths_are_the_moved_modules(kept: str, module: str) -> None:
+    import importlib
+
+    assert importlib.import_module(f"{PACKAGE}.{kept}") is importlib.import_module(f"{PACKAGE}.{module}")
+
+
+def test_python_dash_m_on_the_kept_runner_path_runs_the_runner(tmp_path: Path) -> None:
+    """Images built before the move run ``python -m kinetic_prefect.runner``; it still reads the job's
+    environment (and, with none, reports the phase it failed in, as the runner does)."""
+    import os
+    import subprocess
+    import sys
+
+    from kinetic_prefect import contract
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KINETIC_")}
+    done = subprocess.run(
+        [sys.executable, "-m", f"{PACKAGE}.runner"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == contract.EXIT_NO_OUTCOME, done.stderr
+    assert contract.PHASE_READ_ENV in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize(

@@ -64,7 +64,7 @@ def test_a_log_request_whose_answer_was_lost_is_not_stored_twice():
     import httpx
     from prefect import get_client
 
-    from kinetic_prefect.outages import Outage
+    from kinetic_prefect.shared.outages import Outage
     from kinetic_prefect.workers.log_forwarding import JobLogForwarder
 
     @flow

@@ -117,7 +117,7 @@ def test_job_progress_becomes_a_progress_artifact_on_the_job_run():
     def epochs(n: int) -> int:
         import time as _time
 
-        from kinetic_prefect.progress import report
+        from kinetic_prefect.pod.progress import report
 
         for epoch in range(n):
             _time.sleep(0.3)

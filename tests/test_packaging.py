@@ -10,8 +10,8 @@ import warnings
 import pytest
 
 from kinetic_prefect.errors import PayloadError
-from kinetic_prefect.image import ImageSpec, RequirementsError, normalize_requirements
-from kinetic_prefect.payload import archive_project, build_call_payload, collect_project_files
+from kinetic_prefect.shared.image import ImageSpec, RequirementsError, normalize_requirements
+from kinetic_prefect.caller.payload import archive_project, build_call_payload, collect_project_files
 
 
 def test_image_tag_is_stable_and_insensitive_to_spelling_and_order():

@@ -10,7 +10,7 @@ import threading
 
 import cloudpickle
 
-from kinetic_prefect.payload import build_call_payload
+from kinetic_prefect.caller.payload import build_call_payload
 
 SCRIPT = textwrap.dedent(
     """
@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent(
 
     import cloudpickle
 
-    from kinetic_prefect.payload import build_call_payload
+    from kinetic_prefect.caller.payload import build_call_payload
 
     HERE = Path(__file__).resolve().parent
     sys.path.insert(0, str(HERE))
@@ -107,7 +107,7 @@ FIRST_USE_SCRIPT = textwrap.dedent(
     sys.path.insert(0, sys.argv[1])
     import helpers  # a project module: its file is checked against the library roots
 
-    import kinetic_prefect.payload as payload
+    import kinetic_prefect.caller.payload as payload
 
     # Python 3.11's sysconfig.get_paths() fills a shared dict on first use without a lock, so it must never
     # run in two threads at once. Count how many threads are inside it; the sleep stands in for the first

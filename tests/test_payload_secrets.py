@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 
-from kinetic_prefect.payload import archive_project, cached_project_archive, collect_project_files
+from kinetic_prefect.caller.payload import archive_project, cached_project_archive, collect_project_files
 
 SECRETS = [".env", "key.pem", "id_rsa", "config/kaggle.json", "deploy/.env.production"]
 

@@ -11,8 +11,8 @@ import time
 
 import cloudpickle
 
-from kinetic_prefect import project_archive
-from kinetic_prefect.payload import build_call_payload, cached_project_archive, forget_function
+from kinetic_prefect.caller import project_archive
+from kinetic_prefect.caller.payload import build_call_payload, cached_project_archive, forget_function
 
 
 class Probe:

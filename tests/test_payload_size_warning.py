@@ -6,7 +6,7 @@ import warnings
 
 import numpy as np
 
-from kinetic_prefect.payload import build_call_payload
+from kinetic_prefect.caller.payload import build_call_payload
 
 MiB = 2**20
 

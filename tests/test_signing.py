@@ -58,7 +58,7 @@ def test_a_forged_result_never_runs_code_in_the_caller(store_dir, tmp_path, monk
         return slow_value()
 
     # Deterministic instead of racing: forge the result between the job's write and the caller's read.
-    import kinetic_prefect.dispatch as dispatch
+    import kinetic_prefect.caller.dispatch as dispatch
 
     real = dispatch._read_signed
 
@@ -74,7 +74,7 @@ def test_a_forged_result_never_runs_code_in_the_caller(store_dir, tmp_path, monk
         assert not proof.exists(), "a forged result was unpickled in the caller"
     else:  # documented: without a key the store is trusted, and the caller says so
         with pytest.warns(UserWarning, match="unauthenticated"):
-            import kinetic_prefect._prefect as kp
+            import kinetic_prefect.caller._prefect as kp
 
             kp._signing_key_cache.clear()
             pipeline()
@@ -112,7 +112,7 @@ def test_a_forged_payload_is_refused_by_the_job(store_dir, monkeypatch):
     from kinetic_prefect.errors import KineticJobSetupError
 
     monkeypatch.setenv("KINETIC_SIGNING_KEY", "payload-key")
-    import kinetic_prefect.dispatch as dispatch
+    import kinetic_prefect.caller.dispatch as dispatch
 
     real_put = signing.put
 

@@ -21,7 +21,7 @@ from prefect.client.schemas.filters import FlowFilter, FlowFilterName, LogFilter
 
 from kinetic_prefect import KineticTask, kinetic_task
 from kinetic_prefect.errors import PayloadError
-from kinetic_prefect.image import RequirementsError
+from kinetic_prefect.shared.image import RequirementsError
 from job_runs import calling_task_run
 
 
@@ -275,7 +275,7 @@ def test_runner_reports_payload_tampering(tmp_path):
         "KINETIC_RUN_PREFIX": "runs/r1",
         "KINETIC_PAYLOAD_SHA256": "0" * 64,
     }
-    proc = subprocess.run([sys.executable, "-m", "kinetic_prefect.runner"], env=env, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "kinetic_prefect.pod.runner"], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     import json
 
@@ -285,6 +285,6 @@ def test_runner_reports_payload_tampering(tmp_path):
 
 
 def test_the_job_runner_does_not_import_prefect():
-    code = "import kinetic_prefect.runner, sys; print('prefect' in sys.modules)"
+    code = "import kinetic_prefect.pod.runner, sys; print('prefect' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

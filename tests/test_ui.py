@@ -87,7 +87,7 @@ def test_plots_render_as_images_in_the_ui(ui):
 
 
 def test_job_progress_shows_in_the_ui(ui):
-    """The training job's progress (kinetic_prefect.progress.report) as a progress artifact on its run."""
+    """The training job's progress (kinetic_prefect.pod.progress.report) as a progress artifact on its run."""
     progress = ui.job_progress()
     assert progress, f"no progress artifact on the job's run {ui.job['name']}"
     if not ui.report["artifacts"]:

@@ -28,7 +28,7 @@ def job_runs(task_name: str):
 
 
 def test_a_job_that_rewrites_its_code_or_leaves_junk_does_not_reach_the_next_job(tmp_path):
-    from kinetic_prefect.runner import _node_cache
+    from kinetic_prefect.pod.runner import _node_cache
 
     module = f"helper_{uuid.uuid4().hex[:8]}"
     project = tmp_path / "project"
@@ -157,7 +157,7 @@ def test_a_remote_exception_keeps_its_constructor_state(remote_exceptions, kind)
 
 
 def test_a_worker_with_another_signing_key_is_named_as_such(worker_factory, monkeypatch):
-    from kinetic_prefect import _prefect
+    from kinetic_prefect.caller import _prefect
 
     monkeypatch.setenv("KINETIC_SIGNING_KEY", "worker-key-" + uuid.uuid4().hex)
     worker = worker_factory().start()
@@ -246,7 +246,7 @@ def test_a_full_store_while_writing_the_result_names_enospc_and_is_not_retried(s
 @pytest.fixture(params=["in-process", "worker"])
 def signed_route(request, worker_factory, monkeypatch):
     monkeypatch.setenv("KINETIC_SIGNING_KEY", "data-key")
-    from kinetic_prefect import _prefect
+    from kinetic_prefect.caller import _prefect
 
     _prefect._signing_key_cache.clear()
     if request.param == "worker":

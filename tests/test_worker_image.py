@@ -24,8 +24,8 @@ import pytest
 from docker_fixture import proxy_files
 
 from kinetic_prefect.cli import main
-from kinetic_prefect.workers import gke_worker_image
-from kinetic_prefect.workers.gke_deploy import worker_manifests
+from kinetic_prefect.workers.gke import worker_image as gke_worker_image
+from kinetic_prefect.workers.gke.deploy import worker_manifests
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -190,7 +190,7 @@ def test_worker_image_builds_pushes_and_runs_the_worker(
         .splitlines()[-1]
     )
     assert probe["uid"] == 10001 and probe["gid"] == 10001 and probe["home"] == "/home/kinetic", probe
-    assert probe["worker"] == "kinetic_prefect.workers.gke.KineticGKEWorker", probe
+    assert probe["worker"] == "kinetic_prefect.workers.gke.worker.KineticGKEWorker", probe
     assert {"kinetic-gke", "kinetic-local"} <= set(probe["types"]), probe
     assert probe["package"].startswith("/opt/venv/lib/"), probe  # installed as a wheel, not editable
     assert probe["python"] == "/opt/venv/bin/python", probe

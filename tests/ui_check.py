@@ -627,7 +627,7 @@ class UICheck:
             others = [self.artifact_name(a) for a in self.facts["artifacts"] if a["type"] == "progress"]
             self.report["problems"].append(
                 f"no progress artifact on the job's run {self.job['name']}: the training job reports no progress "
-                "(kinetic_prefect.progress.report)"
+                "(kinetic_prefect.pod.progress.report)"
                 + (f"; other progress artifacts: {', '.join(others)}" if others else "")
             )
 

@@ -21,11 +21,11 @@ _LAZY = {
     "BatchHandle": "kinetic_prefect.kinetic.batch",
     "BatchError": "kinetic_prefect.kinetic.batch",
     "attach_batch": "kinetic_prefect.kinetic.batch",
-    "Data": "kinetic_prefect.data",
+    "Data": "kinetic_prefect.pod.data",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kinetic_prefect.data import Data as Data
+    from kinetic_prefect.pod.data import Data as Data
     from kinetic_prefect.kinetic.batch import BatchError as BatchError
     from kinetic_prefect.kinetic.batch import BatchHandle as BatchHandle
     from kinetic_prefect.kinetic.batch import attach_batch as attach_batch

@@ -165,7 +165,7 @@ class JobHandle:
             from prefect import get_client
 
             async def follow_logs() -> None:
-                from kinetic_prefect import _prefect
+                from kinetic_prefect.caller import _prefect
 
                 async with get_client() as client:
                     await _prefect.wait_for_final_state(
@@ -212,7 +212,7 @@ class JobHandle:
         from anyio import to_thread
         from prefect import get_client
 
-        from kinetic_prefect import _prefect
+        from kinetic_prefect.caller import _prefect
 
         async with get_client() as client:
             try:
@@ -235,9 +235,10 @@ class JobHandle:
     def _collect(self, flow_run: Any, store: Any, key: bytes | None, cleanup: bool) -> Any:
         import cloudpickle
 
-        from kinetic_prefect import dispatch, signing
+        from kinetic_prefect import signing
+        from kinetic_prefect.caller import dispatch
         from kinetic_prefect.errors import KineticJobCancelled, KineticJobCrashed
-        from kinetic_prefect.remote_errors import raise_remote
+        from kinetic_prefect.caller.remote_errors import raise_remote
         from kinetic_prefect.storage import ObjectNotFound
 
         state = flow_run.state
@@ -290,7 +291,7 @@ class JobHandle:
         async def until_final() -> None:
             import anyio
 
-            from kinetic_prefect import _prefect
+            from kinetic_prefect.caller import _prefect
 
             async with get_client() as client:
                 with anyio.fail_after(timeout):
@@ -302,7 +303,8 @@ class JobHandle:
 
 async def _open_store(client: Any, flow_run: Any) -> tuple[Any, bytes | None]:
     """The store the job wrote to (its job variables name it), opened with its pool's credentials."""
-    from kinetic_prefect import _prefect, gcp
+    from kinetic_prefect.caller import _prefect
+    from kinetic_prefect.shared import gcp
 
     pool = await client.read_work_pool(flow_run.work_pool_name)
     store = gcp.open_store(flow_run.job_variables["store"], await gcp.pool_credentials(pool))
@@ -313,7 +315,7 @@ async def _cancel(flow_run_id: UUID, message: str, wait_seconds: float) -> None:
     from prefect import get_client
     from prefect.states import Cancelled
 
-    from kinetic_prefect import _prefect
+    from kinetic_prefect.caller import _prefect
 
     async with get_client() as client:
         flow_run = await client.read_flow_run(flow_run_id)
@@ -481,7 +483,7 @@ def _run_in_process_thread(pool: Any, flow_run: Any, secret_env: dict[str, str])
 
     from prefect import get_client
 
-    from kinetic_prefect import _prefect
+    from kinetic_prefect.caller import _prefect
 
     async def run() -> None:
         async with get_client() as client:
@@ -503,7 +505,7 @@ def submit_detached(
     source_fn: Callable[..., Any] | None = None,
 ) -> JobHandle:
     """Submit one call as a detached job through the same path as every call (``dispatch.call_remotely``)."""
-    from kinetic_prefect import dispatch
+    from kinetic_prefect.caller import dispatch
 
     detach = Detach(tags=(DETACHED_TAG, *tags), fn=source_fn or fn)
     return dispatch.call_remotely(options, fn, args, kwargs, task_name, detach=detach)

@@ -104,7 +104,7 @@ class RemoteCallable:
         capture_env_vars: list[str] | None,
         task_options: dict[str, Any],
     ):
-        from kinetic_prefect.decorator import kinetic_task
+        from kinetic_prefect.caller.decorator import kinetic_task
 
         spec = kinetic_reading(accelerator)
         if spot:

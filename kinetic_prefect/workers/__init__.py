@@ -6,11 +6,11 @@ when it loads collections, so ``prefect worker start --type kinetic-local`` find
 the type is not registered, and a kinetic-gke pool is refused with the install command.
 """
 
-from kinetic_prefect.workers.local import KineticLocalWorker
+from kinetic_prefect.workers.local.worker import KineticLocalWorker
 
 GKE_UNAVAILABLE: str | None
 try:
-    from kinetic_prefect.workers.gke import KineticGKEWorker
+    from kinetic_prefect.workers.gke.worker import KineticGKEWorker
 except ModuleNotFoundError as missing:  # no prefect-kubernetes / kubernetes: a local-only install
     KineticGKEWorker = None  # type: ignore[assignment,misc]
     GKE_UNAVAILABLE = f"{missing.name} is not installed"

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from prefect.client.schemas.objects import FlowRun
 
-from kinetic_prefect import capacity
+from kinetic_prefect.shared import capacity
 from kinetic_prefect.contract import EVENT_FALLBACK, EVENT_PREEMPTED, CapacityRecord, Env, Outcome, RunLayout
 
 if TYPE_CHECKING:  # the lifecycle imports this module
@@ -105,7 +105,8 @@ async def on_pending(
 
 
 async def _read_outcome(worker: Any, configuration: Any) -> Outcome | None:
-    from kinetic_prefect import key_blocks, signing
+    from kinetic_prefect import signing
+    from kinetic_prefect.shared import key_blocks
 
     store = await worker.open_pool_store(configuration)
     layout = RunLayout(configuration.env[Env.RUN_ID])
@@ -200,7 +201,8 @@ async def _discard_attempt(worker: Any, configuration: Any) -> None:
 
 
 async def write_record(worker: Any, flow_run: FlowRun, configuration: Any, plan: capacity.CapacityPlan) -> None:
-    from kinetic_prefect import key_blocks, signing
+    from kinetic_prefect import signing
+    from kinetic_prefect.shared import key_blocks
 
     spec = plan.current
     resumed = plan.resumed if plan.preemptions else None

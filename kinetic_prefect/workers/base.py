@@ -11,7 +11,7 @@ from pydantic import Field, PrivateAttr
 
 from kinetic_prefect import accelerators, config
 from kinetic_prefect.contract import RUNNER_COMMAND, Env
-from kinetic_prefect.image import ImageSpec
+from kinetic_prefect.shared.image import ImageSpec
 
 ENV_BLOCK_VARIABLE = Env.ENV_BLOCK
 
@@ -32,8 +32,8 @@ class KineticJobConfiguration(BaseJobConfiguration):
     store: str | None = Field(default=None)
     gcp_credentials: str | None = Field(default=None)  # a saved prefect-gcp GcpCredentials block's name
     max_cost_usd: float | None = Field(default=None)  # the worker stops the job when its metered cost reaches it
-    prices: dict[str, Any] | str | None = Field(default=None)  # price overrides (kinetic_prefect.cost.load_prices)
-    # Capacity (kinetic_prefect.capacity): `accelerator` may be a fallback list ("a100x4,l4x4"), tried in order.
+    prices: dict[str, Any] | str | None = Field(default=None)  # overrides: shared.cost.load_prices
+    # Capacity (kinetic_prefect.shared.capacity): `accelerator` may be a fallback list ("a100x4,l4x4"), tried in order.
     _accelerator_choices: list[str] = PrivateAttr(default_factory=list)  # set from `accelerator` per run
     preemption_retries: int | None = Field(default=None)
     spot_fallback: bool = Field(default=False)
@@ -72,7 +72,7 @@ class KineticJobConfiguration(BaseJobConfiguration):
         self.env.setdefault(Env.RUN_ID, str(flow_run.id))
         self.env.setdefault(Env.RUN_PREFIX, f"runs/{self.env[Env.RUN_ID]}")  # older jobs' name for it
         self.env[Env.FLOW_RUN_ID] = str(flow_run.id)
-        from kinetic_prefect import capacity
+        from kinetic_prefect.shared import capacity
 
         self._accelerator_choices = [capacity.label(s) for s in capacity.choices(self.accelerator)]
         self.accelerator = self._accelerator_choices[0]  # the first choice; the lifecycle moves on when it must

@@ -39,9 +39,11 @@ from prefect.states import Cancelled, Completed, Crashed, Failed, Running, State
 from prefect.utilities.engine import propose_state
 from prefect.workers.base import BaseWorkerResult
 
-from kinetic_prefect import accelerators, prefect_runs, key_blocks
+from kinetic_prefect import accelerators
+from kinetic_prefect.shared import prefect_runs
+from kinetic_prefect.shared import key_blocks
 from kinetic_prefect.contract import LOG_END_MARKER, Env, Outcome, RunLayout
-from kinetic_prefect.outages import Outage
+from kinetic_prefect.shared.outages import Outage
 
 # A read that fails for a reason that may pass (a 5xx, a dropped connection) is retried for as long as an
 # API outage is waited out (outages.outage_horizon_seconds) before the job is given up as crashed.
@@ -146,7 +148,7 @@ class ProgressArtifact:
         self.publish_from_threads = publish_from_threads
 
     def wrap(self, emit: Callable[[str], None]) -> Callable[[str], None]:
-        from kinetic_prefect.progress import parse
+        from kinetic_prefect.pod.progress import parse
 
         def filtered(text: str) -> None:
             kept = []
@@ -564,7 +566,7 @@ class KineticWorker:
     async def open_pool_store(self, configuration: Any) -> Any:
         """The job's store, read with the pool's ``gcp_credentials`` block when it names one (else the
         default client: Application Default Credentials, Workload Identity for an in-cluster worker)."""
-        from kinetic_prefect import gcp
+        from kinetic_prefect.shared import gcp
         from kinetic_prefect.storage import open_store
 
         url = configuration.env[Env.STORE]

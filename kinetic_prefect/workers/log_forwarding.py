@@ -17,7 +17,7 @@ from typing import Any
 
 from prefect.client.schemas.actions import LogCreate
 
-from kinetic_prefect.outages import Outage
+from kinetic_prefect.shared.outages import Outage
 
 LOGGER_NAME = "prefect.flow_runs.worker"
 REQUEST_BYTES = 1 << 20  # a flood read in one poll (up to 8 MiB) goes in several requests

@@ -24,8 +24,11 @@ from uuid import UUID
 import anyio
 from prefect.client.schemas.objects import FlowRun
 
-from kinetic_prefect import accelerators, cost, prefect_runs, key_blocks
-from kinetic_prefect.cost_records import flow_cost, job_cost_rows
+from kinetic_prefect import accelerators
+from kinetic_prefect.shared import cost
+from kinetic_prefect.shared import prefect_runs
+from kinetic_prefect.shared import key_blocks
+from kinetic_prefect.shared.cost_records import flow_cost, job_cost_rows
 from kinetic_prefect.contract import (
     BUDGET_ERROR_TYPE,
     FAILED,

@@ -1,4 +1,4 @@
-"""Worker side: the job's usage samples (``kinetic_prefect.utilization`` lines) as artifacts on the job's run.
+"""Worker side: the job's usage samples (``kinetic_prefect.pod.utilization`` lines) as artifacts on the job's run.
 
 ``wrap`` takes the sample lines out of the forwarded output (they are data, not log lines); ``publish`` (when
 the run is final) makes a table artifact (peak and mean of each figure) and a markdown artifact with the plot
@@ -16,7 +16,7 @@ from prefect.client.schemas.objects import FlowRun
 
 from kinetic_prefect import accelerators
 from kinetic_prefect.contract import USAGE_ARTIFACT_KEY
-from kinetic_prefect.utilization import parse
+from kinetic_prefect.pod.utilization import parse
 
 GIB = 2**30
 # Memory of one GPU / one TPU chip (GiB), from the vendors' public specifications, for the hints.

@@ -1,0 +1,320 @@
+"""Caller side: ``@kinetic_task`` — a real Prefect task whose body runs as a job on an accelerator."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence, TypeVar, overload
+
+from prefect import Task
+
+from kinetic_prefect import accelerators
+from kinetic_prefect.caller import _prefect
+from kinetic_prefect.shared import capacity
+from kinetic_prefect.caller.dispatch import KineticOptions, call_remotely, call_remotely_async
+from kinetic_prefect.shared.image import ImageSpec
+from kinetic_prefect.kinetic import names
+from kinetic_prefect.caller.task_calls import checked_call, remote_body
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _remote_body(fn: Callable[..., Any], options: KineticOptions, task_name: str) -> Callable[..., Any]:
+    """The Task's fn: same signature and source identity as ``fn`` (so Prefect binds parameters and
+    TASK_SOURCE cache keys follow the user's code), but calling it launches a job; an ``async def`` fn
+    gets an async body (task_calls.remote_body)."""
+    run_as_job = remote_body(
+        fn,
+        lambda args, kwargs: call_remotely(options, fn, args, kwargs, task_name),
+        lambda args, kwargs: call_remotely_async(options, fn, args, kwargs, task_name),
+    )
+    run_as_job.__kinetic_options__ = options  # type: ignore[attr-defined]
+    return run_as_job
+
+
+def _no_retry_for_deterministic_failures(user_condition: Callable[..., Any] | None) -> Callable[..., Any]:
+    """Prefect's ``retry_condition_fn``: a return value that cannot be pickled, or that a full store cannot hold,
+    fails the same way on every attempt, so it is not retried; otherwise the user's own condition (if any) decides."""
+
+    def should_retry(task: Any, task_run: Any, state: Any) -> Any:
+        from kinetic_prefect.errors import BudgetExceeded, ResultNotPicklable, SigningKeyMismatch, StoreFull
+
+        if isinstance(
+            getattr(state, "data", None), (ResultNotPicklable, StoreFull, SigningKeyMismatch, BudgetExceeded)
+        ):
+            return False
+        return True if user_condition is None else user_condition(task, task_run, state)
+
+    should_retry.__kinetic_user_condition__ = user_condition  # type: ignore[attr-defined]
+    return should_retry
+
+
+def _check_job_name(name: str, fn: Callable[..., Any]) -> None:
+    """The job's run is a Prefect flow named after the task, and Prefect refuses some characters in flow names
+    (with an HTTP 422 at the first call): name the culprit and the fix at decoration, before anything is created."""
+    from prefect.types.names import BANNED_CHARACTERS
+
+    banned = sorted({ch for ch in name if ch in BANNED_CHARACTERS})
+    if not banned:
+        return
+    code = getattr(fn, "__code__", None)
+    where = f" (defined at {code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+    if name == "<lambda>":
+        raise ValueError(
+            f"kinetic_task cannot name the job of a lambda{where}: its run is a Prefect flow named after "
+            "the task, and '<lambda>' is not a valid flow name. Pass name=, e.g. "
+            "kinetic_task(name='double')(lambda x: x * 2), or use a def"
+        )
+    raise ValueError(
+        f"kinetic_task name={name!r}{where}: the job's run is a Prefect flow named after the task, and "
+        f"flow names cannot contain {' '.join(repr(ch) for ch in banned)}; choose another name="
+    )
+
+
+def _isolated(cache_policy: Any) -> Any:
+    """Identical concurrent calls of a cached kinetic task run one job: a SERIALIZABLE policy with a
+    lock in the artifact store (kinetic_prefect.caller.locks), so the other callers wait and get the cached
+    result, on one machine or many sharing a gs:// store. A policy that already says how it isolates
+    is left as it is."""
+    from prefect.cache_policies import NO_CACHE, CachePolicy
+
+    if (
+        not isinstance(cache_policy, CachePolicy)
+        or cache_policy is NO_CACHE
+        or cache_policy.isolation_level is not None
+    ):
+        return cache_policy
+    from kinetic_prefect import config
+    from kinetic_prefect.caller.locks import StoreLockManager
+
+    return cache_policy.configure(
+        isolation_level="SERIALIZABLE", lock_manager=StoreLockManager(config.default_store_url())
+    )
+
+
+def _options(
+    accelerator: str | accelerators.AcceleratorSpec | Sequence[str | accelerators.AcceleratorSpec] = "cpu",
+    requirements: str | Path | Sequence[str] | None = None,
+    image: str | None = None,
+    work_pool: str | None = None,
+    env: Iterable[str] = (),
+    submission: str = "auto",
+    project_dir: str | Path | None = None,
+    ship_project: bool = True,
+    job_variables: dict[str, Any] | None = None,
+    base_image: str | None = None,
+    hosts: int | None = None,
+    max_cost_usd: float | None = None,
+    preemption_retries: int | None = None,
+    spot_fallback: bool | None = None,
+) -> KineticOptions:
+    # unknown names, hosts=0, hosts contradicting a slice, a list mixing host counts: all fail here, at decoration
+    spec, *fallbacks = capacity.choices(accelerator, hosts)
+    for name in [accelerator] if isinstance(accelerator, (str, accelerators.AcceleratorSpec)) else accelerator:
+        names.warn_if_read_differently(name)  # once per name: Keras Kinetic reads it as other hardware
+    from kinetic_prefect.shared.cost import check_budget
+
+    max_cost_usd = check_budget(max_cost_usd)  # max_cost_usd=0 or "5" fails here too
+    if isinstance(env, str):
+        env = (env,)
+    return KineticOptions(
+        accelerator=spec,
+        image_spec=ImageSpec.create(requirements, family=spec.family, base_image=base_image),
+        image=image,
+        work_pool=work_pool,
+        env=tuple(env),
+        submission=submission,
+        project_dir=Path(project_dir) if project_dir else None,
+        ship_project=ship_project,
+        job_variables=dict(job_variables or {}),
+        hosts=hosts,
+        max_cost_usd=max_cost_usd,
+        fallbacks=tuple(fallbacks),
+        preemption_retries=preemption_retries,
+        spot_fallback=spot_fallback,
+    )
+
+
+# The options that are kinetic's, not Prefect's: _options' parameters (kinetic_task repeats them for the reader,
+# and a test holds the two signatures equal).
+KINETIC_OPTION_NAMES = tuple(inspect.signature(_options).parameters)
+
+
+class KineticTask(Task):
+    """A Prefect ``Task`` whose body runs remotely; ``with_options`` also takes the kinetic options."""
+
+    kinetic: KineticOptions
+    user_fn: Callable[..., Any]
+    results_follow_pool: bool = True  # False once the user passed result_storage=
+
+    def _bind_pool_results(self) -> None:
+        """Point Prefect's result storage at the store of the pool this task runs on (kinetic_prefect.caller.results),
+        now: Prefect reads it when the task run starts, to look up the cache, before the body runs.
+
+        A pool that cannot be read, or whose GCP settings do not work, leaves Prefect's default here: the
+        call then fails inside its task run, where every pool setting is checked before anything is uploaded.
+        """
+        if not self.results_follow_pool:
+            return
+        from prefect.utilities.asyncutils import run_coro_as_sync
+
+        from kinetic_prefect import config
+        from kinetic_prefect.shared import gcp
+        from kinetic_prefect.caller import results
+
+        try:
+            self.result_storage = run_coro_as_sync(
+                results.for_pool(self.kinetic.work_pool or config.default_work_pool())
+            )
+        except (_prefect.WorkPoolError, gcp.GcpSettingError):
+            self.result_storage = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self._bind_pool_results()
+        return checked_call(super().__call__(*args, **kwargs), bool(kwargs.get("return_state")))
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        self._bind_pool_results()
+        return super().submit(*args, **kwargs)
+
+    def map(self, *args: Any, **kwargs: Any) -> Any:
+        self._bind_pool_results()
+        return super().map(*args, **kwargs)
+
+    def apply_async(self, *args: Any, **kwargs: Any) -> Any:
+        self._bind_pool_results()
+        return super().apply_async(*args, **kwargs)
+
+    def with_options(self, **options: Any) -> "KineticTask":
+        kinetic_changes = {k: options.pop(k) for k in list(options) if k in KINETIC_OPTION_NAMES}
+        if "cache_policy" in options:
+            options["cache_policy"] = _isolated(options["cache_policy"])
+        if options.get("retry_condition_fn") is not None:
+            options["retry_condition_fn"] = _no_retry_for_deterministic_failures(options["retry_condition_fn"])
+        if options.get("name") is not None:
+            _check_job_name(options["name"], self.user_fn)
+        new: Any = super().with_options(**options)
+        results_follow_pool = self.results_follow_pool and options.get("result_storage") is None
+        kinetic = self.kinetic
+        if kinetic_changes:
+            current = {
+                "accelerator": [kinetic.accelerator, *kinetic.fallbacks],
+                "requirements": list(kinetic.image_spec.requirements) or None,
+                "image": kinetic.image,
+                "work_pool": kinetic.work_pool,
+                "env": kinetic.env,
+                "submission": kinetic.submission,
+                "project_dir": kinetic.project_dir,
+                "ship_project": kinetic.ship_project,
+                "job_variables": kinetic.job_variables,
+                "base_image": kinetic.image_spec.base_image,
+                "hosts": kinetic.hosts,
+                "max_cost_usd": kinetic.max_cost_usd,
+                "preemption_retries": kinetic.preemption_retries,
+                "spot_fallback": kinetic.spot_fallback,
+            }
+            kinetic = _options(**{**current, **kinetic_changes})
+        # Prefect's with_options builds a plain Task around the same fn; give it ours back.
+        new.__class__ = KineticTask
+        new.kinetic = kinetic
+        new.user_fn = self.user_fn
+        new.results_follow_pool = results_follow_pool
+        new.fn = _remote_body(self.user_fn, kinetic, new.name)
+        return new
+
+
+@overload
+def kinetic_task(__fn: F) -> KineticTask: ...
+@overload
+def kinetic_task(**kwargs: Any) -> Callable[[F], KineticTask]: ...
+
+
+def kinetic_task(
+    __fn: Callable[..., Any] | None = None,
+    *,
+    accelerator: str | accelerators.AcceleratorSpec | Sequence[str | accelerators.AcceleratorSpec] = "cpu",
+    requirements: str | Path | Sequence[str] | None = None,
+    image: str | None = None,
+    work_pool: str | None = None,
+    env: Iterable[str] = (),
+    submission: str = "auto",
+    project_dir: str | Path | None = None,
+    ship_project: bool = True,
+    job_variables: dict[str, Any] | None = None,
+    base_image: str | None = None,
+    hosts: int | None = None,
+    max_cost_usd: float | None = None,
+    preemption_retries: int | None = None,
+    spot_fallback: bool | None = None,
+    **task_options: Any,
+):
+    """Decorate a function so that each call runs its body as a job on ``accelerator``.
+
+    Kinetic options:
+        accelerator: a catalog name (``cpu``, ``l4``, ``a100x2``, ``tpu-v6e-8``, ``l4:spot``...), or a fallback
+            list tried in order (``["tpu-v6e-8", "a100x4", "l4x4"]``): on GKE the next is tried when the cluster
+            cannot place the job, never once it started (docs/capacity.md); locally the first this machine has.
+        preemption_retries: how often a preempted job (spot reclaimed, node lost) starts again under the same
+            run, resuming from its checkpoints, without spending ``retries`` (default: the pool's, 3).
+        spot_fallback: for a spot job, run the last preemption retry on on-demand capacity (GKE).
+        requirements: a requirements.txt / pyproject.toml path or a list of PEP 508 strings; the job
+            environment is built once per distinct set. ``None``: the worker's interpreter.
+        image: a prebuilt container image (skips building; GKE).
+        work_pool: the Prefect work pool (default ``$KINETIC_WORK_POOL`` or ``kinetic-local``).
+        env: names or glob patterns of the caller's environment variables to forward to the job.
+        submission: ``auto`` (a polling worker if one is online, else in-process), ``in-process`` or ``worker``.
+        project_dir: the directory shipped with the job (default: the project containing the function).
+        ship_project: set False to ship only the pickled function.
+        job_variables: extra job variables for the pool's template.
+        base_image: base of the built image (GKE), part of the environment's hash.
+        hosts: run the body on N hosts as one ``jax.distributed`` group (the runner joins it before the
+            body; ``jax.process_count() == N``); the coordinator's (host 0's) return value is the result, every
+            host's outputs are kept (``outputs/<run>/hosts/<i>/``), one failed host fails the call. Default:
+            the accelerator's own hosts (a multi-host TPU slice such as ``tpu-v5litepod-16`` is 4), else 1.
+            On kinetic-local, N local processes (on the CPU when the machine lacks the accelerator).
+        max_cost_usd: a budget per call in US dollars: the worker stops the job when its metered cost (hosts x
+            minutes x the pool's price) reaches it; the call raises ``BudgetExceeded`` (not retried) and the job's
+            checkpoints and outputs are kept. Default: the pool's ``max_cost_usd``, if any.
+
+    Every other keyword is a Prefect task option (``retries``, ``cache_policy``, ``tags``...).
+    """
+
+    def decorate(fn: Callable[..., Any]) -> KineticTask:
+        _check_job_name(task_options.get("name") or fn.__name__, fn)
+        _prefect.start_embedded_server()  # before the flow starts it with Prefect's shorter limit
+        options = _options(
+            accelerator,
+            requirements,
+            image,
+            work_pool,
+            env,
+            submission,
+            project_dir,
+            ship_project,
+            job_variables,
+            base_image,
+            hosts,
+            max_cost_usd,
+            preemption_retries,
+            spot_fallback,
+        )
+        name = task_options.pop("name", None) or fn.__name__
+        tags = set(task_options.pop("tags", None) or ())
+        tags.add(f"accelerator:{options.accelerator.name}")
+        task_options["retry_condition_fn"] = _no_retry_for_deterministic_failures(
+            task_options.get("retry_condition_fn")
+        )
+        if "cache_policy" in task_options:
+            task_options["cache_policy"] = _isolated(task_options["cache_policy"])
+        task = KineticTask(fn=_remote_body(fn, options, name), name=name, tags=tags, **task_options)
+        task.kinetic = options
+        task.user_fn = fn
+        task.results_follow_pool = task.result_storage is None
+        return task
+
+    if __fn is not None:
+        return decorate(__fn)
+    return decorate
+
+
+__all__ = ["KineticTask", "kinetic_task"]

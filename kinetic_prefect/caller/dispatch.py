@@ -1,0 +1,565 @@
+"""Caller side: turn one call of a kinetic task into a job and bring its outcome back.
+
+Runs inside the Prefect task run, so caching and retries stay Prefect's: a cache hit never
+reaches this module, and whatever it raises (a remote exception, a crashed job) lets Prefect
+retry, which calls it again and launches a new job.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from anyio import to_thread
+import cloudpickle
+from prefect import get_client
+from prefect.context import TaskRunContext
+from prefect.logging import get_run_logger
+
+from kinetic_prefect import accelerators, config, signing
+from kinetic_prefect.caller import _prefect
+from kinetic_prefect.caller import budgets
+from kinetic_prefect.shared import capacity
+from kinetic_prefect.pod import data
+from kinetic_prefect.shared import gcp
+from kinetic_prefect.contract import Env, Outcome, RunLayout, checkpoints_key
+from kinetic_prefect.contract import PHASE_RESTORE_CODE
+from kinetic_prefect.errors import KineticJobCrashed, PayloadError
+from kinetic_prefect.caller.data_repair import heal_before_call, heal_reported
+from kinetic_prefect.shared.image import ImageSpec
+from kinetic_prefect.shared.outages import Outage
+from kinetic_prefect.caller.payload import build_call_payload
+from kinetic_prefect.caller.project_archive import cached_project_archive, find_project_dir, sha256_hex
+from kinetic_prefect.caller.remote_errors import raise_remote
+
+# The remote-exception decoding's public names, for callers that import them from here.
+from kinetic_prefect.caller.remote_errors import readable_traceback as readable_traceback
+from kinetic_prefect.caller.remote_errors import rebuild_exception as rebuild_exception
+
+SUBMISSION_MODES = ("auto", "in-process", "worker")
+
+
+@dataclass(frozen=True)
+class KineticOptions:
+    """Where and how a kinetic task's body runs (everything that is not a Prefect task option)."""
+
+    accelerator: accelerators.AcceleratorSpec
+    image_spec: ImageSpec
+    image: str | None = None
+    work_pool: str | None = None
+    env: tuple[str, ...] = ()
+    submission: str = "auto"
+    project_dir: Path | None = None
+    ship_project: bool = True
+    job_variables: dict[str, Any] = field(default_factory=dict)
+    hosts: int | None = None  # a group of N hosts (one jax.distributed group); None: the accelerator's own
+    max_cost_usd: float | None = None  # the worker stops the job when its metered cost reaches it
+    fallbacks: tuple[accelerators.AcceleratorSpec, ...] = ()  # tried in order after `accelerator` (capacity.py)
+    preemption_retries: int | None = None  # None: the pool's
+    spot_fallback: bool | None = None  # None: the pool's
+
+    def __post_init__(self) -> None:
+        if self.preemption_retries is not None and (
+            isinstance(self.preemption_retries, bool)
+            or not isinstance(self.preemption_retries, int)
+            or self.preemption_retries < 0
+        ):
+            raise ValueError(
+                f"preemption_retries={self.preemption_retries!r}: give a whole number >= 0 (0: a "
+                "preemption crashes the run and the task's `retries` decide)"
+            )
+        if self.submission not in SUBMISSION_MODES:
+            raise ValueError(f"submission={self.submission!r} is not one of {', '.join(SUBMISSION_MODES)}")
+        if self.project_dir is not None and not Path(self.project_dir).is_dir():
+            raise ValueError(f"project_dir={str(self.project_dir)!r} is not a directory")
+
+
+def forwarded_environment(patterns: tuple[str, ...]) -> dict[str, str]:
+    """Values of the caller's environment variables named by ``env=`` (exact names must exist)."""
+    values: dict[str, str] = {}
+    for pattern in patterns:
+        if any(ch in pattern for ch in "*?["):
+            values.update({k: v for k, v in os.environ.items() if fnmatch.fnmatchcase(k, pattern)})
+        elif pattern in os.environ:
+            values[pattern] = os.environ[pattern]
+        else:
+            raise ValueError(
+                f"env={list(patterns)!r}: environment variable {pattern!r} is not set in the calling process; "
+                "set it, or use a glob pattern (e.g. 'WANDB_*') for optional variables."
+            )
+    return values
+
+
+@dataclass
+class PreparedCall:
+    """Everything computed before contacting Prefect or storage; failing here stores nothing."""
+
+    layout: RunLayout
+    payload: bytes
+    payload_sha256: str
+    code_archive: Any | None
+    env: dict[str, str]
+    data: list[Any]  # data.Manifest of each local Data argument, uploaded at submission
+    task_run_id: str | None = None
+    store: Any = None  # once opened: where a call that ends without an outcome removes its run's objects
+    outcome_read: bool = False  # the job's outcome was read: its record stays as the run's receipt
+
+
+def _swap_data(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any], list[Any]]:
+    """Hash every Data argument (wherever it is nested) and put a DataRef in its place."""
+    manifests: dict[str, Any] = {}
+
+    def to_ref(item: data.Data) -> data.DataRef:
+        manifest = None if item.is_remote else data.hash_local(item)
+        if manifest is not None:
+            manifests[manifest.sha256] = manifest
+        return data.to_ref(item, manifest)
+
+    new_args = data.transform(args, to_ref, data.Data)
+    new_kwargs = data.transform(kwargs, to_ref, data.Data)
+    return new_args, new_kwargs, list(manifests.values())
+
+
+def prepare(options: KineticOptions, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> PreparedCall:
+    project_dir = Path(options.project_dir).resolve() if options.project_dir else find_project_dir(fn)
+    data_paths = [d.local_path for d in data.find((args, kwargs), data.Data) if d.local_path is not None]
+    args, kwargs, manifests = _swap_data(args, kwargs)
+    payload = build_call_payload(fn, args, kwargs, project_dir)
+    # Data passed as Data travels by its own content-addressed route, never inside the code archive.
+    archive = cached_project_archive(project_dir, exclude=data_paths) if options.ship_project else None
+    env = forwarded_environment(options.env)
+    return PreparedCall(
+        layout=RunLayout(str(uuid.uuid4())),
+        payload=payload,
+        payload_sha256=sha256_hex(payload),
+        code_archive=archive,
+        env=env,
+        data=manifests,
+        task_run_id=str(ctx.task_run.id) if (ctx := TaskRunContext.get()) else None,
+    )
+
+
+# Content-addressed objects this process has checked in each store: checked once, trusted after.
+_verified_objects: set[tuple[str, str]] = set()
+
+
+def _ensure_content_addressed(store: Any, key: str, blob: bytes, sha256: str) -> None:
+    """Upload ``blob`` under ``key`` unless the store already has exactly it.
+
+    An object that exists but fails its check (a torn copy, a disk error, someone's edit) is
+    replaced, instead of failing every later call on the job side.
+    """
+    from kinetic_prefect.storage import ObjectNotFound
+
+    marker = (store.url_for(key), key)
+    # A local object costs a file read to check, so it is checked on every call; a remote one once
+    # per process (and dropped from trust when a job reports it broken, see _forget_broken_code).
+    if marker in _verified_objects and store.local_path(key) is None:
+        return
+    try:
+        stored = store.get_bytes(key)
+    except ObjectNotFound:
+        stored = None
+    if stored is None:
+        store.put_bytes(key, blob, if_absent=True)
+    elif sha256_hex(stored) != sha256:
+        store.put_bytes(key, blob)
+    _verified_objects.add(marker)
+
+
+def _forget_broken_code(store: Any, call: PreparedCall, outcome: Outcome) -> None:
+    """The job could not verify or unpack the project archive: delete it so the next call (or
+    this task's retry) uploads a good copy instead of failing the same way forever."""
+    if call.code_archive is None or outcome.user_error or outcome.phase != PHASE_RESTORE_CODE:
+        return
+    _verified_objects.discard((store.url_for(call.code_archive.key), call.code_archive.key))
+    try:
+        store.delete(call.code_archive.key)
+    except Exception:
+        pass
+
+
+class UploadProgress:
+    """Progress of one Data upload: a bar in the terminal (when stderr is one) and a Prefect progress
+    artifact on the task run, updated at most once a second (called from the uploading threads)."""
+
+    def __init__(self, name: str, total_bytes: int, task_run_id: str | None):
+        import threading
+
+        self.name, self.total, self.task_run_id = name, max(1, total_bytes), task_run_id
+        self.done = 0
+        self._lock = threading.Lock()
+        self._last = 0.0
+        self._artifact_id: Any = None
+        self._tty = sys.stderr.isatty()
+
+    def __call__(self, size: int) -> None:
+        import time
+
+        with self._lock:
+            self.done += size
+            now = time.monotonic()
+            if now - self._last < 1.0 and self.done < self.total:
+                return
+            self._last = now
+            self.show()
+
+    def show(self) -> None:
+        percent = 100.0 * min(self.done, self.total) / self.total
+        text = f"Data {self.name}: {self.done / 2**20:.1f} of {self.total / 2**20:.1f} MiB uploaded"
+        if self._tty:
+            bar = "#" * int(percent / 4)
+            print(
+                f"\r[{bar:<25}] {percent:5.1f}% {text}",
+                end="\n" if self.done >= self.total else "",
+                file=sys.stderr,
+                flush=True,
+            )
+        if self.task_run_id is None:
+            return
+        from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate
+
+        try:
+            with get_client(sync_client=True) as client:
+                if self._artifact_id is None:
+                    self._artifact_id = client.create_artifact(
+                        ArtifactCreate(
+                            type="progress", data=percent, description=text, task_run_id=uuid.UUID(self.task_run_id)
+                        )
+                    ).id
+                else:
+                    client.update_artifact(self._artifact_id, ArtifactUpdate(data=percent, description=text))
+        except Exception:  # progress never fails an upload
+            pass
+
+
+def _upload_inputs(store: Any, call: PreparedCall, logger: Any, key: bytes | None = None) -> None:
+    if call.code_archive is not None:
+        _ensure_content_addressed(store, call.code_archive.key, call.code_archive.data, call.code_archive.sha256)
+    for manifest in call.data:
+        total = sum(size for _rel, size, _sha in manifest.files)
+        uploaded = data.upload(
+            manifest,
+            store,
+            key=key,
+            heal=heal_before_call,
+            on_file=UploadProgress(manifest.root.name, total, call.task_run_id),
+        )
+        if logger:
+            logger.info(
+                f"Data {manifest.root.name} ({len(manifest.files)} files, sha256 {manifest.sha256[:12]}): "
+                + (f"uploaded {uploaded / 2**20:.1f} MiB" if uploaded else "already in the store")
+            )
+    signing.put(store, call.layout.payload, call.payload, key)
+
+
+async def _publish_outputs(store: Any, call: PreparedCall, outcome: Outcome, run_name: str) -> None:
+    """A table artifact on the task run listing what the job left in KINETIC_OUTPUT_DIR."""
+    if not outcome.outputs or TaskRunContext.get() is None:
+        return
+    from prefect.artifacts import acreate_table_artifact
+
+    rows = [{"file": rel, "url": store.url_for(call.layout.output(rel))} for rel in outcome.outputs]
+    await Outage(f"the caller of {run_name}").call(
+        lambda: acreate_table_artifact(rows, description=f"Outputs of kinetic job {run_name} ({outcome.status})"),
+        "listing the job's outputs",
+    )
+
+
+def check_hosts(options: KineticOptions, pool_name: str, pool_type: str, pool_variables: set[str]) -> None:
+    """Before anything is uploaded: a group of hosts needs a pool whose job template takes ``hosts`` (both
+    kinetic pool types ship it; a pool created from an older template lacks it and would run one process)."""
+    hosts = options.job_variables.get("hosts", options.hosts)
+    count = accelerators.host_count(options.accelerator, hosts)
+    if hosts is not None and count > 1 and "hosts" not in pool_variables:
+        raise ValueError(
+            f"hosts={hosts}: pool {pool_name!r} (type {pool_type!r}) cannot run a group of hosts: its base job "
+            f"template has no `hosts` variable (made before multi-host groups). Update the template, e.g. "
+            f"`prefect work-pool update {pool_name} --base-job-template work_pools/{pool_type}.json`, "
+            "or drop hosts= to run on one host."
+        )
+
+
+def _job_variables(
+    options: KineticOptions, call: PreparedCall, store_url: str, pool_variables: set[str]
+) -> dict[str, Any]:
+    env = {
+        Env.RUN_ID: call.layout.run_id,
+        Env.RUN_PREFIX: call.layout.prefix,  # the name jobs of kinetic-prefect 0.1 read
+        Env.PAYLOAD_SHA256: call.payload_sha256,
+        "KERAS_BACKEND": os.environ.get("KERAS_BACKEND", "jax"),
+        "JAX_PLATFORMS": options.accelerator.jax_platform,
+        # Keyed by the task run, not the job: a retry (a new job) resumes from the same checkpoints.
+        Env.CHECKPOINT_KEY: checkpoints_key(call.task_run_id or call.layout.run_id),
+    }
+    if call.code_archive is not None:
+        env[Env.CODE_KEY] = call.code_archive.key
+        env[Env.CODE_SHA256] = call.code_archive.sha256
+    variables: dict[str, Any] = {
+        **options.job_variables,
+        "accelerator": capacity.join([options.accelerator, *options.fallbacks]),
+        "image_tag": options.image or options.image_spec.tag,
+        "requirements": list(options.image_spec.requirements),
+        "python_version": options.image_spec.python,
+        "base_image": options.image_spec.base_image,
+        "store": store_url,
+    }
+    if options.hosts is not None and "hosts" in pool_variables:
+        variables["hosts"] = options.hosts
+    for name in ("preemption_retries", "spot_fallback"):
+        if getattr(options, name) is not None and name in pool_variables:
+            variables[name] = getattr(options, name)
+    variables["env"] = {**options.job_variables.get("env", {}), **env}
+    if options.image and "image" in pool_variables:
+        variables["image"] = options.image
+    return variables
+
+
+async def _submit_and_collect(
+    options: KineticOptions, call: PreparedCall, task_name: str, fn: Callable[..., Any], detach: Any = None
+) -> Any:
+    """``_submit_and_wait``, and whatever way it ends without the job's outcome (a timeout or Ctrl-C at any
+    point after the upload, a crashed job, an error creating the run), the run's objects are removed."""
+    try:
+        return await _submit_and_wait(options, call, task_name, fn, detach)
+    except BaseException:
+        if call.store is not None and not call.outcome_read:
+            await _discard_interrupted_run(call.store, call)
+        raise
+
+
+async def _submit_and_wait(
+    options: KineticOptions, call: PreparedCall, task_name: str, fn: Callable[..., Any], detach: Any = None
+) -> Any:
+    from kinetic_prefect.storage import ObjectNotFound
+
+    ctx = TaskRunContext.get()
+    task_run = ctx.task_run if ctx else None
+    logger = get_run_logger() if ctx else None
+    async with get_client() as client:
+        pool = await _prefect.ensure_work_pool(client, options.work_pool or config.default_work_pool())
+        worker_class = _prefect.worker_class_for(pool.type)
+        pool_variables = set(pool.base_job_template["variables"]["properties"])
+        worker_class.check_pool_settings(
+            pool.name,
+            {name: _prefect.pool_default(pool, name) for name in pool_variables},
+            {**options.job_variables, **({"image": options.image} if options.image else {})},
+        )
+        check_hosts(options, pool.name, pool.type, pool_variables)
+        budget = await budgets.call_budget(client, options.max_cost_usd, pool, pool_variables)
+        budgets.check_priced(
+            options.accelerator,
+            budget,
+            pool.name,
+            options.job_variables.get("prices", _prefect.pool_default(pool, "prices")),
+        )
+        if options.image and "image" not in pool_variables:
+            raise ValueError(
+                f"image={options.image!r} needs a pool that runs container images (kinetic-gke); "
+                f"pool {pool.name!r} is of type {pool.type!r}."
+            )
+        store_url = gcp.store_url(pool)
+        store = call.store = gcp.open_store(store_url, await gcp.pool_credentials(pool))  # bad gcp_credentials: here
+        key = await _prefect.signing_key()
+        await to_thread.run_sync(_upload_inputs, store, call, logger, key)
+
+        polling = options.submission == "worker" or (
+            options.submission == "auto" and await _prefect.has_online_worker(client, pool.name)
+        )
+        attempt = task_run.run_count if task_run else 1
+        run_name = f"{task_run.name}-job{attempt}" if task_run else f"{task_name}-job"
+        job_variables = _job_variables(options, call, store_url, pool_variables)
+        if budget is not None:
+            job_variables["max_cost_usd"] = budget
+        if key is not None:  # not the key: only that the job must insist on signatures
+            job_variables["env"][signing.REQUIRED_ENV] = "1"
+        if polling and call.env:
+            block = f"kinetic-env-{call.layout.run_id}"
+            job_variables["env"][Env.ENV_BLOCK] = await _prefect.store_secret_env(call.env, block)
+        flow_run = await _prefect.create_job_flow_run(
+            client,
+            flow_name=task_name,
+            run_name=run_name,
+            pool=pool,
+            job_variables=job_variables,
+            caller=None if detach else task_run,  # a detached job is nobody's subflow: its submitter may end
+            tags=[f"accelerator:{options.accelerator.name}", "kinetic", *getattr(detach, "tags", ())],
+            for_polling_worker=polling,
+        )
+        if detach is not None:  # kinetic_prefect.kinetic: hand the job over instead of waiting for it
+            return await detach.submitted(pool, flow_run, polling, call)
+        if logger:
+            logger.info(
+                f"Job {run_name} ({flow_run.id}) on pool {pool.name!r} "
+                f"[{'polling worker' if polling else 'in-process'}], accelerator "
+                f"{capacity.join([options.accelerator, *options.fallbacks])}"
+            )
+        try:
+            if polling:
+                state = await _prefect.wait_for_final_state(
+                    client, flow_run.id, on_log=lambda text: _print_job_output(run_name, text)
+                )
+            else:
+                async with _prefect.in_process_slots():
+                    await _prefect.run_in_process(client, pool, flow_run, secret_env=call.env)
+                state = (
+                    await Outage(f"the caller of {run_name}").call(
+                        lambda: client.read_flow_run(flow_run.id), "reading the job's final state"
+                    )
+                ).state
+        except BaseException:
+            if polling:  # the worker stops the job; shielded: this task is being cancelled itself
+                await _prefect.cancel_flow_run(
+                    client,
+                    flow_run.id,
+                    "The calling task stopped waiting (timeout, interrupt or error in the caller)",
+                    wait_seconds=20,
+                )
+            else:  # stopped before the in-process worker followed the job: its run must not stay Pending
+                await _cancel_if_not_final(client, flow_run.id)
+            raise
+        if state is not None and state.is_cancelled():
+            await to_thread.run_sync(_discard_run, store, call, True)
+            return await _cancelled_result(client, task_run, run_name, state)
+
+    try:
+        outcome = Outcome.from_json(_read_signed(store, call.layout.outcome, key))
+        call.outcome_read = True
+    except ObjectNotFound:
+        message = state.message if state is not None else "no state"
+        raise KineticJobCrashed(
+            f"job {run_name} ended without an outcome ({state.name if state else '?'}: {message})"
+        ) from None
+    await _publish_outputs(store, call, outcome, run_name)
+    from kinetic_prefect.caller import capacity_report
+
+    record = await capacity_report.publish(store, call.layout, key, run_name, logger, task_run)
+    try:
+        if outcome.completed:
+            return capacity_report.completed(cloudpickle.loads(_read_signed(store, call.layout.result, key)), record)
+        try:
+            blob = _read_signed(store, call.layout.result, key)
+        except ObjectNotFound:
+            blob = None
+        await to_thread.run_sync(_forget_broken_code, store, call, outcome)
+        await to_thread.run_sync(heal_reported, store, call.data, outcome)
+        raise_remote(outcome, blob, run_name, fn)
+    finally:
+        await to_thread.run_sync(_discard_run, store, call)
+
+
+def _read_signed(store: Any, object_key: str, key: bytes | None) -> bytes:
+    """Read a store object the job wrote, verified before anything unpickles it."""
+    from kinetic_prefect.errors import SigningKeyMismatch, StoreTampered
+
+    try:
+        return signing.get(store, object_key, key)
+    except signing.KeyMismatch as exc:
+        raise SigningKeyMismatch(str(exc)) from None
+    except signing.TamperedObject as exc:
+        raise StoreTampered(str(exc)) from None
+
+
+def _print_job_output(run_name: str, text: str) -> None:
+    print("\n".join(f"[{run_name}] {line}" for line in text.splitlines()), file=sys.stderr, flush=True)
+
+
+def _discard_run(store: Any, call: PreparedCall, entirely: bool = False) -> None:
+    """Collected: the payload and the pickled result are not needed any more; the small outcome record stays as
+    the job's receipt. ``entirely`` (a cancelled, interrupted or crashed call: nothing to collect): the outcome
+    goes too, so calls that end badly do not grow the store. Outputs and checkpoints stay."""
+    for object_key in (call.layout.payload, call.layout.result):
+        signing.delete(store, object_key)  # never raises: cleanup must not turn a result into a failure
+    if not entirely:
+        return
+    try:
+        store.delete_prefix(call.layout.prefix + "/")
+    except Exception:
+        pass
+    # A job stopped while it started may not have removed its checkpoint folder; an empty one is only clutter.
+    checkpoint_dir = store.local_path(checkpoints_key(call.task_run_id or call.layout.run_id))
+    if checkpoint_dir is not None:
+        try:
+            checkpoint_dir.rmdir()  # only when empty: what a job saved is kept for the retry
+        except OSError:
+            pass
+
+
+async def _cancel_if_not_final(client: Any, flow_run_id: Any) -> None:
+    import anyio
+    from prefect.states import Cancelled
+
+    with anyio.CancelScope(shield=True):
+        try:
+            current = await client.read_flow_run(flow_run_id)
+            if current.state is None or not current.state.is_final():
+                await client.set_flow_run_state(
+                    flow_run_id,
+                    Cancelled(message="The calling task stopped waiting (timeout, interrupt or error in the caller)"),
+                    force=True,
+                )
+        except Exception:  # best effort while the caller is already failing
+            pass
+
+
+async def _discard_interrupted_run(store: Any, call: PreparedCall) -> None:
+    """The call ends without an outcome: the job is stopped by now (in-process) or was asked to stop and waited
+    for (polling worker), or it crashed; its payload and whatever it wrote are removed, shielded from a
+    cancellation that is unwinding this call. What a job still writes after that is for `kinetic-prefect cleanup`."""
+    import anyio
+
+    with anyio.CancelScope(shield=True):
+        await to_thread.run_sync(_discard_run, store, call, True)
+
+
+async def _cancelled_result(client: Any, task_run: Any, run_name: str, state: Any) -> Any:
+    """A cancelled job ends its task run Cancelled (returned as a state: Prefect does not retry it,
+    so a cancel is never undone by ``retries=``). Without a task run, it raises."""
+    from prefect.states import Cancelled
+    from prefect.transactions import get_transaction
+
+    from kinetic_prefect.errors import KineticJobCancelled
+
+    message = f"Job {run_name} was cancelled: {state.message or 'on request'}"
+    if task_run is None:
+        raise KineticJobCancelled(message)
+    transaction = get_transaction()
+    if transaction is not None:
+        transaction.write_on_commit = False  # a cancelled call must not become a cache hit
+    await _prefect.finish_cancelled_parent(client, task_run)
+    return Cancelled(message=message, data=KineticJobCancelled(message))  # raised by task_calls, and by .result()
+
+
+def call_remotely(
+    options: KineticOptions,
+    fn: Callable[..., Any],
+    args: tuple,
+    kwargs: dict[str, Any],
+    task_name: str,
+    detach: Any = None,
+) -> Any:
+    """Package, submit, wait, and return the job's value (or raise its exception). With ``detach`` (see
+    kinetic_prefect.kinetic.jobs), return what ``detach.submitted`` makes of the job's run once it exists."""
+    call = prepare(options, fn, args, kwargs)  # PayloadError etc. before anything is stored
+    return _prefect.run_interruptibly(_submit_and_collect(options, call, task_name, fn, detach))
+
+
+async def call_remotely_async(
+    options: KineticOptions, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], task_name: str
+) -> Any:
+    """``call_remotely`` for an ``async def`` task: on the caller's event loop, which the wait never blocks
+    (packaging runs in a thread, with the task run's context)."""
+    import contextvars
+    import functools
+
+    packaging = functools.partial(contextvars.copy_context().run, prepare, options, fn, args, kwargs)
+    call = await to_thread.run_sync(packaging)
+    return await _submit_and_collect(options, call, task_name, fn)
+
+
+__all__ = ["KineticOptions", "PayloadError", "call_remotely"]

@@ -1,0 +1,364 @@
+"""The contract between the caller, the worker and the job, in one place (stdlib only).
+
+It ships with the job runner (``image.RUNNER_MODULES``), so the three sides cannot disagree on
+where a run's objects live, what the outcome record holds, which ``KINETIC_*`` variables carry
+what, or how the runner is started. Nothing here talks to Prefect or to a store.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# --------------------------------------------------------------------------- the runner command
+
+RUNNER_MODULE = "kinetic_prefect.pod.runner"
+RUNNER_ARGV = ("python", "-u", "-m", RUNNER_MODULE)
+RUNNER_COMMAND = " ".join(RUNNER_ARGV)
+
+# Exit statuses of the runner. Anything but EXIT_OUTCOME_RECORDED means "no outcome": the job crashed.
+EXIT_OUTCOME_RECORDED = 0
+EXIT_NO_OUTCOME = 3
+# A host of a multi-host group (not the coordinator) whose function failed: the group fails with it.
+EXIT_HOST_FAILED = 4
+
+
+# The worker's last log line for a job, before it sets the final state: a caller that follows the
+# job through Prefect's logs reads on until it sees it, so no line is lost to the race between a
+# log batch and the state change.
+LOG_END_MARKER = "[kinetic] end of job output"
+
+# A job reports progress by printing one line with this prefix and a JSON object
+# ({"done": 7, "total": 20, "message": "epoch 7/20"}); the worker turns the latest one into a
+# Prefect progress artifact on the job's run (the job itself cannot import Prefect).
+PROGRESS_PREFIX = "[kinetic:progress] "
+
+# The job's usage sampler (kinetic_prefect.pod.utilization) prints one line with this prefix and a JSON sample
+# (host CPU and memory, NVML GPU figures, JAX device memory); the worker turns them into usage artifacts.
+USAGE_PREFIX = "[kinetic:usage] "
+
+# Cost records in Prefect: every job's cost table artifact carries JOB_COST_ARTIFACT_KEY (one key, a version
+# per job), the calling flow run's running total FLOW_COST_ARTIFACT_KEY; the events automations match on.
+JOB_COST_ARTIFACT_KEY = "kinetic-job-cost"
+FLOW_COST_ARTIFACT_KEY = "kinetic-flow-cost"
+USAGE_ARTIFACT_KEY = "kinetic-job-usage"
+JOB_COST_EVENT = "kinetic.job.cost"
+FLOW_COST_EVENT = "kinetic.flow-run.cost"
+# A flow run tagged ``kinetic-max-cost-usd:25`` stops starting kinetic calls once its calls cost $25 and gives
+# each call what is left of it as its budget.
+FLOW_BUDGET_TAG_PREFIX = "kinetic-max-cost-usd:"
+# The outcome's error_type when the worker stopped the job at its budget (the caller raises BudgetExceeded).
+BUDGET_ERROR_TYPE = "kinetic_prefect.errors.BudgetExceeded"
+
+# A job's flow run hangs under a tracking task run in the caller's flow run (Prefect's shape for a
+# subflow called inside a task); its task key starts with this, so tools can tell it from user tasks.
+TRACKING_TASK_KEY_PREFIX = "kinetic-job-"
+
+# Tags of jobs submitted through the ``kinetic`` API (kinetic_prefect.kinetic): a detached job (nobody's subflow,
+# collected later by whoever attaches to it), and a child of a ``run_async_map`` batch ("<prefix><group id>",
+# "<prefix><index>/<inputs>"), so that a batch is found again from Prefect's records alone.
+DETACHED_TAG = "kinetic-detached"
+GROUP_TAG_PREFIX = "kinetic-group:"
+GROUP_INDEX_TAG_PREFIX = "kinetic-group-index:"
+
+# --------------------------------------------------------------------------- environment variables
+
+
+class Env:
+    """Names of the variables a worker sets for the job (and the job sets for the function)."""
+
+    STORE = "KINETIC_STORE"  # store URL: a local directory or gs://bucket/prefix
+    RUN_ID = "KINETIC_RUN_ID"  # the run's id in the store (RunLayout)
+    FLOW_RUN_ID = "KINETIC_FLOW_RUN_ID"  # the job's Prefect flow run
+    PAYLOAD_SHA256 = "KINETIC_PAYLOAD_SHA256"
+    CODE_KEY = "KINETIC_CODE_KEY"
+    CODE_SHA256 = "KINETIC_CODE_SHA256"
+    CHECKPOINT_KEY = "KINETIC_CHECKPOINT_KEY"
+    ACCELERATOR = "KINETIC_ACCELERATOR"  # the accelerator this attempt runs on (a fallback list's choice)
+    ACCELERATOR_CHIPS = "KINETIC_ACCELERATOR_CHIPS"  # chips one host sees (0 on the CPU): size the batch by it
+    PREEMPTIONS = "KINETIC_PREEMPTIONS"  # how often this call was preempted before this attempt (0 first)
+    # Set for the function by the runner:
+    OUTPUT_DIR = "KINETIC_OUTPUT_DIR"
+    CHECKPOINT_DIR = "KINETIC_CHECKPOINT_DIR"
+    CHECKPOINT_SYNC_SECONDS = "KINETIC_CHECKPOINT_SYNC_SECONDS"
+    NODE_CACHE = "KINETIC_NODE_CACHE"
+    # Only for a job whose owner is the calling process (in-process submission on kinetic-local):
+    # when that process dies nobody can collect the result, so the job stops and cancels its run.
+    OWNER_PID = "KINETIC_OWNER_PID"
+    # The launcher's own folder for this job (kinetic-local: jobs/<run>), removed by the worker once the run is
+    # final. The runner keeps its private working copy and temporary folders in it, so a job killed with SIGKILL
+    # leaves nothing in TMPDIR; a job whose owner died removes it itself (no worker is left to). Unset: TMPDIR.
+    JOB_DIR = "KINETIC_JOB_DIR"
+    PREFECT_API_URL = "KINETIC_PREFECT_API_URL"
+    PREFECT_API_KEY = "KINETIC_PREFECT_API_KEY"
+    # Forwarded env= values for a polling worker travel in a Secret block it reads once and deletes.
+    ENV_BLOCK = "KINETIC_ENV_BLOCK"
+    # A multi-host group (a TPU slice of several hosts, or hosts=N on kinetic-local): one job process per host,
+    # the same function on each; host 0 is the coordinator, whose return value is the result.
+    NUM_HOSTS = "KINETIC_NUM_HOSTS"
+    HOST_INDEX = "KINETIC_HOST_INDEX"  # on GKE an Indexed Job's JOB_COMPLETION_INDEX stands in
+    COORDINATOR_ADDRESS = "KINETIC_COORDINATOR_ADDRESS"  # host:port of host 0 (jax.distributed's coordinator)
+    # The run's prefix in the store (``runs/<id>``): the name jobs of kinetic-prefect 0.1 read instead of RUN_ID.
+    RUN_PREFIX = "KINETIC_RUN_PREFIX"
+    # Store signing (signing.py): the key, and the flag that tells a job its caller signed (so it insists).
+    SIGNING_KEY = "KINETIC_SIGNING_KEY"
+    SIGNED = "KINETIC_SIGNED"
+    # Read on the caller's machine:
+    UNSIGNED_OK = "KINETIC_UNSIGNED_OK"  # no warning about an unsigned store
+    WORK_POOL = "KINETIC_WORK_POOL"  # the default work pool
+    CACHE_DIR = "KINETIC_CACHE_DIR"  # kinetic-prefect's cache (environments, the local store)
+    IN_PROCESS_CONCURRENCY = "KINETIC_IN_PROCESS_CONCURRENCY"
+    EPHEMERAL_STARTUP_SECONDS = "KINETIC_EPHEMERAL_STARTUP_SECONDS"
+    PAYLOAD_CACHE = "KINETIC_PAYLOAD_CACHE"  # 0 turns the payload cache off
+    PAYLOAD_WARN_BYTES = "KINETIC_PAYLOAD_WARN_BYTES"
+    # On the worker's machine: the project checkout a deployment's pull step changes into (steps.py).
+    PROJECT_DIR = "KINETIC_PROJECT_DIR"
+    # On a kinetic-local machine: the devices a job may use (e.g. ``cuda``), instead of the detected ones.
+    LOCAL_DEVICES = "KINETIC_LOCAL_DEVICES"
+    USAGE_SAMPLE_SECONDS = "KINETIC_USAGE_SAMPLE_SECONDS"  # the usage sampler's interval (default 2; 0: off)
+    # A warm runner (kinetic-local) leaves once the process that started it (worker or caller) is gone.
+    WARM_LAUNCHER_PID = "KINETIC_WARM_LAUNCHER_PID"
+
+
+# --------------------------------------------------------------------------- warm runners (kinetic-local)
+
+WARM_RUNNER_MODULE = "kinetic_prefect.pod.warm_runner"
+
+
+class WarmRunnerFiles:
+    """The hand-over between a launcher and a warm runner (see warm_runner.py): files in the runner's control
+    folder, except EXIT_STATUS, which the runner writes into the call's own job folder."""
+
+    IDLE = "idle"  # the runner waits for a call; the launcher claims it by renaming this to CLAIMED
+    CLAIMED = "claimed"
+    LEAVING = "leaving"  # the runner's keep-warm time is over (renamed from IDLE, so no claim can race it)
+    CALL = "call.json"  # {"job_dir", "log", "env", "keep_warm_seconds"}
+    EXIT_STATUS = "exit_status"  # the call's runner exit status (EXIT_OUTCOME_RECORDED, EXIT_NO_OUTCOME...)
+
+    # Variables that differ from call to call of one environment; every other one must match for a runner to
+    # take a call (a variable read at import time, such as XLA_FLAGS, could not change in a running process).
+    PER_CALL_ENV = (
+        Env.RUN_ID,
+        Env.RUN_PREFIX,
+        Env.PAYLOAD_SHA256,
+        Env.CODE_KEY,
+        Env.CODE_SHA256,
+        Env.CHECKPOINT_KEY,
+        Env.FLOW_RUN_ID,
+        Env.ENV_BLOCK,
+        Env.JOB_DIR,  # the call's own folder (its working copy of the project, its log)
+    )
+    PER_CALL_ENV_PREFIXES = ("PREFECT__",)  # Prefect's own per-run variables (PREFECT__FLOW_RUN_ID...)
+
+
+JAX_COORDINATOR_PORT = 8476  # the port GKE's TPU tooling and jax.distributed use by default
+
+
+@dataclass(frozen=True)
+class Group:
+    """Where this job process stands in its group (a group of one for a single-host job)."""
+
+    index: int = 0
+    size: int = 1
+    coordinator: str | None = None
+
+    @property
+    def is_coordinator(self) -> bool:
+        return self.index == 0
+
+    @classmethod
+    def from_env(cls, environ: "dict[str, str] | None" = None) -> "Group":
+        import os
+
+        env = os.environ if environ is None else environ
+        size = int(env.get(Env.NUM_HOSTS) or 1)
+        index = int(env.get(Env.HOST_INDEX) or env.get("JOB_COMPLETION_INDEX") or 0)
+        if not 0 <= index < size:
+            raise ValueError(f"host index {index} outside a group of {size}")
+        return cls(index=index, size=size, coordinator=env.get(Env.COORDINATOR_ADDRESS) or None)
+
+
+# --------------------------------------------------------------------------- store layout
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Where one job's objects live in the store."""
+
+    run_id: str
+
+    @property
+    def prefix(self) -> str:
+        return f"runs/{self.run_id}"
+
+    @property
+    def payload(self) -> str:
+        return f"{self.prefix}/payload.pkl"
+
+    @property
+    def result(self) -> str:
+        return f"{self.prefix}/result.pkl"
+
+    @property
+    def outcome(self) -> str:
+        """Written last: its presence means the result is complete."""
+        return f"{self.prefix}/outcome.json"
+
+    @property
+    def outputs(self) -> str:
+        return f"outputs/{self.run_id}"
+
+    def output(self, relative: str) -> str:
+        return f"{self.outputs}/{relative}"
+
+    @property
+    def capacity(self) -> str:
+        """The worker's record of the attempts (fallbacks, preemptions) and the accelerator that ran."""
+        return f"{self.prefix}/capacity.json"
+
+    def host_outputs(self, index: int) -> str:
+        """A non-coordinator host's outputs; the coordinator's are ``outputs`` itself."""
+        return f"{self.outputs}/hosts/{index}" if index else self.outputs
+
+    def host_outcome(self, index: int) -> str:
+        """A non-coordinator host's own outcome record (for the failure report); host 0 writes ``outcome``."""
+        return f"{self.prefix}/hosts/{index}/outcome.json" if index else self.outcome
+
+
+def checkpoints_key(task_run_or_run_id: str) -> str:
+    """Keyed by the *task run*: a retry (a new job) resumes from what the killed one saved."""
+    return f"checkpoints/{task_run_or_run_id}"
+
+
+def code_key(sha256: str) -> str:
+    """The project archive, stored once per content hash and shared by every run that ships it."""
+    return f"code/{sha256}.tar.gz"
+
+
+def data_key(sha256: str) -> str:
+    """An uploaded ``Data`` argument (a file or folder), stored once per content hash."""
+    return f"data/{sha256}"
+
+
+def lock_key(name: str) -> str:
+    """A cache-isolation lock (locks.py); ``name`` is already safe as a key."""
+    return f"locks/{name}.json"
+
+
+def results_prefix(store_prefix: str) -> str:
+    """Where Prefect's result storage keeps task results, under the store's own prefix."""
+    return f"{store_prefix}/results" if store_prefix else "results"
+
+
+# --------------------------------------------------------------------------- the capacity record
+
+# Events the worker emits on the job's run as it looks for capacity (kinetic.job.<phase>).
+EVENT_FALLBACK = "fallback"
+EVENT_PREEMPTED = "preempted"
+
+
+@dataclass
+class CapacityRecord:
+    """Which accelerator ran a call and what it took (written by the worker at ``RunLayout.capacity``)."""
+
+    accelerator: str
+    chips: int = 0
+    summary: str = ""
+    preemptions: int = 0
+    resumed_from: str | None = None
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def from_json(cls, blob: bytes | str) -> "CapacityRecord":
+        raw: dict[str, Any] = json.loads(blob)
+        return cls(**{k: v for k, v in raw.items() if k in cls.__dataclass_fields__})
+
+
+# --------------------------------------------------------------------------- the outcome record
+
+COMPLETED, FAILED = "completed", "failed"
+
+# Phases of the runner, in order; the outcome names the one that failed.
+PHASE_READ_ENV = "reading the job environment"
+PHASE_OPEN_STORE = "opening the store"
+PHASE_FETCH_PAYLOAD = "fetching the payload"
+PHASE_VERIFY_PAYLOAD = "verifying the payload"
+PHASE_RESTORE_CODE = "restoring the project code"
+PHASE_UNPICKLE_CALL = "unpickling the call"
+PHASE_FETCH_DATA = "fetching the data"
+PHASE_RESTORE_CHECKPOINTS = "restoring checkpoints"
+PHASE_JOIN_GROUP = "joining the group of {size} hosts as host {index}"  # str.format(size=..., index=...)
+PHASE_FUNCTION = "running the function"
+PHASE_SAVE_CHECKPOINTS = "saving checkpoints"
+PHASE_UPLOAD_OUTPUTS = "uploading outputs"
+PHASE_PICKLE_RESULT = "pickling the result"
+PHASE_WRITE_RESULT = "writing the result"
+PHASE_WORKING_COPY = "copying the project into the job's own working directory"
+# The error type an outcome names when the store had no room (ENOSPC, EDQUOT) for what the job wrote: the
+# caller raises errors.StoreFull, which is not retried (a retry would meet the same full store).
+STORE_FULL_ERROR = "kinetic_prefect.errors.StoreFull"
+
+# The version of the pickled call (payload.py writes it, the runner refuses any other).
+PAYLOAD_FORMAT = 1
+
+# The runner's exception for a job stopped by a signal (cancelled, its pod deleted); an outcome whose
+# error type ends with it was stopped, not failed.
+JOB_TERMINATED_TYPE = "JobTerminated"
+
+
+@dataclass
+class Outcome:
+    """What the job reports. ``user_error``: the failure is the function's (or its value's), not
+    the infrastructure's; ``exit_code`` is set when the function raised SystemExit."""
+
+    status: str
+    phase: str | None = None
+    error_type: str | None = None
+    message: str = ""
+    traceback: str = ""
+    user_error: bool = False
+    exit_code: int | None = None
+    outputs: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    duration_s: float = 0.0
+    pid: int | None = None
+    hostname: str | None = None
+    checkpoint_files_restored: int | None = None
+    host_index: int = 0
+    num_hosts: int = 1
+
+    @property
+    def completed(self) -> bool:
+        return self.status == COMPLETED
+
+    @property
+    def terminated(self) -> bool:
+        """The job was stopped by a signal (the runner's module is ``__main__`` or its import name)."""
+        return (self.error_type or "").rsplit(".", 1)[-1] == JOB_TERMINATED_TYPE
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def from_json(cls, blob: bytes | str) -> "Outcome":
+        raw: dict[str, Any] = json.loads(blob)
+        known = {k: v for k, v in raw.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+    def summary(self) -> str:
+        if self.completed:
+            return f"Job finished in {self.duration_s:.2f}s"
+        return f"Failed while {self.phase}: {self.error_type}: {self.message[:500]}"
+
+
+# --------------------------------------------------------------------------- Prefect API outages
+
+# How long the caller (waiting for a job) and the worker (following it) keep going while the Prefect API
+# cannot be reached (a server restart, a network cut), in seconds. Past it the caller gives up and asks
+# for the job to be stopped; before it, no job is stopped or failed only because the API was away.
+API_OUTAGE_SECONDS_VAR = "KINETIC_API_OUTAGE_SECONDS"
+DEFAULT_API_OUTAGE_SECONDS = 900.0

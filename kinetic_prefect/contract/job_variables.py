@@ -1,0 +1,186 @@
+"""The pool templates' variables, typed: what a caller sets per call and a worker reads, in one model per worker type.
+
+The ``variables`` of ``work_pools/<type>.json`` are generated from these models (pydantic's JSON schema, as
+prefect-kubernetes does with its ``BaseVariables``), and the ``job_configuration`` from the worker's job
+configuration: ``python -m kinetic_prefect.workers.templates`` writes them, a test checks the committed files.
+``CallVariables`` names what ``@kinetic_task`` sends with every call (dispatch builds exactly these keys).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from prefect.workers.base import BaseVariables
+from pydantic import Field
+
+from kinetic_prefect.contract import Env
+
+
+def pool_default(pool: Any, variable: str) -> Any:
+    """The default of ``variable`` in a work pool's base job template (None when the template has none)."""
+    return pool.base_job_template.get("variables", {}).get("properties", {}).get(variable, {}).get("default")
+
+
+class CallVariables(BaseVariables):
+    """What every kinetic pool takes, and what ``@kinetic_task`` sets for each call (``env`` included).
+
+    Defaults are written out (``{}``, ``[]``; pydantic copies them per instance) so the form shows them.
+    """
+
+    name: Optional[str] = Field(default=None, title="Name", description="Name given to the job.")
+    env: dict[str, Optional[str]] = Field(
+        default={}, title="Environment variables", description="Environment variables set in the job."
+    )
+    labels: dict[str, str] = Field(default={}, title="Labels", description="Labels recorded for the job.")
+    command: Optional[str] = Field(
+        default=None,
+        title="Command",
+        description="Command that starts the job. Leave empty: the worker runs the kinetic job runner.",
+    )
+    accelerator: str = Field(default="cpu", title="Accelerator")
+    image_tag: Optional[str] = Field(
+        default=None,
+        title="Environment tag",
+        description="ImageSpec tag of the job environment; set by @kinetic_task for each call.",
+    )
+    requirements: list[str] = Field(
+        default=[],
+        title="Requirements",
+        description="Normalized requirements of the job environment (PEP 508). Empty: the worker's own interpreter.",
+    )
+    python_version: Optional[str] = Field(
+        default=None,
+        title="Python version",
+        description="Python minor version for built environments (e.g. 3.11). Empty: the caller's.",
+    )
+    base_image: Optional[str] = Field(
+        default=None,
+        title="Base image",
+        description="Base image of built job images (part of the environment's hash; kinetic-local ignores it).",
+    )
+    store: Optional[str] = Field(default=None, title="Artifact store")
+    hosts: Optional[int] = Field(default=None, title="Hosts", ge=1)
+    max_cost_usd: Optional[float] = Field(
+        default=None,
+        title="Budget per job (USD)",
+        gt=0,
+        description="Default budget of each job on this pool: the worker stops a job when its metered cost (hosts x "
+        "minutes x price) reaches it, and its run ends Failed (not retried; checkpoints and outputs "
+        "kept). @kinetic_task(max_cost_usd=...) sets it per task. Empty: no budget.",
+    )
+    prices: Optional[dict[str, Any]] = Field(
+        default=None,
+        title="Prices (USD per hour)",
+        description="Price overrides by accelerator name, for another region, a committed-use discount or a private "
+        'price sheet: {"l4": {"on_demand": 0.85, "spot": 0.34, "unit": "host"}} (unit host: a whole node; '
+        "chip: one TPU chip). Empty: the built-in us-central1 "
+        "list prices (kinetic_prefect/shared/prices.py).",
+    )
+    preemption_retries: int = Field(
+        default=3,
+        title="Preemption retries",
+        ge=0,
+        description="How often a job the infrastructure takes away (a spot preemption, a lost node; on kinetic-local "
+        "a SIGTERM from outside the worker) is started again under the same run, resuming from "
+        f"{Env.CHECKPOINT_DIR}. Separate from the task's `retries`, which it never spends. 0: a "
+        "preemption crashes the run.",
+    )
+    spot_fallback: bool = Field(
+        default=False,
+        title="Spot fallback",
+        description="For a spot job: run its last preemption retry on on-demand capacity, so that a run preempted "
+        "preemption_retries times still finishes.",
+    )
+    capacity_wait_seconds: int = Field(
+        default=300,
+        title="Capacity wait seconds",
+        ge=0,
+        description="With a fallback list (accelerator=['a100x4', 'l4x4']): how long a pod whose node pool exists "
+        "but is full (or whose scale-up failed) waits before the next accelerator is tried. A list entry "
+        "no node pool carries is left at once.",
+    )
+
+
+# Set by the caller only where the pool's template takes them (older templates lack them).
+# prices and the capacity settings: set on the pool, or per task through job_variables
+OPTIONAL_CALL_VARIABLES = frozenset(
+    {"hosts", "image", "max_cost_usd", "prices", "preemption_retries", "spot_fallback", "capacity_wait_seconds"}
+)
+GCP_CREDENTIALS_TITLE = "GCP credentials block"
+
+
+class KineticLocalVariables(CallVariables):
+    """``kinetic-local``: jobs as processes on the worker's machine."""
+
+    accelerator: str = Field(
+        default="cpu",
+        title="Accelerator",
+        description="Accelerator name from the kinetic catalog (`cpu`, `l4`, `tpu-v6e-8`, ...). Local jobs run on "
+        "this machine's CPU whatever is named; the name is recorded on the run. A comma-separated list "
+        "(`tpu-v6e-8,a100x4,l4x4`) is a fallback list, tried in order (kinetic-local: the first this "
+        "machine has, else the CPU).",
+    )
+    store: Optional[str] = Field(
+        default=None,
+        title="Artifact store",
+        description="Where payloads, results and outputs live: a local directory or gs://bucket/prefix. Empty: "
+        f"${Env.STORE} or ~/.cache/kinetic-prefect/store.",
+    )
+    gcp_credentials: Optional[str] = Field(
+        default=None,
+        title=GCP_CREDENTIALS_TITLE,
+        description="Name of a saved prefect-gcp GcpCredentials block used for a gs:// store and its results block "
+        "(e.g. my-gcp). Empty: Application Default Credentials.",
+    )
+    hosts: Optional[int] = Field(
+        default=None,
+        title="Hosts",
+        ge=1,
+        description="Job processes per call, forming one jax.distributed group on this machine (CPU collectives "
+        "through gloo); host 0 is the coordinator and its return value is the result. Empty: the "
+        "accelerator's own hosts (a multi-host TPU slice), else 1. Set per task with "
+        "@kinetic_task(hosts=N).",
+    )
+    keep_warm_seconds: float = Field(
+        default=0,
+        title="Keep warm (seconds)",
+        ge=0,
+        description="How long a runner process that finished a call waits for the next call of the same environment "
+        "(interpreter, accelerator, environment variables) before it exits; 0 starts a fresh process per call. A sweep "
+        "then pays one start per concurrent slot instead of one per input. Single-host jobs only.",
+    )
+    min_warm: int = Field(
+        default=0,
+        title="Minimum warm runners",
+        ge=0,
+        description="How many runners of an environment stay ready however long they wait (until the worker, or the "
+        "calling process for in-process submission, ends). Needs keep_warm_seconds > 0.",
+    )
+    working_dir: Optional[str] = Field(
+        default=None,
+        title="Working directory",
+        description="Directory the job process starts in (the runner then moves into the shipped project).",
+    )
+    stream_output: bool = Field(
+        default=True,
+        title="Stream output",
+        description="Forward the job's stdout/stderr to the flow run's logs as it runs.",
+    )
+    poll_seconds: float = Field(
+        default=0.25,
+        title="Poll interval (s)",
+        description="How often the worker checks the job, its run and its parent runs.",
+    )
+    log_lines_per_second: int = Field(
+        default=2000,
+        title="Log lines per second",
+        description="Job output forwarded to Prefect past a 5-second burst; lines over it are replaced by a note, "
+        "and the whole log is kept with the job's outputs as job.log.",
+    )
+    inherit_env: list[str] = Field(
+        default=[],
+        title="Inherited machine variables",
+        description="Glob patterns of this machine's environment variables a job also sees, beyond the built-in set "
+        "(PATH, HOME, locale, temp dirs, proxies, device settings, cloud credentials). The caller's other "
+        "variables never reach a job: forward them with env= on @kinetic_task.",
+    )

@@ -1,0 +1,194 @@
+"""Job side of data: a local path for each ``DataRef`` of a call, downloaded at most once per node.
+
+Uploaded data (its store layout: :mod:`kinetic_prefect.pod.data_upload`) is read in place from a store on this
+machine, else downloaded into the node cache and checked against its content hash; gs:// data is downloaded
+from its URL.
+
+Node cache layout (``<id>`` is the content hash, or sha256 of the URL for gs:// data)::
+
+    <node_cache>/data/<id>/files/...     what localize() returns (the directory, or files/<name> for a file)
+    <node_cache>/data/<id>/complete.json the marker; the whole <id> directory appears by one atomic rename
+
+The job runner imports this module, so only the stdlib and the storage leaf are imported here at module level.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kinetic_prefect.pod.data_manifest import Manifest, build_manifest
+from kinetic_prefect.pod.data_sources import DataError, parse_gs_url
+from kinetic_prefect.storage import ObjectNotFound, Store, open_store
+
+if TYPE_CHECKING:  # kinetic_prefect.pod.data imports this module
+    from kinetic_prefect.pod.data import DataRef
+
+
+_COMPLETE = "complete.json"
+
+
+def _node_entry(node_cache: Path, ident: str, fill: Callable[[Path], dict]) -> Path:
+    """``node_cache/data/<ident>``, filled once per node: ``fill(staging)`` writes ``staging/files``; the marker is
+    written inside the staging directory, which is then renamed into place (a crash leaves no partial entry)."""
+    target = Path(node_cache) / "data" / ident
+    if (target / _COMPLETE).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{ident[:16]}.", dir=target.parent))
+    renamed = False
+    try:
+        info = fill(staging)
+        (staging / _COMPLETE).write_text(json.dumps(info))
+        if target.exists() and not (target / _COMPLETE).is_file():  # left by something else: not ours to trust
+            shutil.rmtree(target, ignore_errors=True)
+        try:
+            os.rename(staging, target)
+            renamed = True
+        except OSError:
+            if not (target / _COMPLETE).is_file():  # not a lost race with another job on this node
+                raise
+    finally:
+        if not renamed:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _download_keys(store: Store, keys: list[str], base: str, dest: Path, workers: int = 32) -> None:
+    def fetch(key: str) -> None:
+        store.get_file(key, dest.joinpath(*key[len(base) :].split("/")))
+
+    if len(keys) <= 1:
+        for key in keys:
+            fetch(key)
+        return
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(workers, len(keys))) as pool:
+        for future in [pool.submit(fetch, key) for key in keys]:
+            future.result()
+
+
+def _localize_uploaded(ref: DataRef, store: Store, node_cache: Path, key: bytes | None = None) -> Path:
+    from kinetic_prefect import signing
+
+    if ref.key is None or ref.sha256 is None:
+        raise DataError(f"data {ref.name} was not uploaded (no store key): pass it again from the caller")
+    marker = f"{ref.key}/manifest.json"
+    local = store.local_path(f"{ref.key}/files")
+    if local is not None:  # the store is a directory on this machine: read the data in place
+        if not store.exists(marker):
+            raise _not_uploaded(ref, store)
+        if key is not None:  # authenticated stores: the data read in place must be what was signed
+            signing.get(store, marker, key)
+            got = build_manifest(local / ref.name if ref.kind == "file" else local, workers=8, memo=True)
+            if got.sha256 != ref.sha256:
+                raise DataError(
+                    f"data {ref.name} in {store.url_for(ref.key)} does not match its content hash "
+                    f"{ref.sha256}: it was changed in the store; refusing to use it. The caller puts "
+                    "the damaged files back from its own copy before the next call; without that copy, "
+                    f"delete {store.url_for(ref.key)}/ and call with the data again"
+                )
+        return local / ref.name if ref.kind == "file" else local
+
+    prefix = ref.key
+
+    def fill(staging: Path) -> dict:
+        try:
+            manifest = Manifest.from_json(signing.get(store, marker, key), staging / "files")
+        except ObjectNotFound:
+            raise _not_uploaded(ref, store) from None
+        store.get_tree(f"{ref.key}/files", staging / "files")
+        root = staging / "files" / ref.name if ref.kind == "file" else staging / "files"
+        got = build_manifest(root, workers=8, memo=False) if root.exists() else None
+        if got is None or got.sha256 != ref.sha256:
+            raise DataError(
+                f"data {ref.name} downloaded from {store.url_for(prefix)} does not match its content "
+                f"hash {ref.sha256} ({_diff(manifest, got)}): the store copy is damaged. The caller "
+                "uploads it again from its own copy on reading this report, so the task's retry or "
+                f"the next call gets a good one; without that copy, delete {store.url_for(prefix)}/ "
+                "and call with the data again"
+            )
+        return {"sha256": ref.sha256, "name": ref.name, "kind": ref.kind, "source": store.url_for(prefix)}
+
+    target = _node_entry(node_cache, ref.sha256, fill)
+    return target / "files" / ref.name if ref.kind == "file" else target / "files"
+
+
+def _diff(expected: Manifest, got: Manifest | None) -> str:
+    if got is None:
+        return "nothing was downloaded"
+    want = {rel: sha for rel, _s, sha in expected.files}
+    have = {rel: sha for rel, _s, sha in got.files}
+    bad = sorted(set(want) ^ set(have)) + sorted(r for r in set(want) & set(have) if want[r] != have[r])
+    return f"{len(bad)} file(s) differ, e.g. {bad[:3]}" if bad else "kind differs"
+
+
+def _not_uploaded(ref: DataRef, store: Store) -> DataError:
+    return DataError(
+        f"data {ref.name} ({ref.sha256}) is not in the store {store.url}: "
+        f"{store.url_for(f'{ref.key}/manifest.json')} is missing; the caller uploads it before "
+        "launching the job, so check that the job uses the caller's store"
+    )
+
+
+def _localize_url(ref: DataRef, node_cache: Path) -> Path:
+    url = ref.url
+    if url is None:
+        raise DataError(f"data {ref.name} names no URL: pass Data('gs://...') from the caller")
+    bucket, path = parse_gs_url(url)
+    ident = hashlib.sha256(url.encode()).hexdigest()
+    kind_box: list[str] = []
+
+    def fill(staging: Path) -> dict:
+        files = staging / "files"
+        files.mkdir()
+        if path and not path.endswith("/"):
+            bucket_store = open_store(f"gs://{bucket}")
+            if bucket_store.exists(path):  # an object: a file (else the URL names a prefix without its slash)
+                bucket_store.get_file(path, files / ref.name)
+                kind_box.append("file")
+                return {"url": url, "kind": "file", "name": ref.name}
+        prefix = path.rstrip("/")
+        store = open_store(f"gs://{bucket}/{prefix}" if prefix else f"gs://{bucket}")
+        keys = [key for key in store.list("") if not key.endswith("/")]  # "folder/" placeholders hold no data
+        if not keys:
+            raise DataError(
+                f"data URL {url} names no object and no objects exist under it: check the bucket and "
+                "path (gsutil ls " + url + ")"
+            )
+        for key in keys:
+            if any(part in ("", ".", "..") for part in key.split("/")):
+                raise DataError(
+                    f"object {store.url_for(key)} under {url} has a name that is not a file path "
+                    "(empty, '.' or '..' segments): rename it or point Data at a cleaner prefix"
+                )
+        _download_keys(store, keys, "", files)
+        kind_box.append("dir")
+        return {"url": url, "kind": "dir", "name": ref.name, "files": len(keys)}
+
+    target = _node_entry(node_cache, ident, fill)
+    if kind_box:
+        kind = kind_box[0]
+    else:
+        kind = json.loads((target / _COMPLETE).read_text()).get("kind", "dir")
+    return target / "files" / ref.name if kind == "file" else target / "files"
+
+
+def localize(ref: DataRef, store: Store, node_cache: Path, key: bytes | None = None) -> Path:
+    """Job side: a local path to the file or directory ``ref`` stands for (downloaded at most once per node).
+
+    Uploaded data is read in place from a local store, else downloaded into ``node_cache`` and checked against
+    its content hash. gs:// data is cached per URL: an object rewritten later under the same URL is not fetched
+    again on a node that already holds it (point Data at a new URL, e.g. a versioned prefix, to change data).
+    """
+    if ref.url is not None:
+        return _localize_url(ref, Path(node_cache))
+    if not ref.key or not ref.sha256:
+        raise DataError(f"{ref!r} has neither a gs:// URL nor a store key: it was not made by to_ref()")
+    return _localize_uploaded(ref, store, Path(node_cache), key)

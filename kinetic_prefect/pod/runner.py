@@ -1,0 +1,621 @@
+"""Pod side: the one program a job runs, ``python -m kinetic_prefect.pod.runner``.
+
+It imports only the stdlib, cloudpickle and the storage leaf (no Prefect: start-up time is
+part of every call's latency). Each step has a name; whatever fails, the outcome record says
+which step it was. The contract with the worker and the caller:
+
+* inputs come from the ``contract.Env`` variables (store, run id, payload and code digests);
+* ``RunLayout.result`` holds the pickled return value or exception, then ``RunLayout.outcome``
+  (a ``contract.Outcome``) is written last: its presence means the outcome is complete;
+* exit status ``EXIT_OUTCOME_RECORDED`` means an outcome was recorded (even for a failing
+  function); anything else means the job crashed and the worker reports the run as Crashed;
+* SIGTERM (a cancel, a deleted pod) unwinds the function like Ctrl-C would, so checkpoints and
+  outputs are still saved before the process ends.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import inspect
+import signal
+import shutil
+import threading
+import io
+import json
+import os
+import pickle
+import socket
+import sys
+import tarfile
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from kinetic_prefect.contract import (
+    COMPLETED,
+    EXIT_HOST_FAILED,
+    EXIT_NO_OUTCOME,
+    EXIT_OUTCOME_RECORDED,
+    FAILED,
+    PHASE_FUNCTION,
+    PHASE_PICKLE_RESULT,
+    PHASE_WORKING_COPY,
+    PHASE_WRITE_RESULT,
+    STORE_FULL_ERROR,
+    Env,
+    Group,
+    Outcome,
+    RunLayout,
+)
+from kinetic_prefect import contract, signing
+from kinetic_prefect.pod import utilization
+from kinetic_prefect.errors import ResultNotPicklable
+
+
+class JobTerminated(BaseException):
+    """Raised in the function's thread on SIGTERM: the job was cancelled or its pod deleted."""
+
+
+class PhaseFailed(Exception):
+    def __init__(self, phase: str, error: BaseException):
+        super().__init__(phase)
+        self.phase = phase
+        self.error = error
+
+
+class Phases:
+    """Runs named steps and remembers which one failed."""
+
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+
+    def run(self, name: str, fn, *args):
+        start = time.perf_counter()
+        try:
+            return fn(*args)
+        except BaseException as exc:  # SystemExit/KeyboardInterrupt from user code are outcomes too
+            raise PhaseFailed(name, exc) from exc
+        finally:
+            self.timings[name] = round(time.perf_counter() - start, 4)
+
+
+def _env(name: str, required: bool = True) -> str | None:
+    value = os.environ.get(name)
+    if required and not value:
+        raise RuntimeError(f"environment variable {name} is not set; this process must be started by a kinetic worker")
+    return value
+
+
+def _node_cache() -> Path:
+    explicit = os.environ.get(Env.NODE_CACHE)
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(base) / "kinetic-prefect" / "node"
+
+
+def _fetch(store, key: str) -> bytes:
+    return store.get_bytes(key)
+
+
+def _verify(data: bytes, expected: str, what: str) -> None:
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != expected:
+        raise ValueError(f"{what} sha256 mismatch: expected {expected}, got {actual}; refusing to unpickle it")
+
+
+def _safe_extract(tar: tarfile.TarFile, dest: Path) -> None:
+    """Extract regular files and directories only, never outside ``dest``.
+
+    ``filter="data"`` does exactly this, but Pythons before 3.11.4 (Debian bookworm's 3.11.2,
+    a common base image) do not have it.
+    """
+    members = []
+    for member in tar.getmembers():
+        path = Path(member.name)
+        if path.is_absolute() or ".." in path.parts or not (member.isfile() or member.isdir()):
+            raise ValueError(f"unsafe entry in the project archive: {member.name!r}")
+        members.append(member)
+    try:
+        tar.extractall(dest, members=members, filter="data")
+    except TypeError:
+        tar.extractall(dest, members=members)
+
+
+def _restore_code(store, key: str, sha: str | None) -> Path:
+    """Extract the project archive once per node (content-addressed directory, renamed into place)."""
+    target = _node_cache() / "code" / (sha or hashlib.sha256(key.encode()).hexdigest())
+    if (target / ".kinetic-complete").exists():
+        return target
+    data = store.get_bytes(key)
+    if sha:
+        _verify(data, sha, "project archive")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".extract-"))
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        _safe_extract(tar, staging)
+    (staging / ".kinetic-complete").write_text(sha or key)
+    try:
+        os.replace(staging, target)
+    except OSError:  # another job on this node won the race; its copy is identical
+        import shutil
+
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _scratch_root() -> Path | None:
+    """Where this job's temporary folders go: the launcher's job folder when it names one (removed with the job,
+    even after a SIGKILL), else TMPDIR."""
+    job_dir = os.environ.get(Env.JOB_DIR)
+    if not job_dir:
+        return None
+    Path(job_dir).mkdir(parents=True, exist_ok=True)
+    return Path(job_dir)
+
+
+def _private_working_copy(code_dir: Path) -> Path:
+    """A copy of the node's shared project copy for this job alone: its cwd and the first entry of sys.path.
+
+    What the function writes there (a rewritten module, junk files, __pycache__) goes away with the job and never
+    reaches the shared copy, which later jobs of the same project unpack nothing into and start from.
+    """
+    work = Path(tempfile.mkdtemp(prefix="kinetic-work-", dir=_scratch_root()))
+    shutil.copytree(
+        code_dir,
+        work,
+        dirs_exist_ok=True,
+        symlinks=True,
+        ignore=shutil.ignore_patterns(".kinetic-complete", "__pycache__"),
+    )
+    return work
+
+
+def _unpickle_call(payload: bytes):
+    import cloudpickle
+
+    envelope = pickle.loads(payload)
+    if envelope.get("format") != contract.PAYLOAD_FORMAT:
+        raise ValueError(f"unknown payload format {envelope.get('format')!r}; upgrade kinetic-prefect on the job side")
+    fn = cloudpickle.loads(envelope["function"])
+    arguments = {name: cloudpickle.loads(blob) for name, blob in envelope["arguments"].items()}
+    bound = inspect.BoundArguments(inspect.signature(fn), arguments)
+    return fn, bound.args, bound.kwargs
+
+
+def _call(fn, args, kwargs):
+    if inspect.iscoroutinefunction(fn):
+        import asyncio
+
+        return asyncio.run(fn(*args, **kwargs))
+    return fn(*args, **kwargs)
+
+
+def _pickle_value(value: Any) -> bytes:
+    import cloudpickle
+
+    try:
+        return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        kind = f"{type(value).__module__}.{type(value).__qualname__}"
+        raise ResultNotPicklable(
+            f"the function returned a {kind}, which cannot be pickled back to the caller ({exc}); "
+            f"return plain data (e.g. list(...) instead of a generator) or write it to {Env.OUTPUT_DIR}"
+        ) from exc
+
+
+def _pickle_exception(exc: BaseException) -> bytes | None:
+    """The exception as (type, args, attributes), rebuilt by the caller without calling __init__.
+
+    Plain pickling re-calls ``__init__`` with ``args``, which breaks the many exception classes
+    whose constructor takes other parameters than their message. None when even that fails:
+    the caller then raises a RemoteError with the type's name.
+    """
+    import cloudpickle
+
+    whole = _pickle_whole_exception(exc)
+    if whole is not None:
+        return whole
+    state = {k: v for k, v in vars(exc).items() if k != "__notes__"}
+    for candidate in ((type(exc), exc.args, state), (type(exc), exc.args, {})):
+        try:
+            blob = cloudpickle.dumps(("exception", *candidate), protocol=pickle.HIGHEST_PROTOCOL)
+            cloudpickle.loads(blob)
+            return blob
+        except Exception:
+            continue
+    return None
+
+
+def _pickle_whole_exception(exc: BaseException) -> bytes | None:
+    """The exception pickled as itself, when that round trip gives it back: the built-in ones keep what their
+    constructor set (``OSError.filename``, ``UnicodeDecodeError.start``, ``CalledProcessError.stderr``, the members
+    of an ``ExceptionGroup``), which args alone do not carry. None when the class cannot be rebuilt that way."""
+    import cloudpickle
+
+    try:
+        blob = cloudpickle.dumps(("exception-object", exc), protocol=pickle.HIGHEST_PROTOCOL)
+        _tag, copy = cloudpickle.loads(blob)
+        same = type(copy).__qualname__ == type(exc).__qualname__ and str(copy) == str(exc)
+        return blob if same else None
+    except Exception:
+        return None
+
+
+def _upload_outputs(store, layout: RunLayout, output_dir: Path, host: int = 0) -> list[str]:
+    files = [p for p in sorted(output_dir.rglob("*")) if p.is_file()]
+    if not files:
+        return []
+    pairs = [(p.relative_to(output_dir).as_posix(), p) for p in files]
+    store.put_tree(layout.host_outputs(host), pairs)
+    return [rel for rel, _ in pairs]
+
+
+def _join_group(group: Group) -> None:
+    """Form the multi-host group before the function runs: ``jax.distributed`` needs every host to call
+    ``initialize`` with the same coordinator before any computation.  Without JAX in the environment the
+    variables are still there for other frameworks (KINETIC_NUM_HOSTS, KINETIC_HOST_INDEX, the coordinator)."""
+    try:
+        import jax
+    except ImportError:
+        return
+    if not group.coordinator:
+        raise RuntimeError(f"a group of {group.size} hosts needs {Env.COORDINATOR_ADDRESS}")
+    if os.environ.get("JAX_PLATFORMS", "").split(",")[0] in ("", "cpu"):
+        # CPU devices of several processes talk through gloo; the default has no cross-process collectives.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=group.coordinator, num_processes=group.size, process_id=group.index)
+
+
+class CheckpointSync:
+    """``KINETIC_CHECKPOINT_DIR``, kept in the store under a key of the *task run*, so a retry
+    (a new job for the same task run) starts from what the killed one saved.
+
+    On a local store the directory is the store's own folder: every write is durable at once.
+    On GCS it is restored at start, then changed files are uploaded every
+    ``KINETIC_CHECKPOINT_SYNC_SECONDS`` (default 30) and once more when the function ends.
+    """
+
+    def __init__(self, store, key: str, upload: bool = True):
+        import threading
+
+        self.store, self.key, self.upload = store, key.rstrip("/"), upload  # only a group's coordinator uploads
+        # The other hosts of a group work on a private copy, on a local store too: every host starts from the
+        # shared checkpoint, only the coordinator's writes are kept, and no two processes write the same file.
+        self.direct = store.local_path(self.key) if upload else None
+        self.dir = self.direct or Path(tempfile.mkdtemp(prefix="kinetic-checkpoint-", dir=_scratch_root()))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._synced: dict[str, tuple[int, int]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def restore(self) -> int:
+        if self.direct is not None:
+            return sum(1 for p in self.dir.rglob("*") if p.is_file())
+        count = self.store.get_tree(self.key, self.dir)
+        self._synced = self._snapshot()
+        return count
+
+    def _snapshot(self) -> dict[str, tuple[int, int]]:
+        snap = {}
+        for path in self.dir.rglob("*"):
+            if path.is_file() and not path.name.startswith(".kp-tmp"):
+                st = path.stat()
+                snap[path.relative_to(self.dir).as_posix()] = (st.st_size, st.st_mtime_ns)
+        return snap
+
+    def sync(self) -> int:
+        if self.direct is not None or not self.upload:
+            return 0
+        with self._lock:
+            current = self._snapshot()
+            changed = [(rel, self.dir / rel) for rel, sig in current.items() if self._synced.get(rel) != sig]
+            if changed:
+                self.store.put_tree(self.key, changed)
+            self._synced = current
+            return len(changed)
+
+    def start(self) -> None:
+        if self.direct is not None or not self.upload:
+            return
+        import threading
+
+        interval = float(os.environ.get(Env.CHECKPOINT_SYNC_SECONDS, "30"))
+
+        def loop() -> None:
+            while not self._stop.wait(interval):
+                try:
+                    self.sync()
+                except Exception as exc:  # keep training; the final sync reports for real
+                    print(f"kinetic runner: checkpoint sync failed: {exc!r}", file=sys.stderr, flush=True)
+
+        self._thread = threading.Thread(target=loop, name="kinetic-checkpoint-sync", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.sync()
+
+    def remove_local_copy(self) -> None:
+        """The temporary copy of a remote store's checkpoints; the store keeps them. A folder in a local store
+        that the function left empty is removed: an empty checkpoint folder per call is only clutter."""
+        if self.direct is None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            return
+        try:
+            self.dir.rmdir()  # only when empty
+        except OSError:
+            pass
+
+
+def _localize_data(args, kwargs, store, key):
+    from kinetic_prefect.pod import data
+
+    node_cache = _node_cache()
+    resolve = lambda ref: data.localize(ref, store, node_cache, key)  # noqa: E731
+    return data.transform(args, resolve, data.DataRef), data.transform(kwargs, resolve, data.DataRef)
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise JobTerminated(f"the job received signal {signum} (cancelled, or its pod was deleted)")
+
+
+def _cancel_own_run(reason: str) -> None:
+    """Mark this job's flow run Cancelled through Prefect's REST API (stdlib only: no Prefect here)."""
+    import urllib.request
+
+    api, run = os.environ.get(Env.PREFECT_API_URL), os.environ.get(Env.FLOW_RUN_ID)
+    if not api or not run:
+        return
+    body = json.dumps({"state": {"type": "CANCELLED", "name": "Cancelled", "message": reason}, "force": True})
+    request = urllib.request.Request(
+        f"{api.rstrip('/')}/flow_runs/{run}/set_state",
+        data=body.encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    if os.environ.get(Env.PREFECT_API_KEY):
+        request.add_header("Authorization", f"Bearer {os.environ[Env.PREFECT_API_KEY]}")
+    try:
+        urllib.request.urlopen(request, timeout=10).close()
+    except Exception as exc:  # the run then stays for a sweep; the job still stops
+        print(f"kinetic runner: could not cancel run {run}: {exc!r}", file=sys.stderr, flush=True)
+
+
+def _watch_owner(owner_pid: int) -> None:
+    """In-process submission: the calling process is the only one that will collect the result.
+    If it dies (kill -9, OOM), stop the job and cancel its run instead of running for nobody."""
+
+    def owner_alive() -> bool:
+        if os.getppid() != owner_pid:
+            return False
+        try:
+            os.kill(owner_pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+    def watch() -> None:
+        while owner_alive():
+            time.sleep(0.5)
+        global _OWNER_DIED
+        _OWNER_DIED = True
+        reason = f"The calling process (pid {owner_pid}) died; nobody can collect this job's result."
+        print(f"kinetic runner: {reason} Stopping.", file=sys.stderr, flush=True)
+        _cancel_own_run(reason)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="kinetic-owner-watch", daemon=True).start()
+
+
+def _describe_failure(failed: PhaseFailed, outcome: Outcome) -> None:
+    exc = failed.error
+    outcome.status = FAILED
+    outcome.phase = failed.phase
+    outcome.error_type = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    outcome.message = str(exc)
+    outcome.traceback = "".join(traceback.format_exception(exc))
+    # The function's own exceptions, and a return value that cannot travel, are the user's to fix:
+    # retrying the same code on new infrastructure would fail the same way.
+    outcome.user_error = failed.phase in (PHASE_FUNCTION, PHASE_PICKLE_RESULT) and not isinstance(exc, JobTerminated)
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        outcome.exit_code = code if isinstance(code, int) else (0 if code is None else 1)
+
+
+def _signing_key() -> bytes | None:
+    key = signing.key_from_env()
+    if key is None and os.environ.get(signing.REQUIRED_ENV):
+        raise RuntimeError(
+            f"the caller signed this job's payload but the job has no {signing.KEY_ENV}: give the "
+            f"worker the key (environment variable {signing.KEY_ENV} or the Prefect Secret block "
+            f"{signing.SECRET_BLOCK!r}); it hands it to the job"
+        )
+    return key
+
+
+def _run_id() -> str:
+    explicit = os.environ.get(Env.RUN_ID)
+    if explicit:
+        return explicit
+    return (_env(Env.RUN_PREFIX) or "").rstrip("/").rsplit("/", 1)[-1]
+
+
+def main() -> int:
+    global _GROUP_FAILED
+    started = time.perf_counter()
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    if os.environ.get(Env.OWNER_PID):
+        _watch_owner(int(os.environ[Env.OWNER_PID]))
+    phases = Phases()
+    outcome = Outcome(status=FAILED, pid=os.getpid(), hostname=socket.gethostname())
+    group = Group()
+    result_blob: bytes | None = None
+    store = None
+    layout: RunLayout | None = None
+    temporary_output_dir: Path | None = None
+    work_dir: Path | None = None
+    checkpoints = None
+    try:
+        try:
+            from kinetic_prefect.storage import open_store
+
+            group = phases.run(contract.PHASE_READ_ENV, Group.from_env)
+            outcome.host_index, outcome.num_hosts = group.index, group.size
+            store_url = phases.run(contract.PHASE_READ_ENV, _env, Env.STORE)
+            layout = RunLayout(_run_id())
+            store = phases.run(contract.PHASE_OPEN_STORE, open_store, store_url)
+            signing_key = phases.run(contract.PHASE_READ_ENV, _signing_key)
+            payload = phases.run(contract.PHASE_FETCH_PAYLOAD, _fetch, store, layout.payload)
+            phases.run(contract.PHASE_VERIFY_PAYLOAD, _verify, payload, _env(Env.PAYLOAD_SHA256), "payload")
+            phases.run(contract.PHASE_VERIFY_PAYLOAD, signing.verify, store, layout.payload, payload, signing_key)
+            code_key = os.environ.get(Env.CODE_KEY)
+            if code_key:
+                code_dir = phases.run(
+                    contract.PHASE_RESTORE_CODE, _restore_code, store, code_key, os.environ.get(Env.CODE_SHA256)
+                )
+                work_dir = phases.run(PHASE_WORKING_COPY, _private_working_copy, code_dir)
+                os.chdir(work_dir)
+                sys.path.insert(0, str(work_dir))
+            if os.environ.get(Env.OUTPUT_DIR):
+                output_dir = Path(os.environ[Env.OUTPUT_DIR])
+            else:
+                output_dir = temporary_output_dir = Path(
+                    tempfile.mkdtemp(prefix="kinetic-outputs-", dir=_scratch_root())
+                )
+            output_dir.mkdir(parents=True, exist_ok=True)
+            os.environ[Env.OUTPUT_DIR] = str(output_dir)
+            fn, args, kwargs = phases.run(contract.PHASE_UNPICKLE_CALL, _unpickle_call, payload)
+            args, kwargs = phases.run(contract.PHASE_FETCH_DATA, _localize_data, args, kwargs, store, signing_key)
+            if os.environ.get(Env.CHECKPOINT_KEY):
+                checkpoints = CheckpointSync(store, os.environ[Env.CHECKPOINT_KEY], upload=group.is_coordinator)
+                outcome.checkpoint_files_restored = phases.run(contract.PHASE_RESTORE_CHECKPOINTS, checkpoints.restore)
+                os.environ[Env.CHECKPOINT_DIR] = str(checkpoints.dir)
+                checkpoints.start()
+            if group.size > 1:
+                phases.run(contract.PHASE_JOIN_GROUP.format(size=group.size, index=group.index), _join_group, group)
+            function_failure = None
+            usage = utilization.start()  # what the function uses, sampled beside it (no Prefect in the job)
+            try:
+                value = phases.run(PHASE_FUNCTION, _call, fn, args, kwargs)
+            except PhaseFailed as failed:
+                function_failure = failed
+            finally:
+                if usage is not None:
+                    usage.stop()
+            # Checkpoints and outputs are saved after a failure too: that is when they matter most.
+            if checkpoints is not None:
+                try:
+                    phases.run(contract.PHASE_SAVE_CHECKPOINTS, checkpoints.stop)
+                except PhaseFailed as failed:
+                    if function_failure is None:
+                        raise
+                    print(f"kinetic runner: also failed while saving checkpoints: {failed.error!r}", file=sys.stderr)
+            try:
+                outcome.outputs = phases.run(
+                    contract.PHASE_UPLOAD_OUTPUTS, _upload_outputs, store, layout, output_dir, group.index
+                )
+            except PhaseFailed as failed:
+                if function_failure is None:
+                    raise
+                print(f"kinetic runner: also failed while uploading outputs: {failed.error!r}", file=sys.stderr)
+            if function_failure is not None:
+                raise function_failure
+            result_blob = phases.run(PHASE_PICKLE_RESULT, _pickle_value, value)
+            outcome.status = COMPLETED
+        except PhaseFailed as failed:
+            _describe_failure(failed, outcome)
+            result_blob = _pickle_exception(failed.error)
+            # Printed so the failure is in the job's log even if the outcome cannot be stored.
+            print(
+                f"kinetic runner: failed while {failed.phase}: {type(failed.error).__name__}: {failed.error}",
+                file=sys.stderr,
+                flush=True,
+            )
+        if group.size > 1 and not outcome.completed:
+            _GROUP_FAILED = True
+        outcome.timings = phases.timings
+        outcome.duration_s = round(time.perf_counter() - started, 4)
+        if store is None or layout is None:
+            return EXIT_NO_OUTCOME
+        if _OWNER_DIED:  # nobody will collect anything: leave nothing of the run in the store
+            try:
+                store.delete_prefix(layout.prefix + "/")
+            except Exception as exc:  # `kinetic-prefect cleanup` finds what stays
+                print(f"kinetic runner: could not remove {layout.prefix}: {exc!r}", file=sys.stderr, flush=True)
+            return EXIT_NO_OUTCOME
+        try:
+            key = signing.key_from_env()
+            if not group.is_coordinator:
+                # Only the coordinator's value comes back; another host records how it ended, and its failure
+                # fails the whole group (all or nothing: the task's retry starts a new group).
+                signing.put(store, layout.host_outcome(group.index), outcome.to_json(), key)
+                return EXIT_OUTCOME_RECORDED if outcome.completed else EXIT_HOST_FAILED
+            if result_blob is not None:
+                try:
+                    signing.put(store, layout.result, result_blob, key)
+                except OSError as exc:
+                    if exc.errno not in _NO_ROOM:
+                        raise
+                    signing.delete(store, layout.result)  # a partial object frees its room for the outcome
+                    _store_full(outcome, store, layout.result, len(result_blob), exc)
+            signing.put(store, layout.outcome, outcome.to_json(), key)  # the marker: written last
+        except Exception as exc:
+            print(f"kinetic runner: failed while writing the outcome: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return EXIT_NO_OUTCOME
+        return EXIT_OUTCOME_RECORDED
+    finally:
+        # Nothing left behind on the node: the store has the outputs and checkpoints now.
+        if temporary_output_dir is not None:
+            shutil.rmtree(temporary_output_dir, ignore_errors=True)
+        if checkpoints is not None:
+            checkpoints.remove_local_copy()
+        if work_dir is not None:
+            shutil.rmtree(work_dir, ignore_errors=True)
+        if _OWNER_DIED and os.environ.get(Env.JOB_DIR):  # no worker is left to remove the job's folder
+            shutil.rmtree(os.environ[Env.JOB_DIR], ignore_errors=True)
+
+
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _store_full(outcome: Outcome, store, object_key: str, size: int, exc: OSError) -> None:
+    """The outcome of a job whose result did not fit in the store: Failed (not Crashed), naming the store."""
+    outcome.status, outcome.phase, outcome.error_type = FAILED, PHASE_WRITE_RESULT, STORE_FULL_ERROR
+    outcome.user_error = False
+    outcome.message = (
+        f"{errno.errorcode.get(exc.errno or 0, exc.errno)} ({exc.strerror}) while writing the result "
+        f"({size / 2**20:.1f} MiB) to {store.url_for(object_key)}: the store {store.url} is full. Free "
+        f"space there, or return less and write large results to {Env.OUTPUT_DIR}"
+    )
+    outcome.traceback = "".join(traceback.format_exception(exc))
+    print(f"kinetic runner: {outcome.message}", file=sys.stderr, flush=True)
+
+
+def _exit(code: int) -> None:
+    """A host of a group whose function failed leaves at once: JAX's exit handler (``jax.distributed.shutdown``)
+    waits at a barrier for every host, and the others may be blocked in a collective waiting for this one, so
+    a normal exit would hang until the coordination service times out (minutes). The worker then stops the
+    rest of the group (all or nothing). A host that completed exits normally: the barrier is where all meet."""
+    if code != EXIT_OUTCOME_RECORDED or _GROUP_FAILED:
+        if int(os.environ.get(Env.NUM_HOSTS) or 1) > 1:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    sys.exit(code)
+
+
+_OWNER_DIED = False  # set by the owner watch: the calling process is gone, nobody collects the result
+_GROUP_FAILED = False  # set by main() when this host's function (or a later step) failed in a group
+
+
+if __name__ == "__main__":
+    _exit(main())

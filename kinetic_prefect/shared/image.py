@@ -1,0 +1,201 @@
+"""Caller side: the environment a job runs in, named by a hash of what goes into it.
+
+An :class:`ImageSpec` is everything that decides a job's software environment. Its
+:attr:`ImageSpec.tag` is a pure function of those inputs, so the same inputs always map to
+the same local uv environment (``kinetic-local``) or container image (``kinetic-gke``) and
+nothing is built twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from kinetic_prefect import __version__
+
+
+class RequirementsError(ValueError):
+    """A requirements input that cannot be used; the message names the file/line and the fix."""
+
+
+def _normalize_one(line: str, origin: str) -> str:
+    try:
+        req = Requirement(line)
+    except InvalidRequirement as exc:
+        raise RequirementsError(
+            f"{origin}: {line!r} is not a valid requirement ({exc}). "
+            "Use PEP 508 form, e.g. 'keras>=3.8' or 'jax[cpu]==0.4.35'."
+        ) from None
+    # Canonical spelling, so 'Keras >= 3.8' and 'keras>=3.8' give the same tag.
+    req.name = canonicalize_name(req.name)
+    req.extras = {canonicalize_name(e) for e in req.extras}
+    return str(req)
+
+
+def _read_requirements_file(path: Path) -> list[tuple[str, str]]:
+    lines: list[tuple[str, str]] = []
+    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        text = raw.split(" #", 1)[0].strip()
+        if not text or text.startswith("#"):
+            continue
+        if text.startswith(("-r ", "-c ", "--requirement", "--constraint")):
+            target = text.split(maxsplit=1)[1]
+            lines.extend(_read_requirements_file((path.parent / target).resolve()))
+            continue
+        if text.startswith("-"):
+            raise RequirementsError(
+                f"{path}:{number}: pip option {text!r} is not supported in kinetic requirements; "
+                "list packages only (indexes are configured on the worker)."
+            )
+        lines.append((text, f"{path}:{number}"))
+    return lines
+
+
+def _read_pyproject(path: Path) -> list[tuple[str, str]]:
+    data = tomllib.loads(path.read_text())
+    deps = data.get("project", {}).get("dependencies")
+    if deps is None:
+        raise RequirementsError(
+            f"{path}: no [project].dependencies table; list the job's packages there "
+            "or pass requirements=[...] / a requirements.txt instead."
+        )
+    return [(d, f"{path}:[project].dependencies") for d in deps]
+
+
+def normalize_requirements(requirements: str | Path | Sequence[str] | None) -> tuple[str, ...]:
+    """Requirements from a file (requirements.txt or pyproject.toml) or a list, canonical and sorted."""
+    if requirements is None:
+        return ()
+    if isinstance(requirements, (str, Path)) and (
+        isinstance(requirements, Path) or requirements.endswith((".txt", ".toml", ".in"))
+    ):
+        path = Path(requirements).expanduser()
+        if not path.is_file():
+            raise RequirementsError(
+                f"requirements file {str(path)!r} does not exist; pass an existing "
+                "requirements.txt / pyproject.toml path or a list of packages."
+            )
+        entries = _read_pyproject(path) if path.name.endswith(".toml") else _read_requirements_file(path)
+    elif isinstance(requirements, str):
+        raise RequirementsError(
+            f"requirements={requirements!r} is neither a .txt/.toml file path nor a list; "
+            f"write requirements=[{requirements!r}] for a single package."
+        )
+    else:
+        entries = [(str(r), f"requirements[{i}]") for i, r in enumerate(requirements)]
+    return tuple(sorted({_normalize_one(text, origin) for text, origin in entries}))
+
+
+# What `python -m kinetic_prefect.pod.runner` imports from this package; environments and images get
+# copies of exactly these files (kinetic-prefect itself, and Prefect, stay out of job environments).
+RUNNER_MODULES = (
+    "__init__",
+    "contract/__init__",
+    "storage",
+    "signing",
+    "errors",
+    "accelerators",
+    "config",
+    "pod/__init__",
+    "pod/runner",
+    "pod/warm_runner",
+    "pod/outputs",
+    "pod/progress",
+    "pod/data",
+    "pod/data_sources",
+    "pod/data_manifest",
+    "pod/data_upload",
+    "pod/data_localize",
+    "pod/data_walk",
+    "pod/utilization",
+    # the old public paths, for user code in the job that imports them
+    "runner",
+    "outputs",
+    "progress",
+    "data",
+)
+
+
+def runner_sources() -> dict[str, bytes]:
+    """``{"kinetic_prefect/<path>.py": source}`` for the job runner."""
+    package_dir = Path(__file__).resolve().parent.parent
+    sources = {}
+    for module in RUNNER_MODULES:
+        path = package_dir / f"{module}.py"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: the job runner needs kinetic_prefect/{module}.py")
+        sources[f"kinetic_prefect/{module}.py"] = path.read_bytes()
+    return sources
+
+
+def runner_digest() -> str:
+    digest = hashlib.sha256()
+    for name, source in sorted(runner_sources().items()):
+        digest.update(name.encode() + b"\0" + source)
+    return digest.hexdigest()[:16]
+
+
+def _cloudpickle_version() -> str:
+    import cloudpickle
+
+    return cloudpickle.__version__
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """Inputs that define a job environment; equal specs share one environment/image."""
+
+    requirements: tuple[str, ...] = ()
+    python: str = field(default_factory=lambda: f"{sys.version_info.major}.{sys.version_info.minor}")
+    family: str = "cpu"
+    base_image: str | None = None
+    kinetic_version: str = __version__
+
+    @classmethod
+    def create(
+        cls,
+        requirements: str | Path | Iterable[str] | None = None,
+        family: str = "cpu",
+        base_image: str | None = None,
+        python: str | None = None,
+    ) -> ImageSpec:
+        reqs = normalize_requirements(
+            requirements if requirements is None or isinstance(requirements, (str, Path)) else list(requirements)
+        )
+        kwargs = {"python": python} if python else {}
+        return cls(requirements=reqs, family=family, base_image=base_image, **kwargs)
+
+    @property
+    def uses_caller_interpreter(self) -> bool:
+        """No requirements and no base image: the job can run on the caller's own interpreter."""
+        return not self.requirements and self.base_image is None
+
+    def fingerprint(self) -> str:
+        canonical = json.dumps(
+            {
+                "requirements": list(self.requirements),
+                "python": self.python,
+                "family": self.family,
+                "base_image": self.base_image,
+                "kinetic_version": self.kinetic_version,
+                # Pickles written by one cloudpickle version are only promised to load with the same one.
+                "cloudpickle": _cloudpickle_version(),
+                # A built image carries a copy of the runner: a changed runner must not reuse an old image.
+                "runner": runner_digest(),
+            },
+            sort_keys=True,
+        )
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    @property
+    def tag(self) -> str:
+        """Deterministic, registry-safe tag such as ``py311-gpu-3f9c2a1b7d4e5f60``."""
+        return f"py{self.python.replace('.', '')}-{self.family}-{self.fingerprint()[:16]}"

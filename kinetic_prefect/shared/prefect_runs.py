@@ -1,0 +1,332 @@
+"""Run plumbing: a job's flow run created, followed, cancelled and waited for through stable client calls.
+
+kinetic-prefect submits a job as a *flow run in a work pool* without a deployment (Prefect
+calls this ad-hoc submission). Prefect's own path for that (``bind_flow_to_infrastructure`` →
+``BaseWorker.submit``) is experimental and costly for us: it freezes dependencies with
+``uv pip freeze``, pickles the worker class into a bundle and adds a parent task run. We use
+only stable client calls (create a tracking task run and a flow run with ``work_pool_name``/
+``job_variables``/``parent_task_run_id``, read states and logs). Used by the caller and the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import random
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any, Callable
+from uuid import UUID, uuid4
+
+import anyio
+from prefect.client.orchestration import PrefectClient
+from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterTimestamp
+from prefect.client.schemas.objects import FlowRun, TaskRun, TaskRunResult, WorkPool
+from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
+from prefect.states import Cancelled, Cancelling, Pending, Scheduled, State
+
+from kinetic_prefect.contract import LOG_END_MARKER, TRACKING_TASK_KEY_PREFIX
+from kinetic_prefect.shared.outages import Outage, _client_retries_off, is_transient
+from kinetic_prefect.shared.sweeps import check_caller
+
+logger = logging.getLogger("kinetic_prefect.api")
+
+
+async def create_job_flow_run(
+    client: PrefectClient,
+    *,
+    flow_name: str,
+    run_name: str,
+    pool: WorkPool,
+    job_variables: dict[str, Any],
+    caller: TaskRun | None,
+    tags: list[str],
+    for_polling_worker: bool,
+) -> FlowRun:
+    """The job's flow run, drawn as Prefect draws a subflow called inside a task: under a tracking task
+    run of its own (named like the job, in the caller's flow run, ``__parents__`` = the calling task run).
+
+    Not under the calling task run itself: Prefect's server mirrors a subflow's every state onto its
+    parent task run (``UpdateSubflowParentTask``), and the first of those (the job's Pending) takes the
+    calling task out of Running, which releases its tag-concurrency slot while the job has not even
+    started: a ``.map()`` under a limit of 2 ran 4 jobs at once. The calling task's state stays its own.
+    """
+    # A flow record is all the API needs; no Flow object (and no bundle) is built.
+    flow = SimpleNamespace(name=flow_name, version=None, retries=0, retry_delay_seconds=0)
+    tracker_id = None
+    if caller is not None:
+        tracker = await with_retries(
+            lambda: client.create_task_run(
+                _tracking_task(flow_name),
+                flow_run_id=caller.flow_run_id,
+                dynamic_key=uuid4().hex,
+                name=run_name,
+                extra_tags=["kinetic"],
+                state=Pending(),
+                task_inputs={"__parents__": [TaskRunResult(id=caller.id)]},
+            ),
+            what="creating the job's tracking task run",
+        )
+        tracker_id = tracker.id
+    # Pending runs are invisible to polling workers, so an in-process submission cannot be
+    # picked up twice; Scheduled runs are what a polling worker claims.
+    state: State[Any] = Scheduled() if for_polling_worker else Pending()
+    return await with_retries(
+        lambda: _create_flow_run(
+            client,
+            flow,
+            name=run_name,
+            state=state,
+            work_pool_name=pool.name,
+            job_variables=job_variables,
+            parent_task_run_id=tracker_id,
+            tags=tags,
+        ),
+        what="creating the job's flow run",
+    )
+
+
+_flow_ids: dict[tuple[str, str], UUID] = {}
+
+
+async def _create_flow_run(
+    client: PrefectClient,
+    flow: Any,
+    *,
+    name: str,
+    state: State,
+    work_pool_name: str,
+    job_variables: dict[str, Any],
+    parent_task_run_id: UUID | None,
+    tags: list[str],
+) -> FlowRun:
+    """``client.create_flow_run`` without its per-call ``POST /flows/``: the flow's id is looked up once per
+    name and API (a 64-input map made 64 identical upserts), and again if the server no longer has it."""
+    from prefect.client.schemas.actions import FlowRunCreate
+    from prefect.client.schemas.objects import FlowRunPolicy
+    from prefect.states import to_state_create
+
+    key = (str(client.api_url), flow.name)
+    for attempt in range(2):
+        if key not in _flow_ids:
+            _flow_ids[key] = await client.create_flow_from_name(flow.name)
+        create = FlowRunCreate(
+            flow_id=_flow_ids[key],
+            flow_version=flow.version,
+            name=name,
+            parameters={},
+            context={},
+            tags=tags,
+            parent_task_run_id=parent_task_run_id,
+            state=to_state_create(state),
+            empirical_policy=FlowRunPolicy(retries=flow.retries, retry_delay=int(flow.retry_delay_seconds or 0)),
+            work_pool_name=work_pool_name,
+            job_variables=job_variables,
+        )
+        try:
+            response = await client.request(
+                "POST", "/flow_runs/", json=create.model_dump(mode="json", exclude_unset=True)
+            )
+        except PrefectHTTPStatusError as exc:
+            if attempt == 0 and exc.response.status_code in (404, 409, 422):  # the flow was deleted meanwhile
+                _flow_ids.pop(key, None)
+                continue
+            raise
+        return FlowRun.model_validate(response.json())
+    raise AssertionError("unreachable")
+
+
+def _tracking_task(flow_name: str) -> Any:
+    """What ``create_task_run`` reads of a task, for a job's tracking task run: no tags (a user's tag
+    limits must not count the job twice), no retries (a retry is the calling task's, with a new job)."""
+    return SimpleNamespace(
+        name=flow_name,
+        task_key=f"{TRACKING_TASK_KEY_PREFIX}{flow_name}",
+        version=None,
+        tags=(),
+        retries=0,
+        retry_delay_seconds=0,
+        retry_jitter_factor=None,
+    )
+
+
+async def calling_task_run_id(client: PrefectClient, job: FlowRun) -> UUID | None:
+    """The id of the task run that waits for ``job`` (the ``__parents__`` of its tracking task run),
+    or None. It never changes for a job, so a caller that asks often may keep it."""
+    if job.parent_task_run_id is None:
+        return None
+    try:
+        tracker = await client.read_task_run(job.parent_task_run_id)
+    except ObjectNotFound:
+        return None
+    parents = tracker.task_inputs.get("__parents__") or []
+    return getattr(parents[0], "id", None) if parents else None
+
+
+async def read_task_run_or_none(client: PrefectClient, task_run_id: UUID) -> TaskRun | None:
+    try:
+        return await client.read_task_run(task_run_id)
+    except ObjectNotFound:
+        return None
+
+
+async def with_retries(make_call: Callable[[], Any], what: str, attempts: int = 20) -> Any:
+    """Await ``make_call()``, retrying transient errors quickly, with jitter (50 ms doubling to 4 s; ≈ 1 min in all).
+
+    Prefect's client retries a 503 itself after 2, 4, 8, 16 s. A 503 here is nearly always its SQLite
+    server answering "database is locked" to one of a fan-out's concurrent writes, a conflict that clears
+    in milliseconds: those waits left a 64-input ``.map()`` idle for most of its time (bench/results). So
+    each attempt runs with the client's own retries off (it still waits 2 s once before it gives up), and
+    the retrying is done here at the pace of the conflict, with jitter so the colliding writers spread out.
+    """
+    for attempt in range(attempts):
+        try:
+            with _client_retries_off():
+                return await make_call()
+        except Exception as exc:
+            if attempt == attempts - 1 or not is_transient(exc):
+                raise
+            logger.debug("%s: %s; attempt %d/%d", what, exc, attempt + 1, attempts)
+            await asyncio.sleep(min(4.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.5))
+    raise AssertionError("unreachable")
+
+
+async def wait_for_final_state(
+    client: PrefectClient,
+    flow_run_id: UUID,
+    on_log: Callable[[str], None] | None = None,
+    poll_seconds: float = 0.25,
+    log_drain_seconds: float = 15.0,
+    outage: Any = None,
+) -> State:
+    """Poll until the run is final, forwarding its logs (the job's output) in order as they arrive.
+
+    Logs reach the API in batches, so the final state can come before the last lines: after it,
+    reading goes on until the worker's end marker (``contract.LOG_END_MARKER``) or a time limit.
+    An unreachable API is waited out (``outages.Outage``): a server restart does not end the wait.
+    """
+    outage = outage or Outage("the caller waiting for its job")
+    since: datetime.datetime | None = None
+    seen_at_since: set[UUID] = set()  # several logs can share one timestamp
+    ended_at: float | None = None
+    final: State | None = None
+    while True:
+        if final is None:
+            flow_run = await outage.call(lambda: client.read_flow_run(flow_run_id), "reading the job's state")
+            if flow_run.state is not None and flow_run.state.is_final():
+                final, ended_at = flow_run.state, time.monotonic()
+        if on_log is None:
+            if final is not None:
+                return final
+            await asyncio.sleep(poll_seconds)
+            continue
+        marker_seen = False
+        while True:  # page through everything new
+            log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+            if since is not None:
+                after = since - datetime.timedelta(microseconds=1)
+                log_filter.timestamp = LogFilterTimestamp(after_=after)  # type: ignore[arg-type]  # a datetime is fine
+            logs = await outage.call(
+                lambda: client.read_logs(log_filter=log_filter, limit=LOG_PAGE),  # noqa: B023 - awaited here; oldest first
+                "reading the job's output",
+            )
+            fresh = [log for log in logs if log.id not in seen_at_since and (since is None or log.timestamp >= since)]
+            for log in fresh:
+                if log.message == LOG_END_MARKER:
+                    marker_seen = True
+                else:
+                    on_log(log.message)
+            if logs:
+                newest = max(log.timestamp for log in logs)
+                seen_at_since = {log.id for log in logs if log.timestamp == newest} | (
+                    seen_at_since if newest == since else set()
+                )
+                since = newest
+            if len(logs) < LOG_PAGE or not fresh:
+                break
+        if final is not None and (marker_seen or time.monotonic() - (ended_at or 0) > log_drain_seconds):
+            return final
+        await asyncio.sleep(poll_seconds)
+
+
+LOG_PAGE = 200
+
+
+async def cancel_flow_run(client: PrefectClient, flow_run_id: UUID, message: str, wait_seconds: float = 0) -> None:
+    """Ask the worker to stop the job (it watches for Cancelling, stops the job, sets Cancelled),
+    and wait up to ``wait_seconds`` for it to be done.
+
+    Shielded: it runs while the calling task is itself being cancelled (a timeout, Ctrl-C), when
+    an unshielded await would be cancelled before the request is sent. Waiting matters for the
+    truth of the UI too: Prefect mirrors a job run's state onto its parent task run, so the job
+    must be Cancelled *before* the task run records why it stopped (e.g. TimedOut).
+    """
+    with anyio.CancelScope(shield=True):
+        try:
+            current = await client.read_flow_run(flow_run_id)
+            if current.state is not None and current.state.is_final():
+                return
+            await client.set_flow_run_state(flow_run_id, Cancelling(message=message), force=True)
+            with anyio.move_on_after(wait_seconds):
+                await wait_for_final_state(client, flow_run_id)
+        except Exception:  # best effort while the caller is already failing
+            pass
+
+
+async def finish_cancelled_parent(client: PrefectClient, task_run: Any) -> None:
+    """A flow run cancelled while it ran as a plain script has nobody to move it past Cancelling
+    (no worker or runner owns the process). The job it waited for is stopped now, so the calling
+    task, the last one left, finishes the cancellation."""
+    if task_run is None or task_run.flow_run_id is None:
+        return
+    parent = await client.read_flow_run(task_run.flow_run_id)
+    if parent.state is not None and parent.state.is_cancelling():
+        await client.set_flow_run_state(parent.id, Cancelled(message=parent.state.message or "Cancelled"), force=True)
+
+
+async def cancel_unstarted_run(client: PrefectClient, flow_run_id: UUID, message: str) -> None:
+    """End a job's run Cancelled if it never started (an in-process run still Pending); shielded, best effort."""
+    import anyio
+    from prefect.states import Cancelled
+
+    with anyio.CancelScope(shield=True):
+        try:
+            current = await client.read_flow_run(flow_run_id)
+            if current.state is not None and current.state.is_pending():
+                await client.set_flow_run_state(flow_run_id, Cancelled(message=message), force=True)
+        except Exception:  # best effort while the caller is already failing
+            pass
+
+
+def run_interruptibly(coro: Any) -> Any:
+    """Run ``coro`` on Prefect's run-sync loop (where its clients already live) and wait in slices.
+
+    ``run_coro_as_sync`` blocks in one C-level wait, which defers Prefect's task timeout (an
+    exception raised asynchronously into this thread) and Ctrl-C until the job has ended. Waking
+    every 0.2 s lets them land; the coroutine is then cancelled, and given time to stop the job.
+    """
+    from prefect._internal.concurrency.api import cast_to_call
+    from prefect._internal.concurrency.threads import get_run_sync_loop
+
+    finished = threading.Event()
+
+    async def tracked() -> Any:
+        try:
+            return await coro
+        finally:
+            finished.set()
+
+    call = cast_to_call(tracked)
+    get_run_sync_loop().submit(call)
+    try:
+        while not call.future.done():
+            finished.wait(0.2)
+            check_caller()  # a Ctrl-C / SIGTERM of the script, when this is a task runner's thread
+        return call.result()
+    except BaseException:
+        if not call.future.done():
+            call.cancel()
+            finished.wait(30)
+        raise

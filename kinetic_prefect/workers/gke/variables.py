@@ -1,0 +1,207 @@
+"""Worker side, ``kinetic-gke``: the pool's variables (its form) and the Job manifest its template starts from.
+
+prefect-kubernetes' own fields are reused as they are (same name, type, title and text), so a prefect-kubernetes
+user finds every setting they know; ``backoff_limit`` alone is left out: one Job is one attempt.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from prefect_kubernetes.credentials import KubernetesClusterConfig
+from prefect_kubernetes.worker import KubernetesWorkerVariables
+from pydantic import Field
+
+from kinetic_prefect.contract.job_variables import GCP_CREDENTIALS_TITLE, CallVariables
+
+# Retries belong to Prefect: a failed Job is never restarted by Kubernetes (a group fails all or nothing).
+JOB_BACKOFF_LIMIT = 0
+MANAGED_BY = {"app.kubernetes.io/managed-by": "kinetic-prefect"}
+CONTAINER = "prefect-job"  # prefect-kubernetes' manifest validation requires its container name
+_THEIRS = KubernetesWorkerVariables.model_fields
+
+
+def job_manifest_template() -> dict[str, Any]:
+    """The ``job_manifest`` of the pool's template: placeholders for the variables the manifest takes."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"namespace": "{{ namespace }}", "labels": dict(MANAGED_BY), "annotations": "{{ annotations }}"},
+        "spec": {
+            "backoffLimit": JOB_BACKOFF_LIMIT,
+            "template": {
+                "metadata": {"labels": dict(MANAGED_BY)},
+                "spec": {
+                    "parallelism": 1,
+                    "completions": 1,
+                    "restartPolicy": "Never",
+                    "serviceAccountName": "{{ service_account_name }}",
+                    "containers": [
+                        {
+                            "name": CONTAINER,
+                            "image": "{{ image }}",
+                            "imagePullPolicy": "{{ image_pull_policy }}",
+                            "resources": {"limits": {"cpu": "{{ cpu_limit }}", "memory": "{{ memory_limit }}"}},
+                        }
+                    ],
+                },
+            },
+            "activeDeadlineSeconds": "{{ job_watch_timeout_seconds }}",
+            "ttlSecondsAfterFinished": "{{ finished_job_ttl }}",
+        },
+    }
+
+
+class KineticGKEVariables(CallVariables):
+    """``kinetic-gke``: jobs as Kubernetes Jobs on GKE node pools with the named accelerator."""
+
+    annotations: dict[str, str] = _THEIRS["annotations"]
+    namespace: str = Field(default="default", title="Namespace", description="Kubernetes namespace of the Jobs.")
+    image: Optional[str] = Field(
+        default=None,
+        title="Image",
+        description="A prebuilt image with the job's environment. Empty: built from the ImageSpec tag by "
+        "image_builder.",
+    )
+    service_account_name: Optional[str] = Field(
+        default=None,
+        title="Service account",
+        description="Kubernetes service account of the job pods (Workload Identity gives it GCS access).",
+    )
+    image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = _THEIRS["image_pull_policy"]
+    finished_job_ttl: Optional[int] = Field(
+        default=3600,
+        title="Finished Job TTL",
+        description="ttlSecondsAfterFinished: the cluster deletes a finished Job (its pod and env Secret with it) "
+        "after this many seconds.",
+    )
+    job_watch_timeout_seconds: Optional[int] = Field(
+        default=None,
+        title="Job Watch Timeout Seconds",
+        description="activeDeadlineSeconds of the Job: the cluster stops the job after this many seconds, even with "
+        "no worker watching. Empty: no limit.",
+    )
+    pod_watch_timeout_seconds: int = Field(
+        default=600,
+        title="Pod Watch Timeout Seconds",
+        description="How long the pod may stay Pending (no node pool, no capacity, image pulling) before the run "
+        "fails with the scheduler's reason. GPU/TPU node pools scale up in minutes, hence 600, not "
+        "prefect-kubernetes' 60.",
+    )
+    stream_output: bool = Field(
+        default=True,
+        title="Stream output",
+        description="Forward the job's stdout/stderr to the flow run's logs as it runs.",
+    )
+    cluster_config: Optional[KubernetesClusterConfig] = Field(
+        default=None,
+        title="Cluster config",
+        description="A saved KubernetesClusterConfig block (prefect-kubernetes): the cluster the Jobs run in. Empty: "
+        "kubeconfig_path / kube_context below, else in-cluster credentials, else ~/.kube/config.",
+    )
+    cpu_request: Optional[str] = Field(
+        default=None, title="CPU request", description="CPU request of the job container, e.g. '4'."
+    )
+    cpu_limit: Optional[str] = _THEIRS["cpu_limit"]
+    memory_request: Optional[str] = Field(
+        default=None, title="Memory request", description="Memory request, e.g. '16Gi'."
+    )
+    memory_limit: Optional[str] = _THEIRS["memory_limit"]
+    accelerator: str = Field(
+        default="cpu",
+        title="Accelerator",
+        description="Accelerator name from the kinetic catalog (`l4`, `a100x2`, `h100x8`, `tpu-v6e-8`, "
+        "`tpu-v5litepod-4`, ...). Decides the node selector, tolerations and accelerator limits. A "
+        "comma-separated list (`tpu-v6e-8,a100x4,l4x4`) is a fallback list, tried in order.",
+    )
+    reservation: Optional[str] = Field(
+        default=None,
+        title="Reservation",
+        description="A Compute Engine reservation (specific affinity) the first accelerator's pods consume: node "
+        "selectors cloud.google.com/reservation-name and cloud.google.com/reservation-affinity=specific. "
+        "Not with spot.",
+    )
+    reservation_project: Optional[str] = Field(
+        default=None,
+        title="Reservation project",
+        description="The project owning a shared reservation (cloud.google.com/reservation-project); empty: the "
+        "cluster's project.",
+    )
+    flex_start: bool = Field(
+        default=False,
+        title="Flex-start",
+        description="Run on flex-start VMs (Dynamic Workload Scheduler): node selector "
+        "cloud.google.com/gke-flex-start=true. The pod waits for capacity instead of failing; raise "
+        "pod_watch_timeout_seconds to match.",
+    )
+    queued_provisioning: Optional[str] = Field(
+        default=None,
+        title="Queued provisioning (Kueue queue)",
+        description="Name of a Kueue LocalQueue backed by flex-start with queued provisioning: the Job is created "
+        "suspended with kueue.x-k8s.io/queue-name, and starts when all its capacity is provisioned at "
+        "once. Waiting in the queue does not count toward pod_watch_timeout_seconds.",
+    )
+    spot: bool = Field(
+        default=False,
+        title="Spot",
+        description="Schedule on Spot VMs (cloud.google.com/gke-spot node selector and toleration).",
+    )
+    hosts: Optional[int] = Field(
+        default=None,
+        title="Hosts",
+        ge=1,
+        description="Pods in one job's group (data parallelism over several nodes; host 0 is the coordinator). A "
+        "multi-host TPU slice (tpu-v5litepod-16, ...) sets its own count. Empty: one pod.",
+    )
+    image_builder: Literal["cloud-build", "docker", "none"] = Field(
+        default="none",
+        title="Image builder",
+        description="How missing images are built: Cloud Build, a local Docker engine, or none (image required).",
+    )
+    image_repository: Optional[str] = Field(
+        default=None,
+        title="Image repository",
+        description="Registry path images are pushed to, e.g. us-docker.pkg.dev/PROJECT/REPO.",
+    )
+    gcp_project: Optional[str] = Field(
+        default=None, title="GCP project", description="Project for Cloud Build and Artifact Registry."
+    )
+    gcp_region: Optional[str] = Field(
+        default=None, title="GCP region", description="Region of Cloud Build and the Artifact Registry repository."
+    )
+    build_staging_bucket: Optional[str] = Field(
+        default=None,
+        title="Build staging bucket",
+        description="GCS bucket where build contexts are uploaded for Cloud Build.",
+    )
+    gcp_credentials: Optional[str] = Field(
+        default=None,
+        title=GCP_CREDENTIALS_TITLE,
+        description="Name of a saved prefect-gcp GcpCredentials block, used for the gs:// store, its results block "
+        "and Cloud Build / Artifact Registry (e.g. my-gcp). Empty: Application Default Credentials.",
+    )
+    ephemeral_storage_request: Optional[str] = Field(
+        default=None,
+        title="Ephemeral storage request",
+        description="Local disk request, e.g. '50Gi' (datasets downloaded to the node).",
+    )
+    shm_size: Optional[str] = Field(
+        default=None,
+        title="Shared memory size",
+        description="Size of /dev/shm (a memory-backed emptyDir) for data loaders, e.g. '8Gi'. Empty: the 64 MiB "
+        "default.",
+    )
+    poll_seconds: float = Field(
+        default=2.0, title="Poll interval", description="Seconds between status checks of a running Job."
+    )
+    kubeconfig_path: Optional[str] = Field(
+        default=None, title="Kubeconfig", description="Used only without cluster_config: path of a kubeconfig file."
+    )
+    kube_context: Optional[str] = Field(
+        default=None, title="Kube context", description="Used only without cluster_config: context in kubeconfig_path."
+    )
+    store: Optional[str] = Field(
+        default=None,
+        title="Artifact store",
+        description="Where payloads, results and outputs live: gs://bucket/prefix (job pods must reach it).",
+    )

@@ -1,0 +1,167 @@
+"""Warm runners on kinetic-local: a runner process that finished a call takes the next call of the same environment.
+
+A sweep then pays one process start (interpreter, third-party imports, JAX initialisation) per concurrent slot
+instead of one per input. Every call is still its own job to the lifecycle: its own flow run, log file, exit
+status, outputs, cancel and timeout; only the process is reused (see ``kinetic_prefect.pod.warm_runner`` for what a
+call gets fresh and what is shared). Stopping a call stops its runner; the next call starts a new one.
+
+The runners belong to the process that started them (a polling worker, or the caller for in-process submission)
+and are matched by everything a call's process depends on: the command (the environment's interpreter), the
+working directory, and every environment variable but the per-call ones (``contract.WarmRunnerFiles``). The pool
+says how long an idle runner waits (``keep_warm_seconds``; 0 turns warm runners off) and how many stay ready
+however long they wait (``min_warm``), until the process that started them ends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from kinetic_prefect.contract import WARM_RUNNER_MODULE, Env, WarmRunnerFiles
+
+
+@dataclass
+class WarmRunner:
+    process: subprocess.Popen
+    control: Path
+    key: str
+    forever: bool  # one of the pool's min_warm runners: never leaves while its launcher lives
+    retired: bool = False  # being stopped with its call: never claimed again
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def claim(self) -> bool:
+        """Take this runner for one call, if it is idle (atomic against its own leaving)."""
+        try:
+            os.rename(self.control / WarmRunnerFiles.IDLE, self.control / WarmRunnerFiles.CLAIMED)
+            return True
+        except FileNotFoundError:
+            return False
+
+
+def is_per_call(name: str) -> bool:
+    return name in WarmRunnerFiles.PER_CALL_ENV or name.startswith(WarmRunnerFiles.PER_CALL_ENV_PREFIXES)
+
+
+def environment_key(argv: list[str], cwd: str | None, env: dict[str, str]) -> str:
+    shared = sorted((k, v) for k, v in env.items() if not is_per_call(k))
+    return hashlib.sha256(json.dumps([argv, cwd, shared]).encode()).hexdigest()[:16]
+
+
+def warm_argv(argv: list[str]) -> list[str]:
+    """The runner command with the warm runner's module in place of the one-call runner's."""
+    from kinetic_prefect.contract import RUNNER_MODULE
+
+    if RUNNER_MODULE not in argv:
+        raise ValueError(f"warm runners need the standard runner command; this pool runs {' '.join(argv)!r}")
+    return [WARM_RUNNER_MODULE if part == RUNNER_MODULE else part for part in argv]
+
+
+class WarmRunners:
+    """This process's warm runners, by environment key."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._by_key: dict[str, list[WarmRunner]] = {}
+        self._lock = threading.Lock()
+        self.started = 0  # runner processes started by this process (the benchmarks count them)
+
+    def _live(self, key: str) -> list[WarmRunner]:
+        runners = [r for r in self._by_key.get(key, []) if r.alive()]
+        self._by_key[key] = runners
+        return runners
+
+    def hand_over(
+        self,
+        argv: list[str],
+        cwd: str | None,
+        env: dict[str, str],
+        job_dir: Path,
+        log_name: str,
+        keep_warm_seconds: float,
+        min_warm: int,
+    ) -> subprocess.Popen:
+        """Give one call to an idle runner of its environment, or to a new one; returns the runner's process."""
+        key = environment_key(argv, cwd, env)
+        with self._lock:
+            live = self._live(key)
+            runner = next((r for r in live if not r.retired and r.claim()), None)
+            if runner is None:
+                runner = self._start(key, argv, cwd, env, forever=sum(r.forever for r in live) < min_warm)
+                self._by_key[key].append(runner)
+        call = {
+            "job_dir": str(job_dir),
+            "log": log_name,
+            "env": env,
+            "keep_warm_seconds": None if runner.forever else keep_warm_seconds,
+        }
+        partial = runner.control / (WarmRunnerFiles.CALL + ".partial")
+        partial.write_text(json.dumps(call))
+        os.replace(partial, runner.control / WarmRunnerFiles.CALL)
+        return runner.process
+
+    def _start(self, key: str, argv: list[str], cwd: str | None, env: dict[str, str], forever: bool) -> WarmRunner:
+        control = self.root / key / uuid.uuid4().hex[:12]
+        control.mkdir(parents=True)
+        base = {k: v for k, v in env.items() if not is_per_call(k)}
+        base[Env.WARM_LAUNCHER_PID] = str(os.getpid())
+        with open(control / "runner.log", "ab") as out:
+            process = subprocess.Popen(
+                [*warm_argv(argv), str(control)],
+                cwd=cwd or None,
+                env=base,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.started += 1
+        return WarmRunner(process, control, key, forever)
+
+    def retire_for(self, pid: int, job_dir: Path) -> bool:
+        """Before a call is stopped: whether its runner is still on it (then it is retired, never to take another
+        call, and may be killed); False once the call is over, when the runner may already serve another one."""
+        with self._lock:
+            if exit_status(job_dir) is not None:
+                return False
+            for runners in self._by_key.values():
+                for runner in runners:
+                    if runner.process.pid == pid:
+                        runner.retired = True
+            return True
+
+    def stop_all(self) -> None:
+        for runners in self._by_key.values():
+            for runner in runners:
+                if runner.alive():
+                    runner.process.terminate()
+
+
+_registries: dict[str, WarmRunners] = {}
+
+
+def runners_for(root: Path) -> WarmRunners:
+    """The process-wide registry under ``root`` (in-process submission makes a launcher per call; its runners
+    must outlive each of them)."""
+    registry = _registries.get(str(root))
+    if registry is None:
+        registry = _registries[str(root)] = WarmRunners(root)
+    return registry
+
+
+def exit_status(job_dir: Path) -> int | None:
+    """The call's runner exit status once the warm runner has finished it, else None."""
+    try:
+        return int((job_dir / WarmRunnerFiles.EXIT_STATUS).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+__all__ = ["WarmRunners", "exit_status", "runners_for"]
