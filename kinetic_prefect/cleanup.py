@@ -96,10 +96,10 @@ def _final_or_unknown(flow_run_id: str, active: set[str]) -> bool:
 
 
 def _job_processes_gone(record: dict) -> bool:
-    from kinetic_prefect.workers.local.worker import LocalJobLauncher, _process_start_ticks
+    from kinetic_prefect.workers.local.launcher import LocalJobLauncher, process_start_ticks
 
     hosts = LocalJobLauncher._hosts(record) if record.get("pid") or record.get("hosts") else []  # noqa: SLF001
-    return all(_process_start_ticks(int(h["pid"])) != h.get("start_ticks") for h in hosts if h.get("pid"))
+    return all(process_start_ticks(int(h["pid"])) != h.get("start_ticks") for h in hosts if h.get("pid"))
 
 
 def find(

@@ -352,7 +352,7 @@ def check_gke(report: Report, client, pool, extra_accelerators: list[str]) -> No
             "install the k8s extra: `pip install 'kinetic-prefect[k8s]'`",
         )
         return
-    from kinetic_prefect.workers.gke.worker import kube_client
+    from kinetic_prefect.workers.gke.kube import kube_client
 
     kubeconfig, context = _variable(pool, "kubeconfig_path"), _variable(pool, "kube_context")
     cluster_ref = _variable(pool, "cluster_config")

@@ -297,7 +297,7 @@ def _gke_manifest(accelerator: str, **variables) -> dict:
 
     from prefect.client.schemas.objects import FlowRun
 
-    from kinetic_prefect.workers.gke.worker import KineticGKEJobConfiguration
+    from kinetic_prefect.workers.gke.configuration import KineticGKEJobConfiguration
 
     template = load_template("kinetic-gke")
     configuration = asyncio.run(
@@ -311,7 +311,7 @@ def _gke_manifest(accelerator: str, **variables) -> dict:
 
 def test_a_spot_l4_pod_is_priced_at_the_spot_rate():
     from kinetic_prefect.shared.prices import PRICES
-    from kinetic_prefect.workers.gke.worker import pod_span
+    from kinetic_prefect.workers.gke.follower import pod_span
 
     started = datetime(2026, 12, 1, 10, 0, tzinfo=timezone.utc)
     spot = pod_span(_pod_from_manifest(_gke_manifest("l4", spot=True), 0, started, started + timedelta(minutes=30)))
@@ -329,7 +329,7 @@ def test_a_spot_l4_pod_is_priced_at_the_spot_rate():
 
 
 def test_a_two_host_group_is_priced_for_both_hosts():
-    from kinetic_prefect.workers.gke.worker import pod_span
+    from kinetic_prefect.workers.gke.follower import pod_span
 
     manifest = _gke_manifest("l4", hosts=2)
     assert manifest["spec"]["completions"] == 2

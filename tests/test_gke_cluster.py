@@ -641,3 +641,102 @@ def test_one_host_dying_fails_the_group_and_the_retry_resumes_from_the_checkpoin
         (r.name, r.state.name, r.state.message) for r in runs
     ]
     assert "host 1 of 2" in runs[0].state.message and "the group fails with it" in runs[0].state.message
+
+
+def _warm_jobs(kube, pool: str):
+    return [
+        j
+        for j in _jobs(kube)
+        if (j.metadata.labels or {}).get("kinetic.prefect.io/warm-key")
+        and (j.metadata.labels or {}).get("kinetic.prefect.io/work-pool") == pool
+    ]
+
+
+def test_a_sweep_on_warm_pods_starts_a_pod_per_slot_not_per_input(
+    kube, gcs_bucket, local_registry, job_image, python_base_image
+):
+    """keep_warm_seconds on a kinetic-gke pool: 9 inputs on 3 slots (a tag concurrency limit) run on at most 3
+    pods, counted through the API; every input keeps its own job run and its own log lines; idle pods end on
+    their own once their keep-warm time is over, and leave nothing in the store's hand-over prefix."""
+    pool = _make_pool(_cluster_block(kube), f"{gcs_bucket}/gke-warm", local_registry, keep_warm_seconds=15)
+    name, tag = f"warm-{uuid.uuid4().hex[:6]}", f"slots-{uuid.uuid4().hex[:6]}"
+    with get_client(sync_client=True) as client:
+        client.create_concurrency_limit(tag=tag, concurrency_limit=3)
+
+    @_gke_task(name, pool, python_base_image, accelerator="cpu", tags=[tag])
+    def square(x: int) -> dict:
+        print(f"squaring {x}")
+        return {"value": x * x, "pod": os.environ.get("HOSTNAME", "")}
+
+    @flow
+    def sweep():
+        return square.map(range(9)).result()
+
+    started = time.time()
+    results = sweep()
+    print(f"warm sweep of 9 on 3 slots: {time.time() - started:.1f} s")
+    assert [r["value"] for r in results] == [x * x for x in range(9)]
+    jobs = _warm_jobs(kube, pool)
+    pods = {r["pod"] for r in results}
+    assert 1 <= len(jobs) <= 3, f"{len(jobs)} warm pods for 9 inputs on 3 slots"
+    assert len(pods) == len(jobs), (pods, [j.metadata.name for j in jobs])
+    runs = _job_runs(name)
+    assert len(runs) == 9 and all(r.state.is_completed() for r in runs), [r.state.type for r in runs]
+    for run in runs:
+        text = _run_logs(run.id, "squaring")
+        lines = [line for line in text.splitlines() if line.startswith("squaring ")]
+        assert len(lines) == 1, f"run {run.name} got {lines}: each call's lines reach its own run only"
+        assert "[kinetic:call]" not in text
+    # Idle pods leave after keep_warm_seconds: their Jobs complete, the hand-over objects are gone.
+    _wait(
+        lambda: all((j.status.succeeded or 0) == 1 for j in _warm_jobs(kube, pool)),
+        90,
+        "the idle warm pods did not end after their keep-warm time",
+    )
+    from kinetic_prefect.storage import open_store
+
+    store = open_store(f"{gcs_bucket}/gke-warm")
+    assert [k for k in store.list("warm/") if not k.startswith("warm/runs/")] == []
+    assert store.list("warm/runs/") == [], "the run records are removed once each run is final"
+
+
+def test_cancelling_a_call_on_a_warm_pod_stops_that_pod_and_the_next_call_gets_a_new_one(
+    kube, gcs_bucket, local_registry, job_image, python_base_image
+):
+    from kinetic_prefect.errors import KineticJobCancelled
+
+    pool = _make_pool(_cluster_block(kube), f"{gcs_bucket}/gke-warm-cancel", local_registry, keep_warm_seconds=60)
+    name = f"warm-cancel-{uuid.uuid4().hex[:6]}"
+
+    @_gke_task(name, pool, python_base_image, accelerator="cpu")
+    def step(seconds: float) -> str:
+        import time as t
+
+        print(f"step of {seconds} s")
+        t.sleep(seconds)
+        return os.environ.get("HOSTNAME", "")
+
+    @flow
+    def one(seconds: float) -> str:
+        return step(seconds)
+
+    first_pod = one(0)
+    [job] = _warm_jobs(kube, pool)
+    thread, box = call_in_background(step, 120)
+    run = _wait(lambda: next((r for r in _job_runs(name) if not r.state.is_final()), None), 60, "no second job run")
+    assert "step of 120" in _run_logs(run.id, "step of 120", timeout=60), "the second call runs"
+    assert [j.metadata.name for j in _warm_jobs(kube, pool)] == [job.metadata.name], "on the same warm pod"
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(run.id, Cancelling(), force=True)
+    thread.join(90)
+    assert isinstance(box.get("error"), KineticJobCancelled), box
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(run.id).state.is_cancelled()
+    _wait(
+        lambda: job.metadata.name not in [j.metadata.name for j in _warm_jobs(kube, pool)],
+        30,
+        "the stopped call's pod was not deleted",
+    )
+    third_pod = one(0)
+    assert third_pod and third_pod != first_pod, "the next call starts a fresh pod"
+    assert len(_warm_jobs(kube, pool)) == 1

@@ -12,7 +12,8 @@ import pytest
 from prefect.client.schemas.objects import FlowRun, WorkPool
 
 from kinetic_prefect import accelerators
-from kinetic_prefect.workers.gke.worker import KineticGKEJobConfiguration, KineticGKEWorker
+from kinetic_prefect.workers.gke.configuration import KineticGKEJobConfiguration
+from kinetic_prefect.workers.gke.worker import KineticGKEWorker
 
 K8S_VERSION = "1.33.0"
 SINGLE_HOST = [s.name for s in accelerators.catalog() if not s.multi_host]
@@ -196,7 +197,8 @@ def test_the_pool_form_is_prefect_kubernetes_form_plus_the_kinetic_variables():
     retries belong to Prefect."""
     from prefect_kubernetes.worker import KubernetesWorker, KubernetesWorkerJobConfiguration
 
-    from kinetic_prefect.workers.gke.worker import KineticGKEJobConfiguration, KineticGKEWorker
+    from kinetic_prefect.workers.gke.configuration import KineticGKEJobConfiguration
+    from kinetic_prefect.workers.gke.worker import KineticGKEWorker
 
     ours = KineticGKEWorker.get_default_base_job_template()["variables"]
     theirs = KubernetesWorker.get_default_base_job_template()["variables"]

@@ -52,9 +52,9 @@ def test_unset_variables_leave_the_configuration_defaults(worker_type):
     import asyncio
 
     if worker_type == "kinetic-gke":
-        from kinetic_prefect.workers.gke.worker import KineticGKEJobConfiguration as Configuration
+        from kinetic_prefect.workers.gke.configuration import KineticGKEJobConfiguration as Configuration
     else:
-        from kinetic_prefect.workers.local.worker import KineticLocalJobConfiguration as Configuration
+        from kinetic_prefect.workers.local.configuration import KineticLocalJobConfiguration as Configuration
     template = load_template(worker_type)
     fields = Configuration.model_fields
     unset = [

@@ -119,9 +119,12 @@ class Env:
     USAGE_SAMPLE_SECONDS = "KINETIC_USAGE_SAMPLE_SECONDS"  # the usage sampler's interval (default 2; 0: off)
     # A warm runner (kinetic-local) leaves once the process that started it (worker or caller) is gone.
     WARM_LAUNCHER_PID = "KINETIC_WARM_LAUNCHER_PID"
+    # A warm pod (kinetic-gke): its control prefix in the store (WarmPodKeys), and how long it waits idle.
+    WARM_CONTROL = "KINETIC_WARM_CONTROL"
+    WARM_KEEP_SECONDS = "KINETIC_WARM_KEEP_SECONDS"
 
 
-# --------------------------------------------------------------------------- warm runners (kinetic-local)
+# --------------------------------------------------------------------------- warm runners and warm pods
 
 WARM_RUNNER_MODULE = "kinetic_prefect.pod.warm_runner"
 
@@ -150,6 +153,53 @@ class WarmRunnerFiles:
         Env.JOB_DIR,  # the call's own folder (its working copy of the project, its log)
     )
     PER_CALL_ENV_PREFIXES = ("PREFECT__",)  # Prefect's own per-run variables (PREFECT__FLOW_RUN_ID...)
+
+    @classmethod
+    def is_per_call(cls, name: str) -> bool:
+        return name in cls.PER_CALL_ENV or name.startswith(cls.PER_CALL_ENV_PREFIXES)
+
+
+class WarmPodKeys:
+    """The hand-over between the kinetic-gke launcher and its warm pods, through the store (a pod and the worker
+    share no folder; the store's create-if-absent stands in for the local runner's rename). Under one pod's
+    control prefix ``warm/<environment key>/<job name>/``:
+
+    * the pod writes ``ready-<n>`` once it has served n calls and waits for call n;
+    * whoever creates ``claim-<n>`` first owns call n: a launcher handing over a call, or the pod itself leaving
+      (its keep-warm time is over), so a claim and a departure cannot both win;
+    * the winning launcher writes ``call-<n>.json`` (the call's per-call variables); the pod takes it, runs it
+      between the CALL_BEGIN and CALL_END lines of its log, and writes the call's ``RunLayout.warm_exit``.
+    """
+
+    ROOT = "warm"
+
+    @staticmethod
+    def control(environment_key: str, job_name: str) -> str:
+        return f"warm/{environment_key}/{job_name}"
+
+    @staticmethod
+    def ready(n: int) -> str:
+        return f"ready-{n}"
+
+    @staticmethod
+    def claim(n: int) -> str:
+        return f"claim-{n}"
+
+    @staticmethod
+    def call(n: int) -> str:
+        return f"call-{n}.json"
+
+    @staticmethod
+    def run(flow_run_id: str) -> str:
+        """Which pod serves a flow run (``namespace:job@flow_run_id``): a restarted worker finds its calls again."""
+        return f"warm/runs/{flow_run_id}"
+
+    LEAVING = b"leaving"  # the content of a claim the pod made to leave
+
+
+# A warm pod's log holds many calls; each call's lines are those between its two markers (+ the call's run id).
+CALL_BEGIN_MARKER = "[kinetic:call] begin "
+CALL_END_MARKER = "[kinetic:call] end "
 
 
 JAX_COORDINATOR_PORT = 8476  # the port GKE's TPU tooling and jax.distributed use by default
@@ -211,6 +261,11 @@ class RunLayout:
 
     def output(self, relative: str) -> str:
         return f"{self.outputs}/{relative}"
+
+    @property
+    def warm_exit(self) -> str:
+        """A warm pod's record of one call it ran: {"exit_code", "started", "ended"} (epoch seconds)."""
+        return f"{self.prefix}/warm_exit.json"
 
     @property
     def capacity(self) -> str:

@@ -1,11 +1,12 @@
-"""Job side of a warm runner (kinetic-local): one process that runs call after call of one environment.
+"""Job side of a warm runner: one process that runs call after call of one environment.
 
-``python -m kinetic_prefect.pod.warm_runner CONTROL_DIR`` runs ``runner.main`` once per call the launcher hands it,
-then waits up to the call's keep-warm time for the next, and leaves. What it keeps between calls: the interpreter,
-third-party imports and what they cache (JAX/XLA compilation caches, a loaded CUDA context), the node cache
-(``Data`` and project archives already unpacked). What each call gets fresh: its environment variables (exactly
-the call's), its own log file as stdout/stderr, a new working directory, and the user's project modules imported
-again (those under the restored project folder are dropped from ``sys.modules`` after every call).
+``python -m kinetic_prefect.pod.warm_runner CONTROL_DIR`` (kinetic-local) runs ``runner.main`` once per call the
+launcher hands it, then waits up to the call's keep-warm time for the next, and leaves. What it keeps between
+calls: the interpreter, third-party imports and what they cache (JAX/XLA compilation caches, a loaded CUDA
+context), the node cache (``Data`` and project archives already unpacked). What each call gets fresh: its
+environment variables (exactly the call's), its own log file as stdout/stderr, a new working directory, and the
+user's project modules imported again (those under the restored project folder are dropped from ``sys.modules``
+after every call).
 
 The hand-over is a few files in the control folder (names in ``contract.WarmRunnerFiles``), each written whole
 and renamed into place, so either side may die at any moment without the other misreading it:
@@ -14,6 +15,10 @@ and renamed into place, so either side may die at any moment without the other m
   to ``leaving``: of two renames of one file, one wins), then writes ``call.json``;
 * the runner takes ``call.json``, runs it, writes the call's exit status into the call's own job folder
   (``exit_status``), and writes ``idle`` again.
+
+``python -m kinetic_prefect.pod.warm_runner`` with no argument is a warm pod (kinetic-gke): its first call is the
+pod's own environment, and the next ones come through the store (``contract.WarmPodKeys``); each call's output is
+the pod's log between the call's two markers.
 """
 
 from __future__ import annotations
@@ -27,9 +32,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kinetic_prefect.contract import EXIT_NO_OUTCOME, Env, WarmRunnerFiles
+from kinetic_prefect.contract import (
+    CALL_BEGIN_MARKER,
+    CALL_END_MARKER,
+    EXIT_NO_OUTCOME,
+    Env,
+    RunLayout,
+    WarmPodKeys,
+    WarmRunnerFiles,
+)
 
 POLL_SECONDS = 0.02
+STORE_POLL_SECONDS = 0.25  # a warm pod asks the store for its next call this often
+CLAIMED_CALL_SECONDS = 60.0  # a claim with no call after this long: the launcher died in between; the pod leaves
 
 
 def _launcher_alive(pid: int | None) -> bool:
@@ -81,10 +96,16 @@ def _project_modules(code_dirs: set[str]) -> list[str]:
 
 
 def _run_call(call: dict[str, Any], base_environ: dict[str, str]) -> int:
-    from kinetic_prefect.pod import runner
-
     job_dir = Path(call["job_dir"])
     env = {k: v for k, v in call["env"].items() if k != Env.OWNER_PID}  # watched once, by this process
+    return _run_in_place(env, base_environ, job_dir / call["log"])
+
+
+def _run_in_place(env: dict[str, str], base_environ: dict[str, str], log_path: Path | None) -> int:
+    """``runner.main`` once, in this process, with exactly ``env``; its output goes to ``log_path`` (None: this
+    process's own stdout and stderr, a pod's log); the user's project modules are dropped afterwards."""
+    from kinetic_prefect.pod import runner
+
     os.environ.clear()
     os.environ.update(env)
     path_before = list(sys.path)
@@ -93,10 +114,11 @@ def _run_call(call: dict[str, Any], base_environ: dict[str, str]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
-    log = os.open(job_dir / call["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
+    if log_path is not None:
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
     code = EXIT_NO_OUTCOME
     try:
         code = runner.main()
@@ -128,28 +150,36 @@ def _remove_tree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _stoppable() -> list[int]:
+    """Install the SIGTERM handler that unwinds a call as in a cold job; the list records that one came."""
+    from kinetic_prefect.pod import runner
+
+    stopped: list[int] = []
+    unwind = runner._on_sigterm  # noqa: SLF001
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        stopped.append(signum)
+        unwind(signum, frame)
+
+    runner._on_sigterm = on_sigterm  # noqa: SLF001 - what runner.main installs for each call
+    signal.signal(signal.SIGTERM, on_sigterm)
+    return stopped
+
+
 def main(control_dir: str) -> int:
     from kinetic_prefect.pod import runner
 
     control = Path(control_dir)
     base_environ = dict(os.environ)
     launcher_pid = int(base_environ[Env.WARM_LAUNCHER_PID]) if base_environ.get(Env.WARM_LAUNCHER_PID) else None
-    stopped: list[int] = []
-    unwind = runner._on_sigterm  # noqa: SLF001
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        stopped.append(signum)
-        unwind(signum, frame)  # the call unwinds as in a cold job
-
-    runner._on_sigterm = on_sigterm  # noqa: SLF001 - what runner.main installs for each call
-
+    stopped = _stoppable()
     if os.environ.get(Env.OWNER_PID):
         runner._watch_owner(int(os.environ[Env.OWNER_PID]))  # noqa: SLF001
     deadline: float | None = None
     served = 0
     try:
         while True:
-            signal.signal(signal.SIGTERM, on_sigterm)  # runner.main installs its own for the call
+            signal.signal(signal.SIGTERM, runner._on_sigterm)  # noqa: SLF001 - runner.main installs its own per call
             call = _next_call(control, deadline, launcher_pid)
             if call is None:
                 print(f"kinetic warm runner: leaving after {served} call(s)", flush=True)
@@ -166,5 +196,69 @@ def main(control_dir: str) -> int:
         return 0
 
 
+def _next_pod_call(store: Any, control: str, n: int, keep_warm_seconds: float) -> dict[str, str] | None:
+    """Call ``n``'s per-call variables once a launcher hands it over, or None once the pod has left."""
+    from kinetic_prefect.storage import ObjectNotFound
+
+    deadline = time.monotonic() + keep_warm_seconds
+    claimed_at: float | None = None
+    while True:
+        try:
+            call = json.loads(store.get_bytes(f"{control}/{WarmPodKeys.call(n)}"))
+        except ObjectNotFound:
+            pass
+        else:
+            store.delete(f"{control}/{WarmPodKeys.call(n)}")
+            return {str(k): str(v) for k, v in call["env"].items()}
+        now = time.monotonic()
+        if claimed_at is None and now > deadline:
+            if store.put_bytes(f"{control}/{WarmPodKeys.claim(n)}", WarmPodKeys.LEAVING, if_absent=True):
+                return None
+            claimed_at = now  # a launcher won call n a moment ago: its call is on the way
+        if claimed_at is not None and now - claimed_at > CLAIMED_CALL_SECONDS:
+            return None
+        time.sleep(STORE_POLL_SECONDS)
+
+
+def pod_main() -> int:
+    """A warm pod: the pod's own environment is its first call; the next ones come through the store."""
+    from kinetic_prefect.pod import runner
+    from kinetic_prefect.storage import open_store
+
+    base_environ = dict(os.environ)
+    control = base_environ[Env.WARM_CONTROL]
+    keep_warm_seconds = float(base_environ.get(Env.WARM_KEEP_SECONDS) or 0)
+    shared = {k: v for k, v in base_environ.items() if not WarmRunnerFiles.is_per_call(k)}
+    call_env = {k: v for k, v in base_environ.items() if WarmRunnerFiles.is_per_call(k)}
+    store = open_store(base_environ[Env.STORE])
+    stopped = _stoppable()
+    served = 0
+    try:
+        while True:
+            signal.signal(signal.SIGTERM, runner._on_sigterm)  # noqa: SLF001
+            run_id = call_env.get(Env.RUN_ID, "")
+            started = time.time()
+            print(CALL_BEGIN_MARKER + run_id, flush=True)
+            code = _run_in_place({**shared, **call_env}, base_environ, None)
+            print(CALL_END_MARKER + run_id, flush=True)
+            served += 1
+            record = {"exit_code": code, "started": started, "ended": time.time()}
+            store.put_bytes(RunLayout(run_id).warm_exit, json.dumps(record).encode())
+            if stopped:
+                return 0
+            # Ready only after the exit record: a stop that finds no record may delete this pod, and must not
+            # take a call handed to it meanwhile. (The next call is submitted once the worker has read the
+            # record and Prefect has freed the slot, well after this write.)
+            store.put_bytes(f"{control}/{WarmPodKeys.ready(served)}", b"")
+            next_env = _next_pod_call(store, control, served, keep_warm_seconds)
+            if next_env is None:
+                print(f"kinetic warm pod: leaving after {served} call(s)", flush=True)
+                store.delete_prefix(control)
+                return 0
+            call_env = next_env
+    except runner.JobTerminated:
+        return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1]) if len(sys.argv) > 1 else pod_main())

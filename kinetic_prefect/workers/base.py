@@ -91,3 +91,16 @@ class KineticJobConfiguration(BaseJobConfiguration):
             base_image=self.base_image,
             **kwargs,
         )
+
+
+async def open_job_store(configuration: Any) -> Any:
+    """The job's store, read with the pool's ``gcp_credentials`` block when it names one (else the default
+    client: Application Default Credentials, Workload Identity for an in-cluster worker)."""
+    from kinetic_prefect.shared import gcp
+    from kinetic_prefect.storage import open_store
+
+    url = configuration.env[Env.STORE]
+    name = getattr(configuration, "gcp_credentials", None)
+    if not (url.startswith("gs://") and name):
+        return open_store(url)
+    return gcp.open_store(url, await gcp.credentials_block("worker", name))

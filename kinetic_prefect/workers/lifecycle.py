@@ -44,6 +44,7 @@ from kinetic_prefect.shared import prefect_runs
 from kinetic_prefect.shared import key_blocks
 from kinetic_prefect.contract import LOG_END_MARKER, Env, Outcome, RunLayout
 from kinetic_prefect.shared.outages import Outage
+from kinetic_prefect.workers.base import open_job_store
 
 # A read that fails for a reason that may pass (a 5xx, a dropped connection) is retried for as long as an
 # API outage is waited out (outages.outage_horizon_seconds) before the job is given up as crashed.
@@ -564,16 +565,7 @@ class KineticWorker:
         await self._store_output(output, identifier)
 
     async def open_pool_store(self, configuration: Any) -> Any:
-        """The job's store, read with the pool's ``gcp_credentials`` block when it names one (else the
-        default client: Application Default Credentials, Workload Identity for an in-cluster worker)."""
-        from kinetic_prefect.shared import gcp
-        from kinetic_prefect.storage import open_store
-
-        url = configuration.env[Env.STORE]
-        name = getattr(configuration, "gcp_credentials", None)
-        if not (url.startswith("gs://") and name):
-            return open_store(url)
-        return gcp.open_store(url, await gcp.credentials_block("worker", name))
+        return await open_job_store(configuration)
 
     async def finish(
         self, flow_run: FlowRun, configuration: Any, identifier: str, status: JobStatus, note: str = ""

@@ -24,11 +24,11 @@ def generated_template(worker_type: str) -> dict[str, Any]:
     """The base job template of ``worker_type``, from its job configuration and variables models."""
     if worker_type == "kinetic-local":
         from kinetic_prefect.contract.job_variables import KineticLocalVariables as variables
-        from kinetic_prefect.workers.local.worker import KineticLocalJobConfiguration as configuration
+        from kinetic_prefect.workers.local.configuration import KineticLocalJobConfiguration as configuration
 
         manifest = None
     elif worker_type == "kinetic-gke":
-        from kinetic_prefect.workers.gke.worker import KineticGKEJobConfiguration as configuration
+        from kinetic_prefect.workers.gke.configuration import KineticGKEJobConfiguration as configuration
         from kinetic_prefect.workers.gke.variables import KineticGKEVariables as variables  # type: ignore[assignment]
         from kinetic_prefect.workers.gke.variables import job_manifest_template
 

@@ -146,6 +146,23 @@ class KineticGKEVariables(CallVariables):
         title="Spot",
         description="Schedule on Spot VMs (cloud.google.com/gke-spot node selector and toleration).",
     )
+    keep_warm_seconds: float = Field(
+        default=0,
+        title="Keep warm (seconds)",
+        ge=0,
+        description="How long a pod that finished a call waits for the next call of the same environment (image, "
+        "accelerator, resources, environment variables) before it ends; 0 runs one Job per call. A sweep then "
+        "pays one pod start, image pull and JAX initialisation per concurrent slot instead of one per input. "
+        "Single-host jobs without a fallback list only.",
+    )
+    min_warm: int = Field(
+        default=0,
+        title="Minimum warm pods",
+        ge=0,
+        description="How many warm pods of an environment wait for calls however long they wait, until their Jobs "
+        "are deleted (kubectl delete job -l kinetic.prefect.io/warm-floor=true): the next sweep starts on them at "
+        "once, and the accelerators they hold are billed all the while. Needs keep_warm_seconds > 0.",
+    )
     hosts: Optional[int] = Field(
         default=None,
         title="Hosts",

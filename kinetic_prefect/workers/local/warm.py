@@ -46,8 +46,7 @@ class WarmRunner:
             return False
 
 
-def is_per_call(name: str) -> bool:
-    return name in WarmRunnerFiles.PER_CALL_ENV or name.startswith(WarmRunnerFiles.PER_CALL_ENV_PREFIXES)
+is_per_call = WarmRunnerFiles.is_per_call
 
 
 def environment_key(argv: list[str], cwd: str | None, env: dict[str, str]) -> str:

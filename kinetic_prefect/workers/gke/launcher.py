@@ -1,0 +1,527 @@
+"""``GKEJobLauncher``: creating, finding, following, cancelling and cleaning up the Kubernetes Jobs of kinetic calls.
+
+What prefect-kubernetes lacks and this launcher keeps: following a Job to its end from any worker (reattach after
+a restart), the kinetic outcome record, pending pods diagnosed with prefect-kubernetes' vocabulary, and
+cancellation that deletes the Job.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import anyio
+import anyio.from_thread
+from prefect.client.schemas.objects import FlowRun
+from prefect_kubernetes.diagnostics import diagnose_k8s_pod
+
+from kinetic_prefect import accelerators
+from kinetic_prefect.contract import Env
+from kinetic_prefect.workers.gke import capacity as gke_capacity
+from kinetic_prefect.workers.gke import warm
+from kinetic_prefect.workers.gke.warm import WarmPods
+from kinetic_prefect.workers.lifecycle import JobLauncher, JobStatus
+from kinetic_prefect.workers.gke.configuration import KineticGKEJobConfiguration
+from kinetic_prefect.workers.gke.follower import JobFollower, pod_span
+from kinetic_prefect.workers.gke.kube import (
+    FLOW_RUN_LABEL,
+    GROUP_STOP_SECONDS,
+    INDEX_ANNOTATION,
+    JobGone,
+    POOL_LABEL,
+    kube_retry,
+    label_value,
+)
+
+
+class GKEJobLauncher(JobLauncher):
+    """A kinetic job as one Kubernetes Job (one pod, ``backoffLimit: 0``); identifiers are ``namespace:name``."""
+
+    def __init__(self) -> None:
+        self._followers: dict[str, JobFollower] = {}
+        self._emitters: dict[str, Callable[[str], None]] = {}
+        self._pending_since: dict[str, float] = {}
+        self._group_failed_at: dict[str, float] = {}
+        self._api: dict[str, Any] = {}
+        self.warm = WarmPods(self.api)
+
+    def api(self, configuration: KineticGKEJobConfiguration):
+        key = configuration.cluster_key
+        if key not in self._api:
+            self._api[key] = configuration.kube_client()
+        return self._api[key]
+
+    def follower(self, identifier: str, configuration: KineticGKEJobConfiguration) -> JobFollower:
+        if identifier not in self._followers:
+            namespace, _, job_name = identifier.partition(":")
+            emit = self._emitters.get(identifier, lambda line: None)
+            self._followers[identifier] = JobFollower(
+                self.api(configuration), namespace, job_name, lambda line: self._emitters.get(identifier, emit)(line)
+            )
+        return self._followers[identifier]
+
+    async def submit(
+        self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration, log: Callable[[str], None]
+    ) -> str:
+        if configuration._image_given is None:
+            configuration._image_given = bool(configuration.image)
+        image = await anyio.to_thread.run_sync(self.ensure_image, configuration, log)
+        configuration.image = image
+        configuration.job_manifest["spec"]["template"]["spec"]["containers"][0]["image"] = image
+        api = await anyio.to_thread.run_sync(self.api, configuration)
+        if warm.wanted(configuration):
+            handed, floor_pods = await self.warm.hand_over(flow_run, configuration, log)
+            if handed is not None:
+                return handed
+            identifier = self.warm.prepare_new_pod(flow_run, configuration, floor_pods < configuration.min_warm)
+            await self.warm.record_new_pod(flow_run, configuration, identifier)
+        job_name = await anyio.to_thread.run_sync(self._create_job, api, configuration)
+        kind = "warm pod Job" if warm.wanted(configuration) else "Job"
+        log(f"Created {kind} {configuration.namespace}/{job_name} for accelerator {configuration.accelerator}")
+        return f"{configuration.namespace}:{job_name}" + (f"@{flow_run.id}" if warm.wanted(configuration) else "")
+
+    async def find(self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration) -> str | None:
+        if warm.wanted(configuration) and (found := await self.warm.find(flow_run, configuration)):
+            return found
+        api = await anyio.to_thread.run_sync(self.api, configuration)
+        name = await anyio.to_thread.run_sync(self._existing_job, api, configuration.namespace, flow_run)
+        return f"{configuration.namespace}:{name}" if name else None
+
+    def host_follower(self, identifier: str, index: int, configuration: KineticGKEJobConfiguration) -> JobFollower:
+        """Host 0's follower is the Job's own; each other host's lines are forwarded tagged ``[host i]``."""
+        if index == 0:
+            return self.follower(identifier, configuration)
+        key = f"{identifier}#{index}"
+        if key not in self._followers:
+            namespace, _, job_name = identifier.partition(":")
+            self._followers[key] = JobFollower(
+                self.api(configuration),
+                namespace,
+                job_name,
+                lambda line: self._emitters.get(identifier, lambda _: None)(f"[host {index}] {line}"),
+            )
+        return self._followers[key]
+
+    async def group_status(self, identifier: str, configuration: KineticGKEJobConfiguration) -> JobStatus:
+        """A group is all or nothing: it has exited when any host failed, or when every host has finished."""
+        hosts = configuration.host_count
+        try:
+            pods = await anyio.to_thread.run_sync(self.follower(identifier, configuration).pods)
+        except JobGone:
+            return JobStatus("gone", detail="the Job was deleted")
+        if not pods and (ended := await self._podless_status(identifier, self.follower(identifier, configuration))):
+            return ended
+        phases = {i: (pod.status.phase if pod.status else None) for i, pod in pods.items()}
+        for i, pod in sorted(pods.items()):
+            if phases[i] in ("Running", "Succeeded", "Failed"):
+                self.host_follower(identifier, i, configuration).stream_logs(pod.metadata.name)
+        failed = [i for i, phase in sorted(phases.items()) if phase == "Failed"]
+        finished = len(pods) == hosts and all(phase in ("Succeeded", "Failed") for phase in phases.values())
+        if failed and not finished:
+            # The Job controller stops the other hosts; wait for them (bounded), so that the coordinator's last
+            # checkpoint is in the store before the task's retry starts a new group that resumes from it.
+            since = self._group_failed_at.setdefault(identifier, time.monotonic())
+            still = [i for i, phase in phases.items() if phase in ("Pending", "Running", None)]
+            if still and time.monotonic() - since < GROUP_STOP_SECONDS:
+                return JobStatus("running", detail=f"host {failed[0]} failed; stopping hosts {still}")
+            finished = True
+        if failed or finished:
+            await self._drain_logs(identifier, pods, configuration)
+            if failed:
+                pod = pods[failed[0]]
+                code, reason = self._exit(pod)
+                follower = self.follower(identifier, configuration)
+                disrupted = [
+                    found for i in failed if (found := await anyio.to_thread.run_sync(follower.disruption, pods[i]))
+                ]
+                return JobStatus(
+                    "exited",
+                    exit_code=code or 1,
+                    diagnosis=self.diagnose(pod, configuration),
+                    failed_host=failed[0] or None,
+                    preempted=disrupted[0] if disrupted else None,
+                    detail=f"host {failed[0]} of {hosts} (pod {pod.metadata.name}) failed: {reason}; "
+                    "the group fails with it",
+                )
+            code, reason = self._exit(pods[0])
+            return JobStatus("exited", exit_code=code, detail=f"all {hosts} hosts finished (host 0: {reason})")
+        waiting = [i for i in range(hosts) if phases.get(i) in (None, "Pending")]
+        if waiting:
+            pod = pods.get(waiting[0])
+            diagnosis = self.diagnose(pod, configuration)
+            since = self._pending_since.setdefault(identifier, time.monotonic())
+            problem = JobFollower.pending_problem(pod) if pod is not None else None
+            placing = await self._pending_capacity(self.follower(identifier, configuration), pod, configuration)
+            if problem:
+                return JobStatus("pending", detail=f"host {waiting[0]}: {problem}", fatal=True, diagnosis=diagnosis)
+            waited = time.monotonic() - since
+            if waited > configuration.pod_watch_timeout_seconds:
+                text = await anyio.to_thread.run_sync(self.follower(identifier, configuration).diagnose_pending, pod)
+                return JobStatus(
+                    "pending",
+                    fatal=True,
+                    diagnosis=diagnosis,
+                    capacity=placing,
+                    detail=f"host {waiting[0]} of {hosts} still pending after {waited:.0f}s: {text}",
+                )
+            return JobStatus(
+                "pending",
+                diagnosis=diagnosis,
+                capacity=placing,
+                detail=f"{hosts - len(waiting)} of {hosts} hosts scheduled",
+            )
+        nodes = ", ".join(sorted({pod.spec.node_name or "?" for pod in pods.values()}))
+        return JobStatus("running", detail=f"{hosts} hosts running on {nodes}")
+
+    async def _drain_logs(self, identifier: str, pods: dict[int, Any], configuration) -> None:
+        """Every host's last lines, the hosts side by side (one after another costs a round trip per host)."""
+
+        async def drain(index: int, pod: Any) -> None:
+            follower = self.host_follower(identifier, index, configuration)
+            follower.stream_logs(pod.metadata.name)
+            await anyio.to_thread.run_sync(follower.finish_logs)
+            follower.stream_logs(pod.metadata.name, again=True)  # whatever a broken stream missed
+            await anyio.to_thread.run_sync(follower.finish_logs)
+
+        async with anyio.create_task_group() as group:
+            for index, pod in sorted(pods.items()):
+                group.start_soon(drain, index, pod)
+
+    async def status(self, identifier: str, configuration: KineticGKEJobConfiguration) -> JobStatus:
+        if warm.is_warm(identifier):
+            return await self.warm.status(identifier, configuration, lambda job: self.status(job, configuration))
+        if configuration.host_count > 1:
+            return await self.group_status(identifier, configuration)
+        follower = self.follower(identifier, configuration)
+        try:
+            pod = await anyio.to_thread.run_sync(follower.pod)
+        except JobGone:
+            return JobStatus("gone", detail="the Job was deleted")
+        phase = pod.status.phase if pod is not None and pod.status else None
+        diagnosis = self.diagnose(pod, configuration)
+        if pod is None and (ended := await self._podless_status(identifier, follower)) is not None:
+            return ended
+        if phase in (None, "Pending"):
+            since = self._pending_since.setdefault(identifier, time.monotonic())
+            problem = follower.pending_problem(pod) if pod is not None else None
+            placing = await self._pending_capacity(follower, pod, configuration)
+            if problem:
+                return JobStatus("pending", detail=problem, fatal=True, diagnosis=diagnosis)
+            waited = time.monotonic() - since
+            if waited > configuration.pod_watch_timeout_seconds:
+                text = await anyio.to_thread.run_sync(follower.diagnose_pending, pod)
+                return JobStatus(
+                    "pending",
+                    detail=f"still pending after {waited:.0f}s: {text}",
+                    fatal=True,
+                    diagnosis=diagnosis,
+                    capacity=placing,
+                )
+            return JobStatus("pending", diagnosis=diagnosis, capacity=placing)
+        if phase == "Running":
+            follower.stream_logs(pod.metadata.name)
+            return JobStatus("running", detail=f"Pod {pod.metadata.name} running on {pod.spec.node_name or '?'}")
+        follower.stream_logs(pod.metadata.name)
+        await anyio.to_thread.run_sync(follower.finish_logs)
+        follower.stream_logs(pod.metadata.name, again=True)  # whatever a broken stream missed
+        await anyio.to_thread.run_sync(follower.finish_logs)
+        exit_code, reason = self._exit(pod)
+        preempted = await anyio.to_thread.run_sync(follower.disruption, pod) if phase == "Failed" else None
+        return JobStatus(
+            "exited",
+            exit_code=exit_code,
+            detail=f"pod {pod.metadata.name} {phase}: {reason}",
+            diagnosis=diagnosis,
+            preempted=preempted,
+        )
+
+    async def _podless_status(self, identifier: str, follower: JobFollower) -> JobStatus | None:
+        """A Job without a pod: queued (suspended until Kueue admits it), or failed with its pod gone (the pod
+        GC deletes the pods of a deleted node); None when the Job controller has simply not made the pod yet."""
+        job = follower.last_job
+        if job is None or job.spec is None:
+            return None
+        if job.spec.suspend:
+            self._pending_since[identifier] = time.monotonic()  # waiting in a queue is not a stuck pod
+            return JobStatus("pending", detail="queued: waiting for its capacity (Kueue / queued provisioning)")
+        conditions = {c.type: c for c in (job.status.conditions or []) if c.status == "True"} if job.status else {}
+        failed = conditions.get("Failed") or conditions.get("FailureTarget")
+        if failed is None:
+            return None
+        preempted = await anyio.to_thread.run_sync(follower.disruption, None)
+        return JobStatus(
+            "exited",
+            exit_code=None,
+            detail=f"Job failed ({failed.reason}: {failed.message}); its pod is gone",
+            preempted=preempted
+            or ("its pod was deleted with its node" if failed.reason == "PodFailurePolicy" else None),
+        )
+
+    async def _pending_capacity(self, follower: JobFollower, pod, configuration) -> str | None:
+        """capacity.NO_NODE_POOL / INSUFFICIENT_CAPACITY for a pod the scheduler cannot place; the events (the
+        autoscaler's) are read only when a fallback list makes the difference."""
+        if pod is None:
+            return None
+        from kubernetes.client import ApiClient
+
+        reasons: list[str] = []
+        if len(configuration._accelerator_choices) > 1:
+            reasons = await anyio.to_thread.run_sync(follower.event_reasons, pod.metadata.name)
+        return gke_capacity.pending_capacity(ApiClient().sanitize_for_serialization(pod), reasons)
+
+    def diagnose(self, pod, configuration: KineticGKEJobConfiguration) -> dict[str, str] | None:
+        """prefect-kubernetes' diagnosis of the pod (its categories are what automations match on), with
+        the accelerator named where the cause is a missing node pool."""
+        if pod is None or pod.status is None:
+            return None
+        from kubernetes.client import ApiClient
+
+        found = diagnose_k8s_pod(ApiClient().sanitize_for_serialization(pod.status))
+        if found is None:
+            return None
+        resolution = found.resolution
+        spec = configuration.accelerator_spec
+        if found.category.value in ("Unschedulable.NodeAffinity", "Unschedulable.Taint") and spec.node_selector:
+            labels = ", ".join(f"{k}={v}" for k, v in spec.node_selector.items())
+            resolution = (
+                f"no node pool has accelerator {spec.name} ({labels}): create one, or enable node "
+                f"auto-provisioning. {resolution}"
+            )
+        elif found.category.value == "Unschedulable.InsufficientResources" and spec.resource_name:
+            resolution = (
+                f"every {spec.name} node is busy or the quota is used up: try spot, another zone, or wait. {resolution}"
+            )
+        return {
+            "category": found.category.value,
+            "level": found.level.value,
+            "summary": found.summary,
+            "detail": found.detail,
+            "resolution": resolution,
+        }
+
+    async def forward_logs(
+        self,
+        identifier: str,
+        configuration: KineticGKEJobConfiguration,
+        emit: Callable[[str], None],
+        final: bool = False,
+    ) -> None:
+        # Each pod's log is streamed by a thread (JobFollower.stream_logs) straight into ``emit``.
+        if warm.is_warm(identifier):
+            self.warm.forward_logs(identifier, emit)
+            return
+        self._emitters[identifier] = emit
+        if final:
+            for key, follower in list(self._followers.items()):
+                if key == identifier or key.startswith(f"{identifier}#"):
+                    await anyio.to_thread.run_sync(follower.finish_logs)
+
+    async def cancel(self, identifier: str, configuration: KineticGKEJobConfiguration, grace_seconds: float) -> None:
+        if warm.is_warm(identifier):
+            await self.warm.cancel(identifier, configuration)
+            return
+        follower = self.follower(identifier, configuration)
+        await anyio.to_thread.run_sync(follower.delete)
+
+    can_relaunch = True
+
+    async def relaunch(
+        self,
+        flow_run: FlowRun,
+        configuration: KineticGKEJobConfiguration,
+        identifier: str,
+        spec: accelerators.AcceleratorSpec,
+        attempt: int,
+        log: Callable[[str], None],
+    ) -> str:
+        """A new Job (``-a<attempt>``) for the same run on ``spec``: the old one is deleted first (its pod is
+        pending, or gone with its node), so one run never holds two accelerators."""
+        from kinetic_prefect.shared import capacity
+
+        await self.cancel(identifier, configuration, 0)
+        await self.cleanup(identifier, configuration)
+        configuration.accelerator, configuration.spot = capacity.label(spec.with_spot(False)), spec.spot
+        if not configuration._image_given:
+            configuration.image = None  # built (or found) again for this accelerator's family
+        configuration.labels["kinetic.prefect.io/accelerator"] = configuration.labels["kinetic.accelerator"] = spec.name
+        configuration.job_manifest = configuration.render_manifest(spec, flow_run, attempt)
+        return await self.submit(flow_run, configuration, log)
+
+    async def cleanup(self, identifier: str, configuration: KineticGKEJobConfiguration) -> None:
+        if warm.is_warm(identifier):
+            await self.warm.cleanup(identifier, configuration)
+            identifier = identifier.partition("@")[0]
+        for table in (self._followers, self._emitters, self._pending_since, self._group_failed_at):
+            table.pop(identifier, None)
+        for key in [k for k in self._followers if k.startswith(f"{identifier}#")]:
+            self._followers.pop(key, None)
+
+    async def host_spans(self, identifier: str, configuration: KineticGKEJobConfiguration) -> list[Any]:
+        """Each host pod's start and end as the last status read saw them (metering; no extra API call)."""
+        if warm.is_warm(identifier):
+            return await self.warm.host_spans(identifier, configuration)
+        follower = self._followers.get(identifier)
+        if follower is None:
+            return []
+        newest: dict[int, Any] = {}
+        for pod in follower.last_pods:
+            newest[int((pod.metadata.annotations or {}).get(INDEX_ANNOTATION, 0))] = pod
+        spans = [pod_span(pod, follower.gone_at) for _, pod in sorted(newest.items())]
+        return [span for span in spans if span is not None]
+
+    async def unfinished_jobs(self, work_pool: Any) -> list[tuple[str, str]]:
+        from kubernetes import client
+
+        # The pool's own settings (cluster config block included), as a run with no overrides would get them.
+        base: KineticGKEJobConfiguration = await KineticGKEJobConfiguration.from_template_and_values(
+            work_pool.base_job_template, {}
+        )
+        namespace = getattr(base, "namespace", None) or "default"
+        api = await anyio.to_thread.run_sync(self.api, base)
+        pool_label = label_value(work_pool.name)
+        jobs = await anyio.to_thread.run_sync(
+            lambda: (
+                client.BatchV1Api(api).list_namespaced_job(namespace, label_selector=f"{POOL_LABEL}={pool_label}").items
+            )
+        )
+        found = []
+        for job in jobs:
+            labels = (job.metadata.labels if job.metadata else None) or {}
+            # finished Jobs too: one that ended while no worker watched still has an outcome to collect
+            if labels.get(POOL_LABEL) == pool_label and labels.get(FLOW_RUN_LABEL):
+                found.append((labels[FLOW_RUN_LABEL], f"{namespace}:{job.metadata.name}"))  # type: ignore[union-attr]
+        if base.keep_warm_seconds > 0 and base.store:  # warm calls are recorded in the pool's store
+            base.env[Env.STORE] = base.store
+            found += await self.warm.unfinished_calls(base)
+        return found
+
+    # ------------------------------------------------------------------ images
+    @staticmethod
+    def ensure_image(configuration: KineticGKEJobConfiguration, log: Callable[[str], None]) -> str:
+        if configuration.image:
+            return configuration.image
+        from kinetic_prefect.shared import builders
+
+        spec = configuration.image_spec
+        if configuration.image_builder == "docker" and configuration.image_repository:
+            return builders.DockerBuilder(configuration.image_repository).ensure(spec, log)
+        if configuration.image_builder == "cloud-build" and configuration.image_repository:
+            from kinetic_prefect.shared import gcp
+
+            credentials = None
+            if configuration.gcp_credentials:  # ensure_image runs in a worker thread of the worker's event loop
+                block = anyio.from_thread.run(gcp.credentials_block, "kinetic-gke", configuration.gcp_credentials)
+                credentials = gcp.google_credentials(block)
+            project, region = configuration.gcp_project, configuration.gcp_region
+            bucket = configuration.build_staging_bucket
+            assert project and region and bucket, "check_pool_settings refuses a cloud-build pool without them"
+            return builders.CloudBuildBuilder(
+                project=project,
+                region=region,
+                repository=configuration.image_repository,
+                staging_bucket=bucket,
+                credentials=credentials,
+            ).ensure(spec, log)
+        raise ValueError(
+            "kinetic-gke needs an image: pass image= to @kinetic_task, or set the pool's image_builder "
+            "('cloud-build' or 'docker') and image_repository (e.g. us-docker.pkg.dev/PROJECT/REPO)."
+        )
+
+    @staticmethod
+    def _existing_job(api, namespace: str, flow_run: FlowRun) -> str | None:
+        from kubernetes import client
+
+        jobs = (
+            client.BatchV1Api(api)
+            .list_namespaced_job(namespace, label_selector=f"{FLOW_RUN_LABEL}={flow_run.id}")
+            .items
+        )
+        mine = [
+            j
+            for j in jobs
+            if j.metadata
+            and (j.metadata.labels or {}).get(FLOW_RUN_LABEL) == str(flow_run.id)
+            and j.metadata.deletion_timestamp is None
+        ]
+        mine.sort(key=lambda j: int((j.metadata.labels or {}).get("kinetic.prefect.io/attempt") or 1))  # type: ignore[union-attr]
+        return mine[-1].metadata.name if mine else None  # type: ignore[union-attr]  # filtered above
+
+    @staticmethod
+    def _create_job(api, configuration: KineticGKEJobConfiguration) -> str:
+        """Create the Job; secret values go in a Secret it references, owned by the Job (deleted with it),
+        so they appear in no manifest and no Prefect record.  Every call is retried through transient errors,
+        and each is idempotent: a retried create that finds what an earlier (lost) response made goes on."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        manifest = configuration.job_manifest
+        job_name = manifest["metadata"]["name"]
+        secret_name = f"{job_name}-env"[:253]
+        core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
+        namespace = configuration.namespace
+        if configuration.secret_env:
+            body = {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "type": "Opaque",
+                "metadata": {
+                    "name": secret_name,
+                    "namespace": namespace,
+                    "labels": {"app.kubernetes.io/managed-by": "kinetic-prefect"},
+                },
+                "stringData": configuration.secret_env,
+            }
+            try:
+                kube_retry(core.create_namespaced_secret)(namespace, body)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                # the worker may write Secrets but never read them (its Role): overwrite what is there
+                kube_retry(core.patch_namespaced_secret)(secret_name, namespace, {"stringData": body["stringData"]})
+            container = manifest["spec"]["template"]["spec"]["containers"][0]
+            container["envFrom"] = [*(container.get("envFrom") or []), {"secretRef": {"name": secret_name}}]
+        try:
+            created = kube_retry(batch.create_namespaced_job)(namespace, manifest)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            created = kube_retry(batch.read_namespaced_job)(job_name, namespace)
+            mine = (created.metadata.labels or {}).get(FLOW_RUN_LABEL) == manifest["metadata"]["labels"].get(
+                FLOW_RUN_LABEL
+            )
+            if not mine:
+                raise
+        service = configuration.service_manifest(created.metadata.uid)
+        if service is not None:
+            try:
+                kube_retry(core.create_namespaced_service)(namespace, service)
+            except ApiException as exc:
+                if exc.status != 409:  # 409: an earlier attempt made it
+                    raise
+        if configuration.secret_env:
+            kube_retry(core.patch_namespaced_secret)(
+                secret_name,
+                namespace,
+                {
+                    "metadata": {
+                        "ownerReferences": [
+                            {
+                                "apiVersion": "batch/v1",
+                                "kind": "Job",
+                                "name": created.metadata.name,
+                                "uid": created.metadata.uid or "",
+                                "blockOwnerDeletion": False,
+                            }
+                        ]
+                    }
+                },
+            )
+        return created.metadata.name
+
+    @staticmethod
+    def _exit(pod) -> tuple[int, str]:
+        for status in pod.status.container_statuses or []:
+            terminated = status.state.terminated if status.state else None
+            if terminated is not None:
+                return int(terminated.exit_code), terminated.reason or "terminated"
+        return (0, "Succeeded") if pod.status.phase == "Succeeded" else (1, pod.status.reason or "Failed")

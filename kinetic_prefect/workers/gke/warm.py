@@ -1,0 +1,368 @@
+"""Warm pods on kinetic-gke: a pod that finished a call takes the next call of the same environment.
+
+A sweep then pays one pod start (scheduling, image pull, interpreter, JAX initialisation) per concurrent slot
+instead of one per input. Every call is still its own job to the lifecycle: its own flow run, states, log lines,
+outcome, outputs, cancel and timeout; only the pod is reused. The pod runs ``kinetic_prefect.pod.warm_runner``
+(what each call gets fresh, and what is shared, is the same as for a kinetic-local warm runner).
+
+Why pods of their own and not an Indexed Job: an Indexed Job with ``parallelism=8, completions=64`` still runs a
+pod per completion index (a finished index's pod exits), so it would save API calls, not pod starts. Here a warm
+pod is a one-pod Job whose runner asks the store for its next call, and the launcher starts one more only when no
+pod of the call's environment is waiting; so a sweep's pods are as many as its calls ever ran at once.
+
+The hand-over goes through the store (``contract.WarmPodKeys``; a pod and the worker share no folder), with the
+store's create-if-absent as the claim. Identifiers of warm calls are ``namespace:job@flow_run_id``. The pods of
+an environment carry the label ``kinetic.prefect.io/warm-key``; a call is handed only to a pod that is running
+and not being deleted. Stopping a call deletes its pod's Job (the pod is not reused); the next call starts a new
+pod. A warm pod's Job has no ``activeDeadlineSeconds`` (a pool's ``job_watch_timeout_seconds`` would end a pod
+that serves many calls); each call keeps its task's own timeout.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import threading
+import time
+from typing import Any, Callable
+
+import anyio
+from prefect.client.schemas.objects import FlowRun
+
+from kinetic_prefect.contract import (
+    CALL_BEGIN_MARKER,
+    CALL_END_MARKER,
+    RUNNER_MODULE,
+    WARM_RUNNER_MODULE,
+    Env,
+    RunLayout,
+    WarmPodKeys,
+    WarmRunnerFiles,
+)
+from kinetic_prefect.workers.base import open_job_store
+from kinetic_prefect.workers.gke.configuration import KineticGKEJobConfiguration
+from kinetic_prefect.workers.gke.follower import JobFollower
+from kinetic_prefect.workers.gke.kube import FLOW_RUN_LABEL, JobGone
+from kinetic_prefect.workers.lifecycle import JobStatus
+
+WARM_KEY_LABEL = "kinetic.prefect.io/warm-key"
+FLOOR_LABEL = "kinetic.prefect.io/warm-floor"  # one of the pool's min_warm pods: it never leaves by itself
+FIRST_RUN_LABEL = "kinetic.prefect.io/first-flow-run-id"  # not FLOW_RUN_LABEL: the Job is not that run's alone
+END_WAIT_SECONDS = 10.0  # how long an ended call waits for its last log lines (its end marker)
+
+
+def wanted(configuration: KineticGKEJobConfiguration) -> bool:
+    """Whether a call goes to a warm pod: the pool keeps pods warm, one host, a single accelerator (a fallback
+    list or a spot fallback moves a call between Jobs, which a shared pod cannot follow)."""
+    return (
+        configuration.keep_warm_seconds > 0
+        and configuration.host_count == 1
+        and len(configuration._accelerator_choices) <= 1  # noqa: SLF001 - set by the shared configuration
+        and not configuration.spot_fallback
+    )
+
+
+def is_warm(identifier: str) -> bool:
+    return "@" in identifier
+
+
+def _parts(identifier: str) -> tuple[str, str, str]:
+    job, _, flow_run_id = identifier.partition("@")
+    namespace, _, name = job.partition(":")
+    return namespace, name, flow_run_id
+
+
+def _container(manifest: dict[str, Any]) -> dict[str, Any]:
+    return manifest["spec"]["template"]["spec"]["containers"][0]
+
+
+def call_env(manifest: dict[str, Any]) -> dict[str, str]:
+    """The per-call variables of a rendered manifest: what a warm pod swaps between calls."""
+    return {
+        str(e["name"]): str(e["value"])
+        for e in _container(manifest).get("env") or []
+        if "value" in e and WarmRunnerFiles.is_per_call(str(e["name"]))
+    }
+
+
+def environment_key(configuration: KineticGKEJobConfiguration) -> str:
+    """Everything a pod's process depends on, without the per-call variables: the pod spec (image, command,
+    node selector, tolerations, resources, every other variable), the namespace, and the secret values."""
+    pod = copy.deepcopy(configuration.job_manifest["spec"]["template"]["spec"])
+    container = pod["containers"][0]
+    container["env"] = sorted(
+        (e for e in container.get("env") or [] if not WarmRunnerFiles.is_per_call(str(e.get("name")))),
+        key=lambda e: str(e.get("name")),
+    )
+    secrets = hashlib.sha256(json.dumps(sorted(configuration.secret_env.items())).encode()).hexdigest()
+    text = json.dumps([configuration.namespace, pod, secrets], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class _CallOver(Exception):
+    """Raised from a warm call's log filter at its end marker: ends that call's log stream."""
+
+
+class CallLines:
+    """One call's lines of a warm pod's log: those between its begin and end markers, handed to ``emit``."""
+
+    def __init__(self, run_id: str, emit: Callable[[str], None]):
+        self.begin, self.end = CALL_BEGIN_MARKER + run_id, CALL_END_MARKER + run_id
+        self.emit = emit
+        self.inside = False
+        self.over = threading.Event()
+
+    def __call__(self, line: str) -> None:
+        if self.over.is_set():
+            return
+        if not self.inside:
+            self.inside = line == self.begin
+            return
+        if line == self.end:
+            self.over.set()
+            raise _CallOver
+        self.emit(line)
+
+
+class WarmPods:
+    """The launcher side of warm pods: hand a call to a waiting pod or start one, follow each call on its pod."""
+
+    def __init__(self, api: Callable[[KineticGKEJobConfiguration], Any]):
+        self._api = api
+        self._lines: dict[str, CallLines] = {}
+        self._followers: dict[str, JobFollower] = {}
+        self._emitters: dict[str, Callable[[str], None]] = {}
+        self._handed_at: dict[str, float] = {}
+        self.pods_started = 0  # warm pods this launcher started (the benchmarks count them)
+
+    # ----------------------------------------------------------------- handing a call over
+    async def hand_over(
+        self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration, log: Callable[[str], None]
+    ) -> tuple[str | None, int]:
+        """Give the call to a running pod of its environment that waits for one: its identifier (else None),
+        and how many of the environment's pods are floor pods (``min_warm``)."""
+        key = environment_key(configuration)
+        store = await open_job_store(configuration)
+        pods = await anyio.to_thread.run_sync(self._pods, configuration, key)
+        floor = len({job for job, _, is_floor in pods if is_floor})
+        env = call_env(configuration.job_manifest)
+        for job_name in sorted({job for job, phase, _ in pods if phase == "Running"}):
+            control = WarmPodKeys.control(key, job_name)
+            n = await anyio.to_thread.run_sync(_waiting_for, store, control)
+            if n is None:
+                continue
+            claimed = await anyio.to_thread.run_sync(
+                _claim, store, f"{control}/{WarmPodKeys.claim(n)}", str(flow_run.id).encode()
+            )
+            if not claimed:
+                continue
+            identifier = f"{configuration.namespace}:{job_name}@{flow_run.id}"
+            await anyio.to_thread.run_sync(self._record, store, flow_run, identifier)
+            await anyio.to_thread.run_sync(
+                store.put_bytes, f"{control}/{WarmPodKeys.call(n)}", json.dumps({"env": env}).encode()
+            )
+            self._handed_at[identifier] = time.time()
+            log(f"Handed the call to warm pod {configuration.namespace}/{job_name} (its call {n + 1})")
+            return identifier, floor
+        return None, floor
+
+    def prepare_new_pod(self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration, floor: bool) -> str:
+        """Turn the rendered Job into a warm pod's Job (this call is its first); returns the call's identifier.
+        ``floor``: one of the pool's ``min_warm`` pods, which waits for calls until its Job is deleted."""
+        key = environment_key(configuration)
+        manifest = configuration.job_manifest
+        job_name = manifest["metadata"]["name"]
+        container = _container(manifest)
+        container["command"] = [WARM_RUNNER_MODULE if part == RUNNER_MODULE else part for part in container["command"]]
+        container["env"] = [
+            *(container.get("env") or []),
+            {"name": Env.WARM_CONTROL, "value": WarmPodKeys.control(key, job_name)},
+            {"name": Env.WARM_KEEP_SECONDS, "value": "inf" if floor else str(configuration.keep_warm_seconds)},
+        ]
+        for labels in (
+            manifest["metadata"].setdefault("labels", {}),
+            manifest["spec"]["template"]["metadata"]["labels"],
+        ):
+            first = labels.pop(FLOW_RUN_LABEL, None)
+            if first:
+                labels[FIRST_RUN_LABEL] = first
+            labels[WARM_KEY_LABEL] = key
+            if floor:
+                labels[FLOOR_LABEL] = "true"
+        manifest["spec"].pop("activeDeadlineSeconds", None)
+        self.pods_started += 1
+        identifier = f"{configuration.namespace}:{job_name}@{flow_run.id}"
+        self._handed_at[identifier] = time.time()
+        return identifier
+
+    async def record_new_pod(self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration, identifier: str):
+        store = await open_job_store(configuration)
+        await anyio.to_thread.run_sync(self._record, store, flow_run, identifier)
+
+    @staticmethod
+    def _record(store: Any, flow_run: FlowRun, identifier: str) -> None:
+        store.put_bytes(WarmPodKeys.run(str(flow_run.id)), identifier.encode())
+
+    def _pods(self, configuration: KineticGKEJobConfiguration, key: str) -> list[tuple[str, str, bool]]:
+        """``(job name, phase, floor)`` of environment ``key``'s pods that are not being deleted."""
+        from kubernetes import client
+
+        pods = (
+            client.CoreV1Api(self._api(configuration))
+            .list_namespaced_pod(configuration.namespace, label_selector=f"{WARM_KEY_LABEL}={key}")
+            .items
+        )
+        found = []
+        for pod in pods:
+            if pod.metadata is None or pod.metadata.deletion_timestamp is not None:
+                continue
+            labels = pod.metadata.labels or {}
+            if labels.get(WARM_KEY_LABEL) != key or not labels.get("job-name"):
+                continue
+            phase = (pod.status.phase if pod.status is not None else None) or "Pending"
+            if phase in ("Pending", "Running"):
+                found.append((labels["job-name"], phase, labels.get(FLOOR_LABEL) == "true"))
+        return found
+
+    async def find(self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration) -> str | None:
+        from kinetic_prefect.storage import ObjectNotFound
+
+        store = await open_job_store(configuration)
+        try:
+            return (await anyio.to_thread.run_sync(store.get_bytes, WarmPodKeys.run(str(flow_run.id)))).decode()
+        except ObjectNotFound:
+            return None
+
+    # ----------------------------------------------------------------- following one call
+    def _follower(self, identifier: str, configuration: KineticGKEJobConfiguration) -> JobFollower:
+        if identifier not in self._followers:
+            namespace, job_name, _ = _parts(identifier)
+            lines = self._lines[identifier] = CallLines(
+                str(configuration.env[Env.RUN_ID]), lambda line: self._emitters.get(identifier, lambda _: None)(line)
+            )
+            self._followers[identifier] = JobFollower(self._api(configuration), namespace, job_name, lines)
+        return self._followers[identifier]
+
+    async def _exit_record(self, configuration: KineticGKEJobConfiguration) -> dict[str, Any] | None:
+        from kinetic_prefect.storage import ObjectNotFound
+
+        store = await open_job_store(configuration)
+        try:
+            data = await anyio.to_thread.run_sync(
+                store.get_bytes, RunLayout(str(configuration.env[Env.RUN_ID])).warm_exit
+            )
+        except ObjectNotFound:
+            return None
+        return json.loads(data)
+
+    async def status(
+        self,
+        identifier: str,
+        configuration: KineticGKEJobConfiguration,
+        pending_status: Callable[[str], Any],
+    ) -> JobStatus:
+        """``pending_status``: the launcher's own status of the pod's Job, for a pod not running yet (scheduling,
+        image pull: its diagnosis and timeouts are a cold Job's)."""
+        namespace, job_name, _ = _parts(identifier)
+        record = await self._exit_record(configuration)
+        if record is not None:
+            await self._finish_lines(identifier, configuration)
+            return JobStatus("exited", exit_code=int(record["exit_code"]), detail=f"warm pod {namespace}/{job_name}")
+        follower = self._follower(identifier, configuration)
+        try:
+            pod = await anyio.to_thread.run_sync(follower.pod)
+        except JobGone:
+            if (record := await self._exit_record(configuration)) is not None:
+                return JobStatus("exited", exit_code=int(record["exit_code"]))
+            return JobStatus("gone", detail=f"the warm pod's Job {job_name} was deleted")
+        phase = pod.status.phase if pod is not None and pod.status else None
+        if phase in (None, "Pending"):
+            return await pending_status(f"{namespace}:{job_name}")
+        if phase == "Running":
+            if not self._lines[identifier].over.is_set():
+                follower.stream_logs(pod.metadata.name)
+            return JobStatus("running", detail=f"warm pod {pod.metadata.name} on {pod.spec.node_name or '?'}")
+        if (record := await self._exit_record(configuration)) is not None:  # written just before the pod ended
+            return JobStatus("exited", exit_code=int(record["exit_code"]))
+        follower.stream_logs(pod.metadata.name, again=True)
+        await anyio.to_thread.run_sync(follower.finish_logs)
+        code = next(
+            (
+                int(s.state.terminated.exit_code)
+                for s in pod.status.container_statuses or []
+                if s.state is not None and s.state.terminated is not None
+            ),
+            1,
+        )
+        return JobStatus("exited", exit_code=code or 1, detail=f"warm pod {pod.metadata.name} {phase} during the call")
+
+    async def _finish_lines(self, identifier: str, configuration: KineticGKEJobConfiguration) -> None:
+        """Wait (bounded) for the call's end marker, so its last lines are forwarded before its state is set."""
+        follower = self._follower(identifier, configuration)
+        lines = self._lines[identifier]
+        deadline = time.monotonic() + END_WAIT_SECONDS
+        while not lines.over.is_set() and time.monotonic() < deadline:
+            try:
+                pod = await anyio.to_thread.run_sync(follower.pod)
+            except JobGone:
+                return
+            if pod is None:
+                return
+            follower.stream_logs(pod.metadata.name, again=follower._log_failed)  # noqa: SLF001 - a broken stream
+            await anyio.sleep(0.2)
+
+    def forward_logs(self, identifier: str, emit: Callable[[str], None]) -> None:
+        self._emitters[identifier] = emit
+
+    async def cancel(self, identifier: str, configuration: KineticGKEJobConfiguration) -> None:
+        """Stop the call: its pod is deleted with it unless the call is already over (then the pod may be serving
+        the next one, and is left alone)."""
+        if await self._exit_record(configuration) is not None:
+            return
+        await anyio.to_thread.run_sync(self._follower(identifier, configuration).delete)
+
+    async def cleanup(self, identifier: str, configuration: KineticGKEJobConfiguration) -> None:
+        from kinetic_prefect.storage import ObjectNotFound
+
+        for table in (self._followers, self._lines, self._emitters, self._handed_at):
+            table.pop(identifier, None)
+        store = await open_job_store(configuration)
+        try:
+            await anyio.to_thread.run_sync(store.delete, WarmPodKeys.run(_parts(identifier)[2]))
+        except ObjectNotFound:
+            pass
+
+    async def host_spans(self, identifier: str, configuration: KineticGKEJobConfiguration) -> list[Any]:
+        """The call's own time on its pod (metering): a warm pod is billed to the calls it runs, not between them."""
+        from kinetic_prefect.shared.cost import HostSpan
+
+        record = await self._exit_record(configuration)
+        if record is not None:
+            return [HostSpan(float(record["started"]), float(record["ended"]), configuration.spot)]
+        started = self._handed_at.get(identifier)
+        return [HostSpan(started, None, configuration.spot)] if started is not None else []
+
+    async def unfinished_calls(self, configuration: KineticGKEJobConfiguration) -> list[tuple[str, str]]:
+        """``(flow_run_id, identifier)`` of every warm call recorded in the pool's store (a restarted worker)."""
+        store = await open_job_store(configuration)
+        keys = await anyio.to_thread.run_sync(store.list, "warm/runs/")
+        found = []
+        for key in keys:
+            identifier = (await anyio.to_thread.run_sync(store.get_bytes, key)).decode()
+            found.append((key.rsplit("/", 1)[-1], identifier))
+        return found
+
+
+def _claim(store: Any, key: str, owner: bytes) -> bool:
+    return bool(store.put_bytes(key, owner, if_absent=True))
+
+
+def _waiting_for(store: Any, control: str) -> int | None:
+    """The call a pod waits for (its last ``ready-<n>`` with no ``claim-<n>``), else None."""
+    names = {key.rsplit("/", 1)[-1] for key in store.list(f"{control}/")}
+    ready = [int(name.split("-", 1)[1]) for name in names if name.startswith("ready-") and name[6:].isdigit()]
+    if not ready:
+        return None
+    n = max(ready)
+    return None if WarmPodKeys.claim(n) in names else n

@@ -1,0 +1,90 @@
+"""The warm-pod hand-over (kinetic-gke) on a real store, without a cluster: a claim and a departure cannot both win,
+a call handed over reaches the pod, and each call's log lines are only its own. The end-to-end sweep on the
+Kubernetes control plane is ``test_a_sweep_on_warm_pods_starts_a_pod_per_slot_not_per_input`` in
+``tests/test_gke_cluster.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from kinetic_prefect.contract import CALL_BEGIN_MARKER, CALL_END_MARKER, WarmPodKeys
+from kinetic_prefect.pod import warm_runner
+from kinetic_prefect.storage import open_store
+
+pytest.importorskip("prefect_kubernetes")
+from kinetic_prefect.workers.gke import warm  # noqa: E402
+
+CONTROL = WarmPodKeys.control("k" * 16, "kinetic-job-1")
+
+
+def test_an_idle_pod_leaves_by_claiming_its_own_next_call(tmp_path):
+    store = open_store(tmp_path)
+    store.put_bytes(f"{CONTROL}/{WarmPodKeys.ready(1)}", b"")
+    assert warm._waiting_for(store, CONTROL) == 1
+    started = time.monotonic()
+    assert warm_runner._next_pod_call(store, CONTROL, 1, keep_warm_seconds=0.3) is None
+    assert time.monotonic() - started >= 0.3
+    assert store.get_bytes(f"{CONTROL}/{WarmPodKeys.claim(1)}") == WarmPodKeys.LEAVING
+    assert warm._waiting_for(store, CONTROL) is None, "a pod that left is never handed a call"
+    assert not warm._claim(store, f"{CONTROL}/{WarmPodKeys.claim(1)}", b"run-x"), "the launcher's claim loses"
+
+
+def test_a_claimed_call_reaches_the_pod_even_after_its_keep_warm_time(tmp_path):
+    store = open_store(tmp_path)
+    store.put_bytes(f"{CONTROL}/{WarmPodKeys.ready(1)}", b"")
+    assert warm._claim(store, f"{CONTROL}/{WarmPodKeys.claim(1)}", b"run-a")
+    got: list = []
+    pod = threading.Thread(target=lambda: got.append(warm_runner._next_pod_call(store, CONTROL, 1, 0.1)))
+    pod.start()
+    time.sleep(0.6)  # past the keep-warm time: the pod's own claim fails, so it waits for the call
+    assert pod.is_alive()
+    store.put_bytes(f"{CONTROL}/{WarmPodKeys.call(1)}", json.dumps({"env": {"KINETIC_RUN_ID": "run-a"}}).encode())
+    pod.join(5)
+    assert got == [{"KINETIC_RUN_ID": "run-a"}]
+    assert not store.exists(f"{CONTROL}/{WarmPodKeys.call(1)}"), "the pod takes the call object"
+
+
+def test_two_launchers_racing_for_one_waiting_pod_hand_it_one_call(tmp_path):
+    store = open_store(tmp_path)
+    store.put_bytes(f"{CONTROL}/{WarmPodKeys.ready(3)}", b"")
+    wins: list[bool] = []
+    barrier = threading.Barrier(8)
+
+    def launcher(i: int) -> None:
+        barrier.wait()
+        wins.append(warm._claim(store, f"{CONTROL}/{WarmPodKeys.claim(3)}", f"run-{i}".encode()))
+
+    threads = [threading.Thread(target=launcher, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(wins) == [False] * 7 + [True]
+
+
+def test_a_calls_lines_are_those_between_its_markers():
+    got: list[str] = []
+    lines = warm.CallLines("run-b", got.append)
+    log = [
+        CALL_BEGIN_MARKER + "run-a",
+        "a's line",
+        CALL_END_MARKER + "run-a",
+        CALL_BEGIN_MARKER + "run-b",
+        "b's first line",
+        "b's second line",
+        CALL_END_MARKER + "run-b",
+        CALL_BEGIN_MARKER + "run-c",
+        "c's line",
+    ]
+    with pytest.raises(warm._CallOver):
+        for line in log:
+            lines(line)
+    assert got == ["b's first line", "b's second line"]
+    assert lines.over.is_set()
+    lines("c's line")
+    assert got == ["b's first line", "b's second line"], "nothing after the call's end"
