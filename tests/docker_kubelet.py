@@ -285,8 +285,8 @@ class DockerKubelet:
                         self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                         self.wfile.flush()
                     self.wfile.write(b"0\r\n\r\n")
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
+                except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
+                    pass  # the reader went away (a kubelet's log stream ends the same way for it)
                 finally:
                     proc.kill()
 

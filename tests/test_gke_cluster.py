@@ -666,7 +666,7 @@ def test_a_sweep_on_warm_pods_starts_a_pod_per_slot_not_per_input(
     @_gke_task(name, pool, python_base_image, accelerator="cpu", tags=[tag])
     def square(x: int) -> dict:
         print(f"squaring {x}")
-        return {"value": x * x, "pod": os.environ.get("HOSTNAME", "")}
+        return {"value": x * x, "pod": os.environ.get("KINETIC_WARM_CONTROL", "")}  # names the pod's Job
 
     @flow
     def sweep():
@@ -714,7 +714,7 @@ def test_cancelling_a_call_on_a_warm_pod_stops_that_pod_and_the_next_call_gets_a
 
         print(f"step of {seconds} s")
         t.sleep(seconds)
-        return os.environ.get("HOSTNAME", "")
+        return os.environ.get("KINETIC_WARM_CONTROL", "")  # names the pod's Job
 
     @flow
     def one(seconds: float) -> str:
