@@ -17,6 +17,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 from kubernetes import client as k8s
 from prefect import flow, get_client
 from test_gke_cluster import _cluster_block, _make_pool, job_image  # noqa: F401  (job_image is a fixture)
@@ -49,6 +50,7 @@ def _pool_objects(kube, pool: str) -> tuple[int, int]:
     return len(jobs), len(pods)
 
 
+@pytest.mark.timeout(3600)
 def test_warm_sweep_against_sequential_cold_calls(kube, gcs_bucket, local_registry, job_image, python_base_image):  # noqa: F811
     inputs = int(os.environ.get("KINETIC_BENCH_INPUTS", "64"))
     slots = int(os.environ.get("KINETIC_BENCH_SLOTS", "8"))
@@ -72,6 +74,7 @@ def test_warm_sweep_against_sequential_cold_calls(kube, gcs_bucket, local_regist
     assert sweep() == list(range(inputs))
     warm_seconds = time.perf_counter() - started
     warm_jobs, warm_pods = _pool_objects(kube, warm_pool)
+    print(f"warm sweep: {warm_seconds:.1f} s, {warm_jobs} Jobs, {warm_pods} pods", flush=True)
 
     cold_task = _task(cold_pool, python_base_image, tag)
 
