@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 import uuid
@@ -181,6 +182,22 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 256])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "sweeps.json")
     args = parser.parse_args()
+    if len(args.databases) > 1:  # one process per server: Prefect's client keeps the first server's address
+        merged: dict = {"command": "uv run python bench/bench_sweeps.py " + " ".join(sys.argv[1:])}
+        for database in args.databases:
+            part = args.out.with_name(f"{args.out.stem}.{database}.partial.json")
+            argv = ["--databases", database, "--modes", *args.modes, "--repeats", str(args.repeats)]
+            argv += ["--sizes", *map(str, args.sizes)] + (["--cold-pairs-only"] if args.cold_pairs_only else [])
+            subprocess.run([sys.executable, __file__, *argv, "--out", str(part)], check=False)
+            if part.exists():
+                found = json.loads(part.read_text())
+                found.pop("command", None)
+                merged.update({k: v for k, v in found.items() if k != "failures"})
+                merged.setdefault("failures", []).extend(found.get("failures", []))
+                part.unlink()
+            args.out.write_text(json.dumps(merged, indent=2) + "\n")
+        print(json.dumps(merged, indent=2))
+        return
     results: dict = {
         "command": "uv run python bench/bench_sweeps.py " + " ".join(sys.argv[1:]),
         "cpus": os.cpu_count(),
