@@ -169,6 +169,15 @@ class JobFollower:
                 raise
 
 
+def pod_exit(pod: Any) -> tuple[int, str]:
+    """A finished pod's container exit code and reason (the phase's, when no container recorded one)."""
+    for status in pod.status.container_statuses or []:
+        terminated = status.state.terminated if status.state else None
+        if terminated is not None:
+            return int(terminated.exit_code), terminated.reason or "terminated"
+    return (0, "Succeeded") if pod.status.phase == "Succeeded" else (1, pod.status.reason or "Failed")
+
+
 def pod_span(pod: Any, gone_at: float | None = None) -> Any:
     """A pod's billed span (``cost.HostSpan``): from its start (``status.startTime``) to its containers' end (the
     latest ``finishedAt``; else when the Job was seen deleted), at the spot rate when the pod was bound to spot

@@ -22,7 +22,7 @@ from kinetic_prefect.workers.gke import warm
 from kinetic_prefect.workers.gke.warm import WarmPods
 from kinetic_prefect.workers.lifecycle import JobLauncher, JobStatus
 from kinetic_prefect.workers.gke.configuration import KineticGKEJobConfiguration
-from kinetic_prefect.workers.gke.follower import JobFollower, pod_span
+from kinetic_prefect.workers.gke.follower import JobFollower, pod_exit, pod_span
 from kinetic_prefect.workers.gke.kube import (
     FLOW_RUN_LABEL,
     GROUP_STOP_SECONDS,
@@ -129,7 +129,7 @@ class GKEJobLauncher(JobLauncher):
             await self._drain_logs(identifier, pods, configuration)
             if failed:
                 pod = pods[failed[0]]
-                code, reason = self._exit(pod)
+                code, reason = pod_exit(pod)
                 follower = self.follower(identifier, configuration)
                 disrupted = [
                     found for i in failed if (found := await anyio.to_thread.run_sync(follower.disruption, pods[i]))
@@ -143,7 +143,7 @@ class GKEJobLauncher(JobLauncher):
                     detail=f"host {failed[0]} of {hosts} (pod {pod.metadata.name}) failed: {reason}; "
                     "the group fails with it",
                 )
-            code, reason = self._exit(pods[0])
+            code, reason = pod_exit(pods[0])
             return JobStatus("exited", exit_code=code, detail=f"all {hosts} hosts finished (host 0: {reason})")
         waiting = [i for i in range(hosts) if phases.get(i) in (None, "Pending")]
         if waiting:
@@ -225,7 +225,7 @@ class GKEJobLauncher(JobLauncher):
         await anyio.to_thread.run_sync(follower.finish_logs)
         follower.stream_logs(pod.metadata.name, again=True)  # whatever a broken stream missed
         await anyio.to_thread.run_sync(follower.finish_logs)
-        exit_code, reason = self._exit(pod)
+        exit_code, reason = pod_exit(pod)
         preempted = await anyio.to_thread.run_sync(follower.disruption, pod) if phase == "Failed" else None
         return JobStatus(
             "exited",
@@ -517,11 +517,3 @@ class GKEJobLauncher(JobLauncher):
                 },
             )
         return created.metadata.name
-
-    @staticmethod
-    def _exit(pod) -> tuple[int, str]:
-        for status in pod.status.container_statuses or []:
-            terminated = status.state.terminated if status.state else None
-            if terminated is not None:
-                return int(terminated.exit_code), terminated.reason or "terminated"
-        return (0, "Succeeded") if pod.status.phase == "Succeeded" else (1, pod.status.reason or "Failed")

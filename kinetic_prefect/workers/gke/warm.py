@@ -42,7 +42,7 @@ from kinetic_prefect.contract import (
 )
 from kinetic_prefect.workers.base import open_job_store
 from kinetic_prefect.workers.gke.configuration import KineticGKEJobConfiguration
-from kinetic_prefect.workers.gke.follower import JobFollower
+from kinetic_prefect.workers.gke.follower import JobFollower, pod_exit
 from kinetic_prefect.workers.gke.kube import FLOW_RUN_LABEL, JobGone
 from kinetic_prefect.workers.lifecycle import JobStatus
 
@@ -135,6 +135,15 @@ class WarmPods:
         self._emitters: dict[str, Callable[[str], None]] = {}
         self._handed_at: dict[str, float] = {}
         self.pods_started = 0  # warm pods this launcher started (the benchmarks count them)
+        self._stores: dict[str, Any] = {}
+
+    async def _store(self, configuration: KineticGKEJobConfiguration) -> Any:
+        """The call's store, opened once per URL: status is read every poll, and opening a gs:// store with
+        the pool's credentials block reads that block from Prefect."""
+        url = str(configuration.env[Env.STORE])
+        if url not in self._stores:
+            self._stores[url] = await open_job_store(configuration)
+        return self._stores[url]
 
     # ----------------------------------------------------------------- handing a call over
     async def hand_over(
@@ -143,7 +152,7 @@ class WarmPods:
         """Give the call to a running pod of its environment that waits for one: its identifier (else None),
         and how many of the environment's pods are floor pods (``min_warm``)."""
         key = environment_key(configuration)
-        store = await open_job_store(configuration)
+        store = await self._store(configuration)
         pods = await anyio.to_thread.run_sync(self._pods, configuration, key)
         floor = len({job for job, _, is_floor in pods if is_floor})
         env = call_env(configuration.job_manifest)
@@ -197,7 +206,7 @@ class WarmPods:
         return identifier
 
     async def record_new_pod(self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration, identifier: str):
-        store = await open_job_store(configuration)
+        store = await self._store(configuration)
         await anyio.to_thread.run_sync(self._record, store, flow_run, identifier)
 
     @staticmethod
@@ -228,7 +237,7 @@ class WarmPods:
     async def find(self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration) -> str | None:
         from kinetic_prefect.storage import ObjectNotFound
 
-        store = await open_job_store(configuration)
+        store = await self._store(configuration)
         try:
             return (await anyio.to_thread.run_sync(store.get_bytes, WarmPodKeys.run(str(flow_run.id)))).decode()
         except ObjectNotFound:
@@ -247,7 +256,7 @@ class WarmPods:
     async def _exit_record(self, configuration: KineticGKEJobConfiguration) -> dict[str, Any] | None:
         from kinetic_prefect.storage import ObjectNotFound
 
-        store = await open_job_store(configuration)
+        store = await self._store(configuration)
         try:
             data = await anyio.to_thread.run_sync(
                 store.get_bytes, RunLayout(str(configuration.env[Env.RUN_ID])).warm_exit
@@ -287,15 +296,10 @@ class WarmPods:
             return JobStatus("exited", exit_code=int(record["exit_code"]))
         follower.stream_logs(pod.metadata.name, again=True)
         await anyio.to_thread.run_sync(follower.finish_logs)
-        code = next(
-            (
-                int(s.state.terminated.exit_code)
-                for s in pod.status.container_statuses or []
-                if s.state is not None and s.state.terminated is not None
-            ),
-            1,
+        code, reason = pod_exit(pod)
+        return JobStatus(
+            "exited", exit_code=code or 1, detail=f"warm pod {pod.metadata.name} {phase} during the call: {reason}"
         )
-        return JobStatus("exited", exit_code=code or 1, detail=f"warm pod {pod.metadata.name} {phase} during the call")
 
     async def _finish_lines(self, identifier: str, configuration: KineticGKEJobConfiguration) -> None:
         """Wait (bounded) for the call's end marker, so its last lines are forwarded before its state is set."""
@@ -327,7 +331,7 @@ class WarmPods:
 
         for table in (self._followers, self._lines, self._emitters, self._handed_at):
             table.pop(identifier, None)
-        store = await open_job_store(configuration)
+        store = await self._store(configuration)
         try:
             await anyio.to_thread.run_sync(store.delete, WarmPodKeys.run(_parts(identifier)[2]))
         except ObjectNotFound:
@@ -345,7 +349,7 @@ class WarmPods:
 
     async def unfinished_calls(self, configuration: KineticGKEJobConfiguration) -> list[tuple[str, str]]:
         """``(flow_run_id, identifier)`` of every warm call recorded in the pool's store (a restarted worker)."""
-        store = await open_job_store(configuration)
+        store = await self._store(configuration)
         keys = await anyio.to_thread.run_sync(store.list, "warm/runs/")
         found = []
         for key in keys:
