@@ -74,6 +74,16 @@ def _job_log_lines(run_id) -> list[str]:
     return [line for message in messages for line in message.splitlines() if line.startswith("line-")]
 
 
+def _around(output: str, missing: list[str]) -> str:
+    """The caller's output from a few lines before the first missing line to a few after it: what came instead."""
+    if not missing:
+        return ""
+    before = f"line-{int(missing[0][5:]) - 1:05d}"
+    rows = output.splitlines()
+    at = next((i for i, row in enumerate(rows) if before in row), 0)
+    return "\n".join(rows[max(0, at - 2) : at + 12])
+
+
 def run_through_outage(
     tmp_path: Path,
     gate: ApiGate,
@@ -118,9 +128,10 @@ def run_through_outage(
     assert f"VALUE {lines}" in output, output[-4000:]
     expected = [f"line-{i:05d}" for i in range(lines)]
     printed = re.findall(r"line-\d{5}", output)
+    missing = sorted(set(expected) - set(printed))
     assert sorted(printed) == expected, (
-        f"the caller's terminal: {len(set(expected) - set(printed))} lines missing, "
-        f"{len(printed) - len(set(printed))} repeated"
+        f"the caller's terminal: {len(missing)} lines missing, {len(printed) - len(set(printed))} repeated; "
+        f"around the first gap:\n{_around(output, missing)}"
     )
     [run] = final_job_run(name, timeout=60)
     assert run.state.is_completed(), run.state

@@ -196,3 +196,61 @@ def test_data_uploads_and_environment_builds_show_progress(tmp_path):
         )
     [upload] = [a for a in artifacts if a.type == "progress"]
     assert upload.data == 100.0 and "of 1.0 MiB uploaded" in upload.description
+
+
+def test_a_worker_notice_stored_before_earlier_output_does_not_hide_that_output():
+    """After an API outage the worker's own notice (sent by Prefect's background log sender, stamped during the
+    outage) can be stored before output lines stamped earlier (sent in order by the worker, one request after
+    another). The caller following the job keeps its place by the output alone, so those lines still reach it."""
+    import asyncio
+    import datetime
+    import logging
+
+    from prefect.client.schemas.actions import LogCreate
+    from prefect.states import Completed
+
+    from kinetic_prefect.caller import _prefect
+    from kinetic_prefect.contract import JOB_OUTPUT_LOGGER, LOG_END_MARKER
+
+    @flow(name=f"notice-order-{uuid.uuid4().hex[:6]}")
+    def placeholder():
+        pass
+
+    def record(run_id, name: str, message: str, stamp: datetime.datetime) -> LogCreate:
+        return LogCreate(name=name, level=logging.INFO, message=message, timestamp=stamp, flow_run_id=run_id)
+
+    async def scenario() -> list[str]:
+        async with get_client() as client:
+            run = await client.create_flow_run(placeholder)
+            t0 = datetime.datetime.now(datetime.timezone.utc)
+            stamp = [t0 + datetime.timedelta(seconds=s) for s in range(6)]
+            shown: list[str] = []
+            follower = asyncio.create_task(
+                _prefect.wait_for_final_state(client, run.id, on_log=shown.append, poll_seconds=0.05)
+            )
+            await client.create_logs([record(run.id, JOB_OUTPUT_LOGGER, "line-0", stamp[0])])
+            notice = "the Prefect API answers again after 12 s; the worker goes on"
+            await client.create_logs([record(run.id, "prefect.flow_runs.worker", notice, stamp[3])])
+            for _ in range(200):  # the caller has read the notice before the held-back output is stored
+                if notice in shown:
+                    break
+                await asyncio.sleep(0.05)
+            assert notice in shown
+            await client.create_logs(
+                [
+                    record(run.id, JOB_OUTPUT_LOGGER, "line-1", stamp[1]),
+                    record(run.id, JOB_OUTPUT_LOGGER, "line-2", stamp[2]),
+                ]
+            )
+            await client.create_logs(
+                [
+                    record(run.id, JOB_OUTPUT_LOGGER, "line-3", stamp[4]),
+                    record(run.id, JOB_OUTPUT_LOGGER, LOG_END_MARKER, stamp[5]),
+                ]
+            )
+            await client.set_flow_run_state(run.id, Completed(), force=True)
+            await asyncio.wait_for(follower, timeout=60)
+            return shown
+
+    shown = asyncio.run(scenario())
+    assert [line for line in shown if line.startswith("line-")] == ["line-0", "line-1", "line-2", "line-3"], shown

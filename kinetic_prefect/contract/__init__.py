@@ -29,6 +29,12 @@ EXIT_HOST_FAILED = 4
 # log batch and the state change.
 LOG_END_MARKER = "[kinetic] end of job output"
 
+# The logger name of the job's output lines in its run's Prefect logs (the worker stores them, in order, one
+# request after another). A caller following the job keeps its place by these records alone: the worker's own
+# notices go through Prefect's background log sender, which can store a record minutes after it was stamped
+# (an API outage), so a place kept by them could pass output lines that were not stored yet.
+JOB_OUTPUT_LOGGER = "kinetic_prefect.job_output"
+
 # A job reports progress by printing one line with this prefix and a JSON object
 # ({"done": 7, "total": 20, "message": "epoch 7/20"}); the worker turns the latest one into a
 # Prefect progress artifact on the job's run (the job itself cannot import Prefect).

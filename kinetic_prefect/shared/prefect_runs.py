@@ -27,8 +27,8 @@ from prefect.client.schemas.objects import FlowRun, TaskRun, TaskRunResult, Work
 from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 from prefect.states import Cancelled, Cancelling, Pending, Scheduled, State
 
-from kinetic_prefect.contract import LOG_END_MARKER, TRACKING_TASK_KEY_PREFIX
-from kinetic_prefect.shared.outages import Outage, _client_retries_off, is_transient
+from kinetic_prefect.contract import JOB_OUTPUT_LOGGER, LOG_END_MARKER, TRACKING_TASK_KEY_PREFIX
+from kinetic_prefect.shared.outages import Outage, _client_retries_off, is_transient, outage_horizon_seconds
 from kinetic_prefect.shared.sweeps import check_caller
 
 logger = logging.getLogger("kinetic_prefect.api")
@@ -172,25 +172,35 @@ async def read_task_run_or_none(client: PrefectClient, task_run_id: UUID) -> Tas
         return None
 
 
-async def with_retries(make_call: Callable[[], Any], what: str, attempts: int = 20) -> Any:
-    """Await ``make_call()``, retrying transient errors quickly, with jitter (50 ms doubling to 4 s; ≈ 1 min in all).
+async def with_retries(make_call: Callable[[], Any], what: str, horizon: float | None = None) -> Any:
+    """Await ``make_call()``, retrying transient errors quickly, with jitter (50 ms doubling to 4 s), for up to
+    the API outage horizon (``outages.outage_horizon_seconds``, counted from the first failure).
 
     Prefect's client retries a 503 itself after 2, 4, 8, 16 s. A 503 here is nearly always its SQLite
     server answering "database is locked" to one of a fan-out's concurrent writes, a conflict that clears
     in milliseconds: those waits left a 64-input ``.map()`` idle for most of its time (bench/results). So
     each attempt runs with the client's own retries off (it still waits 2 s once before it gives up), and
     the retrying is done here at the pace of the conflict, with jitter so the colliding writers spread out.
+    Bounded by time, not by a count: under a 256-input ``.map()`` on SQLite a write can meet the lock for
+    more than a minute, and a sweep that gave up then lost an input the server would have taken later.
     """
-    for attempt in range(attempts):
+    horizon = outage_horizon_seconds() if horizon is None else horizon
+    first_failure: float | None = None
+    attempt = 0
+    while True:
         try:
             with _client_retries_off():
                 return await make_call()
         except Exception as exc:
-            if attempt == attempts - 1 or not is_transient(exc):
+            if not is_transient(exc):
                 raise
-            logger.debug("%s: %s; attempt %d/%d", what, exc, attempt + 1, attempts)
-            await asyncio.sleep(min(4.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.5))
-    raise AssertionError("unreachable")
+            now = time.monotonic()
+            first_failure = now if first_failure is None else first_failure
+            if now - first_failure > horizon:
+                raise
+            attempt += 1
+            logger.debug("%s: %s; attempt %d, %.0f s", what, exc, attempt, now - first_failure)
+            await asyncio.sleep(min(4.0, 0.05 * 2 ** min(attempt, 7)) * random.uniform(0.5, 1.5))
 
 
 async def wait_for_final_state(
@@ -208,8 +218,8 @@ async def wait_for_final_state(
     An unreachable API is waited out (``outages.Outage``): a server restart does not end the wait.
     """
     outage = outage or Outage("the caller waiting for its job")
-    since: datetime.datetime | None = None
-    seen_at_since: set[UUID] = set()  # several logs can share one timestamp
+    since: datetime.datetime | None = None  # the newest job-output record read: every later one is after it
+    seen: dict[UUID, datetime.datetime] = {}  # records read at or after `since` (several can share a timestamp)
     ended_at: float | None = None
     final: State | None = None
     while True:
@@ -223,29 +233,36 @@ async def wait_for_final_state(
             await asyncio.sleep(poll_seconds)
             continue
         marker_seen = False
-        while True:  # page through everything new
+        # Every poll reads again from `since`, paging on past the worker's own notices (stored late, and out
+        # of order, by Prefect's background log sender): the job's output is stored in order, so no output
+        # line is behind `since`, while a notice may be and is then not shown (it stays in the run's logs).
+        page_since = since
+        while True:
             log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
-            if since is not None:
-                after = since - datetime.timedelta(microseconds=1)
+            if page_since is not None:
+                after = page_since - datetime.timedelta(microseconds=1)
                 log_filter.timestamp = LogFilterTimestamp(after_=after)  # type: ignore[arg-type]  # a datetime is fine
             logs = await outage.call(
                 lambda: client.read_logs(log_filter=log_filter, limit=LOG_PAGE),  # noqa: B023 - awaited here; oldest first
                 "reading the job's output",
             )
-            fresh = [log for log in logs if log.id not in seen_at_since and (since is None or log.timestamp >= since)]
-            for log in fresh:
+            for log in logs:
+                if log.id in seen or (since is not None and log.timestamp < since):
+                    continue
+                seen[log.id] = log.timestamp
                 if log.message == LOG_END_MARKER:
                     marker_seen = True
                 else:
                     on_log(log.message)
-            if logs:
-                newest = max(log.timestamp for log in logs)
-                seen_at_since = {log.id for log in logs if log.timestamp == newest} | (
-                    seen_at_since if newest == since else set()
-                )
-                since = newest
-            if len(logs) < LOG_PAGE or not fresh:
+            output = [log.timestamp for log in logs if log.name == JOB_OUTPUT_LOGGER]
+            if output and (since is None or max(output) > since):
+                since = max(output)
+            newest = max((log.timestamp for log in logs), default=page_since)
+            if len(logs) < LOG_PAGE or newest == page_since:
                 break
+            page_since = newest
+        if since is not None:
+            seen = {log_id: stamp for log_id, stamp in seen.items() if stamp >= since}
         if final is not None and (marker_seen or time.monotonic() - (ended_at or 0) > log_drain_seconds):
             return final
         await asyncio.sleep(poll_seconds)

@@ -17,9 +17,9 @@ from typing import Any
 
 from prefect.client.schemas.actions import LogCreate
 
+from kinetic_prefect.contract import JOB_OUTPUT_LOGGER
 from kinetic_prefect.shared.outages import Outage
 
-LOGGER_NAME = "prefect.flow_runs.worker"
 REQUEST_BYTES = 1 << 20  # a flood read in one poll (up to 8 MiB) goes in several requests
 
 
@@ -37,7 +37,7 @@ class JobLogForwarder:
         if not self.to_api:
             return
         record = LogCreate(
-            name=LOGGER_NAME,
+            name=JOB_OUTPUT_LOGGER,
             level=logging.INFO,
             message=text,
             flow_run_id=self.flow_run_id,
