@@ -742,6 +742,7 @@ def test_cancelling_a_call_on_a_warm_pod_stops_that_pod_and_the_next_call_gets_a
     assert len(_warm_jobs(kube, pool)) == 1
 
 
+@pytest.mark.timeout(600)  # run alone, it pays for the cluster and the image (minutes at a high load average)
 def test_a_warm_pod_that_dies_during_a_call_fails_that_call_and_its_retry_runs_on_a_new_pod(
     kube, gcs_bucket, local_registry, job_image, python_base_image
 ):
