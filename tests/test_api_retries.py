@@ -87,39 +87,3 @@ def test_errors_that_will_not_pass_are_not_retried(busy_server):
     with pytest.raises(ValueError):
         asyncio.run(call())
     assert calls == [1]
-
-
-def test_a_write_that_meets_the_lock_for_long_is_retried_up_to_the_outage_horizon(monkeypatch):
-    """Under a 256-input `.map()` on SQLite a write met "database is locked" more than 20 times in a row (about a
-    minute) and the sweep lost that input; the retries are bounded by time (the API outage horizon), not a count."""
-    import httpx
-
-    from kinetic_prefect.shared import prefect_runs
-
-    real_sleep = asyncio.sleep
-    slept: list[float] = []
-
-    async def quick_sleep(seconds: float) -> None:  # the schedule is recorded; the test does not wait it out
-        slept.append(seconds)
-        await real_sleep(0)
-
-    monkeypatch.setattr(prefect_runs.asyncio, "sleep", quick_sleep)
-    calls = []
-
-    async def locked_for_a_while():
-        calls.append(1)
-        if len(calls) <= 40:
-            raise httpx.ConnectError("database is locked (as a dropped connection)")
-        return "stored"
-
-    assert asyncio.run(_prefect.with_retries(locked_for_a_while, what="storing")) == "stored"
-    assert len(calls) == 41
-    assert max(slept) <= 4.0 * 1.5 and sum(slept) > 60  # more than the minute a count of 20 allowed
-
-    async def never_answers():
-        raise httpx.ConnectError("gone")
-
-    started = time.monotonic()
-    with pytest.raises(httpx.ConnectError):
-        asyncio.run(_prefect.with_retries(never_answers, what="storing", horizon=0.3))
-    assert time.monotonic() - started < 10

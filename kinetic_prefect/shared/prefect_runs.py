@@ -28,7 +28,7 @@ from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 from prefect.states import Cancelled, Cancelling, Pending, Scheduled, State
 
 from kinetic_prefect.contract import JOB_OUTPUT_LOGGER, LOG_END_MARKER, TRACKING_TASK_KEY_PREFIX
-from kinetic_prefect.shared.outages import Outage, _client_retries_off, is_transient, outage_horizon_seconds
+from kinetic_prefect.shared.outages import Outage, _client_retries_off, is_transient
 from kinetic_prefect.shared.sweeps import check_caller
 
 logger = logging.getLogger("kinetic_prefect.api")
@@ -172,35 +172,25 @@ async def read_task_run_or_none(client: PrefectClient, task_run_id: UUID) -> Tas
         return None
 
 
-async def with_retries(make_call: Callable[[], Any], what: str, horizon: float | None = None) -> Any:
-    """Await ``make_call()``, retrying transient errors quickly, with jitter (50 ms doubling to 4 s), for up to
-    the API outage horizon (``outages.outage_horizon_seconds``, counted from the first failure).
+async def with_retries(make_call: Callable[[], Any], what: str, attempts: int = 20) -> Any:
+    """Await ``make_call()``, retrying transient errors quickly, with jitter (50 ms doubling to 4 s; ≈ 1 min in all).
 
     Prefect's client retries a 503 itself after 2, 4, 8, 16 s. A 503 here is nearly always its SQLite
     server answering "database is locked" to one of a fan-out's concurrent writes, a conflict that clears
     in milliseconds: those waits left a 64-input ``.map()`` idle for most of its time (bench/results). So
     each attempt runs with the client's own retries off (it still waits 2 s once before it gives up), and
     the retrying is done here at the pace of the conflict, with jitter so the colliding writers spread out.
-    Bounded by time, not by a count: under a 256-input ``.map()`` on SQLite a write can meet the lock for
-    more than a minute, and a sweep that gave up then lost an input the server would have taken later.
     """
-    horizon = outage_horizon_seconds() if horizon is None else horizon
-    first_failure: float | None = None
-    attempt = 0
-    while True:
+    for attempt in range(attempts):
         try:
             with _client_retries_off():
                 return await make_call()
         except Exception as exc:
-            if not is_transient(exc):
+            if attempt == attempts - 1 or not is_transient(exc):
                 raise
-            now = time.monotonic()
-            first_failure = now if first_failure is None else first_failure
-            if now - first_failure > horizon:
-                raise
-            attempt += 1
-            logger.debug("%s: %s; attempt %d, %.0f s", what, exc, attempt, now - first_failure)
-            await asyncio.sleep(min(4.0, 0.05 * 2 ** min(attempt, 7)) * random.uniform(0.5, 1.5))
+            logger.debug("%s: %s; attempt %d/%d", what, exc, attempt + 1, attempts)
+            await asyncio.sleep(min(4.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.5))
+    raise AssertionError("unreachable")
 
 
 async def wait_for_final_state(
