@@ -740,3 +740,46 @@ def test_cancelling_a_call_on_a_warm_pod_stops_that_pod_and_the_next_call_gets_a
     third_pod = one(0)
     assert third_pod and third_pod != first_pod, "the next call starts a fresh pod"
     assert len(_warm_jobs(kube, pool)) == 1
+
+
+@pytest.mark.timeout(600)  # run alone, it pays for the cluster and the image (minutes at a high load average)
+def test_a_warm_pod_that_dies_during_a_call_fails_that_call_and_its_retry_runs_on_a_new_pod(
+    kube, gcs_bucket, local_registry, job_image, python_base_image
+):
+    """A warm pod deleted during a call (a spot node reclaimed, an eviction): that call's job run ends Crashed,
+    naming the pod, the task's retry gets a pod of its own and returns; the warm pool is not left waiting on the
+    dead pod."""
+    pool = _make_pool(_cluster_block(kube), f"{gcs_bucket}/gke-warm-death", local_registry, keep_warm_seconds=60)
+    name = f"warm-death-{uuid.uuid4().hex[:6]}"
+
+    @_gke_task(name, pool, python_base_image, accelerator="cpu", retries=1)
+    def step(seconds: float) -> str:
+        import time as t
+
+        print(f"step of {seconds} s", flush=True)
+        t.sleep(seconds)
+        return os.environ.get("KINETIC_WARM_CONTROL", "")  # names the pod's Job
+
+    @flow
+    def one(seconds: float) -> str:
+        return step(seconds)
+
+    first_pod = one(0)
+    [job] = _warm_jobs(kube, pool)
+    thread, box = call_in_background(step, 25)
+    run = _wait(lambda: next((r for r in _job_runs(name) if not r.state.is_final()), None), 60, "no second job run")
+    assert "step of 25" in _run_logs(run.id, "step of 25", timeout=60), "the second call runs"
+    assert [j.metadata.name for j in _warm_jobs(kube, pool)] == [job.metadata.name], "on the same warm pod"
+    core = k8s.CoreV1Api(kube.api())
+    [pod] = core.list_namespaced_pod("default", label_selector=f"job-name={job.metadata.name}").items
+    core.delete_namespaced_pod(pod.metadata.name, "default", grace_period_seconds=0)
+    thread.join(240)
+    assert not thread.is_alive(), "the call did not end after its pod died"
+    assert "error" not in box, box.get("error")
+    assert box["value"] and box["value"] != first_pod, "the retry ran on a pod of its own"
+    with get_client(sync_client=True) as client:
+        dead = client.read_flow_run(run.id)
+    assert dead.state.is_crashed() or dead.state.is_failed(), dead.state
+    runs = sorted(_job_runs(name), key=lambda r: r.created)
+    assert len(runs) == 3 and runs[-1].state.is_completed(), [(r.name, r.state.name) for r in runs]
+    print(f"the dead pod's call: {dead.state.name}: {dead.state.message}")

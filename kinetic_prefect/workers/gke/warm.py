@@ -50,6 +50,9 @@ WARM_KEY_LABEL = "kinetic.prefect.io/warm-key"
 FLOOR_LABEL = "kinetic.prefect.io/warm-floor"  # one of the pool's min_warm pods: it never leaves by itself
 FIRST_RUN_LABEL = "kinetic.prefect.io/first-flow-run-id"  # not FLOW_RUN_LABEL: the Job is not that run's alone
 END_WAIT_SECONDS = 10.0  # how long an ended call waits for its last log lines (its end marker)
+# A pod being deleted whose runner wrote no exit record this long after its grace period ran out: the runner is
+# gone (killed before it could write, or its node lost) even if no kubelet ever reports the pod's end.
+DELETED_POD_MARGIN_SECONDS = 15.0
 
 
 def wanted(configuration: KineticGKEJobConfiguration) -> bool:
@@ -288,7 +291,8 @@ class WarmPods:
         phase = pod.status.phase if pod is not None and pod.status else None
         if phase in (None, "Pending"):
             return await pending_status(f"{namespace}:{job_name}")
-        if phase == "Running":
+        deleted = _deleted_for(pod)
+        if phase == "Running" and (deleted is None or deleted < DELETED_POD_MARGIN_SECONDS):
             if not self._lines[identifier].over.is_set():
                 follower.stream_logs(pod.metadata.name)
             return JobStatus("running", detail=f"warm pod {pod.metadata.name} on {pod.spec.node_name or '?'}")
@@ -296,6 +300,12 @@ class WarmPods:
             return JobStatus("exited", exit_code=int(record["exit_code"]))
         follower.stream_logs(pod.metadata.name, again=True)
         await anyio.to_thread.run_sync(follower.finish_logs)
+        if phase == "Running":  # deleted, and no kubelet reported its end: its runner is gone all the same
+            return JobStatus(
+                "exited",
+                exit_code=137,
+                detail=f"warm pod {pod.metadata.name} was deleted during the call (its runner wrote no exit record)",
+            )
         code, reason = pod_exit(pod)
         return JobStatus(
             "exited", exit_code=code or 1, detail=f"warm pod {pod.metadata.name} {phase} during the call: {reason}"
@@ -356,6 +366,12 @@ class WarmPods:
             identifier = (await anyio.to_thread.run_sync(store.get_bytes, key)).decode()
             found.append((key.rsplit("/", 1)[-1], identifier))
         return found
+
+
+def _deleted_for(pod: Any) -> float | None:
+    """Seconds since a pod being deleted ran out of its grace period (negative while within it); None: not deleted."""
+    when = pod.metadata.deletion_timestamp if pod.metadata is not None else None
+    return None if when is None else time.time() - when.timestamp()
 
 
 def _claim(store: Any, key: str, owner: bytes) -> bool:
