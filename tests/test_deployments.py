@@ -194,6 +194,7 @@ def test_prefect_deploy_creates_every_pipeline_deployment(operator, tmp_path):
 
 
 @pytest.mark.skipif(not SAMPLE_ZIP.is_file(), reason=f"{SAMPLE_ZIP} is absent (it ships with the CI machine only)")
+@pytest.mark.timeout(1200)  # its own waits (smoke, schedule, scheduled run, training) decide, not the default 300 s
 def test_deployments_run_through_the_workers_and_on_their_schedule(operator, tmp_path):
     """`prefect deployment run` for the smoke flow and the EuroSAT retraining (tiny settings), then a
     short interval schedule on the smoke deployment fires by itself. Jobs go through the polling

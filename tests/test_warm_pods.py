@@ -88,3 +88,58 @@ def test_a_calls_lines_are_those_between_its_markers():
     assert lines.over.is_set()
     lines("c's line")
     assert got == ["b's first line", "b's second line"], "nothing after the call's end"
+
+
+class _DeletedPodFollower:
+    """A follower whose pod is being deleted but still reads Running: a kubelet that never reported its end (a lost
+    node), or a runner killed before it wrote its exit record."""
+
+    def __init__(self, deleted_seconds_ago: float):
+        import datetime as dt
+
+        from kubernetes import client as k8s
+
+        when = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=deleted_seconds_ago)
+        self._pod = k8s.V1Pod(
+            metadata=k8s.V1ObjectMeta(name="kinetic-job-1-abcde", deletion_timestamp=when),
+            spec=k8s.V1PodSpec(containers=[], node_name="node-a"),
+            status=k8s.V1PodStatus(phase="Running"),
+        )
+        self._log_failed = False
+
+    def pod(self):
+        return self._pod
+
+    def stream_logs(self, pod_name: str, again: bool = False) -> None:
+        pass
+
+    def finish_logs(self, timeout: float = 10) -> None:
+        pass
+
+
+@pytest.mark.parametrize("deleted_seconds_ago", [1.0, warm.DELETED_POD_MARGIN_SECONDS + 5])
+def test_a_pod_deleted_during_a_call_without_an_exit_record_ends_that_call(tmp_path, deleted_seconds_ago):
+    """The call must not wait forever on a pod that reads Running with a deletionTimestamp: past its grace period
+    and the margin, the call has exited (and the lifecycle fails it); within them it is still running."""
+    import types
+
+    import anyio
+
+    from kinetic_prefect.contract import Env
+
+    configuration = types.SimpleNamespace(env={Env.STORE: str(tmp_path), Env.RUN_ID: "run-d"})
+    pods = warm.WarmPods(api=lambda _: None)
+    pods._stores[str(tmp_path)] = open_store(tmp_path)
+    identifier = "default:kinetic-job-1@run-d-flow-run"
+    pods._followers[identifier] = _DeletedPodFollower(deleted_seconds_ago)  # type: ignore[assignment]
+    pods._lines[identifier] = warm.CallLines("run-d", lambda _: None)
+
+    async def pending(_job: str):
+        raise AssertionError("a Running pod is not pending")
+
+    status = anyio.run(pods.status, identifier, configuration, pending)
+    if deleted_seconds_ago < warm.DELETED_POD_MARGIN_SECONDS:
+        assert status.phase == "running", status
+    else:
+        assert status.phase == "exited" and status.exit_code, status
+        assert "deleted during the call" in status.detail
