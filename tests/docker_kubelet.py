@@ -16,6 +16,7 @@ import http.server
 import ssl
 import subprocess
 import threading
+import uuid
 import time
 import urllib.parse
 from dataclasses import dataclass
@@ -44,6 +45,9 @@ class DockerKubelet:
         self.core = client.CoreV1Api(plane.api())
         self.pods: dict[str, PodEntry] = {}  # pod uid -> entry
         self.port = free_port()
+        # Each kubelet labels its own containers: two test sessions (pytest-xdist workers) each run a cluster on the
+        # one Docker engine, and neither may count or remove the other's.
+        self.label = f"kinetic-test-kubelet={uuid.uuid4().hex[:12]}"
         self._stop = threading.Event()
         self._server = self._log_server(plane.workdir / "pki")
         threading.Thread(target=self._server.serve_forever, name="kubelet-logs", daemon=True).start()
@@ -185,7 +189,7 @@ class DockerKubelet:
             "--network",
             "host",
             "--label",
-            "kinetic-test-kubelet=1",
+            self.label,
             "--name",
             f"kp-{pod.metadata.uid[:13]}",
             *env,
@@ -399,7 +403,7 @@ class DockerKubelet:
 
     def running_containers(self) -> list[str]:
         out = subprocess.run(
-            [self.docker, "ps", "-q", "--no-trunc", "--filter", "label=kinetic-test-kubelet=1"],
+            [self.docker, "ps", "-q", "--no-trunc", "--filter", f"label={self.label}"],
             capture_output=True,
             text=True,
         ).stdout.split()
@@ -410,7 +414,7 @@ class DockerKubelet:
         self._thread.join(10)
         self._server.shutdown()
         ids = subprocess.run(
-            [self.docker, "ps", "-aq", "--filter", "label=kinetic-test-kubelet=1"], capture_output=True, text=True
+            [self.docker, "ps", "-aq", "--filter", f"label={self.label}"], capture_output=True, text=True
         ).stdout.split()
         if ids:
             subprocess.run([self.docker, "rm", "-f", *ids], capture_output=True)
