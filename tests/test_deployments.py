@@ -33,6 +33,7 @@ from prefect.client.schemas.filters import (
 )
 
 from kinetic_prefect.steps import set_project_directory
+from worker_fixture import stop_worker_process
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFECT = [sys.executable, "-m", "prefect"]
@@ -148,12 +149,7 @@ def operator(tmp_path_factory):
         ):
             client.delete_deployment(deployment.id)
     for proc, _ in workers:
-        proc.terminate()
-    for proc, _ in workers:
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_worker_process(proc)
 
 
 def test_prefect_deploy_creates_every_pipeline_deployment(operator, tmp_path):

@@ -24,6 +24,7 @@ import pytest
 from background import call_in_background
 from docker_fixture import proxy_files
 from fault_proxy import FaultProxy
+from worker_fixture import stop_worker_process
 from kubernetes import client as k8s
 from prefect import flow, get_client
 from prefect.client.schemas.actions import WorkPoolCreate
@@ -434,13 +435,7 @@ def gke_worker(gke_pool, tmp_path):
     procs: list[subprocess.Popen] = []
     yield lambda name: procs.append(start(name)) or procs[-1], log_path
     for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:  # a loaded machine: do not let teardown fail the test
-                proc.kill()
-                proc.wait(10)
+        stop_worker_process(proc)
 
 
 def _running_pod(kube, run_id, timeout=120):
