@@ -19,6 +19,7 @@ import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from background import call_in_background
@@ -695,21 +696,19 @@ def test_a_sweep_on_warm_pods_starts_a_pod_per_slot_not_per_input(
     assert store.list("warm/runs/") == [], "the run records are removed once each run is final"
 
 
-def test_cancelling_a_call_on_a_warm_pod_stops_that_pod_and_the_next_call_gets_a_new_one(
-    kube, gcs_bucket, local_registry, job_image, python_base_image
-):
-    from kinetic_prefect.errors import KineticJobCancelled
+def _a_second_call_running_on_a_warm_pod(kube, store, registry, base_image, prefix, seconds, retries=0):
+    """A pool with warm pods, one call done and a second call of ``seconds`` running on the same pod (in a thread).
+    The task returns its pod's warm control prefix, which names the pod's Job."""
+    pool = _make_pool(_cluster_block(kube), store, registry, keep_warm_seconds=60)
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
 
-    pool = _make_pool(_cluster_block(kube), f"{gcs_bucket}/gke-warm-cancel", local_registry, keep_warm_seconds=60)
-    name = f"warm-cancel-{uuid.uuid4().hex[:6]}"
-
-    @_gke_task(name, pool, python_base_image, accelerator="cpu")
+    @_gke_task(name, pool, base_image, accelerator="cpu", retries=retries)
     def step(seconds: float) -> str:
         import time as t
 
-        print(f"step of {seconds} s")
+        print(f"step of {seconds} s", flush=True)
         t.sleep(seconds)
-        return os.environ.get("KINETIC_WARM_CONTROL", "")  # names the pod's Job
+        return os.environ.get("KINETIC_WARM_CONTROL", "")
 
     @flow
     def one(seconds: float) -> str:
@@ -717,10 +716,30 @@ def test_cancelling_a_call_on_a_warm_pod_stops_that_pod_and_the_next_call_gets_a
 
     first_pod = one(0)
     [job] = _warm_jobs(kube, pool)
-    thread, box = call_in_background(step, 120)
+    thread, box = call_in_background(step, seconds)
     run = _wait(lambda: next((r for r in _job_runs(name) if not r.state.is_final()), None), 60, "no second job run")
-    assert "step of 120" in _run_logs(run.id, "step of 120", timeout=60), "the second call runs"
+    assert f"step of {seconds}" in _run_logs(run.id, f"step of {seconds}", timeout=60), "the second call runs"
     assert [j.metadata.name for j in _warm_jobs(kube, pool)] == [job.metadata.name], "on the same warm pod"
+    return SimpleNamespace(pool=pool, name=name, first_pod=first_pod, job=job, run=run, thread=thread, box=box, one=one)
+
+
+def test_cancelling_a_call_on_a_warm_pod_stops_that_pod_and_the_next_call_gets_a_new_one(
+    kube, gcs_bucket, local_registry, job_image, python_base_image
+):
+    from kinetic_prefect.errors import KineticJobCancelled
+
+    warm = _a_second_call_running_on_a_warm_pod(
+        kube, f"{gcs_bucket}/gke-warm-cancel", local_registry, python_base_image, "warm-cancel", seconds=120
+    )
+    pool, first_pod, job, run, thread, box, one = (
+        warm.pool,
+        warm.first_pod,
+        warm.job,
+        warm.run,
+        warm.thread,
+        warm.box,
+        warm.one,
+    )
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(run.id, Cancelling(), force=True)
     thread.join(90)
@@ -741,30 +760,13 @@ def test_cancelling_a_call_on_a_warm_pod_stops_that_pod_and_the_next_call_gets_a
 def test_a_warm_pod_that_dies_during_a_call_fails_that_call_and_its_retry_runs_on_a_new_pod(
     kube, gcs_bucket, local_registry, job_image, python_base_image
 ):
-    """A warm pod deleted during a call (a spot node reclaimed, an eviction): that call's job run ends Crashed,
-    naming the pod, the task's retry gets a pod of its own and returns; the warm pool is not left waiting on the
+    """A warm pod deleted during a call (a spot node reclaimed, an eviction): that call's job run ends Failed,
+    the task's retry gets a pod of its own and returns; the warm pool is not left waiting on the
     dead pod."""
-    pool = _make_pool(_cluster_block(kube), f"{gcs_bucket}/gke-warm-death", local_registry, keep_warm_seconds=60)
-    name = f"warm-death-{uuid.uuid4().hex[:6]}"
-
-    @_gke_task(name, pool, python_base_image, accelerator="cpu", retries=1)
-    def step(seconds: float) -> str:
-        import time as t
-
-        print(f"step of {seconds} s", flush=True)
-        t.sleep(seconds)
-        return os.environ.get("KINETIC_WARM_CONTROL", "")  # names the pod's Job
-
-    @flow
-    def one(seconds: float) -> str:
-        return step(seconds)
-
-    first_pod = one(0)
-    [job] = _warm_jobs(kube, pool)
-    thread, box = call_in_background(step, 25)
-    run = _wait(lambda: next((r for r in _job_runs(name) if not r.state.is_final()), None), 60, "no second job run")
-    assert "step of 25" in _run_logs(run.id, "step of 25", timeout=60), "the second call runs"
-    assert [j.metadata.name for j in _warm_jobs(kube, pool)] == [job.metadata.name], "on the same warm pod"
+    warm = _a_second_call_running_on_a_warm_pod(
+        kube, f"{gcs_bucket}/gke-warm-death", local_registry, python_base_image, "warm-death", seconds=25, retries=1
+    )
+    name, first_pod, job, run, thread, box = warm.name, warm.first_pod, warm.job, warm.run, warm.thread, warm.box
     core = k8s.CoreV1Api(kube.api())
     [pod] = core.list_namespaced_pod("default", label_selector=f"job-name={job.metadata.name}").items
     core.delete_namespaced_pod(pod.metadata.name, "default", grace_period_seconds=0)
