@@ -149,7 +149,7 @@ def test_fail_fast_stops_the_rest_of_the_sweep_after_the_first_failure(route, tm
     # machine take what they take. A sweep whose rest was not stopped ends at least 60 s after that.
     all_running = max((pid_dir / f"{i}.pid").stat().st_mtime for i in range(1, JOBS))
     took = ended - all_running
-    assert took < 45, (
+    assert took < 50, (
         f"the sweep ended {took:.0f}s after the rest were all running ({ended - started:.0f}s in all): "
         "the rest was not stopped (each sleeps 60 s)"
     )
