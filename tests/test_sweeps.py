@@ -132,7 +132,7 @@ def test_fail_fast_stops_the_rest_of_the_sweep_after_the_first_failure(route, tm
                 _time.sleep(0.1)
             raise ValueError("trial 0 diverged")
         (folder / f"{i}.pid").write_text(str(_os.getpid()))
-        _time.sleep(60)
+        _time.sleep(120)
         return i
 
     @flow
@@ -146,12 +146,13 @@ def test_fail_fast_stops_the_rest_of_the_sweep_after_the_first_failure(route, tm
     pids = [int((pid_dir / f"{i}.pid").read_text()) for i in range(1, JOBS)]
     assert not [pid for pid in pids if alive(pid)], "jobs of the rest of the sweep still run"
     # Counted from when the last of the rest was running (its pid file), not from the start: job starts on a loaded
-    # machine take what they take. A sweep whose rest was not stopped ends at least 60 s after that.
+    # machine take what they take, and so do trial 0's retry and the stops on a polling worker (53 s here once,
+    # serially). A sweep whose rest was not stopped ends at least 120 s after that.
     all_running = max((pid_dir / f"{i}.pid").stat().st_mtime for i in range(1, JOBS))
     took = ended - all_running
-    assert took < 50, (
+    assert took < 95, (
         f"the sweep ended {took:.0f}s after the rest were all running ({ended - started:.0f}s in all): "
-        "the rest was not stopped (each sleeps 60 s)"
+        "the rest was not stopped (each sleeps 120 s)"
     )
     runs = final_job_run(name)
     by_state = sorted(run.state.name for run in runs)
