@@ -45,8 +45,8 @@ class DockerKubelet:
         self.core = client.CoreV1Api(plane.api())
         self.pods: dict[str, PodEntry] = {}  # pod uid -> entry
         self.port = free_port()
-        # Each kubelet labels its own containers: two test sessions (pytest-xdist workers) each run a cluster on the
-        # one Docker engine, and neither may count or remove the other's.
+        # Each kubelet labels its own containers: two test sessions side by side (two runs, or pytest-xdist workers)
+        # each run a cluster on the one Docker engine, and neither may count or remove the other's.
         self.label = f"kinetic-test-kubelet={uuid.uuid4().hex[:12]}"
         self._stop = threading.Event()
         self._server = self._log_server(plane.workdir / "pki")

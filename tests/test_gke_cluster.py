@@ -779,4 +779,8 @@ def test_a_warm_pod_that_dies_during_a_call_fails_that_call_and_its_retry_runs_o
     assert dead.state.is_crashed() or dead.state.is_failed(), dead.state
     runs = sorted(_job_runs(name), key=lambda r: r.created)
     assert len(runs) == 3 and runs[-1].state.is_completed(), [(r.name, r.state.name) for r in runs]
+    from kinetic_prefect.storage import open_store
+
+    store = open_store(f"{gcs_bucket}/gke-warm-death")
+    assert store.list("warm/runs/") == [], "no warm call record is left once the runs are final"
     print(f"the dead pod's call: {dead.state.name}: {dead.state.message}")
