@@ -124,7 +124,15 @@ class PrefectServerProcess:
 _server: PrefectServerProcess | None = None
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(autouse=True)
+def _prefect_server_unless_marked(request: pytest.FixtureRequest) -> None:
+    """Every test gets the session's server unless its module says ``pytestmark = pytest.mark.no_server``: the
+    static and pure-logic modules run alone (``pytest -m no_server``) without starting one."""
+    if request.node.get_closest_marker("no_server") is None:
+        request.getfixturevalue("prefect_server")
+
+
+@pytest.fixture(scope="session")
 def prefect_server(prefect_database):
     """`prefect server start` as a separate process; waits for /api/health."""
     global _server

@@ -11,6 +11,8 @@ import pytest
 from kinetic_prefect import accelerators as acc
 from kinetic_prefect.accelerators import AcceleratorSpec, UnknownAcceleratorError, resolve
 
+pytestmark = pytest.mark.no_server
+
 CATALOG = acc.catalog()
 
 

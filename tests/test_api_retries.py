@@ -17,6 +17,8 @@ import pytest
 
 from kinetic_prefect.caller import _prefect
 
+pytestmark = pytest.mark.no_server
+
 
 class BusyServer(http.server.ThreadingHTTPServer):
     """Answers the first ``busy`` requests to /api/hello with 503, as a locked SQLite server does."""

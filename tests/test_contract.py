@@ -8,6 +8,9 @@ from pathlib import Path
 
 import kinetic_prefect
 from kinetic_prefect import contract
+import pytest
+
+pytestmark = pytest.mark.no_server
 
 PACKAGE_DIR = Path(kinetic_prefect.__file__).parent
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.no_server
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

@@ -13,6 +13,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.no_server
 
 ROOT = Path(__file__).resolve().parent.parent
 

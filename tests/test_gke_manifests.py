@@ -15,6 +15,8 @@ from kinetic_prefect import accelerators
 from kinetic_prefect.workers.gke.configuration import KineticGKEJobConfiguration
 from kinetic_prefect.workers.gke.worker import KineticGKEWorker
 
+pytestmark = pytest.mark.no_server
+
 K8S_VERSION = "1.33.0"
 SINGLE_HOST = [s.name for s in accelerators.catalog() if not s.multi_host]
 MULTI_HOST = [s.name for s in accelerators.catalog() if s.multi_host]

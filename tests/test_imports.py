@@ -14,6 +14,8 @@ import pytest
 
 import kinetic_prefect
 
+pytestmark = pytest.mark.no_server
+
 PACKAGE_DIR = Path(kinetic_prefect.__file__).parent
 PACKAGE = "kinetic_prefect"
 

@@ -24,6 +24,8 @@ from kinetic_prefect.workers.local.configuration import KineticLocalJobConfigura
 from kinetic_prefect.workers.local.worker import KineticLocalWorker
 from kinetic_prefect.workers.templates import WORKER_TYPES, generated_template, main, template_text
 
+pytestmark = pytest.mark.no_server
+
 WORKERS = {
     "kinetic-local": (KineticLocalWorker, KineticLocalJobConfiguration, KineticLocalVariables),
     "kinetic-gke": (KineticGKEWorker, KineticGKEJobConfiguration, KineticGKEVariables),

@@ -13,6 +13,8 @@ from kinetic_prefect.errors import PayloadError
 from kinetic_prefect.shared.image import ImageSpec, RequirementsError, normalize_requirements
 from kinetic_prefect.caller.payload import archive_project, build_call_payload, collect_project_files
 
+pytestmark = pytest.mark.no_server
+
 
 def test_image_tag_is_stable_and_insensitive_to_spelling_and_order():
     a = ImageSpec.create(["Keras >= 3.8", "jax[CPU]==0.4.35"], family="gpu", python="3.11")

@@ -11,6 +11,9 @@ import threading
 import cloudpickle
 
 from kinetic_prefect.caller.payload import build_call_payload
+import pytest
+
+pytestmark = pytest.mark.no_server
 
 SCRIPT = textwrap.dedent(
     """

@@ -12,6 +12,8 @@ import pytest
 
 from kinetic_prefect.caller.payload import archive_project, cached_project_archive, collect_project_files
 
+pytestmark = pytest.mark.no_server
+
 SECRETS = [".env", "key.pem", "id_rsa", "config/kaggle.json", "deploy/.env.production"]
 
 

@@ -13,6 +13,9 @@ import cloudpickle
 
 from kinetic_prefect.caller import project_archive
 from kinetic_prefect.caller.payload import build_call_payload, cached_project_archive, forget_function
+import pytest
+
+pytestmark = pytest.mark.no_server
 
 
 class Probe:

@@ -7,6 +7,9 @@ import warnings
 import numpy as np
 
 from kinetic_prefect.caller.payload import build_call_payload
+import pytest
+
+pytestmark = pytest.mark.no_server
 
 MiB = 2**20
 

@@ -20,6 +20,8 @@ from kinetic_prefect.storage import (
     open_store,
 )
 
+pytestmark = pytest.mark.no_server
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 

@@ -19,6 +19,8 @@ from kinetic_prefect.storage import open_store
 pytest.importorskip("prefect_kubernetes")
 from kinetic_prefect.workers.gke import warm  # noqa: E402
 
+pytestmark = pytest.mark.no_server
+
 CONTROL = WarmPodKeys.control("k" * 16, "kinetic-job-1")
 
 
