@@ -231,3 +231,68 @@ def test_the_worker_and_the_server_both_restart(tmp_path, gate, worker_factory):
     [run] = final_job_run(name, timeout=60)
     assert run.state.is_completed(), run.state
     assert _job_log_lines(run.id) == expected
+
+
+BUDGET_SCRIPT = textwrap.dedent("""
+    import sys
+    from prefect import flow
+    from kinetic_prefect import kinetic_task
+
+    NAME, PID_FILE = sys.argv[1:3]
+
+    # $360/h is $0.10 a second: the $1 budget holds 10 s, the body takes 3
+    @kinetic_task(
+        name=NAME, submission="in-process", max_cost_usd=1.0,
+        job_variables={"prices": {"cpu": {"on_demand": 360, "source": "test"}}},
+    )
+    def short(pid_path: str) -> str:
+        import os, pathlib, time
+        pathlib.Path(pid_path).write_text(str(os.getpid()))
+        time.sleep(3)
+        return "kept"
+
+    @flow(name=NAME + "-flow")
+    def pipeline():
+        return short(PID_FILE)
+
+    if __name__ == "__main__":
+        print("VALUE", pipeline(), flush=True)
+""")
+
+
+@pytest.mark.timeout(300)
+def test_a_job_that_ends_during_an_outage_is_billed_to_its_own_end_and_keeps_its_value(tmp_path, gate):
+    """The follow loop is blocked while the API is away, so it sees a job that ended meanwhile only afterwards.
+    Billed to then, a 3 s job behind a 14 s outage went over its 10 s budget and lost its value (Failed,
+    BudgetExceeded, its result deleted). The job is billed to the runner's own exit record, and a job that has
+    ended is never stopped for its budget."""
+    from kinetic_prefect.contract import JOB_COST_ARTIFACT_KEY
+    from test_cost import artifacts, table
+
+    name = f"outage-bill-{uuid.uuid4().hex[:6]}"
+    script = tmp_path / "caller.py"
+    script.write_text(BUDGET_SCRIPT)
+    pid_file = tmp_path / "job.pid"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), name, str(pid_file)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PREFECT_API_URL": gate.url},
+    )
+    try:
+        read_pid(pid_file, timeout=180)
+        time.sleep(1)
+        gate.cut()
+        time.sleep(14)
+        gate.restore()
+        output, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0 and "VALUE kept" in output, output[-4000:]
+    [run] = final_job_run(name, timeout=60)
+    assert run.state.is_completed(), run.state
+    [row] = table(artifacts(run.id, JOB_COST_ARTIFACT_KEY)[-1])
+    assert row["minutes"] * 60 < 8, row  # the body's 3 s and the runner's start, not the 15 s until the API was back

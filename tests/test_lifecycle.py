@@ -334,6 +334,31 @@ def test_an_unpicklable_result_is_the_users_error_and_is_not_retried():
     assert len(runs) == 1 and runs[0].state.is_failed()
 
 
+def test_a_body_that_leaves_a_thread_running_still_returns_its_value():
+    """A non-daemon thread the body started kept the interpreter from ending after the outcome was written: the
+    job hung until its timeout, and the value was lost (TimedOut). The runner now leaves without such threads
+    10 s after recording the outcome (pod.runner.STRAY_THREAD_GRACE_SECONDS), saying so in the job's log."""
+    name = f"stray-{uuid.uuid4().hex[:6]}"
+
+    @kinetic_task(name=name, timeout_seconds=120)
+    def leaves_a_thread() -> int:
+        import threading
+        import time as _time
+
+        threading.Thread(target=_time.sleep, args=(3600,), name="forgotten-poller").start()
+        return 7
+
+    @flow
+    def pipeline():
+        return leaves_a_thread()
+
+    started = time.time()
+    assert pipeline() == 7
+    assert time.time() - started < 60
+    [run] = final_job_run(name)
+    assert run.state.is_completed(), run.state
+
+
 def test_keyboard_interrupt_in_the_job_fails_the_task_not_the_caller():
     from kinetic_prefect.errors import KineticJobInterrupted
 

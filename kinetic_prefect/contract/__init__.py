@@ -145,6 +145,12 @@ class WarmRunnerFiles:
     CALL = "call.json"  # {"job_dir", "log", "env", "keep_warm_seconds"}
     EXIT_STATUS = "exit_status"  # the call's runner exit status (EXIT_OUTCOME_RECORDED, EXIT_NO_OUTCOME...)
 
+    @staticmethod
+    def exit_status_name(host_index: int) -> str:
+        """The exit record a runner writes into its job folder as it ends (a cold job's too): its contents are
+        the exit status, its modification time is when the host's work ended, which metering bills up to."""
+        return WarmRunnerFiles.EXIT_STATUS if host_index == 0 else f"{WarmRunnerFiles.EXIT_STATUS}-{host_index}"
+
     # Variables that differ from call to call of one environment; every other one must match for a runner to
     # take a call (a variable read at import time, such as XLA_FLAGS, could not change in a running process).
     PER_CALL_ENV = (

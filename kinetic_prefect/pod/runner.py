@@ -49,6 +49,7 @@ from kinetic_prefect.contract import (
     Group,
     Outcome,
     RunLayout,
+    WarmRunnerFiles,
 )
 from kinetic_prefect import contract, signing
 from kinetic_prefect.pod import utilization
@@ -600,16 +601,58 @@ def _store_full(outcome: Outcome, store, object_key: str, size: int, exc: OSErro
     print(f"kinetic runner: {outcome.message}", file=sys.stderr, flush=True)
 
 
+# How long a runner that has recorded its outcome waits for threads the function left running (not daemons)
+# before it leaves without them: the interpreter would otherwise wait for them forever, and the job would
+# hang, its value recorded but never collected, until a timeout cancelled it.
+STRAY_THREAD_GRACE_SECONDS = 10.0
+
+
+def _record_exit(code: int) -> None:
+    """The exit record in the job's folder (kinetic-local): its time is when this host's work ended, so a job
+    is billed to its own end, not to when a worker (blocked by an API outage, say) first saw it gone."""
+    job_dir = os.environ.get(Env.JOB_DIR)
+    if not job_dir or _OWNER_DIED:
+        return
+    name = WarmRunnerFiles.exit_status_name(int(os.environ.get(Env.HOST_INDEX) or 0))
+    try:
+        Path(job_dir, name).write_text(str(code))
+    except OSError:
+        pass  # metering then falls back to when the worker saw the process gone
+
+
+def _leave_without_stray_threads(code: int, grace: float = STRAY_THREAD_GRACE_SECONDS) -> None:
+    """Arm a hard exit for when threads the function started (not daemons) keep the interpreter from ending."""
+    stray = [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    if not stray:
+        return
+
+    def leave() -> None:
+        time.sleep(grace)
+        print(
+            f"kinetic runner: the function left {len(stray)} thread(s) running ({', '.join(stray[:5])}); "
+            f"the outcome is recorded, so the job ends without them after {grace:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.stdout.flush()
+        os._exit(code)
+
+    threading.Thread(target=leave, name="kinetic-stray-thread-exit", daemon=True).start()
+
+
 def _exit(code: int) -> None:
     """A host of a group whose function failed leaves at once: JAX's exit handler (``jax.distributed.shutdown``)
     waits at a barrier for every host, and the others may be blocked in a collective waiting for this one, so
     a normal exit would hang until the coordination service times out (minutes). The worker then stops the
-    rest of the group (all or nothing). A host that completed exits normally: the barrier is where all meet."""
+    rest of the group (all or nothing). A host that completed exits normally: the barrier is where all meet,
+    and exit handlers (a metrics logger's flush) run; threads the function left behind are not waited for."""
+    _record_exit(code)
     if code != EXIT_OUTCOME_RECORDED or _GROUP_FAILED:
         if int(os.environ.get(Env.NUM_HOSTS) or 1) > 1:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
+    _leave_without_stray_threads(code)
     sys.exit(code)
 
 

@@ -444,7 +444,9 @@ class KineticWorker:
                     await anyio.sleep(min(30.0, poll * 4))
                     continue
                 await meter.observe()
-                if budget_reached := meter.over_budget():
+                # A job that has ended is never stopped for its budget: its value is kept (it is billed to its
+                # own end, which an API outage that delayed this look does not move).
+                if status.phase != "exited" and (budget_reached := meter.over_budget()):
                     raise BudgetReached(budget_reached)
                 if status.diagnosis and status.diagnosis.get("category") != last_diagnosis:
                     # as soon as the cluster says why (not only at the timeout): an automation can page now

@@ -25,7 +25,7 @@ import anyio
 from prefect.client.schemas.objects import FlowRun
 
 from kinetic_prefect import accelerators, config
-from kinetic_prefect.contract import RUNNER_COMMAND, Env
+from kinetic_prefect.contract import RUNNER_COMMAND, Env, WarmRunnerFiles
 from kinetic_prefect.workers.local import warm
 from kinetic_prefect.workers.lifecycle import JobLauncher, JobStatus
 from kinetic_prefect.workers.local.configuration import KineticLocalJobConfiguration, choose_local_accelerator
@@ -38,6 +38,14 @@ def process_start_ticks(pid: int) -> int | None:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return int(fields[19])
     except (OSError, IndexError, ValueError):
+        return None
+
+
+def _runner_end(job_dir: Path, host_index: int) -> float | None:
+    """When a host's runner recorded its exit (``WarmRunnerFiles.exit_status_name``), or None before that."""
+    try:
+        return (job_dir / WarmRunnerFiles.exit_status_name(host_index)).stat().st_mtime
+    except OSError:
         return None
 
 
@@ -226,6 +234,9 @@ class LocalJobLauncher(JobLauncher):
         argv = await anyio.to_thread.run_sync(self.command, configuration, log)
         job_dir = self.job_dir(identifier)
         job_dir.mkdir(parents=True, exist_ok=True)
+        for stale in job_dir.glob(f"{WarmRunnerFiles.EXIT_STATUS}*"):  # a relaunch's earlier attempt ended there
+            stale.unlink(missing_ok=True)
+        self._ended_at.pop(identifier, None)
         base_env = {**self.job_environment(configuration), Env.JOB_DIR: str(job_dir)}
         if hosts > 1:
             base_env.update({Env.NUM_HOSTS: str(hosts), Env.COORDINATOR_ADDRESS: f"127.0.0.1:{_free_port()}"})
@@ -486,8 +497,11 @@ class LocalJobLauncher(JobLauncher):
         ended = self._ended_at.setdefault(identifier, {})
         spot, now = job_spec(configuration).spot, time.time()
         spans = []
+        job_dir = self.job_dir(identifier)
         for index, host in enumerate(self._hosts(record)):
-            if index >= len(states) or not states[index][0]:
+            if index not in ended and (runner_end := _runner_end(job_dir, index)) is not None:
+                ended[index] = runner_end  # the runner's own record: a warm call ends while its process lives on
+            elif index >= len(states) or not states[index][0]:
                 ended.setdefault(index, now)
             start = host.get("started_at") or _ticks_to_epoch(host.get("start_ticks")) or now
             spans.append(HostSpan(float(start), ended.get(index), spot))
