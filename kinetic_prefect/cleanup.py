@@ -3,9 +3,11 @@
 Every way a call ends removes its own leftovers (see docs/failures-store.md); what remains is what a process
 killed at the wrong moment could not remove:
 
-* ``runs/<id>/payload.pkl`` and ``result.pkl`` (and signatures) of a run no caller will collect: a polling
-  caller killed with ``kill -9`` leaves its finished job's result; a job still writing after its caller gave up
-  waiting leaves what it wrote;
+* ``runs/<id>/payload.pkl`` of a run that wrote no result (a job still writing after its caller gave up
+  waiting leaves what it wrote);
+* ``runs/<id>/result.pkl`` (with its payload and signatures) only with ``--uncollected-older-than``: a result
+  waits to be collected, by a detached job's ``kinetic.attach(id).result()`` or ``jobs result ID`` hours later,
+  so it is never removed under the ordinary age; a polling caller killed with ``kill -9`` leaves one too;
 * empty ``runs/<id>/`` and ``checkpoints/<task run>/`` folders;
 * ``jobs/<run>/`` folders of ``kinetic-local`` jobs whose processes are gone and that no worker will reattach to;
 * ``kinetic-outputs-*``, ``kinetic-checkpoint-*`` and ``kinetic-work-*`` folders in TMPDIR (jobs of versions
@@ -108,10 +110,13 @@ def find(
     tmp_dir: Path | None = None,
     cache_dir: Path | None = None,
     active: tuple[set[str], set[str], set[str]] | None = None,
+    uncollected_older_than_s: float | None = None,
 ) -> list[Leftover]:
-    """What ``cleanup`` would remove, oldest rule first."""
+    """What ``cleanup`` would remove, oldest rule first. A run's result (and the payload beside it) waits to be
+    collected: it is listed only when ``uncollected_older_than_s`` is given and it is that old."""
     run_ids, checkpoint_keys, flow_runs = active if active is not None else active_runs()
-    cutoff = time.time() - older_than_s
+    now = time.time()
+    cutoff = now - older_than_s
     found: list[Leftover] = []
     runs = store_root / "runs"
     if runs.is_dir():
@@ -120,9 +125,15 @@ def find(
                 continue
             layout = RunLayout(run_dir.name)
             objects = [store_root / key for obj in (layout.payload, layout.result) for key in (obj, obj + SUFFIX)]
-            stale = [p for p in objects if p.is_file() and p.stat().st_mtime < cutoff]
-            for path in stale:
-                found.append(Leftover(path, path.stat().st_size, "a run's payload or result nobody collected"))
+            result = store_root / layout.result
+            if result.is_file():
+                if uncollected_older_than_s is None or result.stat().st_mtime >= now - uncollected_older_than_s:
+                    continue  # a value waiting for its collector
+                why = "a result nobody collected (older than --uncollected-older-than)"
+            else:
+                why = "a payload whose job wrote no result"
+            for path in (p for p in objects if p.is_file() and p.stat().st_mtime < cutoff):
+                found.append(Leftover(path, path.stat().st_size, why))
             if not any(run_dir.iterdir()) and run_dir.stat().st_mtime < cutoff:
                 found.append(Leftover(run_dir, 0, "an empty run folder"))
     checkpoints = store_root / "checkpoints"

@@ -7,7 +7,7 @@
     kinetic-prefect gke-worker-image --repository REPOSITORY [--push] [--base-image IMAGE]
     kinetic-prefect gke-worker-manifests --pool NAME (--image IMAGE | --repository REPOSITORY) [--namespace NS]
     kinetic-prefect jobs list | status | logs [-f] | result | cancel | cleanup   (kinetic_prefect.jobs_cli)
-    kinetic-prefect cleanup [--store DIR] [--older-than MINUTES] [--yes]
+    kinetic-prefect cleanup [--store DIR] [--older-than MINUTES] [--uncollected-older-than MINUTES] [--yes]
     kinetic-prefect cost [--flow-run ID ...] [--deployment FLOW/NAME] [--flow NAME] [--since DATE] [--until DATE]
                          [--last N] [--json]
 
@@ -291,10 +291,17 @@ def cleanup_command(
         None, "--store", metavar="DIR", help=f"the local store (default: {Env.STORE} or ~/.cache/kinetic-prefect/store)"
     ),
     older_than: float = typer.Option(60.0, "--older-than", metavar="MINUTES", help="only what is at least this old"),
+    uncollected_older_than: Optional[float] = typer.Option(
+        None,
+        "--uncollected-older-than",
+        metavar="MINUTES",
+        help="also results nobody collected, this old (without it results are kept until collected)",
+    ),
     yes: bool = typer.Option(False, "--yes", help="delete what is listed (without it: a dry run)"),
 ) -> None:
-    """List (or with --yes remove) what crashed calls and jobs left: uncollected payloads and results, empty
-    run and checkpoint folders, dead local jobs' folders, jobs' temporary folders."""
+    """List (or with --yes remove) what crashed calls and jobs left: payloads whose job wrote no result, empty
+    run and checkpoint folders, dead local jobs' folders, jobs' temporary folders; uncollected results only with
+    --uncollected-older-than."""
     from kinetic_prefect.cleanup import active_runs, describe, find, remove, store_root
 
     try:
@@ -307,7 +314,15 @@ def cleanup_command(
             f"cannot read Prefect's unfinished kinetic runs ({type(exc).__name__}: {exc}); "
             "cleanup needs them to leave running jobs alone: check PREFECT_API_URL"
         ) from None
-    leftovers = find(root, older_than * 60, active=active)
+    for name, value in (("--older-than", older_than), ("--uncollected-older-than", uncollected_older_than)):
+        if value is not None and value < 0:
+            raise ClickException(f"{name} {value:g}: give an age in minutes, 0 or more")
+    leftovers = find(
+        root,
+        older_than * 60,
+        active=active,
+        uncollected_older_than_s=None if uncollected_older_than is None else uncollected_older_than * 60,
+    )
     sys.stdout.write(describe(leftovers, deleting=yes))
     if yes and leftovers:
         sys.stdout.write(f"removed {remove(leftovers)} of {len(leftovers)}\n")

@@ -236,3 +236,36 @@ def test_cleanup_lists_then_removes_what_a_crash_left(store_dir, tmp_path, monke
     for path in (stale_run, store / "checkpoints" / "empty-task-run", orphan_outputs, dead_job):
         assert not path.exists(), path
     assert kept.read_bytes() == b"weights" and (fresh_run / "result.pkl").exists()
+
+
+def test_cleanup_keeps_a_detached_jobs_result_until_it_is_collected(store_dir, capsys):
+    """`cleanup --yes` deleted the payload and result of a finished detached job nobody had collected yet (files
+    two hours old), and `jobs result ID` then said "already collected". A result is kept until collected, or until
+    the separate `--uncollected-older-than` age."""
+    from kinetic_prefect import kinetic
+    from kinetic_prefect.cli import main
+    from kinetic_prefect.contract import Env, RunLayout
+
+    @kinetic.run(accelerator="cpu")
+    def answer():
+        return 42
+
+    job = answer.run_async()
+    assert job.wait(timeout=300) is kinetic.JobStatus.SUCCEEDED
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_run(uuid.UUID(job.job_id))
+    store = Path(flow_run.job_variables["store"])
+    layout = RunLayout(flow_run.job_variables["env"][Env.RUN_ID])
+    waiting = [p for p in (store / layout.prefix).iterdir() if p.is_file()]
+    assert store / layout.result in waiting
+    old = time.time() - 7200
+    for path in waiting:
+        os.utime(path, (old, old))
+
+    assert main(["cleanup", "--store", str(store), "--yes"]) == 0
+    assert str(store / layout.result) not in capsys.readouterr().out
+    assert all(path.exists() for path in waiting)
+    assert main(["cleanup", "--store", str(store), "--uncollected-older-than", "60"]) == 0
+    listed = capsys.readouterr().out
+    assert str(store / layout.result) in listed and "nobody collected" in listed and "dry run" in listed
+    assert kinetic.attach(job.job_id).result(timeout=60) == 42
