@@ -259,6 +259,52 @@ def test_a_budget_needs_a_price_and_fails_before_upload():
         kinetic_task(max_cost_usd=0, name="zero-budget")(lambda: 1)
 
 
+def test_every_entry_of_a_fallback_list_needs_a_price():
+    """Only the first entry's price was checked: `["l4", "cpu"]` with a budget ran its whole body on the unpriced
+    cpu, "unpriced", Completed. Every entry the call may land on must be priced, or it is refused before upload."""
+    name = f"fallback-unpriced-{uuid.uuid4().hex[:6]}"
+
+    @kinetic_task(name=name, accelerator=["l4", "cpu"], max_cost_usd=0.001)
+    def anything() -> int:
+        return 1
+
+    @flow
+    def pipeline():
+        return anything()
+
+    with pytest.raises(cost.PriceTableError, match="no on-demand price for accelerator 'cpu'.*fallback list"):
+        pipeline()
+    assert job_runs(name) == []
+
+
+def test_a_pool_given_the_price_an_error_asked_for_is_read_again_at_once():
+    """The error names `kinetic-prefect pool-set POOL 'prices=…'` as the fix; a script that made it and called again
+    got the same error from the caller's 30 s copy of the pool. The pool is read again before a refusal."""
+    from kinetic_prefect.cli import main
+
+    pool = priced_pool()
+    with get_client(sync_client=True) as client:
+        before = client.read_work_pool(pool).base_job_template
+    before["variables"]["properties"]["prices"]["default"] = None
+    from prefect.client.schemas.actions import WorkPoolUpdate
+
+    with get_client(sync_client=True) as client:
+        client.update_work_pool(pool, WorkPoolUpdate(base_job_template=before))
+
+    @kinetic_task(name=f"repriced-{uuid.uuid4().hex[:6]}", work_pool=pool, accelerator="cpu", max_cost_usd=1.0)
+    def anything() -> int:
+        return 1
+
+    @flow
+    def pipeline():
+        return anything()
+
+    with pytest.raises(cost.PriceTableError, match="pool-set"):
+        pipeline()
+    assert main(["pool-set", pool, 'prices={"cpu": {"on_demand": 36}}']) == 0
+    assert pipeline() == 1
+
+
 # --------------------------------------------------------------------------- pricing, at the launcher boundary
 
 

@@ -34,16 +34,35 @@ def flow_budget(tags: list[str] | set[str] | tuple[str, ...]) -> float | None:
     return None
 
 
-def check_priced(spec: accelerators.AcceleratorSpec, budget: float | None, pool_name: str, prices: Any) -> None:
-    """A budget can only be enforced with a price for the accelerator (spot or on-demand, as the call runs)."""
+def check_priced(
+    spec: accelerators.AcceleratorSpec,
+    budget: float | None,
+    pool_name: str,
+    prices: Any,
+    fallbacks: tuple[accelerators.AcceleratorSpec, ...] = (),
+) -> None:
+    """A budget can only be enforced with a price for the accelerator (spot or on-demand, as the call runs), and
+    for every entry of a fallback list: the call may land on any of them."""
     overrides = cost.load_prices(prices, origin=f"pool {pool_name!r}'s prices")
     if budget is None:
         return
+    for choice in (spec, *fallbacks):
+        _check_priced_one(choice, budget, pool_name, overrides, fallbacks)
+
+
+def _check_priced_one(
+    spec: accelerators.AcceleratorSpec,
+    budget: float,
+    pool_name: str,
+    overrides: Any,
+    fallbacks: tuple[accelerators.AcceleratorSpec, ...],
+) -> None:
     if cost.host_rate(spec, cost.price_for(spec, overrides), spec.spot) is None:
         kind = "spot" if spec.spot else "on-demand"
         raise cost.PriceTableError(
-            f"max_cost_usd={budget:g}: pool {pool_name!r} has no {kind} price for accelerator {spec.name!r}, so the "
-            f"budget could not be enforced. Give the pool one, e.g. `kinetic-prefect pool-set {pool_name} "
+            f"max_cost_usd={budget:g}: pool {pool_name!r} has no {kind} price for accelerator {spec.name!r}"
+            + (" (an entry of the fallback list)" if fallbacks else "")
+            + f", so the budget could not be enforced. Give the pool one, e.g. `kinetic-prefect pool-set {pool_name} "
             f'\'prices={{"{spec.name}": {{"on_demand": 0.5, "spot": 0.2}}}}\'`, or drop max_cost_usd.'
         )
 

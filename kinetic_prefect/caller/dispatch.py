@@ -333,6 +333,27 @@ async def _submit_and_collect(
         raise
 
 
+async def _check_against_pool(client: Any, options: KineticOptions, pool: Any) -> float | None:
+    """The call's settings checked against its pool's, before anything is uploaded; the budget it runs under."""
+    worker_class = _prefect.worker_class_for(pool.type)
+    pool_variables = set(pool.base_job_template["variables"]["properties"])
+    worker_class.check_pool_settings(
+        pool.name,
+        {name: _prefect.pool_default(pool, name) for name in pool_variables},
+        {**options.job_variables, **({"image": options.image} if options.image else {})},
+    )
+    check_hosts(options, pool.name, pool.type, pool_variables)
+    budget = await budgets.call_budget(client, options.max_cost_usd, pool, pool_variables)
+    budgets.check_priced(
+        options.accelerator,
+        budget,
+        pool.name,
+        options.job_variables.get("prices", _prefect.pool_default(pool, "prices")),
+        options.fallbacks,
+    )
+    return budget
+
+
 async def _submit_and_wait(
     options: KineticOptions, call: PreparedCall, task_name: str, fn: Callable[..., Any], detach: Any = None
 ) -> Any:
@@ -342,22 +363,14 @@ async def _submit_and_wait(
     task_run = ctx.task_run if ctx else None
     logger = get_run_logger() if ctx else None
     async with get_client() as client:
-        pool = await _prefect.ensure_work_pool(client, options.work_pool or config.default_work_pool())
-        worker_class = _prefect.worker_class_for(pool.type)
+        pool_name = options.work_pool or config.default_work_pool()
+        pool = await _prefect.ensure_work_pool(client, pool_name)
+        try:
+            budget = await _check_against_pool(client, options, pool)
+        except (ValueError, LookupError):  # an error that names a pool change is not answered from a stale copy
+            pool = await _prefect.ensure_work_pool(client, pool_name, fresh=True)
+            budget = await _check_against_pool(client, options, pool)
         pool_variables = set(pool.base_job_template["variables"]["properties"])
-        worker_class.check_pool_settings(
-            pool.name,
-            {name: _prefect.pool_default(pool, name) for name in pool_variables},
-            {**options.job_variables, **({"image": options.image} if options.image else {})},
-        )
-        check_hosts(options, pool.name, pool.type, pool_variables)
-        budget = await budgets.call_budget(client, options.max_cost_usd, pool, pool_variables)
-        budgets.check_priced(
-            options.accelerator,
-            budget,
-            pool.name,
-            options.job_variables.get("prices", _prefect.pool_default(pool, "prices")),
-        )
         if options.image and "image" not in pool_variables:
             raise ValueError(
                 f"image={options.image!r} needs a pool that runs container images (kinetic-gke); "

@@ -43,9 +43,12 @@ def worker_class_for(pool_type: str) -> Any:  # a BaseWorker subclass mixing in 
     return cls
 
 
-async def ensure_work_pool(client: PrefectClient, name: str) -> WorkPool:
-    """Read the pool; the default local pool is created on first use, other names must exist."""
+async def ensure_work_pool(client: PrefectClient, name: str, fresh: bool = False) -> WorkPool:
+    """Read the pool; the default local pool is created on first use, other names must exist. ``fresh``: not
+    from the cache (before refusing a call for what the pool lacks: the fix named may just have been made)."""
     key = (str(client.api_url), name)
+    if fresh:
+        _pool_cache.pop(key, None)
     cached = _pool_cache.get(key)
     if cached is not None and time.monotonic() - cached[0] < _POOL_TTL_SECONDS:
         return cached[1]
