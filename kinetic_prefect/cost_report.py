@@ -62,12 +62,26 @@ async def _select_runs(
                 f"--flow-run {flow_run_ids!r}: give flow run ids (UUIDs, as `prefect flow-run ls` shows them)"
             ) from None
         runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
+        missing = sorted({str(i) for i in ids} - {str(r.id) for r in runs})
+        if missing:
+            raise ValueError(
+                f"--flow-run {', '.join(missing)}: no such flow run on {client.api_url} "
+                "(`prefect flow-run ls` lists them; `kinetic-prefect jobs list` lists job runs)"
+            )
         return sorted(runs, key=lambda r: ids.index(r.id))
     deployment_filter = None
     if deployment:
+        from prefect.exceptions import ObjectNotFound
+
         if "/" not in deployment:
             raise ValueError(f"--deployment {deployment!r}: name it FLOW/DEPLOYMENT, e.g. eurosat-vit/weekly-retrain")
-        found = await client.read_deployment_by_name(deployment)
+        try:
+            found = await client.read_deployment_by_name(deployment)
+        except ObjectNotFound:
+            raise ValueError(
+                f"--deployment {deployment!r}: no such deployment on {client.api_url} (`prefect deployment ls` "
+                "lists them as FLOW/DEPLOYMENT)"
+            ) from None
         deployment_filter = DeploymentFilter(id=DeploymentFilterId(any_=[found.id]))
     start = FlowRunFilterStartTime(after_=since, before_=until) if since or until else None  # type: ignore[arg-type]
     runs = await client.read_flow_runs(
@@ -91,13 +105,19 @@ async def flow_run_costs(
 ) -> list[RunCost]:
     from prefect import get_client
 
-    from kinetic_prefect.shared.cost_records import flow_cost
+    from kinetic_prefect.shared import cost
+    from kinetic_prefect.shared.cost_records import flow_cost, job_cost_rows
 
+    if last < 0:
+        raise ValueError(f"--last {last}: give how many recent runs to show (0: all in the range)")
     async with get_client() as client:
         runs = await _select_runs(client, list(flow_run_ids or []), deployment, flow_name, since, until, last)
         found = []
         for run in runs:
-            total = await flow_cost(client, run.id)
+            if "kinetic" in (run.tags or []):  # a job run (the id `jobs list` shows): that job's own cost
+                total = cost.FlowCost(rows=await job_cost_rows(client, [run.id]))
+            else:
+                total = await flow_cost(client, run.id)
             found.append(
                 RunCost(
                     str(run.id),

@@ -211,6 +211,21 @@ def test_a_flow_with_three_calls_shows_their_sum_and_the_cli_reads_it(capsys):
     assert cli.main(["cost", "--last", "1", "--flow", pipeline.name]) == 0
     assert f"${sum(job_usd):.4f}" in capsys.readouterr().out
 
+    # a job run's id (what `jobs list` shows) reports that job's cost, not an empty table
+    assert cli.main(["cost", "--flow-run", str(jobs[0].id), "--json"]) == 0
+    [job_report] = json.loads(capsys.readouterr().out)["runs"]
+    assert job_report["total_usd"] == pytest.approx(job_usd[0], abs=1e-5) and len(job_report["calls"]) == 1
+    # what the report cannot show is an error naming the culprit, exit 1, no traceback
+    unknown = str(uuid.uuid4())
+    for argv, culprit in (
+        (["--flow-run", unknown], f"--flow-run {unknown}: no such flow run"),
+        (["--deployment", "nope/nope"], "--deployment 'nope/nope': no such deployment"),
+        (["--last", "-1"], "--last -1"),
+    ):
+        assert cli.main(["cost", *argv]) == 1, argv
+        captured = capsys.readouterr()
+        assert culprit in captured.err and "Traceback" not in captured.err + captured.out, captured
+
 
 def test_a_flow_run_budget_tag_caps_its_calls():
     from prefect import tags
