@@ -288,3 +288,29 @@ def test_the_job_runner_does_not_import_prefect():
     code = "import kinetic_prefect.pod.runner, sys; print('prefect' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    "job_variables,culprit",
+    [
+        ({"keep_warm_secnds": 5}, r"no variable 'keep_warm_secnds'; did you mean 'keep_warm_seconds'\?"),
+        ({"keep_warm_seconds": "abc"}, r"job_variables\['keep_warm_seconds'\]='abc': .*number"),
+    ],
+    ids=["typo", "wrong-type"],
+)
+def test_a_job_variable_the_pool_cannot_take_fails_before_anything_runs(job_variables, culprit):
+    """A typo was ignored (the template has no such variable) and a value of the wrong type failed in the worker
+    as a raw validation error, the run "Cancelled: the calling task stopped waiting". Both fail before upload."""
+    name = f"bad-variable-{uuid.uuid4().hex[:6]}"
+
+    @kinetic_task(name=name, job_variables=job_variables)
+    def anything() -> int:
+        return 1
+
+    @flow
+    def pipeline():
+        return anything()
+
+    with pytest.raises(ValueError, match=culprit):
+        pipeline()
+    assert job_runs(name) == []

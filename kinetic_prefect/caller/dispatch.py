@@ -333,10 +333,44 @@ async def _submit_and_collect(
         raise
 
 
+def check_job_variables(
+    pool_name: str, pool_variables: set[str], job_variables: dict[str, Any], variables_model: Any
+) -> None:
+    """A job variable the pool does not have (a typo, ``keep_warm_secnds``) or a value its type refuses fails here,
+    naming it, instead of being ignored by the template or failing in the worker as a raw validation error."""
+    import difflib
+
+    from pydantic import TypeAdapter, ValidationError
+
+    fields = getattr(variables_model, "model_fields", {}) or {}
+    for name, value in job_variables.items():
+        if name not in pool_variables:
+            close = difflib.get_close_matches(name, sorted(pool_variables), 1)
+            raise ValueError(
+                f"job_variables[{name!r}]: pool {pool_name!r} has no variable {name!r}"
+                + (f"; did you mean {close[0]!r}?" if close else "")
+                + f" Its variables: {', '.join(sorted(pool_variables))}."
+            )
+        field = fields.get(name)
+        if field is None or value is None:
+            continue
+        try:
+            TypeAdapter(field.annotation).validate_python(value)
+        except ValidationError as exc:
+            problem = exc.errors()[0].get("msg", str(exc))
+            raise ValueError(
+                f"job_variables[{name!r}]={value!r}: {problem}"
+                + (f" ({name}: {field.description})" if field.description else "")
+            ) from None
+
+
 async def _check_against_pool(client: Any, options: KineticOptions, pool: Any) -> float | None:
     """The call's settings checked against its pool's, before anything is uploaded; the budget it runs under."""
     worker_class = _prefect.worker_class_for(pool.type)
     pool_variables = set(pool.base_job_template["variables"]["properties"])
+    check_job_variables(
+        pool.name, pool_variables, options.job_variables, getattr(worker_class, "job_configuration_variables", None)
+    )
     worker_class.check_pool_settings(
         pool.name,
         {name: _prefect.pool_default(pool, name) for name in pool_variables},
