@@ -307,6 +307,34 @@ def test_a_restarted_worker_reattaches_to_its_running_job(worker_factory, tmp_pa
 # --------------------------------------------------------------------------- errors tell the truth
 
 
+def test_a_call_routed_to_a_worker_that_just_died_runs_in_process(worker_factory):
+    """`submission="auto"` sends a call to a pool whose worker Prefect still shows ONLINE for up to 3 heartbeats
+    after a `kill -9` (15 s here: the fixture's workers beat every 5 s, 90 s with Prefect's default). Such a call
+    waited for good (a 16-input sweep hung 900 s). Once no worker is online and none claimed the run, the caller
+    takes it back (an orchestrated Pending, so a worker that claimed it first wins) and runs it in-process."""
+    worker = worker_factory().start()
+    worker.kill()
+    name = f"dead-worker-{uuid.uuid4().hex[:6]}"
+
+    @kinetic_task(name=name, work_pool=worker.pool)
+    def answer() -> int:
+        return 42
+
+    @flow
+    def pipeline():
+        return answer()
+
+    started = time.time()
+    assert pipeline() == 42
+    assert time.time() - started < 120
+    [run] = final_job_run(name)
+    assert run.state.is_completed(), run.state
+    with get_client(sync_client=True) as client:
+        history = [(state.type.value, state.message) for state in client.read_flow_run_states(run.id)]
+    assert history[0][0] == "SCHEDULED", history  # routed to the pool's (dead) worker first
+    assert ("PENDING", "taken back by its caller") in history, history
+
+
 def test_system_exit_keeps_its_code(tmp_path):
     pool = new_pool("inproc")
     name = f"exit-{uuid.uuid4().hex[:6]}"

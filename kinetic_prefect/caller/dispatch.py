@@ -7,6 +7,7 @@ retry, which calls it again and launches a new job.
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import os
 import sys
@@ -447,6 +448,13 @@ async def _submit_and_wait(
                 f"{capacity.join([options.accelerator, *options.fallbacks])}"
             )
         try:
+            if polling and options.submission == "auto" and await _taken_back_from_a_dead_pool(client, pool, flow_run):
+                polling = False  # no worker is left to claim it: this process runs it, as with no worker at all
+                if logger:
+                    logger.warning(
+                        f"Job {run_name}: no worker of pool {pool.name!r} is online any more (Prefect shows it "
+                        "offline) and none claimed the job, so it runs in this process (submission='auto')"
+                    )
             if polling:
                 state = await _prefect.wait_for_final_state(
                     client, flow_run.id, on_log=lambda text: _print_job_output(run_name, text)
@@ -498,6 +506,35 @@ async def _submit_and_wait(
         raise_remote(outcome, blob, run_name, fn)
     finally:
         await to_thread.run_sync(_discard_run, store, call)
+
+
+# How often a caller whose job run waits for a worker asks whether any worker of the pool is still online. A worker
+# killed with SIGKILL reads ONLINE until Prefect's offline horizon (3 heartbeats, 90 s by default) has passed.
+UNCLAIMED_CHECK_SECONDS = 2.0
+
+
+async def _taken_back_from_a_dead_pool(client: Any, pool: Any, flow_run: Any) -> bool:
+    """Wait until a worker claims the job run (False), or until the pool has no online worker while the run still
+    waits: then take it back for this process by proposing Pending, as a worker would (True). The proposal is
+    orchestrated, so a worker that claimed it meanwhile wins and this process goes on waiting for it."""
+    from prefect.exceptions import Abort
+    from prefect.states import Pending
+    from prefect.utilities.engine import propose_state
+
+    outage = Outage("the caller waiting for a worker to claim its job")
+    while True:
+        current = await outage.call(lambda: client.read_flow_run(flow_run.id), "reading the job's state")
+        if current.state is None or not current.state.is_scheduled():
+            return False
+        if not await outage.call(
+            lambda: _prefect.has_online_worker(client, pool.name, fresh=True), "reading the pool's workers"
+        ):
+            try:
+                await propose_state(client, Pending(message="taken back by its caller"), flow_run_id=flow_run.id)
+            except Abort:
+                return False
+            return True
+        await asyncio.sleep(UNCLAIMED_CHECK_SECONDS)
 
 
 def _read_signed(store: Any, object_key: str, key: bytes | None) -> bytes:
