@@ -76,7 +76,7 @@ def test_a_forged_result_never_runs_code_in_the_caller(store_dir, tmp_path, monk
         with pytest.warns(UserWarning, match="unauthenticated"):
             import kinetic_prefect.caller._prefect as kp
 
-            kp._signing_key_cache.clear()
+            kp.forget_signing_key()
             pipeline()
         assert proof.exists()
 
@@ -133,3 +133,27 @@ def test_a_forged_payload_is_refused_by_the_job(store_dir, monkeypatch):
 
     with pytest.raises(KineticJobSetupError, match="verifying the payload.*no signature"):
         pipeline()
+
+
+def test_the_missing_key_warning_comes_once_for_a_whole_map(monkeypatch):
+    """The calls of a .map() all missed the key cache at once and each warned (28 times in one run)."""
+    import warnings
+
+    import kinetic_prefect.caller._prefect as kp
+
+    monkeypatch.delenv("KINETIC_SIGNING_KEY", raising=False)
+    monkeypatch.delenv("KINETIC_UNSIGNED_OK", raising=False)
+
+    @kinetic_task(name=f"unsigned-map-{uuid.uuid4().hex[:6]}")
+    def double(x: int) -> int:
+        return 2 * x
+
+    @flow
+    def pipeline():
+        return [f.result() for f in double.map(range(6))]
+
+    kp.forget_signing_key()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert pipeline() == [0, 2, 4, 6, 8, 10]
+    assert sum("unauthenticated" in str(w.message) for w in caught) == 1, [str(w.message)[:80] for w in caught]

@@ -162,7 +162,7 @@ def test_a_worker_with_another_signing_key_is_named_as_such(worker_factory, monk
     monkeypatch.setenv("KINETIC_SIGNING_KEY", "worker-key-" + uuid.uuid4().hex)
     worker = worker_factory().start()
     monkeypatch.setenv("KINETIC_SIGNING_KEY", "caller-key-" + uuid.uuid4().hex)
-    _prefect._signing_key_cache.clear()
+    _prefect.forget_signing_key()
     name = f"keys-{uuid.uuid4().hex[:6]}"
 
     @kinetic_task(name=name, work_pool=worker.pool, submission="worker")
@@ -248,7 +248,7 @@ def signed_route(request, worker_factory, monkeypatch):
     monkeypatch.setenv("KINETIC_SIGNING_KEY", "data-key")
     from kinetic_prefect.caller import _prefect
 
-    _prefect._signing_key_cache.clear()
+    _prefect.forget_signing_key()
     if request.param == "worker":
         return worker_factory().start().pool, "worker"
     return new_pool("inproc"), "in-process"

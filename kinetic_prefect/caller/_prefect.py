@@ -30,7 +30,7 @@ from kinetic_prefect.shared.prefect_runs import (
     wait_for_final_state,
     with_retries,
 )
-from kinetic_prefect.shared.key_blocks import _signing_key_cache, signing_key, store_secret_env
+from kinetic_prefect.shared.key_blocks import _signing_key_cache, forget_signing_key, signing_key, store_secret_env
 
 __all__ = [
     "EPHEMERAL_STARTUP_SECONDS",
@@ -43,6 +43,7 @@ __all__ = [
     "create_job_flow_run",
     "ensure_work_pool",
     "finish_cancelled_parent",
+    "forget_signing_key",
     "has_online_worker",
     "in_process_slots",
     "is_transient",

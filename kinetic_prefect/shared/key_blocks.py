@@ -16,6 +16,15 @@ from kinetic_prefect.contract import Env
 _signing_key_cache: dict[str, bytes | None] = {}
 
 
+_warned: set[str] = set()  # the APIs whose missing key this process has warned about
+
+
+def forget_signing_key() -> None:
+    """Read the key again on the next call (and warn again if there is none): after a key is set or removed."""
+    _signing_key_cache.clear()
+    _warned.clear()
+
+
 async def signing_key() -> bytes | None:
     """The store signing key: ``KINETIC_SIGNING_KEY``, else the Secret block ``kinetic-signing-key``.
 
@@ -37,7 +46,8 @@ async def signing_key() -> bytes | None:
             _signing_key_cache[cache_key] = str(value).encode() if value else None
         except (ValueError, ObjectNotFound):
             _signing_key_cache[cache_key] = None
-        if _signing_key_cache[cache_key] is None and not os.environ.get(Env.UNSIGNED_OK):
+        if _signing_key_cache[cache_key] is None and not os.environ.get(Env.UNSIGNED_OK) and cache_key not in _warned:
+            _warned.add(cache_key)  # before the warning: the calls of a .map() that all missed the cache warn once
             warnings.warn(
                 f"kinetic-prefect: no signing key ({Env.SIGNING_KEY} or the Prefect Secret block "
                 f"{signing.SECRET_BLOCK!r}): store objects are unauthenticated, so anyone who can write the "
