@@ -106,7 +106,7 @@ def result_command(
 
 @jobs_app.command("cancel")
 def cancel_command(job_id: str = typer.Argument(..., metavar="JOB_ID")) -> None:
-    """Stop the job; its run ends Cancelled, its outputs stay."""
+    """Stop the job; its run ends Cancelled, its payload and result are deleted, its outputs stay."""
     job = _handle(job_id)
     job.cancel()
     state = job.state()

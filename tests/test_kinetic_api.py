@@ -480,6 +480,10 @@ def test_detached_jobs_outlive_their_script(worker_factory, tmp_path, monkeypatc
         follower.kill()
     assert follower.returncode == 0 and "step 0" in followed and "step 2" in followed
     _wait_for(lambda: not Path(f"/proc/{job_pid}").exists(), 30, "the cancelled job's process to end")
+    with get_client(sync_client=True) as client:
+        run_b = client.read_flow_run(uuid.UUID(ids["b"]))
+    layout_b = RunLayout(run_b.job_variables["env"][Env.RUN_ID])
+    assert not (store / layout_b.payload).exists() and not (store / layout_b.result).exists(), "nobody collects them"
     assert kinetic.attach(ids["b"]).status() is kinetic.JobStatus.NOT_FOUND
     assert cli(["jobs", "result", ids["b"]]) == 1
     assert "KineticJobCancelled" in capsys.readouterr().err

@@ -274,8 +274,10 @@ class JobHandle:
 
     # ------------------------------------------------------------------ stopping and cleaning up
     def cancel(self, wait_seconds: float = 30) -> None:
-        """Stop the job (its run ends Cancelled); its outputs stay."""
+        """Stop the job (its run ends Cancelled). Its payload and any pickled result are deleted, since nobody will
+        collect them; its outputs and the outcome record stay."""
         _sync(_cancel(UUID(self.job_id), "Cancelled through the kinetic API (JobHandle.cancel)", wait_seconds))
+        _sync(_delete_run_objects(UUID(self.job_id), keep_outcome=True))
 
     def cleanup(self, k8s: bool = True, gcs: bool = True) -> None:
         """``k8s``: stop the job if it still runs. ``gcs``: delete its objects in the store (payload, result, outcome;
@@ -326,7 +328,7 @@ async def _cancel(flow_run_id: UUID, message: str, wait_seconds: float) -> None:
         await _prefect.cancel_flow_run(client, flow_run_id, message, wait_seconds=wait_seconds)
 
 
-async def _delete_run_objects(flow_run_id: UUID) -> None:
+async def _delete_run_objects(flow_run_id: UUID, keep_outcome: bool = False) -> None:
     from anyio import to_thread
     from prefect import get_client
 
@@ -336,7 +338,7 @@ async def _delete_run_objects(flow_run_id: UUID) -> None:
         flow_run = await client.read_flow_run(flow_run_id)
         store, _key = await _open_store(client, flow_run)
     layout = RunLayout((flow_run.job_variables or {})["env"][Env.RUN_ID])
-    for object_key in (layout.payload, layout.result, layout.outcome):
+    for object_key in (layout.payload, layout.result, *(() if keep_outcome else (layout.outcome,))):
         await to_thread.run_sync(signing.delete, store, object_key)
 
 
