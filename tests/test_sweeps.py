@@ -6,6 +6,7 @@ paths, and asserts that every job's process is gone within 10 s of the signal an
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -15,9 +16,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from prefect import flow
+from prefect import flow, get_client
 
 from kinetic_prefect import kinetic_task
+from test_spine import job_runs
 from test_lifecycle import (
     STOP_WITHIN_SECONDS,
     _as_from_a_terminal,
@@ -160,3 +162,72 @@ def test_fail_fast_stops_the_rest_of_the_sweep_after_the_first_failure(route, tm
     assert by_state == ["Cancelled"] * (JOBS - 1) + ["Failed"] * 2, by_state
     stopped = [task_run_of(run) for run in runs if run.state.is_cancelled()]
     assert [t.state.name for t in stopped] == ["Cancelled"] * (JOBS - 1)  # not retried
+
+
+def test_job_runs_a_killed_in_process_sweep_never_started_can_be_cancelled(tmp_path, capsys):
+    """`kill -9` of an in-process sweep: the job that ran cancels its own run (its owner died), but the runs still
+    queued for an in-process slot stay Pending, and `jobs cancel` left them Cancelling for good (no worker would
+    ever act). Their flow runs carry their owner (Prefect labels), so `jobs cancel` sees it gone and ends them."""
+    from kinetic_prefect.cli import main as cli
+    from worker_fixture import new_pool
+
+    pool, name = new_pool("inproc"), f"sweep-kill-{uuid.uuid4().hex[:6]}"
+    script = tmp_path / "sweep.py"
+    script.write_text(SWEEP_SCRIPT)
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, str(script), name, pool, "in-process", str(pid_dir), "map"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "KINETIC_IN_PROCESS_CONCURRENCY": "1"},  # one runs, the rest queue
+    )
+    try:
+        wait_for(lambda: any(p.read_text().strip() for p in pid_dir.glob("*.pid")) or None, 120, "a job to start")
+        wait_for(lambda: len(job_runs(name)) >= 2 or None, 60, "a second job run, queued")
+    finally:
+        proc.kill()
+        proc.wait(30)
+    runs = wait_for(
+        lambda: (rs := job_runs(name)) and sum(r.state.is_cancelled() for r in rs) >= 1 and rs, 30, "the owner watch"
+    )
+    stranded = [run for run in runs if not run.state.is_final()]
+    assert stranded and all(run.state.is_pending() for run in stranded), [(r.name, r.state.name) for r in runs]
+    for run in stranded:
+        assert cli(["jobs", "cancel", str(run.id)]) == 0
+    capsys.readouterr()
+    assert all(run.state.is_cancelled() for run in job_runs(name)), [(r.name, r.state.name) for r in job_runs(name)]
+
+
+def test_a_job_run_that_cannot_be_created_leaves_no_pending_tracking_task_run(monkeypatch):
+    """A 256-input map on the embedded server that failed with 503 left 27 tracking task runs Pending: each was
+    created, then its job's flow run was not. A tracker whose job run cannot be created now ends Cancelled."""
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+
+    from kinetic_prefect.shared import prefect_runs
+
+    async def refused(*args, **kwargs):
+        raise RuntimeError("the server refused the flow run")
+
+    monkeypatch.setattr(prefect_runs, "_create_flow_run", refused)
+    name = f"no-job-run-{uuid.uuid4().hex[:6]}"
+
+    @kinetic_task(name=name)
+    def anything() -> int:
+        return 1
+
+    @flow
+    def pipeline():
+        return anything()
+
+    with pytest.raises(RuntimeError, match="refused"):
+        pipeline()
+    with get_client(sync_client=True) as client:
+        trackers = [
+            t
+            for t in client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=name)))
+            if "kinetic" in (t.tags or [])
+        ]
+    assert trackers and all(t.state.is_cancelled() for t in trackers), [(t.name, t.state.name) for t in trackers]

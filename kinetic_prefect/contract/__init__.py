@@ -65,6 +65,11 @@ TRACKING_TASK_KEY_PREFIX = "kinetic-job-"
 # collected later by whoever attaches to it), and a child of a ``run_async_map`` batch ("<prefix><group id>",
 # "<prefix><index>/<inputs>"), so that a batch is found again from Prefect's records alone.
 DETACHED_TAG = "kinetic-detached"
+# Prefect labels on an in-process job's flow run: the calling process that will run it (a run it left Pending when
+# it was killed before the job started is nobody's, and `jobs cancel` ends it).
+OWNER_HOST_LABEL = "kinetic.owner.host"
+OWNER_PID_LABEL = "kinetic.owner.pid"
+OWNER_START_LABEL = "kinetic.owner.start-ticks"
 GROUP_TAG_PREFIX = "kinetic-group:"
 GROUP_INDEX_TAG_PREFIX = "kinetic-group-index:"
 

@@ -319,11 +319,19 @@ async def _cancel(flow_run_id: UUID, message: str, wait_seconds: float) -> None:
 
     from kinetic_prefect.caller import _prefect
 
+    from kinetic_prefect.shared.prefect_runs import owner_is_gone
+
     async with get_client() as client:
         flow_run = await client.read_flow_run(flow_run_id)
         if flow_run.state is not None and flow_run.state.is_scheduled():
             # Nobody has claimed it: no worker would ever see a Cancelling. A claim races with this and loses.
             await client.set_flow_run_state(flow_run_id, Cancelled(message=message), force=True)
+            return
+        if flow_run.state is not None and not flow_run.state.is_final() and owner_is_gone(flow_run):
+            # An in-process job whose calling process was killed: nobody is left to act on a Cancelling.
+            await client.set_flow_run_state(
+                flow_run_id, Cancelled(message=f"{message}; its calling process was gone"), force=True
+            )
             return
         await _prefect.cancel_flow_run(client, flow_run_id, message, wait_seconds=wait_seconds)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import os
 import random
 import threading
 import time
@@ -29,6 +30,7 @@ from prefect.states import Cancelled, Cancelling, Pending, Scheduled, State
 
 from kinetic_prefect.contract import JOB_OUTPUT_LOGGER, LOG_END_MARKER, TRACKING_TASK_KEY_PREFIX
 from kinetic_prefect.shared.outages import Outage, _client_retries_off, is_transient
+from kinetic_prefect.shared.processes import process_start_ticks
 from kinetic_prefect.shared.sweeps import check_caller
 
 logger = logging.getLogger("kinetic_prefect.api")
@@ -73,19 +75,66 @@ async def create_job_flow_run(
     # Pending runs are invisible to polling workers, so an in-process submission cannot be
     # picked up twice; Scheduled runs are what a polling worker claims.
     state: State[Any] = Scheduled() if for_polling_worker else Pending()
-    return await with_retries(
-        lambda: _create_flow_run(
-            client,
-            flow,
-            name=run_name,
-            state=state,
-            work_pool_name=pool.name,
-            job_variables=job_variables,
-            parent_task_run_id=tracker_id,
-            tags=tags,
-        ),
-        what="creating the job's flow run",
-    )
+    try:
+        return await with_retries(
+            lambda: _create_flow_run(
+                client,
+                flow,
+                name=run_name,
+                state=state,
+                work_pool_name=pool.name,
+                job_variables=job_variables,
+                parent_task_run_id=tracker_id,
+                tags=tags,
+                labels={} if for_polling_worker else owner_labels(),
+            ),
+            what="creating the job's flow run",
+        )
+    except BaseException:
+        if tracker_id is not None:  # no job run will ever end it: a tracking task run must not stay Pending
+            await _end_tracker(client, tracker_id)
+        raise
+
+
+async def _end_tracker(client: PrefectClient, tracker_id: UUID) -> None:
+    import anyio
+    from prefect.states import Cancelled
+
+    with anyio.CancelScope(shield=True):
+        try:
+            await client.set_task_run_state(
+                tracker_id, Cancelled(message="its job's flow run could not be created"), force=True
+            )
+        except Exception:  # best effort: the API is what failed
+            pass
+
+
+def owner_labels() -> dict[str, str]:
+    """Who runs an in-process job (Prefect labels on its flow run): a run left Pending by a caller killed before
+    its job started is then known to be nobody's (``owner_is_gone``) and can be cancelled."""
+    import socket
+
+    from kinetic_prefect.contract import OWNER_HOST_LABEL, OWNER_PID_LABEL, OWNER_START_LABEL
+
+    return {
+        OWNER_HOST_LABEL: socket.gethostname(),
+        OWNER_PID_LABEL: str(os.getpid()),
+        OWNER_START_LABEL: str(process_start_ticks(os.getpid()) or ""),
+    }
+
+
+def owner_is_gone(flow_run: FlowRun) -> bool:
+    """True when the run names an in-process owner on this machine whose process no longer runs."""
+    import socket
+
+    from kinetic_prefect.contract import OWNER_HOST_LABEL, OWNER_PID_LABEL, OWNER_START_LABEL
+
+    labels = flow_run.labels or {}
+    if labels.get(OWNER_HOST_LABEL) != socket.gethostname() or not str(labels.get(OWNER_PID_LABEL, "")).isdigit():
+        return False
+    pid = int(labels[OWNER_PID_LABEL])
+    ticks = process_start_ticks(pid)
+    return ticks is None or str(ticks) != str(labels.get(OWNER_START_LABEL) or ticks)
 
 
 _flow_ids: dict[tuple[str, str], UUID] = {}
@@ -101,6 +150,7 @@ async def _create_flow_run(
     job_variables: dict[str, Any],
     parent_task_run_id: UUID | None,
     tags: list[str],
+    labels: dict[str, str] | None = None,
 ) -> FlowRun:
     """``client.create_flow_run`` without its per-call ``POST /flows/``: the flow's id is looked up once per
     name and API (a 64-input map made 64 identical upserts), and again if the server no longer has it."""
@@ -124,6 +174,7 @@ async def _create_flow_run(
             empirical_policy=FlowRunPolicy(retries=flow.retries, retry_delay=int(flow.retry_delay_seconds or 0)),
             work_pool_name=work_pool_name,
             job_variables=job_variables,
+            labels=dict(labels or {}),
         )
         try:
             response = await client.request(

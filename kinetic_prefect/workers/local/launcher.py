@@ -26,19 +26,11 @@ from prefect.client.schemas.objects import FlowRun
 
 from kinetic_prefect import accelerators, config
 from kinetic_prefect.contract import RUNNER_COMMAND, Env, WarmRunnerFiles
+from kinetic_prefect.shared.processes import process_start_ticks
 from kinetic_prefect.workers.local import warm
 from kinetic_prefect.workers.lifecycle import JobLauncher, JobStatus
 from kinetic_prefect.workers.local.configuration import KineticLocalJobConfiguration, choose_local_accelerator
 from kinetic_prefect.workers.local.environments import LocalEnvironments, machine_environment
-
-
-def process_start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (so a reused pid is not mistaken for it)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def _runner_end(job_dir: Path, host_index: int) -> float | None:
