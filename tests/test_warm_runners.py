@@ -106,3 +106,41 @@ def test_stopping_a_call_stops_its_runner_and_the_next_call_gets_a_fresh_one(tmp
     assert not alive(pid), "the stopped call's runner (the one the first call warmed) is gone"
     fresh, calls = one(2, 0.0).result()
     assert fresh != pid and calls == [2]
+
+
+def test_a_call_that_leaves_a_thread_running_does_not_write_into_the_next_calls_logs():
+    """A thread started by a warm call went on printing into the job-run logs of the calls after it (the runner's
+    stdout is each call's log in turn), and `sys.setrecursionlimit` carried over. A runner whose call left a
+    thread running leaves after that call; the recursion limit is restored after every call."""
+    name = f"warm-thread-{uuid.uuid4().hex[:6]}"
+
+    @kinetic_task(name=name, work_pool=new_pool("warm"), job_variables={"keep_warm_seconds": 20})
+    def call(i: int, leave_a_thread: bool) -> tuple[int, int]:
+        import os
+        import sys
+        import threading
+        import time as _time
+
+        if leave_a_thread:
+            sys.setrecursionlimit(50_000)
+
+            def chatter() -> None:
+                while True:
+                    print("stray line from call 0", flush=True)
+                    _time.sleep(0.2)
+
+            threading.Thread(target=chatter, name="chatter", daemon=True).start()
+            _time.sleep(0.5)
+        return os.getpid(), sys.getrecursionlimit()
+
+    @flow
+    def calls():
+        first = call(0, True)
+        return first, call(1, False), call(2, False)
+
+    (pid0, _), (pid1, limit1), (pid2, limit2) = calls()
+    assert pid1 != pid0, "the runner whose call left a thread was reused"
+    assert pid2 == pid1, "a runner whose call left nothing is reused as before"
+    assert limit1 == limit2 != 50_000
+    for run in final_job_run(name)[1:]:
+        assert not [line for line in log_lines(run.id) if "stray line" in line], run.name

@@ -28,6 +28,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,8 @@ def _run_in_place(env: dict[str, str], base_environ: dict[str, str], log_path: P
     os.environ.clear()
     os.environ.update(env)
     path_before = list(sys.path)
+    threads_before = set(threading.enumerate())
+    recursion_limit = sys.getrecursionlimit()
     workdir = tempfile.mkdtemp(prefix="kinetic-call-")
     os.chdir(workdir)
     sys.stdout.flush()
@@ -141,7 +144,31 @@ def _run_in_place(env: dict[str, str], base_environ: dict[str, str], log_path: P
         _remove_tree(workdir)
         os.environ.clear()
         os.environ.update(base_environ)
+        sys.setrecursionlimit(recursion_limit)
+        _STRAY_THREADS[:] = [
+            t.name
+            for t in threading.enumerate()
+            if t not in threads_before and t.is_alive() and not t.name.startswith("kinetic-")
+        ]
     return code
+
+
+# Threads the last call started and left running. Their output would land in the next calls' logs (this process's
+# stdout is the next call's log), so a runner whose call left any is not reused: it leaves after that call.
+_STRAY_THREADS: list[str] = []
+
+
+def _leave_if_threads_left(served: int) -> None:
+    """End this runner at once (without waiting for the threads) if the last call left threads running."""
+    if not _STRAY_THREADS:
+        return
+    print(
+        f"kinetic warm runner: leaving after {served} call(s): the last call left {len(_STRAY_THREADS)} thread(s) "
+        f"running ({', '.join(_STRAY_THREADS[:5])}); the next call gets a fresh runner",
+        flush=True,
+    )
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _remove_tree(path: str) -> None:
@@ -189,6 +216,7 @@ def main(control_dir: str) -> int:
             _write_whole(Path(call["job_dir"]) / WarmRunnerFiles.EXIT_STATUS, str(code))
             if stopped:  # a stopped call stops its runner: the launcher starts a fresh one for the next call
                 return 0
+            _leave_if_threads_left(served)
             keep_warm = call.get("keep_warm_seconds")
             deadline = None if keep_warm is None else time.monotonic() + float(keep_warm)
             _write_whole(control / WarmRunnerFiles.IDLE, str(served))
@@ -246,6 +274,9 @@ def pod_main() -> int:
             store.put_bytes(RunLayout(run_id).warm_exit, json.dumps(record).encode())
             if stopped:
                 return 0
+            if _STRAY_THREADS:
+                store.delete_prefix(control)  # as a pod leaving idle: no launcher hands it another call
+                _leave_if_threads_left(served)
             # Ready only after the exit record: a stop that finds no record may delete this pod, and must not
             # take a call handed to it meanwhile. (The next call is submitted once the worker has read the
             # record and Prefect has freed the slot, well after this write.)
