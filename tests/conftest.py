@@ -44,6 +44,19 @@ os.environ.pop("KINETIC_STORE", None)
 os.environ.pop("KINETIC_WORK_POOL", None)
 
 
+SLOW_TIER = bool(os.environ.get("KINETIC_SLOW_TESTS"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``slow_tier`` run only with ``KINETIC_SLOW_TESTS=1`` (CONTRIBUTING says what each adds)."""
+    if SLOW_TIER:
+        return
+    skip = pytest.mark.skip(reason="slow tier: set KINETIC_SLOW_TESTS=1 (CONTRIBUTING lists what it adds)")
+    for item in items:
+        if item.get_closest_marker("slow_tier") is not None:
+            item.add_marker(skip)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--prefect-database",

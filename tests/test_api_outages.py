@@ -31,8 +31,6 @@ from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 from api_gate import ApiGate
 from test_lifecycle import final_job_run, read_pid, task_run_of
 
-SLOW = bool(os.environ.get("KINETIC_SLOW_TESTS"))
-
 SCRIPT = textwrap.dedent("""
     import sys
     from prefect import flow
@@ -174,7 +172,7 @@ def test_an_outage_longer_than_prefects_retries_the_job_ends_while_the_api_is_aw
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not SLOW, reason="a 5-minute outage: set KINETIC_SLOW_TESTS=1")
+@pytest.mark.slow_tier  # a 5-minute outage, twice
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("submission", ["in-process", "worker"])
 def test_a_5_minute_outage(tmp_path, gate, worker_factory, submission):

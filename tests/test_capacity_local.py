@@ -101,6 +101,42 @@ def test_sigterm_from_outside_is_a_preemption_retried_without_spending_retries(t
     assert event.payload["preemptions"] == 1 and event.payload["resumed_from"].startswith("step ")
 
 
+def test_a_preempted_warm_call_is_relaunched_once_and_not_run_twice(tmp_path):
+    """On a pool that keeps runners warm (keep_warm_seconds=60, min_warm=1), a SIGTERM of the body's process from
+    outside: the relaunched attempt read the earlier attempt's exit status and counted as finished, so the run was
+    marked Crashed while the relaunched process went on, and `retries=1` then started a second copy beside it. One
+    relaunch under the same run, resumed from the checkpoint, `retries` untouched, one job run, Completed."""
+    import threading
+
+    from worker_fixture import new_pool
+
+    pid_file = tmp_path / "pid"
+    body = kinetic_task(
+        train,
+        name=f"warm-preempt-{tmp_path.name[-6:]}",
+        work_pool=new_pool("warm"),
+        retries=1,
+        ship_project=False,
+        job_variables={"keep_warm_seconds": 60, "min_warm": 1},
+    )
+
+    @flow
+    def pipeline():
+        return body(str(pid_file), return_state=True)
+
+    killer = threading.Thread(target=_preempt_when_running, args=(pid_file,), daemon=True)
+    killer.start()
+    state = pipeline()
+    value = state.result()
+    assert value["start"] > 0 and value["preemptions"] == "1", value
+    assert state.is_completed() and "preempted 1×" in (state.message or ""), state.message
+    with get_client(sync_client=True) as client:
+        task_run = client.read_task_run(state.state_details.task_run_id)
+    assert task_run.run_count == 1, "the preemption spent a retry"
+    [job] = jobs_of(task_run.id)
+    assert job.state.is_completed(), job.state
+
+
 def test_a_spent_preemption_budget_crashes_the_run_naming_it(tmp_path):
     import threading
 

@@ -131,7 +131,7 @@ def test_interrupted_calls_leave_nothing_in_the_store_or_tmpdir(store_dir, tmp_p
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("KINETIC_SLOW_TESTS"), reason="set KINETIC_SLOW_TESTS=1 (about 3 minutes)")
+@pytest.mark.slow_tier  # about 3 minutes
 def test_fifty_interrupted_calls_leave_nothing_in_the_store_or_tmpdir(store_dir, tmp_path, monkeypatch):
     _interrupted_calls(50, store_dir, tmp_path, monkeypatch)
 
