@@ -578,3 +578,24 @@ def test_an_in_process_detached_job_stops_with_its_killed_submitter(tmp_path):
     _wait_for(lambda: job.status() is kinetic.JobStatus.NOT_FOUND, 60, "the job's run to end Cancelled")
     assert job.state().is_cancelled() and "died" in (job.state().message or "")
     assert time.monotonic() - started < 30
+
+
+def test_a_script_that_ends_before_its_in_process_detached_job_waits_for_it_cleanly(tmp_path):
+    """The submitter of an in-process detached job ends its script while the job runs: it waits for the job at exit.
+    Each log line of the job's last moments printed an 80-line "Logging error … can't register atexit after
+    shutdown" (Prefect's log sender started during shutdown). It now exits 0 with no such error; the value waits."""
+    from worker_fixture import new_pool
+
+    pool, pid_file = new_pool("in-process"), tmp_path / "job.pid"
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "in_process_submit.py"), str(pid_file), "3"],
+        env={**os.environ, "KINETIC_WORK_POOL": pool},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Logging error" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    job = kinetic.attach(json.loads(proc.stdout.strip().splitlines()[-1])["job"])
+    assert job.status() is kinetic.JobStatus.SUCCEEDED and job.result(timeout=30) == "slept 3 s"

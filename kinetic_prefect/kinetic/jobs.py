@@ -483,6 +483,12 @@ def start_waited_for_at_exit(thread: threading.Thread) -> None:
     thread is joined only after that, when the job's worker can no longer start a thread ("cannot schedule new
     futures after interpreter shutdown")."""
     if not _waited_for_at_exit:
+        # Prefect's log sender registers its own exit hook when it first starts; started during shutdown (the job's
+        # last log lines) it cannot, and each line printed a "Logging error" traceback. Started now, its hook is
+        # registered before this one, so it runs after this join and sends those lines.
+        from prefect.logging.handlers import APILogWorker
+
+        APILogWorker.instance()
         threading._register_atexit(_join_at_exit)  # type: ignore[attr-defined]  # noqa: SLF001 - the hook that runs before the pools' shutdown
     _waited_for_at_exit.append(thread)
     thread.start()
