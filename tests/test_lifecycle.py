@@ -83,10 +83,11 @@ def read_pid(path: Path, timeout: float = 90.0) -> int:
 
 
 @pytest.fixture(params=["in-process", "worker"])
-def route(request, worker_factory):
-    """(pool, submission) for one submission path; the polling path has a worker online."""
+def route(request):
+    """(pool, submission) for one submission path; the polling path has a worker online (the session's shared one:
+    no test of this fixture kills or reads its worker)."""
     if request.param == "worker":
-        worker = worker_factory().start()
+        worker = request.getfixturevalue("shared_polling_worker")
         return worker.pool, "worker"
     return new_pool("inproc"), "in-process"
 

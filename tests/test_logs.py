@@ -43,9 +43,9 @@ def numbered(lines: list[str], prefix: str = "") -> list[int]:
 
 
 @pytest.fixture(params=["in-process", "worker"])
-def route(request, worker_factory):
-    if request.param == "worker":
-        return worker_factory().start().pool, "worker"
+def route(request):
+    if request.param == "worker":  # the session's shared worker: these tests neither kill nor read it
+        return request.getfixturevalue("shared_polling_worker").pool, "worker"
     return new_pool("inproc"), "in-process"
 
 

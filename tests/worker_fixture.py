@@ -121,6 +121,23 @@ def worker_factory(tmp_path):
         worker.stop()
 
 
+@pytest.fixture(scope="session")
+def _shared_worker(tmp_path_factory):
+    worker = WorkerProcess(new_pool("shared-polling"), tmp_path_factory.mktemp("shared-worker") / "worker.log")
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture
+def shared_polling_worker(_shared_worker) -> WorkerProcess:
+    """One polling worker for the tests that only need one online (a start and stop cost each of them ≈ 8 s):
+    started on first use, and again if a test's jobs took it down. A test that kills, restarts or reads the log of
+    its worker takes its own from ``worker_factory``."""
+    if _shared_worker.proc is None or _shared_worker.proc.poll() is not None:
+        _shared_worker.start()
+    return _shared_worker
+
+
 @pytest.fixture
 def polling_worker(worker_factory):
     worker = worker_factory().start()
