@@ -181,6 +181,7 @@ def test_a_5_minute_outage(tmp_path, gate, worker_factory, submission):
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("submission", ["in-process", "worker"])
+@pytest.mark.slow
 def test_the_server_process_restarts_during_a_job(tmp_path, prefect_server_process, worker_factory, submission):
     """Not a cut connection but the server itself: `prefect server start` is stopped 4 s into the job and started
     again on the same database (SQLite here, PostgreSQL in the PostgreSQL session of .ci/run)."""
@@ -190,6 +191,7 @@ def test_the_server_process_restarts_during_a_job(tmp_path, prefect_server_proce
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_the_worker_and_the_server_both_restart(tmp_path, gate, worker_factory):
     """The API goes away, the polling worker is killed while it is away, and both come back: the restarted worker
     reattaches to the job that ran on meanwhile, the caller gets its value and every line arrives once."""
@@ -259,6 +261,7 @@ BUDGET_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_a_job_that_ends_during_an_outage_is_billed_to_its_own_end_and_keeps_its_value(tmp_path, gate):
     """The follow loop is blocked while the API is away, so it sees a job that ended meanwhile only afterwards.
     Billed to then, a 3 s job behind a 14 s outage went over its 10 s budget and lost its value (Failed,

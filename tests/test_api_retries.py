@@ -56,6 +56,7 @@ def busy_server():
     server.shutdown()
 
 
+@pytest.mark.slow
 def test_a_busy_server_is_retried_at_the_pace_of_the_conflict(busy_server):
     from prefect.client.orchestration import PrefectClient
 

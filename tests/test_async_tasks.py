@@ -30,6 +30,7 @@ def _sleeper(name: str):
     return double_later
 
 
+@pytest.mark.slow
 def test_an_async_task_is_awaited_and_the_loop_stays_free():
     task = _sleeper(f"async-{uuid.uuid4().hex[:6]}")
 
@@ -57,6 +58,7 @@ def test_an_async_task_is_awaited_and_the_loop_stays_free():
     assert longest_gap < 1.5, f"the flow's loop was blocked for {longest_gap:.1f} s of a {waited:.1f} s wait"
 
 
+@pytest.mark.slow
 def test_an_async_task_can_be_submitted_in_an_async_flow():
     task = _sleeper(f"async-submit-{uuid.uuid4().hex[:6]}")
 

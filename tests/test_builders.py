@@ -224,6 +224,7 @@ def test_docker_build_push_run_then_skip(docker_engine, local_registry, python_b
     print(f"\nfirst build+push {first_build_s:.1f} s, second ensure {time.monotonic() - started:.2f} s")
 
 
+@pytest.mark.slow
 def test_docker_build_failure_reports_the_log_tail(docker_engine, local_registry, python_base_image, tmp_path):
     # Python minor version mismatch: the Dockerfile's guard stops the build before any install.
     spec = ImageSpec.create(python="3.9")

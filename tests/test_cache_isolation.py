@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import pytest
 import uuid
 
 from prefect import flow, get_client
@@ -12,6 +13,7 @@ from prefect.client.schemas.filters import FlowFilter, FlowFilterName
 from kinetic_prefect import kinetic_task
 
 
+@pytest.mark.slow
 def test_two_flows_calling_the_same_cached_task_run_one_job():
     name = f"isolated-{uuid.uuid4().hex[:6]}"
 

@@ -38,6 +38,7 @@ def _cancel_job_of(name: str, pid_file) -> int:
     return pid
 
 
+@pytest.mark.slow
 def test_a_cancelled_call_raises_and_the_flow_does_not_complete(route, tmp_path):
     pool, submission = route
     name = f"cancel-raise-{uuid.uuid4().hex[:6]}"
@@ -65,6 +66,7 @@ def test_a_cancelled_call_raises_and_the_flow_does_not_complete(route, tmp_path)
     assert task_run_of(runs[0]).state.is_cancelled(), task_run_of(runs[0]).state
 
 
+@pytest.mark.slow
 def test_a_caught_cancel_lets_the_flow_complete(route, tmp_path):
     pool, submission = route
     name = f"cancel-caught-{uuid.uuid4().hex[:6]}"

@@ -60,6 +60,7 @@ def _task_artifacts(task_run_id):
         )
 
 
+@pytest.mark.slow
 def test_sigterm_from_outside_is_a_preemption_retried_without_spending_retries(tmp_path):
     import threading
 
@@ -101,6 +102,7 @@ def test_sigterm_from_outside_is_a_preemption_retried_without_spending_retries(t
     assert event.payload["preemptions"] == 1 and event.payload["resumed_from"].startswith("step ")
 
 
+@pytest.mark.slow
 def test_a_preempted_warm_call_is_relaunched_once_and_not_run_twice(tmp_path):
     """On a pool that keeps runners warm (keep_warm_seconds=60, min_warm=1), a SIGTERM of the body's process from
     outside: the relaunched attempt read the earlier attempt's exit status and counted as finished, so the run was

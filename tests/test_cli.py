@@ -44,6 +44,7 @@ def _failed(report: dict) -> dict[str, dict]:
     return {c["name"]: c for c in report["checks"] if c["status"] == "fail"}
 
 
+@pytest.mark.slow
 def test_doctor_passes_for_a_healthy_local_pool(tmp_path, capsys):
     pool = _pool(store=str(tmp_path / "store"))
     assert main(["doctor", "--pool", pool]) == 0
@@ -66,12 +67,14 @@ def test_doctor_names_the_fix_for_a_missing_pool(capsys):
     assert "1 check(s) failed." in out
 
 
+@pytest.mark.slow
 def test_doctor_rejects_a_pool_that_is_not_a_kinetic_type(capsys):
     pool = _pool("process")
     code, report = _doctor(capsys, "--pool", pool)
     assert code == 1 and "not a kinetic worker type" in _failed(report)["Work pool"]["detail"]
 
 
+@pytest.mark.slow
 def test_doctor_fails_on_an_unwritable_store(tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
@@ -96,6 +99,7 @@ def test_doctor_fails_on_a_read_only_store_directory(tmp_path, capsys):
     assert code == 1 and "failed while writing" in _failed(report)["Store"]["detail"]
 
 
+@pytest.mark.slow
 def test_doctor_gke_pool_with_cloud_build_but_no_project(gcs_bucket, capsys):
     pool = _pool(
         "kinetic-gke",
@@ -154,6 +158,7 @@ def cluster(tmp_path):
     emulator.stop()
 
 
+@pytest.mark.slow
 def test_doctor_checks_node_pools_for_the_deployments_accelerators(cluster, gcs_bucket, capsys):
     pool = _pool(
         "kinetic-gke",
@@ -196,6 +201,7 @@ def test_doctor_checks_node_pools_for_the_deployments_accelerators(cluster, gcs_
     assert "--tpu-topology 2x2" in tpu["fix"] and "--spot" in tpu["fix"]
 
 
+@pytest.mark.slow
 def test_doctor_for_a_gke_pool_with_a_local_store_and_no_image(capsys, tmp_path):
     pool = _pool("kinetic-gke", store=str(tmp_path / "s"), kubeconfig_path="/nonexistent/kubeconfig")
     code, report = _doctor(capsys, "--pool", pool)
@@ -206,6 +212,7 @@ def test_doctor_for_a_gke_pool_with_a_local_store_and_no_image(capsys, tmp_path)
     assert "image_builder=cloud-build" in failed["Job image"]["fix"]
 
 
+@pytest.mark.slow
 def test_doctor_reports_an_unreachable_api(tmp_path):
     env = {**os.environ, "PREFECT_API_URL": "http://127.0.0.1:9/api"}  # port 9 (discard): nothing listens
     proc = subprocess.run(
@@ -221,6 +228,7 @@ def test_doctor_reports_an_unreachable_api(tmp_path):
     assert "- Work pool" in proc.stdout and "✓ Store" in proc.stdout
 
 
+@pytest.mark.slow
 def test_pool_set_parses_values_and_refuses_unknown_variables(capsys):
     pool = _pool()
     assert main(["pool-set", pool, "stream_output=false", 'env={"A": "1"}', "store=/tmp/x"]) == 0
@@ -235,6 +243,7 @@ def test_pool_set_parses_values_and_refuses_unknown_variables(capsys):
     assert props["store"]["default"] == "/tmp/x"
 
 
+@pytest.mark.slow
 def test_pool_set_with_an_empty_value_unsets_the_variable():
     """`KEY=` leaves the variable without a default (the pools' forms need no null defaults): the job then gets
     the configuration's own default."""
@@ -268,6 +277,7 @@ def test_catalog_and_accelerators_commands(tmp_path, capsys):
     assert "choose cpu, gpu or tpu" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_console_script_exit_status(tmp_path):
     script = Path(sys.executable).parent / "kinetic-prefect"
     ok = subprocess.run([str(script), "doctor", "--store", str(tmp_path)], capture_output=True, text=True, timeout=120)
@@ -282,6 +292,7 @@ def test_console_script_exit_status(tmp_path):
     assert usage.returncode == 2 and "give --image IMAGE, or --repository REPOSITORY" in usage.stderr
 
 
+@pytest.mark.slow
 def test_doctor_deployments_finds_scheduled_runs_that_cannot_start(capsys):
     """--deployments: a scheduled deployment whose flows' pool nobody polls (warning) and whose kinetic
     pool does not exist (failure), next to a healthy one."""

@@ -83,6 +83,7 @@ def events(name: str, resource_id: str, timeout: float = 15.0, until=bool) -> li
 # --------------------------------------------------------------------------- kinetic-local, end to end
 
 
+@pytest.mark.slow
 def test_a_six_second_job_costs_its_duration_times_the_price_and_reports_its_usage():
     pool = priced_pool()
     name = f"six-{uuid.uuid4().hex[:6]}"
@@ -130,6 +131,7 @@ def test_a_six_second_job_costs_its_duration_times_the_price_and_reports_its_usa
     assert plot and "data:image/svg+xml;base64," in plot[0].data
 
 
+@pytest.mark.slow
 def test_a_budget_below_the_jobs_cost_stops_it_within_two_seconds_not_retried_outputs_kept(store_dir):
     pool = priced_pool()
     name = f"budget-{uuid.uuid4().hex[:6]}"
@@ -168,6 +170,7 @@ def test_a_budget_below_the_jobs_cost_stops_it_within_two_seconds_not_retried_ou
     assert any(p.read_text().startswith("step") for p in kept), "the job's outputs were not kept"
 
 
+@pytest.mark.slow
 def test_a_flow_with_three_calls_shows_their_sum_and_the_cli_reads_it(capsys):
     from kinetic_prefect import cli
 
@@ -227,6 +230,7 @@ def test_a_flow_with_three_calls_shows_their_sum_and_the_cli_reads_it(capsys):
         assert culprit in captured.err and "Traceback" not in captured.err + captured.out, captured
 
 
+@pytest.mark.slow
 def test_a_flow_run_budget_tag_caps_its_calls():
     from prefect import tags
 
@@ -292,6 +296,7 @@ def test_every_entry_of_a_fallback_list_needs_a_price():
     assert job_runs(name) == []
 
 
+@pytest.mark.slow
 def test_a_pool_given_the_price_an_error_asked_for_is_read_again_at_once():
     """The error names `kinetic-prefect pool-set POOL 'prices=…'` as the fix; a script that made it and called again
     got the same error from the caller's 30 s copy of the pool. The pool is read again before a refusal."""

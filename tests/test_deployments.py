@@ -152,6 +152,7 @@ def operator(tmp_path_factory):
         stop_worker_process(proc)
 
 
+@pytest.mark.slow
 def test_prefect_deploy_creates_every_pipeline_deployment(operator, tmp_path):
     _deploy(_prefect_file(tmp_path / "prefect.yaml", operator["flows_pool"]))
     with get_client(sync_client=True) as client:
@@ -291,6 +292,7 @@ def test_deployments_run_through_the_workers_and_on_their_schedule(operator, tmp
     print(f"\nsmoke run {smoke_seconds:.0f}s after start; everything done in {total_seconds:.0f}s")
 
 
+@pytest.mark.slow
 def test_git_clone_pull_step_runs_on_a_worker_without_a_checkout(operator, tmp_path):
     """The alternative pull step: the worker's flow run clones the repository itself (here a local git
     repository holding this working tree; a real remote is just another URL)."""

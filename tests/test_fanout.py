@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import uuid
 
 from prefect import flow, get_client
@@ -18,6 +19,7 @@ def _max_overlap(spans: list[tuple[float, float]]) -> int:
     return peak
 
 
+@pytest.mark.slow
 def test_map_runs_jobs_concurrently_within_a_tag_concurrency_limit():
     tag = f"fanout-{uuid.uuid4().hex[:6]}"
     with get_client(sync_client=True) as client:

@@ -33,6 +33,7 @@ def _bare_env(home: Path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_a_kinetic_script_runs_on_a_fresh_machine(tmp_path):
     home = tmp_path / "home"
     home.mkdir()

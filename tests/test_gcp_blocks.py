@@ -64,6 +64,7 @@ def local_kinetic_store(tmp_path, monkeypatch):
     monkeypatch.setenv("KINETIC_STORE", str(tmp_path / "local-store"))
 
 
+@pytest.mark.slow
 def test_a_cache_hit_works_from_another_machine_when_only_the_pool_names_the_bucket(gcs_bucket, tmp_path):
     store_url = f"{gcs_bucket}/team"
     pool = _pool(store_url)

@@ -60,6 +60,7 @@ def _dataset(root: Path) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_a_gcs_pool_runs_with_nested_data_outputs_and_artifacts(gcs_pool, tmp_path):
     pool, store = gcs_pool
     root = _dataset(tmp_path / "dataset")
@@ -129,6 +130,7 @@ def test_outputs_are_uploaded_when_the_job_fails(gcs_pool):
 
 
 @pytest.mark.parametrize("backend", ["gcs", "local"])
+@pytest.mark.slow
 def test_a_killed_job_resumes_from_its_checkpoint(backend, gcs_bucket, tmp_path, monkeypatch):
     pool = _pool_with_store(f"{gcs_bucket}/ckpt" if backend == "gcs" else str(tmp_path / "store"))
     monkeypatch.setenv("KINETIC_CHECKPOINT_SYNC_SECONDS", "0.2")
@@ -164,6 +166,7 @@ def test_a_killed_job_resumes_from_its_checkpoint(backend, gcs_bucket, tmp_path,
     assert pipeline() == {"resumed_from": 3, "final": 5}
 
 
+@pytest.mark.slow
 def test_a_cache_hit_works_from_another_machine_sharing_the_bucket(gcs_bucket, tmp_path):
     store_url = f"{gcs_bucket}/shared"
     token = uuid.uuid4().hex

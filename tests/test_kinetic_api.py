@@ -197,6 +197,7 @@ def test_prefect_options_pass_through():
 # --------------------------------------------------------------------------- Kinetic's examples, blocking calls
 
 
+@pytest.mark.slow
 def test_simple_demo():
     """examples/simple_demo.py: a Keras model trained in the job; a blocking call outside any flow."""
 
@@ -229,6 +230,7 @@ def test_simple_demo():
     assert isinstance(loss, float) and 0 < loss < 10
 
 
+@pytest.mark.slow
 def test_data_api(tmp_path):
     """examples/example_data_api.py: Data as a directory, a file (twice: the second upload is a cache hit), volumes
     at fixed paths, mixed with arguments, nested in a list."""
@@ -304,6 +306,7 @@ def test_checkpointing(tmp_path):
 # --------------------------------------------------------------------------- batched jobs and collections
 
 
+@pytest.mark.slow
 def test_keras_training_batch():
     """docs/guides/batched_jobs.md, "A first batch": a Keras regression per learning rate, results in input order."""
 
@@ -329,6 +332,7 @@ def test_keras_training_batch():
 
 
 @pytest.mark.timeout(900)  # several processes and jobs; minutes on a loaded machine
+@pytest.mark.slow
 def test_collections(tmp_path):
     """examples/example_collections.py: a sweep of dict inputs with max_concurrent=2, reattached by group id, streamed
     with as_completed, failures with return_exceptions, a retry, and the clean-up."""
@@ -425,6 +429,7 @@ def _wait_for(predicate, timeout: float, what: str):
 
 
 @pytest.mark.timeout(900)  # several processes and jobs; minutes on a loaded machine
+@pytest.mark.slow
 def test_detached_jobs_outlive_their_script(worker_factory, tmp_path, monkeypatch, capsys):
     """docs/guides/async_jobs.md: a script submits with run_async() and exits; a second process collects the value
     (signature checked, payload deleted); `kinetic-prefect jobs` lists, follows and cancels a job."""
@@ -492,6 +497,7 @@ def test_detached_jobs_outlive_their_script(worker_factory, tmp_path, monkeypatc
     assert cli(["jobs", "cleanup", ids["b"]]) == 0
 
 
+@pytest.mark.slow
 def test_a_tampered_result_is_refused(worker_factory, monkeypatch):
     monkeypatch.setenv("KINETIC_SIGNING_KEY", "kinetic-api-test-key")
     monkeypatch.setenv("KINETIC_WORK_POOL", worker_factory().start().pool)
@@ -515,10 +521,11 @@ def test_a_tampered_result_is_refused(worker_factory, monkeypatch):
 
 
 @pytest.mark.timeout(900)  # several processes and jobs; minutes on a loaded machine
-def test_a_killed_callers_job_is_collected_by_attach(worker_factory):
+@pytest.mark.slow
+def test_a_killed_callers_job_is_collected_by_attach(shared_polling_worker):
     """`kinetic_prefect.attach(flow_run_id)`: the script that submitted a @kinetic_task job is killed (SIGKILL)
     while the job runs on a polling worker; the job runs to its end and another process collects its value."""
-    pool = worker_factory().start().pool
+    pool = shared_polling_worker.pool
     script = subprocess.Popen(
         [sys.executable, str(EXAMPLES / "task_submit.py")],
         env={**os.environ, "POOL": pool},
@@ -546,6 +553,7 @@ def test_a_killed_callers_job_is_collected_by_attach(worker_factory):
 
 
 @pytest.mark.timeout(900)  # several processes and jobs; minutes on a loaded machine
+@pytest.mark.slow
 def test_an_in_process_detached_job_stops_with_its_killed_submitter(tmp_path):
     """No worker polls the pool: the submitter runs the job itself (and warns), waits for it at exit, and when it is
     killed the job stops by itself and its run ends Cancelled."""
@@ -580,6 +588,7 @@ def test_an_in_process_detached_job_stops_with_its_killed_submitter(tmp_path):
     assert time.monotonic() - started < 30
 
 
+@pytest.mark.slow
 def test_a_script_that_ends_before_its_in_process_detached_job_waits_for_it_cleanly(tmp_path):
     """The submitter of an in-process detached job ends its script while the job runs: it waits for the job at exit.
     Each log line of the job's last moments printed an 80-line "Logging error … can't register atexit after

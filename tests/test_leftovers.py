@@ -126,6 +126,7 @@ def _interrupted_calls(count: int, store_dir: Path, tmp_path: Path, monkeypatch)
     assert not grown, f"(entries, bytes) before and after {count} interrupted calls: {grown}; ended as {ended}"
 
 
+@pytest.mark.slow
 def test_interrupted_calls_leave_nothing_in_the_store_or_tmpdir(store_dir, tmp_path, monkeypatch):
     _interrupted_calls(6, store_dir, tmp_path, monkeypatch)
 
@@ -159,6 +160,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_killed_in_process_caller_leaves_no_job_folder(tmp_path):
     pool = new_pool("orphan")
     name = f"orphan-{uuid.uuid4().hex[:6]}"
@@ -238,6 +240,7 @@ def test_cleanup_lists_then_removes_what_a_crash_left(store_dir, tmp_path, monke
     assert kept.read_bytes() == b"weights" and (fresh_run / "result.pkl").exists()
 
 
+@pytest.mark.slow
 def test_cleanup_keeps_a_detached_jobs_result_until_it_is_collected(store_dir, capsys):
     """`cleanup --yes` deleted the payload and result of a finished detached job nobody had collected yet (files
     two hours old), and `jobs result ID` then said "already collected". A result is kept until collected, or until

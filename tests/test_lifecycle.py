@@ -172,6 +172,7 @@ def in_thread(fn, *args):
 # --------------------------------------------------------------------------- stopping from the caller
 
 
+@pytest.mark.slow
 def test_task_timeout_stops_the_job_and_cancels_its_run(route, tmp_path):
     pool, submission = route
     name = f"timeout-{uuid.uuid4().hex[:6]}"
@@ -193,6 +194,7 @@ def test_task_timeout_stops_the_job_and_cancels_its_run(route, tmp_path):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+@pytest.mark.slow
 def test_stopping_the_calling_script_stops_the_job(route, tmp_path, sig):
     pool, submission = route
     name = f"interrupt-{uuid.uuid4().hex[:6]}"
@@ -207,6 +209,7 @@ def test_stopping_the_calling_script_stops_the_job(route, tmp_path, sig):
     assert run.state.is_cancelled(), run.state
 
 
+@pytest.mark.slow
 def test_killed_caller_in_process_the_job_stops_and_cancels_its_own_run(tmp_path):
     pool = new_pool("inproc")
     name = f"orphan-{uuid.uuid4().hex[:6]}"
@@ -219,6 +222,7 @@ def test_killed_caller_in_process_the_job_stops_and_cancels_its_own_run(tmp_path
     assert run.state.is_cancelled() and "died" in run.state.message, run.state
 
 
+@pytest.mark.slow
 def test_killed_caller_with_a_polling_worker_the_job_finishes_and_completes(worker_factory, tmp_path):
     worker = worker_factory().start()
     name = f"orphan-w-{uuid.uuid4().hex[:6]}"
@@ -234,6 +238,7 @@ def test_killed_caller_with_a_polling_worker_the_job_finishes_and_completes(work
 # --------------------------------------------------------------------------- cancelling in Prefect
 
 
+@pytest.mark.slow
 def test_cancelling_the_job_run_is_not_undone_by_retries(route, tmp_path):
     pool, submission = route
     name = f"cancel-{uuid.uuid4().hex[:6]}"
@@ -258,6 +263,7 @@ def test_cancelling_the_job_run_is_not_undone_by_retries(route, tmp_path):
     assert task_run_of(runs[0]).state.is_cancelled()
 
 
+@pytest.mark.slow
 def test_cancelling_the_parent_flow_run_stops_the_job(route, tmp_path):
     pool, submission = route
     name = f"parent-{uuid.uuid4().hex[:6]}"
@@ -281,6 +287,7 @@ def test_cancelling_the_parent_flow_run_stops_the_job(route, tmp_path):
 # --------------------------------------------------------------------------- a polling worker dies
 
 
+@pytest.mark.slow
 def test_a_restarted_worker_reattaches_to_its_running_job(worker_factory, tmp_path):
     worker = worker_factory().start()
     name = f"reattach-{uuid.uuid4().hex[:6]}"
@@ -308,6 +315,7 @@ def test_a_restarted_worker_reattaches_to_its_running_job(worker_factory, tmp_pa
 # --------------------------------------------------------------------------- errors tell the truth
 
 
+@pytest.mark.slow
 def test_a_call_routed_to_a_worker_that_just_died_runs_in_process(worker_factory):
     """`submission="auto"` sends a call to a pool whose worker Prefect still shows ONLINE for up to 3 heartbeats
     after a `kill -9` (15 s here: the fixture's workers beat every 5 s, 90 s with Prefect's default). Such a call
@@ -336,6 +344,7 @@ def test_a_call_routed_to_a_worker_that_just_died_runs_in_process(worker_factory
     assert ("PENDING", "taken back by its caller") in history, history
 
 
+@pytest.mark.slow
 def test_system_exit_keeps_its_code(tmp_path):
     pool = new_pool("inproc")
     name = f"exit-{uuid.uuid4().hex[:6]}"
@@ -344,6 +353,7 @@ def test_system_exit_keeps_its_code(tmp_path):
     assert proc.returncode == 7, out[-3000:]
 
 
+@pytest.mark.slow
 def test_an_unpicklable_result_is_the_users_error_and_is_not_retried():
     from kinetic_prefect.errors import ResultNotPicklable
 
@@ -363,6 +373,7 @@ def test_an_unpicklable_result_is_the_users_error_and_is_not_retried():
     assert len(runs) == 1 and runs[0].state.is_failed()
 
 
+@pytest.mark.slow
 def test_a_body_that_leaves_a_thread_running_still_returns_its_value():
     """A non-daemon thread the body started kept the interpreter from ending after the outcome was written: the
     job hung until its timeout, and the value was lost (TimedOut). The runner now leaves without such threads
@@ -445,6 +456,7 @@ def test_no_temporary_directories_payloads_or_results_are_left(tmp_path, monkeyp
     assert not [run.id for run in job_runs(name) if (jobs_dir / str(run.id)).exists()], "job folders left"
 
 
+@pytest.mark.slow
 def test_a_corrupted_project_archive_is_replaced(store_dir, tmp_path, monkeypatch):
     name = f"code-{uuid.uuid4().hex[:6]}"
 

@@ -18,6 +18,7 @@ LINES, PER_SECOND = 400, 20
 
 
 @pytest.mark.timeout(900)  # the session's server start (minutes at a high load average) counts in the first test
+@pytest.mark.slow
 def test_a_restarted_worker_forwards_every_line_once(worker_factory, tmp_path):
     worker = worker_factory().start()
     name = f"resume-{uuid.uuid4().hex[:6]}"

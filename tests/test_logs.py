@@ -49,6 +49,7 @@ def route(request):
     return new_pool("inproc"), "in-process"
 
 
+@pytest.mark.slow
 def test_every_line_arrives_in_order_on_both_paths(route, capfd):
     pool, submission = route
     name = f"chatty-{uuid.uuid4().hex[:6]}"
@@ -72,6 +73,7 @@ def test_every_line_arrives_in_order_on_both_paths(route, capfd):
         assert numbered([line for line in err.splitlines() if line.startswith(prefix)], prefix) == list(range(5000))
 
 
+@pytest.mark.slow
 def test_a_flood_is_bounded_with_a_note_and_the_whole_log_is_kept(store_dir):
     name = f"flood-{uuid.uuid4().hex[:6]}"
 
@@ -108,6 +110,7 @@ def test_a_flood_is_bounded_with_a_note_and_the_whole_log_is_kept(store_dir):
     assert numbered(kept) == list(range(100_000))
 
 
+@pytest.mark.slow
 def test_job_progress_becomes_a_progress_artifact_on_the_job_run():
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
@@ -140,6 +143,7 @@ def test_job_progress_becomes_a_progress_artifact_on_the_job_run():
     assert "progress 50%: epoch 2/4" in lines and not any(line.startswith("[kinetic:progress]") for line in lines)
 
 
+@pytest.mark.slow
 def test_a_job_sees_the_same_environment_on_both_paths(route, monkeypatch):
     """The pool's variables plus what env= forwards (and the machine basics), never the caller's others."""
     pool, submission = route
@@ -198,6 +202,7 @@ def test_data_uploads_and_environment_builds_show_progress(tmp_path):
     assert upload.data == 100.0 and "of 1.0 MiB uploaded" in upload.description
 
 
+@pytest.mark.slow
 def test_a_worker_notice_stored_before_earlier_output_does_not_hide_that_output():
     """After an API outage the worker's own notice (sent by Prefect's background log sender, stamped during the
     outage) can be stored before output lines stamped earlier (sent in order by the worker, one request after

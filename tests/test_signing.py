@@ -38,6 +38,7 @@ def _forge_results_while_running(store_dir: Path, name: str, proof: Path, stop: 
 
 
 @pytest.mark.parametrize("signed", [True, False], ids=["with-key", "without-key"])
+@pytest.mark.slow
 def test_a_forged_result_never_runs_code_in_the_caller(store_dir, tmp_path, monkeypatch, signed):
     from kinetic_prefect.errors import StoreTampered
 
@@ -106,6 +107,7 @@ def test_signed_calls_work_end_to_end_and_the_key_is_stored_nowhere(store_dir, m
     assert not any(secret.encode() in p.read_bytes() for p in store_dir.rglob("*") if p.is_file())
 
 
+@pytest.mark.slow
 def test_a_forged_payload_is_refused_by_the_job(store_dir, monkeypatch):
     """The payload's sha256 travels in the job variables; with a key the store copy must also be signed."""
     from kinetic_prefect import signing
@@ -135,6 +137,7 @@ def test_a_forged_payload_is_refused_by_the_job(store_dir, monkeypatch):
         pipeline()
 
 
+@pytest.mark.slow
 def test_the_missing_key_warning_comes_once_for_a_whole_map(monkeypatch):
     """The calls of a .map() all missed the key cache at once and each warned (28 times in one run)."""
     import warnings

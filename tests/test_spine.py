@@ -95,6 +95,7 @@ def test_remote_exception_type_and_traceback_come_back():
     assert "in diverge" in remote_tb and "raise ModelDiverged(step)" in remote_tb
 
 
+@pytest.mark.slow
 def test_a_cache_hit_launches_no_job():
     name = unique("cached")
 
@@ -138,6 +139,7 @@ def test_a_killed_job_is_retried_by_a_new_job(tmp_path):
     assert calling_task_run(runs[0]).id == calling_task_run(runs[1]).id  # two attempts of one task run
 
 
+@pytest.mark.slow
 def test_submit_map_and_with_options():
     name = unique("double")
 
@@ -179,6 +181,7 @@ def test_module_level_imports_of_the_project_work_in_the_job():
     assert pipeline() == [1, 3, 6, 10]
 
 
+@pytest.mark.slow
 def test_an_unpicklable_argument_fails_before_anything_is_stored(store_dir):
     name = unique("locked")
 
@@ -211,6 +214,7 @@ def test_bad_decorator_inputs_fail_at_decoration_with_the_fix(tmp_path):
         kinetic_task(submission="teleport", name="noop")(lambda: None)
 
 
+@pytest.mark.slow
 def test_missing_forwarded_env_var_and_unknown_pool_fail_before_launch(monkeypatch):
     monkeypatch.delenv("KINETIC_TEST_TOKEN", raising=False)
 

@@ -75,6 +75,7 @@ def read_pids(pid_dir: Path, count: int, timeout: float = 120.0) -> list[int]:
 @pytest.mark.parametrize(
     "how,sig", [("map", signal.SIGINT), ("submit", signal.SIGTERM)], ids=["map-ctrl-c", "submit-sigterm"]
 )
+@pytest.mark.slow
 def test_stopping_the_calling_script_stops_every_job_of_the_sweep(route, tmp_path, how, sig):
     pool, submission = route
     name = f"sweep-stop-{uuid.uuid4().hex[:6]}"
@@ -113,6 +114,7 @@ def test_stopping_the_calling_script_stops_every_job_of_the_sweep(route, tmp_pat
     assert {t.state.name for t in callers} == {"Crashed"}, [t.state.name for t in callers]  # the script ended
 
 
+@pytest.mark.slow
 def test_fail_fast_stops_the_rest_of_the_sweep_after_the_first_failure(route, tmp_path):
     from kinetic_prefect import fail_fast
 
@@ -164,6 +166,7 @@ def test_fail_fast_stops_the_rest_of_the_sweep_after_the_first_failure(route, tm
     assert [t.state.name for t in stopped] == ["Cancelled"] * (JOBS - 1)  # not retried
 
 
+@pytest.mark.slow
 def test_job_runs_a_killed_in_process_sweep_never_started_can_be_cancelled(tmp_path, capsys):
     """`kill -9` of an in-process sweep: the job that ran cancels its own run (its owner died), but the runs still
     queued for an in-process slot stay Pending, and `jobs cancel` left them Cancelling for good (no worker would

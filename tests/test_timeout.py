@@ -12,6 +12,7 @@ from prefect import flow
 from kinetic_prefect import kinetic_task
 
 
+@pytest.mark.slow
 def test_task_timeout_stops_the_job(tmp_path):
     pid_file = tmp_path / "pid"
 

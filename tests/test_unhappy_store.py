@@ -27,6 +27,7 @@ def job_runs(task_name: str):
 # --------------------------------------------------------------------------- defect 2: a private working directory
 
 
+@pytest.mark.slow
 def test_a_job_that_rewrites_its_code_or_leaves_junk_does_not_reach_the_next_job(tmp_path):
     from kinetic_prefect.pod.runner import _node_cache
 
@@ -148,6 +149,7 @@ def remote_exceptions() -> dict:
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.slow
 def test_a_remote_exception_keeps_its_constructor_state(remote_exceptions, kind):
     remote, local = remote_exceptions["remote"][kind], remote_exceptions["local"][kind]
     assert remote == local
@@ -156,6 +158,7 @@ def test_a_remote_exception_keeps_its_constructor_state(remote_exceptions, kind)
 # --------------------------------------------------------------------------- defect 9: errors that say what is wrong
 
 
+@pytest.mark.slow
 def test_a_worker_with_another_signing_key_is_named_as_such(worker_factory, monkeypatch):
     from kinetic_prefect.caller import _prefect
 
@@ -254,6 +257,7 @@ def signed_route(request, worker_factory, monkeypatch):
     return new_pool("inproc"), "in-process"
 
 
+@pytest.mark.slow
 def test_a_damaged_data_object_is_healed_from_the_callers_copy(signed_route, store_dir, tmp_path):
     pool, submission = signed_route
     dataset = tmp_path / "dataset"
@@ -282,6 +286,7 @@ def test_a_damaged_data_object_is_healed_from_the_callers_copy(signed_route, sto
     assert pipeline() == expected
 
 
+@pytest.mark.slow
 def test_a_damaged_data_object_in_a_bucket_heals_for_the_retry(gcs_bucket, tmp_path, monkeypatch):
     """On a gs:// store the job finds the damage (it checks what it downloads); the caller then uploads the
     dataset again from its own copy, so the task's retry runs with a good one."""

@@ -6,6 +6,7 @@ are imported afresh per call, idle runners leave after the pool's keep-warm time
 
 from __future__ import annotations
 
+import pytest
 import time
 import uuid
 
@@ -45,6 +46,7 @@ def log_lines(flow_run_id) -> list[str]:
     return [log.message for log in logs]
 
 
+@pytest.mark.slow
 def test_a_sweep_reuses_runners_and_every_call_keeps_its_own_run_and_logs():
     name = f"warm-{uuid.uuid4().hex[:6]}"
     call = warm_task(name, new_pool("warm"), keep_warm=20)
@@ -68,6 +70,7 @@ def test_a_sweep_reuses_runners_and_every_call_keeps_its_own_run_and_logs():
     assert {pid for pid, _ in second} <= pids, (pids, second)
 
 
+@pytest.mark.slow
 def test_idle_runners_leave_after_the_keep_warm_time_and_min_warm_stay():
     name = f"warm-idle-{uuid.uuid4().hex[:6]}"
     pool = new_pool("warm")
@@ -85,6 +88,7 @@ def test_idle_runners_leave_after_the_keep_warm_time_and_min_warm_stay():
     assert sum(alive(p) for p in stays_pids) == 1, "min_warm=1 keeps exactly one runner of that environment"
 
 
+@pytest.mark.slow
 def test_stopping_a_call_stops_its_runner_and_the_next_call_gets_a_fresh_one(tmp_path):
     name = f"warm-stop-{uuid.uuid4().hex[:6]}"
     call = warm_task(name, new_pool("warm"), keep_warm=20)
@@ -108,6 +112,7 @@ def test_stopping_a_call_stops_its_runner_and_the_next_call_gets_a_fresh_one(tmp
     assert fresh != pid and calls == [2]
 
 
+@pytest.mark.slow
 def test_a_call_that_leaves_a_thread_running_does_not_write_into_the_next_calls_logs():
     """A thread started by a warm call went on printing into the job-run logs of the calls after it (the runner's
     stdout is each call's log in turn), and `sys.setrecursionlimit` carried over. A runner whose call left a

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import pytest
 import time
 import uuid
 from pathlib import Path
@@ -38,6 +39,7 @@ def test_worker_type_is_registered_through_the_entry_point():
     assert {"accelerator", "requirements", "store", "env"} <= set(template["variables"]["properties"])
 
 
+@pytest.mark.slow
 def test_a_polling_worker_process_runs_the_job(polling_worker):
     pool, worker_log = polling_worker
     name = f"via-worker-{uuid.uuid4().hex[:6]}"
@@ -74,6 +76,7 @@ def test_a_polling_worker_process_runs_the_job(polling_worker):
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_requirements_build_a_hash_keyed_environment_once(tmp_path, capsys):
     name = f"with-reqs-{uuid.uuid4().hex[:6]}"
     reqs = tmp_path / "requirements.txt"
@@ -138,6 +141,7 @@ def test_a_gpu_task_on_the_local_pool_runs_on_the_cpu_with_one_warning(caplog):
     assert len(warnings) == 1, warnings
 
 
+@pytest.mark.slow
 def test_a_kinetic_pool_refuses_a_flow_run_that_is_not_a_job(polling_worker):
     """A deployment's flow run sent to a kinetic pool fails at once, saying which pool type runs flows."""
     from types import SimpleNamespace
