@@ -161,7 +161,9 @@ def _run_parallel(fn: Callable, items: Iterable, *, workers: int) -> list:
     items = list(items)
     if len(items) <= 1 or workers <= 1:
         return [fn(item) for item in items]
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(workers, len(items)))
+    pool = concurrent.futures.ThreadPoolExecutor(
+        max_workers=min(workers, len(items)), thread_name_prefix="kinetic-store"
+    )
     try:
         return list(pool.map(fn, items))  # re-raises the first failure
     finally:

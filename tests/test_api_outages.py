@@ -16,6 +16,7 @@ A 5-minute outage under Prefect's default retries runs with ``KINETIC_SLOW_TESTS
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 import re
 import subprocess
 import sys
@@ -87,107 +88,123 @@ def _around(output: str, missing: list[str]) -> str:
     return "\n".join(rows[max(0, at - 2) : at + 12])
 
 
+@dataclass
+class Caller:
+    """One calling script going through the outage on one submission path."""
+
+    submission: str
+    name: str
+    proc: subprocess.Popen
+    pid_file: Path
+    out_path: Path
+
+
 def run_through_outage(
     tmp_path: Path,
     gate: ApiGate,
     worker_factory,
-    submission: str,
     outage_s: float,
     job_s: float,
     cut_after_s: float,
     lines: int = 0,
     client_retries: int | None = None,
+    submissions: tuple[str, ...] = ("in-process", "worker"),
 ) -> None:
+    """Both submission paths side by side through one outage: each row holds on each path on its own (separate
+    callers, pools and jobs), and one outage costs half of two."""
     extra = {"PREFECT_API_URL": gate.url}
     if client_retries is not None:  # Prefect's own retry window, shrunk so a short outage outlasts it
         extra["PREFECT_CLIENT_MAX_RETRIES"] = str(client_retries)
     env = {**os.environ, **extra}
-    if submission == "worker":
-        pool = worker_factory(env=extra).start().pool
-    else:
-        pool = "kinetic-local"  # the default pool, created on first use (no CLI start at a high load average)
     lines = lines or int(job_s * 5)
-    name = f"outage-{int(outage_s)}-{uuid.uuid4().hex[:6]}"
-    script = tmp_path / "caller.py"
-    script.write_text(SCRIPT)
-    pid_file = tmp_path / "job.pid"
-    out_path = tmp_path / "caller.out"
-    with open(out_path, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, str(script), name, pool, submission, str(pid_file), str(lines), str(job_s / lines)],
-            cwd=tmp_path,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+    pools = {
+        # the default pool is created on first use (no CLI start at a high load average)
+        submission: worker_factory(env=extra).start().pool if submission == "worker" else "kinetic-local"
+        for submission in submissions
+    }
+    callers: list[Caller] = []
+    for submission in submissions:
+        folder = tmp_path / submission
+        folder.mkdir()
+        name = f"outage-{int(outage_s)}-{submission[:2]}-{uuid.uuid4().hex[:6]}"
+        script = folder / "caller.py"
+        script.write_text(SCRIPT)
+        pid_file, out_path = folder / "job.pid", folder / "caller.out"
+        argv = [sys.executable, str(script), name, pools[submission], submission, str(pid_file), str(lines)]
+        with open(out_path, "w") as out:
+            proc = subprocess.Popen(
+                [*argv, str(job_s / lines)], cwd=folder, stdout=out, stderr=subprocess.STDOUT, env=env
+            )
+        callers.append(Caller(submission, name, proc, pid_file, out_path))
     try:
-        read_pid(pid_file, timeout=180)
+        for caller in callers:
+            read_pid(caller.pid_file, timeout=180)
         time.sleep(cut_after_s)
         gate.cut()
         time.sleep(outage_s)
         gate.restore()
-        proc.wait(timeout=job_s + outage_s + 240)
+        for caller in callers:
+            caller.proc.wait(timeout=job_s + outage_s + 240)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    output = out_path.read_text()
-    assert proc.returncode == 0, output[-4000:]
-    assert f"VALUE {lines}" in output, output[-4000:]
+        for caller in callers:
+            if caller.proc.poll() is None:
+                caller.proc.kill()
+    for caller in callers:
+        _check_caller(caller, lines)
+    print(f"{', '.join(submissions)}: API away {gate.outages[-1]:.1f} s; {lines} lines each, all arrived once")
+
+
+def _check_caller(caller: Caller, lines: int) -> None:
+    output = caller.out_path.read_text()
+    where = f"[{caller.submission}] "
+    assert caller.proc.returncode == 0, where + output[-4000:]
+    assert f"VALUE {lines}" in output, where + output[-4000:]
     expected = [f"line-{i:05d}" for i in range(lines)]
     printed = re.findall(r"line-\d{5}", output)
     missing = sorted(set(expected) - set(printed))
     assert sorted(printed) == expected, (
-        f"the caller's terminal: {len(missing)} lines missing, {len(printed) - len(set(printed))} repeated; "
+        f"{where}the caller's terminal: {len(missing)} lines missing, {len(printed) - len(set(printed))} repeated; "
         f"around the first gap:\n{_around(output, missing)}"
     )
-    [run] = final_job_run(name, timeout=60)
-    assert run.state.is_completed(), run.state
-    assert task_run_of(run).state.is_completed(), task_run_of(run).state
+    [run] = final_job_run(caller.name, timeout=60)
+    assert run.state.is_completed(), (caller.submission, run.state)
+    assert task_run_of(run).state.is_completed(), (caller.submission, task_run_of(run).state)
     stored = _job_log_lines(run.id)
     assert stored == expected, (
-        f"the job run's logs: {len(set(expected) - set(stored))} lines missing, "
+        f"{where}the job run's logs: {len(set(expected) - set(stored))} lines missing, "
         f"{len(stored) - len(set(stored))} repeated"
     )
     with get_client(sync_client=True) as client:
         parent = client.read_flow_run(task_run_of(run).flow_run_id)
-    assert parent.state.is_completed(), parent.state
-    print(f"{submission}: API away {gate.outages[-1]:.1f} s; {lines} lines, all arrived once")
+    assert parent.state.is_completed(), (caller.submission, parent.state)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)  # the session's server start (minutes at a high load average) counts in the first test
-@pytest.mark.parametrize("submission", ["in-process", "worker"])
-def test_an_outage_in_the_middle_of_a_job(tmp_path, gate, worker_factory, submission):
-    run_through_outage(tmp_path, gate, worker_factory, submission, outage_s=12, job_s=20, cut_after_s=4)
-
-
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("submission", ["in-process", "worker"])
-def test_an_outage_longer_than_prefects_retries_the_job_ends_while_the_api_is_away(
-    tmp_path, gate, worker_factory, submission
-):
-    """25 s away with Prefect's client retries at 2 (≈ 6 s): the job ends 8 s into the outage."""
-    run_through_outage(
-        tmp_path, gate, worker_factory, submission, outage_s=25, job_s=12, cut_after_s=4, client_retries=2
-    )
+def test_an_outage_in_the_middle_of_a_job(tmp_path, gate, worker_factory):
+    run_through_outage(tmp_path, gate, worker_factory, outage_s=12, job_s=20, cut_after_s=4)
 
 
 @pytest.mark.slow
-@pytest.mark.slow_tier  # a 5-minute outage, twice
+@pytest.mark.timeout(900)
+def test_an_outage_longer_than_prefects_retries_the_job_ends_while_the_api_is_away(tmp_path, gate, worker_factory):
+    """25 s away with Prefect's client retries at 2 (≈ 6 s): the jobs end 8 s (or less) into the outage."""
+    run_through_outage(tmp_path, gate, worker_factory, outage_s=25, job_s=12, cut_after_s=4, client_retries=2)
+
+
+@pytest.mark.slow
+@pytest.mark.slow_tier  # a 5-minute outage under Prefect's default client retries
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("submission", ["in-process", "worker"])
-def test_a_5_minute_outage(tmp_path, gate, worker_factory, submission):
-    run_through_outage(tmp_path, gate, worker_factory, submission, outage_s=300, job_s=60, cut_after_s=10)
+def test_a_5_minute_outage(tmp_path, gate, worker_factory):
+    run_through_outage(tmp_path, gate, worker_factory, outage_s=300, job_s=60, cut_after_s=10)
 
 
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("submission", ["in-process", "worker"])
 @pytest.mark.slow
-def test_the_server_process_restarts_during_a_job(tmp_path, prefect_server_process, worker_factory, submission):
-    """Not a cut connection but the server itself: `prefect server start` is stopped 4 s into the job and started
+@pytest.mark.timeout(900)
+def test_the_server_process_restarts_during_a_job(tmp_path, prefect_server_process, worker_factory):
+    """Not a cut connection but the server itself: `prefect server start` is stopped 4 s into the jobs and started
     again on the same database (SQLite here, PostgreSQL in the PostgreSQL session of .ci/run)."""
-    run_through_outage(
-        tmp_path, prefect_server_process, worker_factory, submission, outage_s=8, job_s=20, cut_after_s=4
-    )
+    run_through_outage(tmp_path, prefect_server_process, worker_factory, outage_s=8, job_s=20, cut_after_s=4)
 
 
 @pytest.mark.timeout(900)
@@ -197,7 +214,7 @@ def test_the_worker_and_the_server_both_restart(tmp_path, gate, worker_factory):
     reattaches to the job that ran on meanwhile, the caller gets its value and every line arrives once."""
     worker = worker_factory(env={"PREFECT_API_URL": gate.url}).start()
     name = f"both-{uuid.uuid4().hex[:6]}"
-    lines, job_s = 100, 20.0
+    lines, job_s = 150, 30.0  # the job still runs when the restarted worker (≈ 10 s to start) reattaches
     script = tmp_path / "caller.py"
     script.write_text(SCRIPT)
     pid_file = tmp_path / "job.pid"

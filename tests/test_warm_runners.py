@@ -81,11 +81,14 @@ def test_idle_runners_leave_after_the_keep_warm_time_and_min_warm_stay():
     def sweeps():
         return short.map(range(3)).result(), kept.map(range(3), sleep=0.3).result()
 
+    # Both tasks have one environment, so the second sweep may take runners the first one warmed; one of them then
+    # joins the floor (on PostgreSQL, where the calls come faster, min_warm was left with none).
     gone, stays = sweeps()
-    gone_pids, stays_pids = {p for p, _ in gone}, {p for p, _ in stays}
-    wait_for(lambda: not any(alive(p) for p in gone_pids), 30, "idle runners to leave")
+    pids = {p for p, _ in gone} | {p for p, _ in stays}
+    wait_for(lambda: sum(alive(p) for p in pids) <= 1 or None, 30, "idle runners to leave")
     time.sleep(2)
-    assert sum(alive(p) for p in stays_pids) == 1, "min_warm=1 keeps exactly one runner of that environment"
+    assert sum(alive(p) for p in pids) == 1, "min_warm=1 keeps exactly one runner of that environment"
+    assert any(alive(p) for p in {p for p, _ in stays}), "the floor runner is one that served the min_warm task"
 
 
 @pytest.mark.slow
@@ -147,5 +150,5 @@ def test_a_call_that_leaves_a_thread_running_does_not_write_into_the_next_calls_
     assert pid1 != pid0, "the runner whose call left a thread was reused"
     assert pid2 == pid1, "a runner whose call left nothing is reused as before"
     assert limit1 == limit2 != 50_000
-    for run in final_job_run(name)[1:]:
+    for run in sorted(final_job_run(name), key=lambda r: r.created)[1:]:  # calls 1 and 2
         assert not [line for line in log_lines(run.id) if "stray line" in line], run.name

@@ -139,10 +139,16 @@ print(json.dumps({"uid": os.getuid(), "gid": os.getgid(), "home": os.path.expand
 
 
 @pytest.mark.slow
+@pytest.mark.slow_tier  # ≈ 100 s: CONTRIBUTING says what the default run keeps of it
 @pytest.mark.timeout(1200)
 def test_worker_image_builds_pushes_and_runs_the_worker(
     docker_engine, local_registry, python_base_image, tmp_path, capsys
 ):
+    """The worker image as `kinetic-prefect gke-worker-image --push` builds it, pulled back from the registry and
+    started with the Deployment's own command against this session's server. Why it takes more than 60 s (≈ 90 s
+    here): a real `docker build` that installs the locked dependencies into a fresh image (Docker's layer cache
+    shortens later runs on the same engine), a push, a pull and a worker start inside the container; in the slow
+    tier."""
     from prefect import get_client
 
     # A repository of its own: a registry that outlives the session must not already hold the tag. A snapshot

@@ -69,7 +69,9 @@ def _download_keys(store: Store, keys: list[str], base: str, dest: Path, workers
         for key in keys:
             fetch(key)
         return
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(workers, len(keys))) as pool:
+    with concurrent.futures.ThreadPoolExecutor(
+        max_workers=min(workers, len(keys)), thread_name_prefix="kinetic-data"
+    ) as pool:
         for future in [pool.submit(fetch, key) for key in keys]:
             future.result()
 

@@ -145,12 +145,17 @@ def _run_in_place(env: dict[str, str], base_environ: dict[str, str], log_path: P
         os.environ.clear()
         os.environ.update(base_environ)
         sys.setrecursionlimit(recursion_limit)
-        _STRAY_THREADS[:] = [
-            t.name
-            for t in threading.enumerate()
-            if t not in threads_before and t.is_alive() and not t.name.startswith("kinetic-")
-        ]
+        _STRAY_THREADS[:] = [t.name for t in _threads_left(threads_before)]
     return code
+
+
+def _threads_left(before: set[threading.Thread], grace: float = 1.0) -> list[threading.Thread]:
+    """Threads the call started (not the runner's own ``kinetic-*`` ones) still running ``grace`` s after it."""
+    deadline = time.monotonic() + grace
+    left = [t for t in threading.enumerate() if t not in before and not t.name.startswith("kinetic-")]
+    for thread in left:
+        thread.join(max(0.0, deadline - time.monotonic()))  # one that is just ending is not a stray
+    return [t for t in left if t.is_alive()]
 
 
 # Threads the last call started and left running. Their output would land in the next calls' logs (this process's

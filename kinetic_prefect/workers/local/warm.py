@@ -92,9 +92,12 @@ class WarmRunners:
         with self._lock:
             live = self._live(key)
             runner = next((r for r in live if not r.retired and r.claim()), None)
+            short_of_floor = sum(r.forever for r in live) < min_warm
             if runner is None:
-                runner = self._start(key, argv, cwd, env, forever=sum(r.forever for r in live) < min_warm)
+                runner = self._start(key, argv, cwd, env, forever=short_of_floor)
                 self._by_key[key].append(runner)
+            elif short_of_floor:  # an idle runner of a pool without min_warm joins this pool's floor
+                runner.forever = True
         call = {
             "job_dir": str(job_dir),
             "log": log_name,
