@@ -527,7 +527,8 @@ async def _taken_back_from_a_dead_pool(client: Any, pool: Any, flow_run: Any) ->
         if current.state is None or not current.state.is_scheduled():
             return False
         if not await outage.call(
-            lambda: _prefect.has_online_worker(client, pool.name, fresh=True), "reading the pool's workers"
+            lambda: _prefect.has_online_worker(client, pool.name),
+            "reading the pool's workers",  # one read per 2 s for a whole sweep
         ):
             try:
                 await propose_state(client, Pending(message="taken back by its caller"), flow_run_id=flow_run.id)

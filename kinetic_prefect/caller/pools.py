@@ -100,9 +100,9 @@ _ONLINE_TTL_SECONDS = 2.0  # a .map()'s calls share one answer; a worker coming 
 _online_cache: dict[tuple[str, str], tuple[float, bool]] = {}
 
 
-async def has_online_worker(client: PrefectClient, pool_name: str, fresh: bool = False) -> bool:
+async def has_online_worker(client: PrefectClient, pool_name: str) -> bool:
     key = (str(client.api_url), pool_name)
-    cached = None if fresh else _online_cache.get(key)
+    cached = _online_cache.get(key)
     if cached is not None and time.monotonic() - cached[0] < _ONLINE_TTL_SECONDS:
         return cached[1]
     try:

@@ -97,9 +97,6 @@ async def create_job_flow_run(
 
 
 async def _end_tracker(client: PrefectClient, tracker_id: UUID) -> None:
-    import anyio
-    from prefect.states import Cancelled
-
     with anyio.CancelScope(shield=True):
         try:
             await client.set_task_run_state(
@@ -109,18 +106,28 @@ async def _end_tracker(client: PrefectClient, tracker_id: UUID) -> None:
             pass
 
 
+_owner_labels: tuple[int, dict[str, str]] | None = None  # (pid, labels): read once per process, not per call
+
+
 def owner_labels() -> dict[str, str]:
     """Who runs an in-process job (Prefect labels on its flow run): a run left Pending by a caller killed before
     its job started is then known to be nobody's (``owner_is_gone``) and can be cancelled."""
+    global _owner_labels
     import socket
 
     from kinetic_prefect.contract import OWNER_HOST_LABEL, OWNER_PID_LABEL, OWNER_START_LABEL
 
-    return {
-        OWNER_HOST_LABEL: socket.gethostname(),
-        OWNER_PID_LABEL: str(os.getpid()),
-        OWNER_START_LABEL: str(process_start_ticks(os.getpid()) or ""),
-    }
+    pid = os.getpid()
+    if _owner_labels is None or _owner_labels[0] != pid:
+        _owner_labels = (
+            pid,
+            {
+                OWNER_HOST_LABEL: socket.gethostname(),
+                OWNER_PID_LABEL: str(pid),
+                OWNER_START_LABEL: str(process_start_ticks(pid) or ""),
+            },
+        )
+    return dict(_owner_labels[1])
 
 
 def owner_is_gone(flow_run: FlowRun) -> bool:
