@@ -283,7 +283,7 @@ def test_a_job_that_ends_during_an_outage_is_billed_to_its_own_end_and_keeps_its
     """The follow loop is blocked while the API is away, so it sees a job that ended meanwhile only afterwards.
     Billed to then, a 3 s job behind a 14 s outage went over its 10 s budget and lost its value (Failed,
     BudgetExceeded, its result deleted). The job is billed to the runner's own exit record, and a job that has
-    ended is never stopped for its budget."""
+    ended is never stopped for its budget. ≈ 27 s: the outage itself (14 s) and a caller script's start."""
     from kinetic_prefect.contract import JOB_COST_ARTIFACT_KEY
     from test_cost import artifacts, table
 

@@ -299,7 +299,8 @@ def test_every_entry_of_a_fallback_list_needs_a_price():
 @pytest.mark.slow
 def test_a_pool_given_the_price_an_error_asked_for_is_read_again_at_once():
     """The error names `kinetic-prefect pool-set POOL 'prices=…'` as the fix; a script that made it and called again
-    got the same error from the caller's 30 s copy of the pool. The pool is read again before a refusal."""
+    got the same error from the caller's 30 s copy of the pool. The pool is read again before a refusal. ≈ 5 s: a
+    refused call, a `pool-set` and a real call."""
     from kinetic_prefect.cli import main
 
     pool = priced_pool()

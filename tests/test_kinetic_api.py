@@ -592,7 +592,8 @@ def test_an_in_process_detached_job_stops_with_its_killed_submitter(tmp_path):
 def test_a_script_that_ends_before_its_in_process_detached_job_waits_for_it_cleanly(tmp_path):
     """The submitter of an in-process detached job ends its script while the job runs: it waits for the job at exit.
     Each log line of the job's last moments printed an 80-line "Logging error … can't register atexit after
-    shutdown" (Prefect's log sender started during shutdown). It now exits 0 with no such error; the value waits."""
+    shutdown" (Prefect's log sender started during shutdown). It now exits 0 with no such error; the value waits.
+    ≈ 20 s: a script's start (with its own embedded-server check) and a 3 s job it waits for at exit."""
     from worker_fixture import new_pool
 
     pool, pid_file = new_pool("in-process"), tmp_path / "job.pid"

@@ -244,7 +244,7 @@ def test_cleanup_lists_then_removes_what_a_crash_left(store_dir, tmp_path, monke
 def test_cleanup_keeps_a_detached_jobs_result_until_it_is_collected(store_dir, capsys):
     """`cleanup --yes` deleted the payload and result of a finished detached job nobody had collected yet (files
     two hours old), and `jobs result ID` then said "already collected". A result is kept until collected, or until
-    the separate `--uncollected-older-than` age."""
+    the separate `--uncollected-older-than` age. ≈ 10 s: one real detached job, run to its end."""
     from kinetic_prefect import kinetic
     from kinetic_prefect.cli import main
     from kinetic_prefect.contract import Env, RunLayout

@@ -320,7 +320,8 @@ def test_a_call_routed_to_a_worker_that_just_died_runs_in_process(worker_factory
     """`submission="auto"` sends a call to a pool whose worker Prefect still shows ONLINE for up to 3 heartbeats
     after a `kill -9` (15 s here: the fixture's workers beat every 5 s, 90 s with Prefect's default). Such a call
     waited for good (a 16-input sweep hung 900 s). Once no worker is online and none claimed the run, the caller
-    takes it back (an orchestrated Pending, so a worker that claimed it first wins) and runs it in-process."""
+    takes it back (an orchestrated Pending, so a worker that claimed it first wins) and runs it in-process. ≈ 20 s:
+    a worker's start and Prefect's 15 s offline horizon, which the test cannot shorten without faking the server."""
     worker = worker_factory().start()
     worker.kill()
     name = f"dead-worker-{uuid.uuid4().hex[:6]}"
@@ -377,7 +378,8 @@ def test_an_unpicklable_result_is_the_users_error_and_is_not_retried():
 def test_a_body_that_leaves_a_thread_running_still_returns_its_value():
     """A non-daemon thread the body started kept the interpreter from ending after the outcome was written: the
     job hung until its timeout, and the value was lost (TimedOut). The runner now leaves without such threads
-    10 s after recording the outcome (pod.runner.STRAY_THREAD_GRACE_SECONDS), saying so in the job's log."""
+    10 s after recording the outcome (pod.runner.STRAY_THREAD_GRACE_SECONDS), saying so in the job's log. ≈ 15 s:
+    that grace period."""
     name = f"stray-{uuid.uuid4().hex[:6]}"
 
     @kinetic_task(name=name, timeout_seconds=120)

@@ -170,7 +170,8 @@ def test_fail_fast_stops_the_rest_of_the_sweep_after_the_first_failure(route, tm
 def test_job_runs_a_killed_in_process_sweep_never_started_can_be_cancelled(tmp_path, capsys):
     """`kill -9` of an in-process sweep: the job that ran cancels its own run (its owner died), but the runs still
     queued for an in-process slot stay Pending, and `jobs cancel` left them Cancelling for good (no worker would
-    ever act). Their flow runs carry their owner (Prefect labels), so `jobs cancel` sees it gone and ends them."""
+    ever act). Their flow runs carry their owner (Prefect labels), so `jobs cancel` sees it gone and ends them.
+    ≈ 18 s: a sweep script's start and the owner watch of the job that ran (its run must end first)."""
     from kinetic_prefect.cli import main as cli
     from worker_fixture import new_pool
 
