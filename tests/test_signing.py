@@ -140,7 +140,7 @@ def test_a_forged_payload_is_refused_by_the_job(store_dir, monkeypatch):
 @pytest.mark.slow
 def test_the_missing_key_warning_comes_once_for_a_whole_map(monkeypatch):
     """The calls of a .map() all missed the key cache at once and each warned (28 times in one run). ≈ 8 s: a
-    real 6-input map, the smallest that showed the race."""
+    real 6-input map."""
     import warnings
 
     import kinetic_prefect.caller._prefect as kp
