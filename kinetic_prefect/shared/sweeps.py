@@ -37,18 +37,39 @@ def _interrupts() -> tuple[type[BaseException], ...]:
     return _INTERRUPTS
 
 
-def caller_interrupted() -> bool:
-    """Whether the main thread is unwinding from a Ctrl-C or a SIGTERM (False in the main thread itself, where
-    the interrupt is raised into the waiting call directly)."""
+# What the main thread is handling, read for every waiting call at once. ``sys._current_exceptions()`` walks every
+# thread, so each of N waiting calls reading it 5 times a second was O(N²) work under the GIL: a 512-input map spent
+# a core on it and starved the event loop the calls share. One reading serves all calls for SNAPSHOT_SECONDS.
+SNAPSHOT_SECONDS = 0.1
+_snapshot_lock = threading.Lock()
+_snapshot: tuple[float, bool] = (0.0, False)  # (monotonic time of the reading, the main thread was interrupted)
+
+
+def _main_thread_interrupted() -> bool:
     main = threading.main_thread()
-    if threading.current_thread() is main:
-        return False
-    if getattr(threading, "_SHUTTING_DOWN", False) and isinstance(getattr(sys, "last_value", None), _interrupts()):
-        return True  # the script already ended with the interrupt; the interpreter now waits for its threads
     # CPython's view of each thread's exception being handled (an exc_info tuple before 3.12, the exception after).
     handled = sys._current_exceptions().get(main.ident or 0)  # noqa: SLF001
     exc = handled[1] if isinstance(handled, tuple) else handled
     return isinstance(exc, _interrupts())
+
+
+def caller_interrupted() -> bool:
+    """Whether the main thread is unwinding from a Ctrl-C or a SIGTERM (False in the main thread itself, where
+    the interrupt is raised into the waiting call directly); at most SNAPSHOT_SECONDS old."""
+    global _snapshot
+    if threading.current_thread() is threading.main_thread():
+        return False
+    if getattr(threading, "_SHUTTING_DOWN", False) and isinstance(getattr(sys, "last_value", None), _interrupts()):
+        return True  # the script already ended with the interrupt; the interpreter now waits for its threads
+    read_at, interrupted = _snapshot
+    now = time.monotonic()
+    if now - read_at < SNAPSHOT_SECONDS or not _snapshot_lock.acquire(blocking=False):
+        return interrupted  # fresh enough, or another thread is reading it right now
+    try:
+        _snapshot = (now, _main_thread_interrupted())
+        return _snapshot[1]
+    finally:
+        _snapshot_lock.release()
 
 
 def check_caller() -> None:
