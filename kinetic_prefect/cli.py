@@ -6,6 +6,7 @@
     kinetic-prefect pool-set POOL KEY=VALUE ...
     kinetic-prefect gke-worker-image --repository REPOSITORY [--push] [--base-image IMAGE]
     kinetic-prefect gke-worker-manifests --pool NAME (--image IMAGE | --repository REPOSITORY) [--namespace NS]
+    kinetic-prefect up | down | pool add|remove|list   (kinetic_prefect.provision_cli: GKE from zero)
     kinetic-prefect jobs list | status | logs [-f] | result | cancel | cleanup   (kinetic_prefect.jobs_cli)
     kinetic-prefect cleanup [--store DIR] [--older-than MINUTES] [--uncollected-older-than MINUTES] [--yes]
     kinetic-prefect cost [--flow-run ID ...] [--deployment FLOW/NAME] [--flow NAME] [--since DATE] [--until DATE]
@@ -384,6 +385,10 @@ def cost_command(
 from kinetic_prefect.jobs_cli import jobs_app  # noqa: E402 - kinetic-prefect jobs ...
 
 app.add_typer(jobs_app)
+
+from kinetic_prefect import provision_cli  # noqa: E402 - kinetic-prefect up | down | pool add|remove|list
+
+provision_cli.register(app)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,10 +22,17 @@ PACKAGE = "kinetic_prefect"
 # The sides (docs/ARCHITECTURE.md, "Who imports whom"): a side is a package, so a module's place says its
 # side. Outside the side packages only the leaves, the tools and the kept public paths live; a new top-level
 # module fails the test until it is put on a side.
-SIDE_PACKAGES = {"contract": "contract", "pod": "pod", "shared": "shared", "caller": "caller", "workers": "worker"}
+SIDE_PACKAGES = {
+    "contract": "contract",
+    "pod": "pod",
+    "shared": "shared",
+    "caller": "caller",
+    "workers": "worker",
+    "provision": "provision",
+}
 KINETIC_API_PACKAGE = "kinetic"  # the Kinetic-compatible API: a caller-side facade over kinetic_task
 LEAVES = {"storage", "signing", "errors", "accelerators", "config"}  # ship to the pod; import only the contract
-TOOLS = {"cli", "doctor", "steps", "jobs_cli", "cleanup", "cost_report"}
+TOOLS = {"cli", "doctor", "steps", "jobs_cli", "cleanup", "cost_report", "provision_cli"}
 # The public paths of modules that moved into pod/, kept for user code and old pickles (each aliases its module).
 KEPT_PATHS = {"runner": "pod.runner", "progress": "pod.progress", "outputs": "pod.outputs", "data": "pod.data"}
 
@@ -40,7 +47,8 @@ ALLOWED = {
     "shared": {"contract", "leaf", "pod"},
     "worker": {"contract", "leaf", "pod", "shared"},
     "caller": {"contract", "leaf", "pod", "shared"},
-    "tools": {"contract", "leaf", "pod", "shared", "caller", "worker"},
+    "provision": {"contract", "leaf", "shared", "worker"},  # tooling that knows GKE: the pool template, the manifests
+    "tools": {"contract", "leaf", "pod", "shared", "caller", "worker", "provision"},
 }
 CALLER_INTO_WORKER = {"caller.pools"}  # the registry finds a pool's worker class; everything else goes through it
 

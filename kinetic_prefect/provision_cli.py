@@ -1,0 +1,295 @@
+"""``kinetic-prefect up`` / ``down`` / ``pool add|remove|list``: the GKE cluster, node pools, registry, bucket, worker
+and work pool, made from zero and removed again (``kinetic_prefect.provision`` does the work).
+
+    kinetic-prefect up --project P --zone Z [--cluster NAME] [--accelerator A ...] [--spot] [--reservation R]
+                       [--min-nodes N] [--pool-name NAME] [--worker-image IMAGE] [--dry-run] [--yes]
+    kinetic-prefect down --project P --zone Z [--cluster NAME] [--pool-name NAME] [--delete-data] [--yes]
+    kinetic-prefect pool add ACCELERATOR --project P --zone Z [--cluster NAME] [--spot] [--reservation R]
+                       [--min-nodes N] [--dry-run]
+    kinetic-prefect pool remove ACCELERATOR|NODE_POOL --project P --zone Z [--cluster NAME] [--spot] [--yes]
+    kinetic-prefect pool list --project P --zone Z [--cluster NAME] [--json]
+
+Every option is checked before the first request; each resource is looked up before anything is made, and what
+exists is kept, so a second ``up`` changes nothing and one that failed halfway resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, List, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from kinetic_prefect.contract import Env
+
+# Typer carries its own copy of click; its ClickException is the base of typer.BadParameter.
+ClickException: Any = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+pool_app = typer.Typer(
+    name="pool", help="Accelerator node pools of the cluster: add, remove, list.", no_args_is_help=True
+)
+
+_INSTALL = "provisioning needs the gcp and k8s extras: pip install 'kinetic-prefect[gcp,k8s]'"
+_PROJECT = typer.Option(None, "--project", envvar="GOOGLE_CLOUD_PROJECT", metavar="PROJECT_ID", help="GCP project ID")
+_ZONE = typer.Option(..., "--zone", metavar="ZONE", help="the cluster's zone, e.g. us-central1-a")
+_CLUSTER = typer.Option("kinetic-cluster", "--cluster", metavar="NAME", help="GKE cluster name")
+_POOL_NAME = typer.Option("kinetic-gke", "--pool-name", metavar="NAME", help="the kinetic-gke work pool")
+_SPOT = typer.Option(False, "--spot", help="Spot VMs (cheaper, may be preempted)")
+_RESERVATION = typer.Option(None, "--reservation", metavar="NAME", help="consume this Compute Engine reservation")
+_MIN_NODES = typer.Option(0, "--min-nodes", metavar="N", help="nodes kept running (default 0: scale to zero)")
+_YES = typer.Option(False, "--yes", "-y", help="do not ask before changing anything")
+_DRY_RUN = typer.Option(False, "--dry-run", help="print the plan (exists / will create) and change nothing")
+_STATE_STYLE = {"exists": "green", "will create": "yellow", "will update": "yellow", "will delete": "red"}
+
+
+def _console() -> Console:
+    return Console(file=sys.stdout, soft_wrap=True, highlight=False)
+
+
+def make_clients(project: str) -> Any:
+    """The Google and Kubernetes clients (tests replace this with fakes that record the requests)."""
+    from kinetic_prefect.provision.cluster_access import google_clients
+
+    return google_clients(project)
+
+
+def _provision() -> Any:
+    try:
+        from kinetic_prefect.provision import commands
+    except ModuleNotFoundError as missing:
+        raise ClickException(f"{missing.name} is not installed: {_INSTALL}") from None
+    return commands
+
+
+def _clients(project: str) -> Any:
+    clients = make_clients(project)
+    console = _console()
+    clients.say = lambda line: console.print(escape(line))
+    return clients
+
+
+def _show(title: str, planned: list[Any]) -> None:
+    table = Table(title=title, title_justify="left")
+    for column in ("resource", "name", "state", "detail"):
+        table.add_column(column, overflow="fold")
+    for step in planned:
+        style = _STATE_STYLE.get(step.state, "dim")
+        table.add_row(step.kind, escape(step.name), f"[{style}]{step.state}[/]", escape(step.note))
+    console = _console()
+    console.width = max(console.width, 140)
+    console.print(table)
+
+
+def _run(title: str, planned: list[Any], *, dry_run: bool, yes: bool, question: str, rerun: str) -> None:
+    from kinetic_prefect.provision import steps
+
+    _show(title, planned)
+    todo = [s for s in planned if s.action is not None]
+    if dry_run or not todo:
+        _console().print("dry run: nothing was changed." if dry_run else "Nothing to do.")
+        return
+    if not yes:
+        typer.confirm(question.format(n=len(todo)), abort=True)
+    try:
+        steps.apply(planned, _console().print)
+    except steps.StepFailed as failed:
+        made = ", ".join(f"{s.kind} {s.name}" for s in failed.done) or "nothing"
+        raise ClickException(f"{failed}\ndone before it: {made}. {rerun}") from None
+
+
+def _guard(call: Any) -> Any:
+    from kinetic_prefect.provision.plan import ProvisionError
+
+    try:
+        return call()
+    except ProvisionError as exc:
+        raise ClickException(str(exc)) from None
+
+
+def up_command(
+    project: Optional[str] = _PROJECT,
+    zone: str = _ZONE,
+    cluster: str = _CLUSTER,
+    accelerator: Optional[List[str]] = typer.Option(
+        None, "--accelerator", "-a", metavar="NAME", help="a node pool for this accelerator (repeatable)"
+    ),
+    spot: bool = _SPOT,
+    reservation: Optional[str] = _RESERVATION,
+    min_nodes: int = _MIN_NODES,
+    pool_name: str = _POOL_NAME,
+    worker_image: Optional[str] = typer.Option(
+        None, "--worker-image", metavar="IMAGE", help="run a worker in the cluster from this image"
+    ),
+    dry_run: bool = _DRY_RUN,
+    yes: bool = _YES,
+) -> None:
+    """Make the GKE cluster, its accelerator node pools, the image registry, the store bucket, the in-cluster worker
+    and the kinetic-gke work pool; what exists is kept."""
+    commands = _provision()
+    from kinetic_prefect.provision import plan, steps
+
+    settings = _guard(
+        lambda: plan.settings(
+            project,
+            zone,
+            cluster,
+            list(accelerator or []),
+            spot=spot,
+            reservation=reservation,
+            min_nodes=min_nodes,
+            work_pool=pool_name,
+            worker_image=worker_image,
+        )
+    )
+    api = _guard(steps.prefect_api_for_the_cluster) if worker_image else None
+    clients = _clients(settings.project)
+    planned = _guard(lambda: commands.plan_up(clients, settings, api))
+    _run(
+        f"kinetic-prefect up: {settings.project}/{settings.zone}/{settings.cluster}",
+        planned,
+        dry_run=dry_run,
+        yes=yes,
+        question="Create or update {n} resource(s)?",
+        rerun="Run the same `kinetic-prefect up` again to resume: what exists is kept.",
+    )
+    if not dry_run:
+        _next_steps(settings)
+
+
+def _next_steps(settings: Any) -> None:
+    console = _console()
+    console.print(f"\nSubmit with work_pool={settings.work_pool!r} (or {Env.WORK_POOL}={settings.work_pool}).")
+    console.print(
+        "kubectl and in-process submission: `gcloud container clusters get-credentials "
+        f"{settings.cluster} --zone {settings.zone} --project {settings.project}` (context {settings.kube_context})."
+    )
+    console.print(
+        "The job pods reach the bucket as their Kubernetes service account (Workload Identity): grant it once with "
+        f"`gcloud storage buckets add-iam-policy-binding gs://{settings.bucket} --role=roles/storage.objectUser "
+        "--member=principalSet://iam.googleapis.com/projects/PROJECT_NUMBER/locations/global/workloadIdentityPools/"
+        f"{settings.project}.svc.id.goog/namespace/{settings.namespace}`."
+    )
+
+
+def down_command(
+    project: Optional[str] = _PROJECT,
+    zone: str = _ZONE,
+    cluster: str = _CLUSTER,
+    pool_name: str = _POOL_NAME,
+    delete_data: bool = typer.Option(False, "--delete-data", help="also delete the bucket when it holds objects"),
+    yes: bool = _YES,
+) -> None:
+    """Delete what `up` made: the work pool, the cluster (its node pools and worker with it), the registry and the
+    bucket; a bucket that holds objects is kept unless --delete-data."""
+    commands = _provision()
+    from kinetic_prefect.provision import plan
+
+    settings = _guard(lambda: plan.settings(project, zone, cluster, work_pool=pool_name))
+    clients = _clients(settings.project)
+    planned = _guard(lambda: commands.plan_down(clients, settings, delete_data))
+    _run(
+        f"kinetic-prefect down: {settings.project}/{settings.zone}/{settings.cluster}",
+        planned,
+        dry_run=False,
+        yes=yes,
+        question="Delete {n} resource(s)? This cannot be undone",
+        rerun="Run the same `kinetic-prefect down` again to finish: what is gone is skipped.",
+    )
+
+
+@pool_app.command("add")
+def pool_add_command(
+    accelerator: str = typer.Argument(..., metavar="ACCELERATOR", help="e.g. l4, a100x4, tpu-v6e-16, h100:spot"),
+    project: Optional[str] = _PROJECT,
+    zone: str = _ZONE,
+    cluster: str = _CLUSTER,
+    spot: bool = _SPOT,
+    reservation: Optional[str] = _RESERVATION,
+    min_nodes: int = _MIN_NODES,
+    dry_run: bool = _DRY_RUN,
+) -> None:
+    """Add a node pool for an accelerator (autoscaling from --min-nodes, 0 by default)."""
+    commands = _provision()
+    from kinetic_prefect.provision import plan
+
+    settings = _guard(lambda: plan.settings(project, zone, cluster))
+    pool = _guard(lambda: plan.node_pool_spec(accelerator, spot=spot, reservation=reservation, min_nodes=min_nodes))
+    clients = _clients(settings.project)
+    planned = _guard(lambda: commands.plan_pool_add(clients, settings, pool))
+    _run(
+        f"kinetic-prefect pool add: {settings.cluster}",
+        planned,
+        dry_run=dry_run,
+        yes=True,  # a pool scaled to zero costs nothing until a job asks for it
+        question="",
+        rerun="Run the same `kinetic-prefect pool add` again to retry.",
+    )
+
+
+@pool_app.command("remove")
+def pool_remove_command(
+    target: str = typer.Argument(..., metavar="ACCELERATOR|NODE_POOL", help="an accelerator, or a node pool's name"),
+    project: Optional[str] = _PROJECT,
+    zone: str = _ZONE,
+    cluster: str = _CLUSTER,
+    spot: bool = typer.Option(False, "--spot", help="the accelerator's Spot pools"),
+    yes: bool = _YES,
+) -> None:
+    """Delete a node pool: the one named, or those of the accelerator (asks first unless --yes)."""
+    commands = _provision()
+    from kinetic_prefect.provision import plan
+
+    settings = _guard(lambda: plan.settings(project, zone, cluster))
+    clients = _clients(settings.project)
+    planned = _guard(lambda: commands.plan_pool_remove(clients, settings, target, spot))
+    _run(
+        f"kinetic-prefect pool remove: {settings.cluster}",
+        planned,
+        dry_run=False,
+        yes=yes,
+        question="Delete {n} node pool(s)? Jobs running on them are stopped",
+        rerun="Run the same `kinetic-prefect pool remove` again to finish.",
+    )
+
+
+@pool_app.command("list")
+def pool_list_command(
+    project: Optional[str] = _PROJECT,
+    zone: str = _ZONE,
+    cluster: str = _CLUSTER,
+    as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
+) -> None:
+    """The cluster's node pools: accelerator, spot, reservation, min/max and current nodes."""
+    import dataclasses
+
+    commands = _provision()
+    from kinetic_prefect.provision import plan
+
+    settings = _guard(lambda: plan.settings(project, zone, cluster))
+    rows = _guard(lambda: commands.pool_rows(_clients(settings.project), settings))
+    if as_json:
+        sys.stdout.write(json.dumps([dataclasses.asdict(r) for r in rows], indent=2) + "\n")
+        return
+    table = Table(title=f"node pools of {settings.cluster}", title_justify="left")
+    for column in ("name", "accelerator", "spot", "reservation", "min", "max", "nodes", "status"):
+        table.add_column(column)
+    for r in rows:
+        nodes = "?" if r.nodes is None else str(r.nodes)
+        spot_text = "yes" if r.spot else "no"
+        table.add_row(
+            r.name, r.accelerator, spot_text, r.reservation or "-", str(r.min_nodes), str(r.max_nodes), nodes, r.status
+        )
+    console = _console()
+    console.width = max(console.width, 120)
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``up``, ``down`` and ``pool`` to the ``kinetic-prefect`` app."""
+    app.command("up")(up_command)
+    app.command("down")(down_command)
+    app.add_typer(pool_app)

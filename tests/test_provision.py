@@ -1,0 +1,321 @@
+"""`kinetic-prefect up` / `down` / `pool`, end to end through the CLI.
+
+At the client boundary: the GKE and Artifact Registry clients are fakes that keep state and record every request
+(Google's APIs are unreachable from here; the requests are real container_v1 / artifactregistry_v1 protos); the
+bucket is real, on fake-gcs-server; the work pool is real, on the session's Prefect server; the in-cluster worker
+is a recording fake given the manifests ``workers.gke.deploy`` makes (``KubeClusterAccess`` applies them, see
+test_provision_kube in this module)."""
+
+from __future__ import annotations
+
+import io
+import json
+import uuid
+from typing import Any
+
+import pytest
+from google.api_core import exceptions as google_errors
+from google.cloud import container_v1
+
+from kinetic_prefect import provision_cli
+from kinetic_prefect.cli import main
+from kinetic_prefect.provision import steps
+from kinetic_prefect.workers.gke.deploy import worker_manifests
+
+PROJECT, ZONE = "test-project-1", "us-central1-a"
+DONE, RUNNING = container_v1.Operation.Status.DONE, container_v1.Operation.Status.RUNNING
+
+
+class FakeOperation:
+    def result(self, timeout: float | None = None) -> None:
+        return None
+
+
+class FakeClusterManager:
+    """ClusterManagerClient's calls that provisioning makes; an operation is RUNNING once, then DONE."""
+
+    def __init__(self) -> None:
+        self.clusters: dict[str, container_v1.Cluster] = {}
+        self.pools: dict[str, dict[str, container_v1.NodePool]] = {}
+        self.requests: list[tuple[str, Any]] = []
+        self.refuse_pool: set[str] = set()  # node pools whose create call fails (quota)
+        self._operations = 0
+
+    def _operation(self) -> container_v1.Operation:
+        self._operations += 1
+        return container_v1.Operation(name=f"operation-{self._operations}", status=RUNNING)
+
+    def get_operation(self, name: str) -> container_v1.Operation:
+        return container_v1.Operation(name=name.rpartition("/")[2], status=DONE)
+
+    def get_cluster(self, name: str) -> container_v1.Cluster:
+        if name not in self.clusters:
+            raise google_errors.NotFound(f"cluster {name}")
+        return self.clusters[name]
+
+    def create_cluster(self, parent: str, cluster: container_v1.Cluster) -> container_v1.Operation:
+        self.requests.append(("create_cluster", cluster))
+        path = f"{parent}/clusters/{cluster.name}"
+        stored = container_v1.Cluster(cluster, status=container_v1.Cluster.Status.RUNNING, location=ZONE)
+        self.clusters[path] = stored
+        self.pools[path] = {p.name: container_v1.NodePool(p) for p in cluster.node_pools}
+        return self._operation()
+
+    def delete_cluster(self, name: str) -> container_v1.Operation:
+        self.requests.append(("delete_cluster", name))
+        del self.clusters[name], self.pools[name]
+        return self._operation()
+
+    def list_node_pools(self, parent: str) -> container_v1.ListNodePoolsResponse:
+        return container_v1.ListNodePoolsResponse(node_pools=list(self.pools[parent].values()))
+
+    def create_node_pool(self, parent: str, node_pool: container_v1.NodePool) -> container_v1.Operation:
+        self.requests.append(("create_node_pool", node_pool))
+        if node_pool.name in self.refuse_pool:
+            self.refuse_pool.discard(node_pool.name)
+            raise google_errors.ResourceExhausted("Insufficient regional quota to satisfy request: NVIDIA_A100_GPUS")
+        self.pools[parent][node_pool.name] = container_v1.NodePool(
+            node_pool, status=container_v1.NodePool.Status.RUNNING
+        )
+        return self._operation()
+
+    def delete_node_pool(self, name: str) -> container_v1.Operation:
+        self.requests.append(("delete_node_pool", name))
+        cluster, _, pool = name.rpartition("/nodePools/")
+        del self.pools[cluster][pool]
+        return self._operation()
+
+    def calls(self, method: str) -> list[Any]:
+        return [request for called, request in self.requests if called == method]
+
+
+class FakeRegistry:
+    def __init__(self) -> None:
+        self.repositories: dict[str, Any] = {}
+        self.requests: list[tuple[str, Any]] = []
+
+    def get_repository(self, name: str) -> Any:
+        if name not in self.repositories:
+            raise google_errors.NotFound(f"repository {name}")
+        return self.repositories[name]
+
+    def create_repository(self, parent: str, repository_id: str, repository: Any) -> FakeOperation:
+        self.requests.append(("create_repository", (parent, repository_id, repository)))
+        self.repositories[f"{parent}/repositories/{repository_id}"] = repository
+        return FakeOperation()
+
+    def delete_repository(self, name: str) -> FakeOperation:
+        self.requests.append(("delete_repository", name))
+        del self.repositories[name]
+        return FakeOperation()
+
+
+class FakeClusterAccess:
+    def __init__(self) -> None:
+        self.deployed: list[tuple[str, list[dict], dict]] = []
+
+    def worker_exists(self, cluster: Any, namespace: str) -> bool:
+        return any(name == cluster.name for name, _, _ in self.deployed)
+
+    def deploy_worker(self, cluster: Any, manifests: list[dict], api: dict) -> None:
+        self.deployed.append((cluster.name, manifests, api))
+
+    def node_counts(self, cluster: Any) -> dict[str, int]:
+        return {"default-pool": 1, "kp-h100x8-spot": 2}
+
+
+@pytest.fixture
+def fakes(gcs_emulator, monkeypatch):
+    """The clients `kinetic-prefect` gets: fakes for GKE and Artifact Registry, fake-gcs-server for the bucket."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    clients = steps.Clients(
+        container=FakeClusterManager(),
+        registry=FakeRegistry(),
+        storage=storage.Client(project=PROJECT, credentials=AnonymousCredentials()),
+        clusters=FakeClusterAccess(),
+        poll_seconds=0,
+    )
+    made: list[str] = []
+    monkeypatch.setattr(provision_cli, "make_clients", lambda project: made.append(project) or clients)
+    clients.made = made  # type: ignore[attr-defined]
+    return clients
+
+
+def _cli(capsys, *args: str) -> tuple[int, str]:
+    capsys.readouterr()
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def _where(cluster: str) -> list[str]:
+    return ["--project", PROJECT, "--zone", ZONE, "--cluster", cluster]
+
+
+def _names() -> tuple[str, str]:
+    suffix = uuid.uuid4().hex[:6]
+    return f"c-{suffix}", f"up-{suffix}"
+
+
+def _pool(name: str) -> Any:
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_work_pool(name)
+
+
+def test_up_makes_everything_once_and_a_second_up_makes_nothing(fakes, capsys):
+    cluster, pool = _names()
+    args = ["up", *_where(cluster), "-a", "l4x2", "-a", "tpu-v5litepod-16", "--spot", "--pool-name", pool, "--yes"]
+    code, out = _cli(capsys, *args)
+    assert code == 0, out
+    gke = fakes.container
+    (created,) = gke.calls("create_cluster")
+    assert created.workload_identity_config.workload_pool == f"{PROJECT}.svc.id.goog"
+    assert created.addons_config.gcs_fuse_csi_driver_config.enabled
+    gpu, tpu = gke.calls("create_node_pool")
+    assert (gpu.name, gpu.config.machine_type, gpu.config.spot) == ("kp-l4x2-spot", "g2-standard-24", True)
+    assert [(a.accelerator_type, a.accelerator_count) for a in gpu.config.accelerators] == [("nvidia-l4", 2)]
+    assert (gpu.autoscaling.min_node_count, gpu.autoscaling.max_node_count) == (0, 10)
+    assert (tpu.placement_policy.tpu_topology, tpu.config.machine_type) == ("4x4", "ct5lp-hightpu-4t")
+    assert tpu.placement_policy.type_.name == "COMPACT" and tpu.autoscaling.max_node_count == 4
+    ((parent, repository_id, repository),) = [r for _, r in fakes.registry.requests]
+    assert (parent, repository_id) == (f"projects/{PROJECT}/locations/us-central1", f"kn-{cluster}")
+    assert repository.format_.name == "DOCKER"
+    bucket = f"{PROJECT}-kn-{cluster}-jobs"
+    assert fakes.storage.lookup_bucket(bucket) is not None
+    defaults = {k: v.get("default") for k, v in _pool(pool).base_job_template["variables"]["properties"].items()}
+    assert defaults["store"] == f"gs://{bucket}/kinetic-prefect" and defaults["gcp_project"] == PROJECT
+    assert defaults["image_repository"] == f"us-central1-docker.pkg.dev/{PROJECT}/kn-{cluster}"
+    assert defaults["kube_context"] == f"gke_{PROJECT}_{ZONE}_{cluster}" and defaults["image_builder"] == "cloud-build"
+    assert "worker" in out and "no --worker-image" in out and fakes.clusters.deployed == []
+
+    requests_before = len(gke.requests) + len(fakes.registry.requests)
+    code, out = _cli(capsys, *args)
+    assert code == 0, out
+    assert len(gke.requests) + len(fakes.registry.requests) == requests_before, "a second up created something"
+    assert "Nothing to do." in out and out.count("exists") == 6  # cluster, 2 node pools, registry, bucket, pool
+
+
+def test_dry_run_shows_the_plan_and_changes_nothing(fakes, capsys):
+    cluster, pool = _names()
+    code, out = _cli(capsys, "up", *_where(cluster), "-a", "h100x8", "--pool-name", pool, "--dry-run")
+    assert code == 0, out
+    assert out.count("will create") == 5 and "dry run: nothing was changed." in out
+    assert fakes.container.requests == [] and fakes.registry.requests == []
+    assert fakes.storage.lookup_bucket(f"{PROJECT}-kn-{cluster}-jobs") is None
+    from prefect.exceptions import ObjectNotFound
+
+    with pytest.raises(ObjectNotFound):
+        _pool(pool)
+
+
+def test_an_up_that_failed_halfway_resumes_with_only_what_is_missing(fakes, capsys):
+    cluster, pool = _names()
+    args = ["up", *_where(cluster), "-a", "l4", "-a", "a100", "-a", "v6e-4", "--pool-name", pool, "--yes"]
+    fakes.container.refuse_pool.add("kp-a100")
+    code, out = _cli(capsys, *args)
+    assert code == 1
+    assert "node pool kp-a100: ResourceExhausted" in out and "NVIDIA_A100_GPUS" in out
+    assert "done before it: cluster " in out and "node pool kp-l4" in out and "resume" in out
+    assert fakes.registry.requests == [], "nothing after the failed step ran"
+
+    fakes.container.requests.clear()
+    code, out = _cli(capsys, *args)
+    assert code == 0, out
+    assert fakes.container.calls("create_cluster") == []
+    assert [p.name for p in fakes.container.calls("create_node_pool")] == ["kp-a100", "kp-tpu-v6e-4"]
+    assert [r[0] for r in fakes.registry.requests] == ["create_repository"]
+    assert _pool(pool).type == "kinetic-gke"
+
+
+def test_down_keeps_a_bucket_with_objects_unless_delete_data(fakes, capsys):
+    cluster, pool = _names()
+    assert _cli(capsys, "up", *_where(cluster), "-a", "l4", "--pool-name", pool, "--yes")[0] == 0
+    bucket = fakes.storage.bucket(f"{PROJECT}-kn-{cluster}-jobs")
+    bucket.blob("kinetic-prefect/runs/r1/result.pkl").upload_from_string(b"a result")
+
+    monkey_input = io.StringIO("n\n")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("sys.stdin", monkey_input)
+        code, out = _cli(capsys, "down", *_where(cluster), "--pool-name", pool)
+    assert code == 1 and "Aborted" in out and fakes.container.calls("delete_cluster") == []
+
+    code, out = _cli(capsys, "down", *_where(cluster), "--pool-name", pool, "--yes")
+    assert code == 0, out
+    assert "kept" in out and "--delete-data" in out
+    assert fakes.container.clusters == {} and fakes.registry.repositories == {}
+    assert [b.name for b in bucket.list_blobs()] == ["kinetic-prefect/runs/r1/result.pkl"]
+    from prefect.exceptions import ObjectNotFound
+
+    with pytest.raises(ObjectNotFound):
+        _pool(pool)
+
+    code, out = _cli(capsys, "down", *_where(cluster), "--pool-name", pool, "--yes", "--delete-data")
+    assert code == 0, out
+    assert fakes.storage.lookup_bucket(bucket.name) is None
+
+
+def test_pool_add_list_and_remove(fakes, capsys):
+    cluster, pool = _names()
+    code, out = _cli(capsys, "pool", "add", "l4", *_where(cluster))
+    assert code == 1 and f"no cluster {cluster!r}" in out and "kinetic-prefect up" in out
+    assert _cli(capsys, "up", *_where(cluster), "--pool-name", pool, "--yes")[0] == 0
+
+    assert _cli(capsys, "pool", "add", "h100x8", "--spot", *_where(cluster))[0] == 0
+    code, out = _cli(capsys, "pool", "add", "a100x4", "--reservation", "my-a100s", "--min-nodes", "1", *_where(cluster))
+    assert code == 0, out
+    code, out = _cli(capsys, "pool", "list", *_where(cluster), "--json")
+    rows = {r["name"]: r for r in json.loads(out)}
+    assert rows["kp-h100x8-spot"] | {} == {
+        "name": "kp-h100x8-spot",
+        "accelerator": "h100x8",
+        "spot": True,
+        "reservation": "",
+        "min_nodes": 0,
+        "max_nodes": 10,
+        "nodes": 2,
+        "status": "running",
+    }
+    reserved = next(r for r in rows.values() if r["accelerator"] == "a100x4")
+    assert (reserved["reservation"], reserved["min_nodes"], reserved["max_nodes"]) == ("my-a100s", 1, 11)
+    assert rows["default-pool"]["accelerator"] == "- (e2-standard-4)"
+
+    code, out = _cli(capsys, "pool", "remove", "h100x8", *_where(cluster), "--yes")
+    assert code == 1 and "no node pool for h100x8" in out  # its only pool is a Spot pool
+    code, out = _cli(capsys, "pool", "remove", "h100x8", "--spot", *_where(cluster), "--yes")
+    assert code == 0, out
+    assert fakes.container.calls("delete_node_pool") == [
+        f"projects/{PROJECT}/locations/{ZONE}/clusters/{cluster}/nodePools/kp-h100x8-spot"
+    ]
+
+
+def test_the_in_cluster_worker_is_deployed_with_the_pools_manifests(fakes, capsys, monkeypatch):
+    cluster, pool = _names()
+    monkeypatch.setattr(steps, "prefect_api_for_the_cluster", lambda: {"url": "https://prefect.example/api"})
+    args = ["up", *_where(cluster), "--pool-name", pool, "--worker-image", "registry.example/worker:1", "--yes"]
+    code, out = _cli(capsys, *args)
+    assert code == 0, out
+    ((where, manifests, api),) = fakes.clusters.deployed
+    assert where == cluster and api == {"url": "https://prefect.example/api"}
+    assert manifests == worker_manifests(pool, namespace="default", image="registry.example/worker:1")
+    assert _cli(capsys, *args)[0] == 0 and len(fakes.clusters.deployed) == 1
+
+
+@pytest.mark.parametrize(
+    "args, culprit",
+    [
+        (["up", "--zone", ZONE], "no project: give --project"),
+        (["up", "--project", PROJECT, "--zone", ZONE, "-a", "l5"], "Unknown accelerator 'l5'"),
+        (["up", "--project", PROJECT, "--zone", ZONE, "-a", "l4", "--spot", "--reservation", "r"], "drop --spot"),
+        (["pool", "add", "cpu", "--project", PROJECT, "--zone", ZONE], "cpu jobs run on the cluster's own"),
+        (["up", "--project", PROJECT, "--zone", ZONE, "--worker-image", "w:1"], "cannot reach"),
+    ],
+)
+def test_bad_input_fails_before_any_request(fakes, capsys, monkeypatch, args, culprit):
+    monkeypatch.delenv("GOOGLE_CLOUD_PROJECT", raising=False)
+    code, out = _cli(capsys, *args)
+    assert code == 1 and culprit in out, out
+    assert fakes.made == [], "a client was made for bad input"
