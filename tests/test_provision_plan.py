@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 from google.cloud import container_v1
@@ -116,3 +117,29 @@ def test_bad_input_names_the_culprit_and_the_fix(kwargs, culprit):
             arguments.pop("accelerator_names", ()),
             **arguments,
         )
+
+
+def test_the_clusters_table_of_coming_from_kinetic_names_real_commands_and_flags():
+    """docs/coming-from-kinetic.md's Clusters table: every `kinetic-prefect ...` there is a command with those flags."""
+    from pathlib import Path
+
+    import typer
+
+    from kinetic_prefect.cli import app
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "coming-from-kinetic.md").read_text()
+    section = doc.split("## Clusters", 1)[1].split("\n## ", 1)[0]
+    root = typer.main.get_command(app)
+    spans = re.findall(r"`(kinetic-prefect [^`]+)`", section) + [
+        f"kinetic-prefect up {flag}" for flag in re.findall(r"\| `(--[a-z-]+)", section)
+    ]
+    assert len(spans) >= 8, section
+    for span in spans:
+        words = span.split()[1:]
+        command: Any = root
+        while words and hasattr(command, "commands") and words[0] in command.commands:
+            command = command.commands[words.pop(0)]
+        assert not hasattr(command, "commands"), f"{span!r}: not a command"
+        flags = {opt for param in command.params for opt in param.opts}
+        for flag in (w for w in words if w.startswith("--")):
+            assert flag in flags, f"{span!r}: {command.name} has no {flag}"
