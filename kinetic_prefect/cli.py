@@ -11,6 +11,7 @@
     kinetic-prefect cleanup [--store DIR] [--older-than MINUTES] [--uncollected-older-than MINUTES] [--yes]
     kinetic-prefect cost [--flow-run ID ...] [--deployment FLOW/NAME] [--flow NAME] [--since DATE] [--until DATE]
                          [--last N] [--json]
+    kinetic-prefect cost --estimate TASK_OR_ACCELERATORS --minutes N [--hosts N] [--json]
 
 Typer + rich, like Prefect's own CLI. ``main(argv)`` returns the exit status instead of exiting, so
 scripts and tests can call it in-process.
@@ -329,6 +330,30 @@ def cleanup_command(
         sys.stdout.write(f"removed {remove(leftovers)} of {len(leftovers)}\n")
 
 
+def _print_estimate(target: Optional[str], minutes: Optional[float], hosts: Optional[int], as_json: bool) -> None:
+    from kinetic_prefect.cost_report import estimate, estimate_table
+
+    if target is None or minutes is None:
+        raise ClickException(
+            "--estimate and --minutes go together: kinetic-prefect cost --estimate l4,a100x4 --minutes 30 "
+            "(accelerator names, or MODULE:TASK of a @kinetic_task)"
+        )
+    try:
+        rows = estimate(target, minutes, hosts)
+    except ValueError as exc:
+        raise ClickException(str(exc)) from None
+    if as_json:
+        sys.stdout.write(json.dumps({"minutes": minutes, "rows": [r.as_dict() for r in rows]}, indent=2) + "\n")
+        return
+    console = _console()
+    console.width = max(console.width, 120)
+    console.print(estimate_table(rows, minutes))
+    console.print("The call runs on the first entry that has capacity; each row is what it would cost there.")
+    for row in rows:
+        if row.usd is None:  # say why, and where a figure can come from
+            console.print(f"{row.accelerator}: {row.note} (a pool's own figure: pool-set POOL 'prices=...')")
+
+
 @app.command("cost")
 def cost_command(
     flow_run: Optional[List[str]] = typer.Option(None, "--flow-run", metavar="ID", help="a flow run (repeatable)"),
@@ -338,8 +363,16 @@ def cost_command(
     until: Optional[datetime] = typer.Option(None, "--until", metavar="DATE", help="runs started before DATE"),
     last: int = typer.Option(10, "--last", metavar="N", help="the N most recent runs (0: all in the range)"),
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of tables"),
+    estimate: Optional[str] = typer.Option(
+        None, "--estimate", metavar="TASK_OR_ACCELERATORS", help="estimate, before running: l4,a100x4 or MODULE:TASK"
+    ),
+    minutes: Optional[float] = typer.Option(None, "--minutes", metavar="N", help="with --estimate: minutes of run"),
+    hosts: Optional[int] = typer.Option(None, "--hosts", metavar="N", help="with --estimate: hosts of a group"),
 ) -> None:
-    """What flow runs' kinetic calls cost, from Prefect's records (the cost artifacts the workers left)."""
+    """What flow runs' kinetic calls cost, from Prefect's records (the cost artifacts the workers left); with
+    --estimate, what a fallback list would cost for --minutes, from the built-in list prices."""
+    if estimate is not None or minutes is not None or hosts is not None:
+        return _print_estimate(estimate, minutes, hosts, as_json)
     from prefect.utilities.asyncutils import run_coro_as_sync
 
     from kinetic_prefect.cost_report import flow_run_costs

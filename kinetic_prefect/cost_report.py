@@ -1,11 +1,17 @@
-"""``kinetic-prefect cost``: what flow runs' kinetic calls cost, read from Prefect's own records only.
+"""``kinetic-prefect cost``: what flow runs' kinetic calls cost, read from Prefect's own records only; and
+``kinetic-prefect cost --estimate``: what a fallback list would cost, before anything runs.
 
 A flow run's calls are its job runs (they hang under its tracking task runs); each job's cost is the table
-artifact the worker left on it (``contract.JOB_COST_ARTIFACT_KEY``). No other database is kept.
+artifact the worker left on it (``contract.JOB_COST_ARTIFACT_KEY``). No other database is kept. An estimate
+reads the built-in price table only (``kinetic_prefect.shared.prices``), no server.
 """
 
 from __future__ import annotations
 
+import importlib
+import os
+import re
+import sys
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -132,4 +138,149 @@ async def flow_run_costs(
     return found
 
 
-__all__ = ["RunCost", "flow_run_costs"]
+# ----------------------------------------------------------------------------- --estimate
+
+# MODULE:TASK, told apart from the catalog's own colon spellings (l4:spot, l4:2) by what follows the colon.
+_TASK_REF = re.compile(r"(?P<module>[A-Za-z_][\w.]*):(?P<task>[A-Za-z_]\w*)")
+
+
+@dataclass(frozen=True)
+class EstimateRow:
+    """One entry of a fallback list: its whole job's rates (every host) and what ``minutes`` on it would cost."""
+
+    accelerator: str  # the catalog spelling, ":spot" kept
+    spot: bool
+    hosts: int
+    chips: int  # GPUs or TPU chips of the whole job (every host); 0 on the CPU
+    on_demand_usd_per_hour: float | None
+    spot_usd_per_hour: float | None
+    minutes: float
+    note: str  # what the price is made of, or why there is none
+
+    @property
+    def usd(self) -> float | None:
+        rate = self.spot_usd_per_hour if self.spot else self.on_demand_usd_per_hour
+        return None if rate is None else rate * self.minutes / 60.0
+
+    def as_dict(self) -> dict[str, Any]:
+        usd = self.usd
+        return {
+            "accelerator": self.accelerator,
+            "spot": self.spot,
+            "hosts": self.hosts,
+            "chips": self.chips,
+            "on_demand_usd_per_hour": self.on_demand_usd_per_hour,
+            "spot_usd_per_hour": self.spot_usd_per_hour,
+            "minutes": self.minutes,
+            "usd": None if usd is None else round(usd, 6),
+            "note": self.note,
+        }
+
+
+def estimate(target: str, minutes: float, hosts: int | None = None) -> list[EstimateRow]:
+    """The estimated cost of ``minutes`` on each entry of ``target``: accelerator names (one, or a fallback list
+    joined by commas) or ``MODULE:TASK`` naming a ``@kinetic_task`` (its accelerator, fallbacks and hosts)."""
+    from kinetic_prefect import accelerators
+
+    if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not minutes > 0:
+        raise ValueError(
+            f"--minutes {minutes}: give how long the job would run, in minutes, more than 0 (--minutes 30)"
+        )
+    specs, hosts = _estimate_targets(target, hosts)
+    return [_estimate_row(spec, accelerators.host_count(spec, hosts), float(minutes)) for spec in specs]
+
+
+def _estimate_row(spec: Any, hosts: int, minutes: float) -> EstimateRow:
+    from kinetic_prefect.shared import capacity, cost
+    from kinetic_prefect.shared.prices import PRICES
+
+    price = cost.price_for(spec)
+    rates = [cost.host_rate(spec, price, spot) for spot in (False, True)]
+    on_demand, spot = (None if rate is None else round(rate * hosts, 6) for rate in rates)
+    return EstimateRow(
+        capacity.label(spec),
+        spec.spot,
+        hosts,
+        spec.chips_per_host * hosts if spec.chips else 0,
+        on_demand,
+        spot,
+        minutes,
+        PRICES[spec.name].note,
+    )
+
+
+def _estimate_targets(target: str, hosts: int | None) -> tuple[list[Any], int | None]:
+    from kinetic_prefect import accelerators
+    from kinetic_prefect.shared import capacity
+
+    text = target.strip()
+    try:
+        return capacity.choices(text, hosts), hosts
+    except accelerators.UnknownAcceleratorError as exc:
+        ref = _TASK_REF.fullmatch(text)
+        if ref is None or ref["task"] == "spot":
+            raise
+        not_an_accelerator = str(exc)
+    task = _kinetic_task(ref["module"], ref["task"], not_an_accelerator)
+    if hosts is not None:
+        raise ValueError(
+            f"--hosts {hosts} with {text!r}: a kinetic task brings its own hosts "
+            f"({task.kinetic.hosts or 1}); drop --hosts, or give accelerator names instead of the task"
+        )
+    return capacity.choices([task.kinetic.accelerator, *task.kinetic.fallbacks], task.kinetic.hosts), task.kinetic.hosts
+
+
+def _kinetic_task(module_name: str, attribute: str, not_an_accelerator: str) -> Any:
+    """The ``@kinetic_task`` ``module_name:attribute``, imported as ``python -m`` would (the current folder first)."""
+    from kinetic_prefect.caller.decorator import KineticTask
+
+    ref = f"{module_name}:{attribute}"
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(
+            f"{ref!r} is neither an accelerator nor an importable MODULE:TASK. As an accelerator: "
+            f"{not_an_accelerator} As a task: cannot import {module_name!r} ({exc}); run from the folder that "
+            "holds the module, or give a module on sys.path"
+        ) from None
+    found = getattr(module, attribute, None)
+    if isinstance(found, KineticTask):
+        return found
+    tasks = sorted(name for name, value in vars(module).items() if isinstance(value, KineticTask))
+    offer = f"its kinetic tasks: {', '.join(f'{module_name}:{name}' for name in tasks)}" if tasks else "it has none"
+    what = "no such name" if found is None else f"a {type(found).__name__}"
+    raise ValueError(
+        f"{ref!r} is not a @kinetic_task ({what} in module {module_name!r}; {offer}): name a function decorated "
+        "with @kinetic_task(accelerator=...), or give accelerator names such as l4,a100x4"
+    )
+
+
+def estimate_table(rows: list[EstimateRow], minutes: float) -> Any:
+    """The estimate as a rich table: one row per entry, in the order the worker tries them."""
+    from rich.table import Table
+
+    from kinetic_prefect.shared.prices import DEFAULT_REGION, NO_PUBLIC_PRICE, SOURCE_DATE
+
+    table = Table(title=f"estimated cost of {minutes:g} min ({DEFAULT_REGION} list prices, read {SOURCE_DATE})")
+    for column in ("accelerator", "hosts", "chips/GPUs", "on-demand $/h", "spot $/h", f"{minutes:g} min"):
+        table.add_column(column, justify="left" if column == "accelerator" else "right")
+
+    def money(value: float | None, digits: int) -> str:
+        return NO_PUBLIC_PRICE if value is None else f"${value:.{digits}f}"
+
+    for row in rows:
+        usd = money(row.usd, 4) + (" (spot)" if row.spot and row.usd is not None else "")
+        table.add_row(
+            row.accelerator,
+            str(row.hosts),
+            str(row.chips),
+            money(row.on_demand_usd_per_hour, 4),
+            money(row.spot_usd_per_hour, 4),
+            usd,
+        )
+    return table
+
+
+__all__ = ["EstimateRow", "RunCost", "estimate", "estimate_table", "flow_run_costs"]

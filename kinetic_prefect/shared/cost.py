@@ -144,7 +144,10 @@ def load_prices(value: Any, origin: str = "the pool's prices") -> dict[str, Pric
 
 
 def price_for(spec: accelerators.AcceleratorSpec, overrides: dict[str, Price] | None = None) -> Price | None:
-    return (overrides or {}).get(spec.name) or PRICES.get(spec.name)
+    """The pool's price for ``spec``, else the built-in one; None where neither has a figure (the built-in table
+    keeps a figure-less entry for every accelerator with no public price, its note saying why)."""
+    found = (overrides or {}).get(spec.name) or PRICES.get(spec.name)
+    return found if found is not None and found.priced else None
 
 
 def host_rate(spec: accelerators.AcceleratorSpec, price: Price | None, spot: bool) -> float | None:
