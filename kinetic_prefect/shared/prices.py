@@ -160,7 +160,11 @@ def _build() -> dict[str, Price]:
         elif spec.name in gpus:
             found[spec.name] = gpus[spec.name]
         else:
-            family = next(key for key in _NOT_IN_SOURCE if spec.name == key or spec.name.startswith(f"{key}x"))
+            family = next(
+                (key for key in _NOT_IN_SOURCE if spec.name in (key, *(f"{key}x{n}" for n in (2, 4, 8)))), None
+            )
+            if not family:  # a new catalog entry: it needs its figures or the reason it has none
+                raise AssertionError(f"accelerator {spec.name!r} has no entry in prices.py: add its rows or its reason")
             found[spec.name] = _unpriced(_NOT_IN_SOURCE[family])
     return found
 
