@@ -15,8 +15,9 @@ and the row of its attached GPUs (``AcceleratorName`` x ``AcceleratorCount``). A
 source's smallest slice row divided by its chips (the larger slice rows are the same chip price times their
 chips). Zone ``us-central1-a`` unless an entry's source names another: P100 is listed in ``us-central1-c``
 only, H200 in ``us-central1-b``, and TPU v4 outside us-central1 altogether (``us-central2-b``). Read on
-2026-12-01. Spot prices change (Google may change them once a day) and the list prices exclude discounts:
-give a pool its own ``prices`` for another region, a committed-use discount or a private price sheet.
+2026-12-03 (the l4, a100 and tpu-v6e rows also on 2026-12-01). Spot prices change (Google may change them
+once a day) and the list prices exclude discounts: give a pool its own ``prices`` for another region, a
+committed-use discount or a private price sheet.
 
 No public price (``on_demand``/``spot`` None), and why:
 
@@ -37,7 +38,7 @@ from kinetic_prefect import accelerators
 DEFAULT_REGION = "us-central1"
 CATALOG_FILE = "SkyPilot GCP catalog catalogs/v8/gcp/vms.csv @006059e0 (from the Cloud Billing Catalog API)"
 SOURCE = f"{CATALOG_FILE}, us-central1-a"
-SOURCE_DATE = "2026-12-01"
+SOURCE_DATE = "2026-12-03"
 NO_PUBLIC_PRICE = "no public price"
 
 
