@@ -318,7 +318,9 @@ def _node_pool_fix(spec: accelerators.AcceleratorSpec) -> str:
     if spec.spot:
         command += " --spot"
     command += " --num-nodes 1 --enable-autoscaling --min-nodes 0 --max-nodes 2"
+    spot = " --spot" if spec.spot else ""
     return (
+        f"`kinetic-prefect pool add {spec.name}{spot} --project PROJECT --zone ZONE --cluster CLUSTER`, or "
         f"`{command}` (or enable node auto-provisioning). A node pool scaled to zero has no nodes to see: "
         "this check needs one node up (or skip it by not naming this accelerator)"
     )

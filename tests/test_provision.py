@@ -319,3 +319,32 @@ def test_bad_input_fails_before_any_request(fakes, capsys, monkeypatch, args, cu
     code, out = _cli(capsys, *args)
     assert code == 1 and culprit in out, out
     assert fakes.made == [], "a client was made for bad input"
+
+
+def test_provision_kube_applies_the_worker_to_a_real_control_plane(kube):
+    """`KubeClusterAccess` against the real kube-apiserver: the Secret and the worker's four objects are created,
+    a second deploy leaves them (409), and node counts come from GKE's node-pool label. A ResourceQuota of 0 pods
+    keeps the Deployment from starting a pod (its image does not exist)."""
+    from kubernetes import client
+
+    from kinetic_prefect.provision.cluster_access import KubeClusterAccess
+
+    api_client = kube.api()
+    core = client.CoreV1Api(api_client)
+    namespace = f"provision-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": namespace}})
+    core.create_namespaced_resource_quota(namespace, {"metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}}})
+    access, cluster = KubeClusterAccess(api_client), container_v1.Cluster(name="test")
+    try:
+        assert not access.worker_exists(cluster, namespace)
+        manifests = worker_manifests("a-pool", namespace=namespace, image="registry.invalid/worker:1")
+        for _ in range(2):
+            access.deploy_worker(cluster, manifests, {"url": "https://prefect.example/api"})
+        assert access.worker_exists(cluster, namespace)
+        secret = core.read_namespaced_secret(steps.API_SECRET, namespace)
+        assert set(secret.data) == {"url"}
+        assert client.RbacAuthorizationV1Api(api_client).read_namespaced_role(steps.WORKER_NAME, namespace).rules
+        counts = access.node_counts(cluster)
+        assert counts.get("l4-pool") == 1 and counts.get("tpu-pool") == 1
+    finally:
+        core.delete_namespace(namespace)
