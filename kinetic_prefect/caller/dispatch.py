@@ -31,6 +31,7 @@ from kinetic_prefect.shared import gcp
 from kinetic_prefect.contract import Env, Outcome, RunLayout, checkpoints_key
 from kinetic_prefect.contract import PHASE_RESTORE_CODE
 from kinetic_prefect.errors import KineticJobCrashed, PayloadError
+from kinetic_prefect.caller import data_mounts
 from kinetic_prefect.caller.data_repair import heal_before_call, heal_reported
 from kinetic_prefect.shared.image import ImageSpec
 from kinetic_prefect.shared.outages import Outage
@@ -109,6 +110,7 @@ class PreparedCall:
     task_run_id: str | None = None
     store: Any = None  # once opened: where a call that ends without an outcome removes its run's objects
     outcome_read: bool = False  # the job's outcome was read: its record stays as the run's receipt
+    fuse: list[Any] = field(default_factory=list)  # the Data(..., fuse=True) of the call (caller/data_mounts.py)
 
 
 def _swap_data(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any], list[Any]]:
@@ -116,7 +118,7 @@ def _swap_data(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, An
     manifests: dict[str, Any] = {}
 
     def to_ref(item: data.Data) -> data.DataRef:
-        manifest = None if item.is_remote else data.hash_local(item)
+        manifest = None if item.is_remote or item.fuse else data.hash_local(item)
         if manifest is not None:
             manifests[manifest.sha256] = manifest
         return data.to_ref(item, manifest)
@@ -129,6 +131,7 @@ def _swap_data(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, An
 def prepare(options: KineticOptions, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> PreparedCall:
     project_dir = Path(options.project_dir).resolve() if options.project_dir else find_project_dir(fn)
     data_paths = [d.local_path for d in data.find((args, kwargs), data.Data) if d.local_path is not None]
+    fuse = data_mounts.fuse_data(args, kwargs)
     args, kwargs, manifests = _swap_data(args, kwargs)
     payload = build_call_payload(fn, args, kwargs, project_dir)
     # Data passed as Data travels by its own content-addressed route, never inside the code archive.
@@ -142,6 +145,7 @@ def prepare(options: KineticOptions, fn: Callable[..., Any], args: tuple, kwargs
         env=env,
         data=manifests,
         task_run_id=str(ctx.task_run.id) if (ctx := TaskRunContext.get()) else None,
+        fuse=fuse,
     )
 
 
@@ -414,6 +418,7 @@ async def _submit_and_wait(
         store_url = gcp.store_url(pool)
         store = call.store = gcp.open_store(store_url, await gcp.pool_credentials(pool))  # bad gcp_credentials: here
         key = await _prefect.signing_key()
+        fuse_mounts = await to_thread.run_sync(data_mounts.plan, call, pool, pool_variables, store_url)
         await to_thread.run_sync(_upload_inputs, store, call, logger, key)
 
         polling = options.submission == "worker" or (
@@ -424,6 +429,8 @@ async def _submit_and_wait(
         job_variables = _job_variables(options, call, store_url, pool_variables)
         if budget is not None:
             job_variables["max_cost_usd"] = budget
+        if fuse_mounts:
+            job_variables[data_mounts.FUSE_VARIABLE] = fuse_mounts
         if key is not None:  # not the key: only that the job must insist on signatures
             job_variables["env"][signing.REQUIRED_ENV] = "1"
         if polling and call.env:

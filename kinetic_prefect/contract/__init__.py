@@ -109,6 +109,9 @@ class Env:
     # the same function on each; host 0 is the coordinator, whose return value is the result.
     NUM_HOSTS = "KINETIC_NUM_HOSTS"
     HOST_INDEX = "KINETIC_HOST_INDEX"  # on GKE an Indexed Job's JOB_COMPLETION_INDEX stands in
+    # Set by kinetic-gke when the pod has Cloud Storage FUSE volumes: the directory under which each
+    # Data(..., fuse=True) is mounted (FUSE_MOUNT_ROOT/<mount id>). Unset: the job reads FUSE data its own way.
+    FUSE_ROOT = "KINETIC_FUSE_ROOT"
     COORDINATOR_ADDRESS = "KINETIC_COORDINATOR_ADDRESS"  # host:port of host 0 (jax.distributed's coordinator)
     # The run's prefix in the store (``runs/<id>``): the name jobs of kinetic-prefect 0.1 read instead of RUN_ID.
     RUN_PREFIX = "KINETIC_RUN_PREFIX"
@@ -306,6 +309,11 @@ def checkpoints_key(task_run_or_run_id: str) -> str:
 def code_key(sha256: str) -> str:
     """The project archive, stored once per content hash and shared by every run that ships it."""
     return f"code/{sha256}.tar.gz"
+
+
+# Where kinetic-gke mounts the Cloud Storage FUSE volumes of Data(..., fuse=True), one directory per mount id;
+# Kinetic reserves the same prefix, so a volumes= mount path below it is refused.
+FUSE_MOUNT_ROOT = "/_kinetic/fuse-data"
 
 
 def data_key(sha256: str) -> str:

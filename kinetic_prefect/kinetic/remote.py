@@ -11,7 +11,7 @@ import functools
 import os
 from typing import Any, Callable
 
-from kinetic_prefect.contract import Env
+from kinetic_prefect.contract import FUSE_MOUNT_ROOT, Env
 from kinetic_prefect.kinetic.names import kinetic_reading
 
 KINETIC_DEFAULT_ACCELERATOR = "tpu-v5e-1"  # Kinetic's default; on a machine without it, kinetic-local uses the CPU
@@ -112,6 +112,11 @@ class RemoteCallable:
         for mount in volumes or {}:
             if not isinstance(mount, str) or not os.path.isabs(mount):
                 raise ValueError(f"volumes: mount path {mount!r} must be an absolute path, e.g. '/data'")
+            if (mount.rstrip("/") + "/").startswith(FUSE_MOUNT_ROOT + "/"):
+                raise ValueError(
+                    f"volumes: mount path {mount!r} is below {FUSE_MOUNT_ROOT}/, where FUSE data is mounted "
+                    "(as in Kinetic); use another path, e.g. '/data'"
+                )
         self.fn = fn
         self.accelerator = spec
         self.volumes = dict(volumes or {})

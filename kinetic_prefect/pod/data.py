@@ -1,4 +1,7 @@
-"""Datasets as arguments of a kinetic task: ``Data("./eurosat")`` or ``Data("gs://bucket/prefix/")``.
+"""Datasets as arguments of a kinetic task: ``Data("./eurosat")``, ``Data("gs://bucket/prefix/")``, a single object
+``Data("gs://bucket/dir/file.csv")``, a Hugging Face dataset ``Data("hf://user/repo")``, and ``fuse=True`` for data
+read where it is instead of copied (``Data("gs://bucket/imagenet/", fuse=True)``: a Cloud Storage FUSE volume on
+kinetic-gke).
 
 The caller side turns every :class:`Data` found in a call's arguments into a :class:`DataRef` (what is pickled
 into the payload), after :func:`hash_local` and :func:`upload` have put local data into the artifact store under a
@@ -11,6 +14,7 @@ module, whose public names are importable from here too:
 * :mod:`kinetic_prefect.pod.data_manifest`: content hashing (:class:`Manifest`);
 * :mod:`kinetic_prefect.pod.data_upload`: the caller's upload into the store (:func:`upload`);
 * :mod:`kinetic_prefect.pod.data_localize`: the job's local path for each ``DataRef`` (:func:`localize`);
+* :mod:`kinetic_prefect.pod.data_hf`: an hf:// dataset's files, through ``huggingface_hub`` in the job;
 * :mod:`kinetic_prefect.pod.data_walk`: finding, replacing them in the arguments (:func:`find`, :func:`transform`).
 
 The job runner imports this module, so only the stdlib and the storage leaf are imported here (and in those
@@ -20,6 +24,7 @@ modules) at module level.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import urllib.parse
 from pathlib import Path
@@ -27,7 +32,7 @@ from pathlib import Path
 from kinetic_prefect.contract import data_key
 from kinetic_prefect.pod.data_localize import localize
 from kinetic_prefect.pod.data_manifest import Manifest, build_manifest
-from kinetic_prefect.pod.data_sources import DataError, parse_gs_url, validate_local
+from kinetic_prefect.pod.data_sources import DataError, check_fuse_url, parse_gs_url, parse_hf_url, validate_local
 from kinetic_prefect.pod.data_upload import upload
 from kinetic_prefect.pod.data_walk import find, transform
 
@@ -37,6 +42,7 @@ __all__ = [
     "DataRef",
     "Manifest",
     "find",
+    "fuse_mount_id",
     "hash_local",
     "localize",
     "to_ref",
@@ -46,18 +52,26 @@ __all__ = [
 
 
 class Data:
-    """A local file or directory, or gs://bucket/object or gs://bucket/prefix/ — passed to a kinetic task.
+    """A local file or directory, gs://bucket/object or gs://bucket/prefix/, or hf://user/dataset — passed to a
+    kinetic task.
 
     Local data is validated here (it exists, holds at least one file, every file is readable) and content-hashed
-    and uploaded once per content when the task is called; gs:// data is never copied through the store, the job
-    downloads it itself (and nothing is checked here: no network at construction).
+    and uploaded once per content when the task is called; gs:// and hf:// data is never copied through the store,
+    the job fetches it itself (and nothing is checked here but the URL: no network at construction).
+
+    ``fuse=True``: the job reads the data where it is instead of a copy. On kinetic-gke a gs:// source (or the
+    store's copy of a local one) is a read-only Cloud Storage FUSE volume, read as files are opened; on
+    kinetic-local a local path is used in place and gs:// data is fetched through the store's client.
     """
 
-    __slots__ = ("source", "is_remote", "local_path")
+    __slots__ = ("source", "is_remote", "local_path", "fuse")
 
-    def __init__(self, source: str | os.PathLike):
+    def __init__(self, source: str | os.PathLike, fuse: bool = False):
         if isinstance(source, Data):
             source = source.source
+        if not isinstance(fuse, bool):
+            raise DataError(f"Data({source!r}, fuse={fuse!r}): fuse takes True or False")
+        self.fuse: bool = fuse
         try:
             text = os.fspath(source)
         except TypeError:
@@ -67,10 +81,20 @@ class Data:
         if not text:
             raise DataError("Data('') names no data: pass a file, a directory or a gs://bucket/... URL")
         self.source: str = text
-        self.is_remote: bool = text.startswith("gs://")
+        self.is_remote: bool = text.startswith(("gs://", "hf://"))
         self.local_path: Path | None = None
+        if text.startswith("hf://"):
+            parse_hf_url(text)
+            if fuse:
+                raise DataError(
+                    f"Data({text!r}, fuse=True): a Hugging Face dataset cannot be mounted; drop fuse=True (the job "
+                    "downloads it), or copy it to a bucket and pass Data('gs://...', fuse=True)"
+                )
+            return
         if self.is_remote:
             parse_gs_url(text)
+            if fuse:
+                check_fuse_url(text)
             return
         if text.startswith("file://"):
             parsed = urllib.parse.urlsplit(text)
@@ -79,8 +103,10 @@ class Data:
             text = urllib.parse.unquote(parsed.path)
         elif "://" in text:
             raise DataError(
-                f"unsupported data source {text!r}: use a local path or gs://bucket/object "
-                "(gs://bucket/prefix/ for a folder); other schemes are not supported"
+                f"unsupported data source {text!r}"
+                + (" with fuse=True: only gs:// data is mounted" if fuse else "")
+                + ": use a local path, gs://bucket/object (gs://bucket/prefix/ for a folder) or hf://user/dataset; "
+                "other schemes are not supported"
             )
         # abspath, not resolve(): a symlink keeps the name the user gave it
         self.local_path = Path(os.path.abspath(os.path.expanduser(text)))
@@ -94,7 +120,7 @@ class Data:
         return "dir" if self.local_path.is_dir() else "file"
 
     def __repr__(self) -> str:
-        return f"Data({self.source!r})"
+        return f"Data({self.source!r}" + (", fuse=True)" if self.fuse else ")")
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Data) and self._key() == other._key()
@@ -103,12 +129,13 @@ class Data:
         return hash(self._key())
 
     def _key(self) -> tuple:
-        return (self.is_remote, self.source if self.is_remote else str(self.local_path))
+        return (self.is_remote, self.source if self.is_remote else str(self.local_path), self.fuse)
 
     def __getstate__(self):
-        return {"source": self.source, "is_remote": self.is_remote, "local_path": self.local_path}
+        return {"source": self.source, "is_remote": self.is_remote, "local_path": self.local_path, "fuse": self.fuse}
 
     def __setstate__(self, state):
+        object.__setattr__(self, "fuse", False)  # pickled before fuse= existed
         for name, value in state.items():
             object.__setattr__(self, name, value)
 
@@ -118,29 +145,56 @@ class DataRef:
     """What is pickled into the payload instead of Data; resolved to a local path on the job side.
 
     For gs:// data ``kind`` is what the URL says ("dir" for a trailing slash or a bare bucket, else "file");
-    :func:`localize` treats a "file" URL that names no object as a prefix.
+    :func:`localize` treats a "file" URL that names no object as a prefix. hf:// data is a "dir".
+
+    ``fuse`` is the mount id of ``Data(..., fuse=True)`` (:func:`fuse_mount_id`): kinetic-gke mounts it at
+    ``FUSE_MOUNT_ROOT/<id>``; ``path`` is the local source of local FUSE data (kinetic-local reads it in place).
     """
 
     kind: str  # "file" | "dir"
     name: str  # basename of the source (file name, or directory name)
     sha256: str | None  # content hash for local data (None for gs://)
     key: str | None  # store-relative prefix of uploaded local data: f"data/{sha256}"
-    url: str | None  # gs:// source, never copied
+    url: str | None  # gs:// or hf:// source, never copied through the store
+    fuse: str | None = None  # Data(..., fuse=True): its mount id
+    path: str | None = None  # local FUSE data: the caller's path (read in place on kinetic-local)
+
+
+def fuse_mount_id(data: Data) -> str:
+    """The id of a FUSE Data's mount: one per source, so the same Data passed twice is mounted once."""
+    return hashlib.sha256(data.source.encode() if data.is_remote else os.fsencode(data.local_path or "")).hexdigest()[
+        :16
+    ]
 
 
 def hash_local(data: Data, *, workers: int = 8) -> Manifest:
     """The content manifest of local data (validating it again: it may have changed since ``Data()``)."""
     if data.is_remote or data.local_path is None:
-        raise DataError(f"{data!r} is gs:// data: it is not hashed or uploaded, the job downloads it directly")
+        raise DataError(f"{data!r} is remote data: it is not hashed or uploaded, the job downloads it directly")
     return build_manifest(data.local_path, workers=workers, memo=True)
 
 
 def to_ref(data: Data, manifest: Manifest | None) -> DataRef:
+    fuse = fuse_mount_id(data) if data.fuse else None
+    if data.source.startswith("hf://"):
+        repo_id, _revision = parse_hf_url(data.source)
+        return DataRef(kind="dir", name=repo_id.rsplit("/", 1)[-1], sha256=None, key=None, url=data.source)
     if data.is_remote:
         bucket, path = parse_gs_url(data.source)
         name = path.rstrip("/").rsplit("/", 1)[-1] if path.strip("/") else bucket
         kind = "file" if path and not path.endswith("/") else "dir"
-        return DataRef(kind=kind, name=name, sha256=None, key=None, url=data.source)
+        return DataRef(kind=kind, name=name, sha256=None, key=None, url=data.source, fuse=fuse)
+    if data.fuse:  # not hashed here: kinetic-local reads it in place; a FUSE pool's caller uploads it (data_mounts)
+        assert data.local_path is not None and data.kind is not None
+        return DataRef(
+            kind=data.kind,
+            name=data.local_path.name,
+            sha256=None,
+            key=None,
+            url=None,
+            fuse=fuse,
+            path=str(data.local_path),
+        )
     if manifest is None:
         manifest = hash_local(data)
     elif manifest.root != data.local_path:

@@ -2,7 +2,10 @@
 
 Uploaded data (its store layout: :mod:`kinetic_prefect.pod.data_upload`) is read in place from a store on this
 machine, else downloaded into the node cache and checked against its content hash; gs:// data is downloaded
-from its URL.
+from its URL (a URL that names one object gives that file), hf:// data through ``huggingface_hub``
+(:mod:`kinetic_prefect.pod.data_hf`). ``Data(..., fuse=True)`` is read where it is: at its Cloud Storage FUSE
+mount on kinetic-gke (``KINETIC_FUSE_ROOT``), in place for a local path on kinetic-local, and fetched through the
+store's client like any gs:// data there.
 
 Node cache layout (``<id>`` is the content hash, or sha256 of the URL for gs:// data)::
 
@@ -24,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kinetic_prefect.contract import Env
+from kinetic_prefect.pod.data_hf import download_hf
 from kinetic_prefect.pod.data_manifest import Manifest, build_manifest
 from kinetic_prefect.pod.data_sources import DataError, parse_gs_url
 from kinetic_prefect.storage import ObjectNotFound, Store, open_store
@@ -182,6 +187,41 @@ def _localize_url(ref: DataRef, node_cache: Path) -> Path:
     return target / "files" / ref.name if kind == "file" else target / "files"
 
 
+def _localize_hf(ref: DataRef, node_cache: Path) -> Path:
+    url = ref.url or ""
+
+    def fill(staging: Path) -> dict:
+        files = download_hf(url, staging / "files")
+        return {"url": url, "kind": "dir", "name": ref.name, "files": files}
+
+    return _node_entry(node_cache, "hf-" + hashlib.sha256(url.encode()).hexdigest(), fill) / "files"
+
+
+def _localize_fuse(ref: DataRef) -> Path | None:
+    """FUSE data where it is: the pod's mount (kinetic-gke), the caller's path in place; None: fetch it as a copy."""
+    root = os.environ.get(Env.FUSE_ROOT)
+    source = ref.url or ref.path
+    if root:
+        mount = Path(root) / str(ref.fuse)
+        if not mount.is_dir():
+            raise DataError(
+                f"Data({source!r}, fuse=True) was to be mounted at {mount}, but this pod has no such mount: the "
+                "pool's job template predates FUSE volumes (its gcs_fuse_mounts variable); update it with "
+                "`prefect work-pool update POOL --base-job-template work_pools/kinetic-gke.json`"
+            )
+        return mount / ref.name if ref.kind == "file" else mount
+    if ref.path is None:
+        return None  # gs:// on kinetic-local: fetched through the store's client into the node cache
+    local = Path(ref.path)
+    if not local.exists():
+        raise DataError(
+            f"Data({ref.path!r}, fuse=True) is read in place on kinetic-local, and {ref.path} does not exist on "
+            f"this job's host ({os.uname().nodename}): run the worker on the machine that has the data, or drop "
+            "fuse=True so the data is uploaded through the store"
+        )
+    return local
+
+
 def localize(ref: DataRef, store: Store, node_cache: Path, key: bytes | None = None) -> Path:
     """Job side: a local path to the file or directory ``ref`` stands for (downloaded at most once per node).
 
@@ -189,6 +229,12 @@ def localize(ref: DataRef, store: Store, node_cache: Path, key: bytes | None = N
     its content hash. gs:// data is cached per URL: an object rewritten later under the same URL is not fetched
     again on a node that already holds it (point Data at a new URL, e.g. a versioned prefix, to change data).
     """
+    if ref.fuse is not None:
+        where = _localize_fuse(ref)
+        if where is not None:
+            return where
+    if ref.url is not None and ref.url.startswith("hf://"):
+        return _localize_hf(ref, Path(node_cache))
     if ref.url is not None:
         return _localize_url(ref, Path(node_cache))
     if not ref.key or not ref.sha256:

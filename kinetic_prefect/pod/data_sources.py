@@ -1,4 +1,5 @@
-"""A dataset's source, checked before anything is hashed or stored: a gs:// URL, or a local file or directory.
+"""A dataset's source, checked before anything is hashed or stored: a gs:// or hf:// URL, or a local file or
+directory.
 
 A gs:// URL is split into its bucket and object path (no network here: the job fetches it). A local source is
 listed following symlinks; every file in it must be readable and have a name an object store can keep, and a
@@ -11,6 +12,7 @@ The job runner imports this module (through :mod:`kinetic_prefect.pod.data`): th
 from __future__ import annotations
 
 import os
+import re
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +34,42 @@ def parse_gs_url(url: str) -> tuple[str, str]:
             "supported in the object path; name the object or prefix exactly"
         )
     return bucket, path
+
+
+def check_fuse_url(url: str) -> None:
+    """A gs:// URL a Cloud Storage FUSE volume can mount: its prefix goes into the ``only-dir`` mount option of a
+    comma-separated list, so a comma in it cannot be passed."""
+    _bucket, path = parse_gs_url(url)
+    if "," in path:
+        raise DataError(
+            f"Data({url!r}, fuse=True): the object path has a comma, which Cloud Storage FUSE's only-dir mount "
+            "option cannot carry; rename the prefix, mount its parent, or drop fuse=True (the job downloads it)"
+        )
+
+
+_HF_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+
+
+def parse_hf_url(url: str) -> tuple[str, str | None]:
+    """``hf://user/dataset?revision=v1`` → ("user/dataset", "v1"): a Hugging Face dataset repository, as Kinetic
+    spells it. The job downloads the repository's files; ``split``/``config_name`` (Kinetic's ``datasets`` loader)
+    are refused with the way to load a split from those files."""
+    parsed = urllib.parse.urlsplit(url)
+    repo_id = (parsed.netloc + parsed.path).strip("/")
+    if parsed.scheme != "hf" or not _HF_REPO.fullmatch(repo_id) or parsed.fragment:
+        raise DataError(f"invalid data URL {url!r}: use hf://dataset or hf://user/dataset (optionally ?revision=REV)")
+    query = urllib.parse.parse_qs(parsed.query, keep_blank_values=True)
+    loader = sorted(set(query) & {"split", "config_name"})
+    if loader:
+        raise DataError(
+            f"Data({url!r}): {'/'.join(loader)} is not applied here: the job gets the dataset repository's files "
+            "(huggingface_hub), not a saved `datasets` split. Drop it and load the split in the function: "
+            "datasets.load_dataset(path, name=CONFIG, split='train')"
+        )
+    unknown = sorted(set(query) - {"revision"})
+    if unknown or any(len(v) != 1 or not v[0] for v in query.values()):
+        raise DataError(f"Data({url!r}): the only query an hf:// URL takes is ?revision=BRANCH_TAG_OR_COMMIT")
+    return repo_id, query.get("revision", [None])[0]
 
 
 def unreadable_error(path: Path | str, exc: BaseException | None = None) -> DataError:

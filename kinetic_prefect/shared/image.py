@@ -114,6 +114,7 @@ RUNNER_MODULES = (
     "pod/data_manifest",
     "pod/data_upload",
     "pod/data_localize",
+    "pod/data_hf",
     "pod/data_walk",
     "pod/utilization",
     # the old public paths, for user code in the job that imports them

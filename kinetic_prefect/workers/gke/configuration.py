@@ -19,6 +19,7 @@ from pydantic import Field, PrivateAttr
 from kinetic_prefect import accelerators
 from kinetic_prefect.contract import JAX_COORDINATOR_PORT, RUNNER_ARGV, Env
 from kinetic_prefect.workers.gke import capacity as gke_capacity
+from kinetic_prefect.workers.gke import fuse as gke_fuse
 from kinetic_prefect.workers.base import KineticJobConfiguration
 from kinetic_prefect.workers.gke.variables import CONTAINER, JOB_BACKOFF_LIMIT
 from kinetic_prefect.workers.gke.kube import (
@@ -59,6 +60,7 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
     memory_request: str | None = Field(default=None)
     ephemeral_storage_request: str | None = Field(default=None)
     shm_size: str | None = Field(default=None)
+    gcs_fuse_mounts: dict[str, str] = Field(default_factory=dict)  # Data(..., fuse=True): workers/gke/fuse.py
     hosts: int | None = Field(default=None)  # a group of N pods; a multi-host TPU slice sets its own count
     keep_warm_seconds: float = Field(default=0)  # > 0: warm pods (workers/gke/warm.py)
     min_warm: int = Field(default=0)
@@ -169,6 +171,7 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
                 *(container.get("volumeMounts") or []),
                 {"name": "dshm", "mountPath": "/dev/shm"},
             ]
+        gke_fuse.render(manifest, self.gcs_fuse_mounts)
         if self.host_count > 1:
             self._render_group(manifest, spec)
         gke_capacity.render(manifest, self, spec, attempt)

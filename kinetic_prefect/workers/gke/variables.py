@@ -208,6 +208,13 @@ class KineticGKEVariables(CallVariables):
         description="Size of /dev/shm (a memory-backed emptyDir) for data loaders, e.g. '8Gi'. Empty: the 64 MiB "
         "default.",
     )
+    gcs_fuse_mounts: dict[str, str] = Field(
+        default={},
+        title="Cloud Storage FUSE mounts",
+        description="Set per call by the caller for Data(..., fuse=True): mount id -> gs://bucket/dir, each a "
+        "read-only Cloud Storage FUSE CSI ephemeral volume at /_kinetic/fuse-data/<id>. Needs the GcsFuseCsiDriver "
+        "add-on and a service account that may read the buckets (Workload Identity). Leave empty on the pool.",
+    )
     poll_seconds: float = Field(
         default=2.0, title="Poll interval", description="Seconds between status checks of a running Job."
     )
