@@ -15,6 +15,8 @@ import os
 from collections.abc import Mapping
 from typing import Literal
 
+from kinetic_prefect.contract import ENV_NAME_PREFIX
+
 
 PATTERN_SKIPPED_NAMES = frozenset(
     {
@@ -41,7 +43,7 @@ PATTERN_SKIPPED_NAMES = frozenset(
     }
 )
 # Every name with one of these prefixes is the caller's process or tooling, never the job's.
-PATTERN_SKIPPED_PREFIXES = ("LD_", "PYTHON", "CONDA_", "UV_", "KINETIC_", "PREFECT_", "KUBERNETES_", "DYLD_")
+PATTERN_SKIPPED_PREFIXES = ("LD_", "PYTHON", "CONDA_", "UV_", ENV_NAME_PREFIX, "PREFECT_", "KUBERNETES_", "DYLD_")
 
 MissingNames = Literal["error", "warn"]
 ENV_MISSING_CHOICES: tuple[MissingNames, ...] = ("error", "warn")
