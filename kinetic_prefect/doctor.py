@@ -390,6 +390,7 @@ def check_gke(report: Report, client, pool, extra_accelerators: list[str]) -> No
         )
         return
     report.add("Kubernetes", OK, f"{where}: {len(nodes)} node(s)")
+    check_gcs_fuse(report, api, pool)
     if not wanted:
         report.add(
             "Node pools",
@@ -429,6 +430,36 @@ def check_gke(report: Report, client, pool, extra_accelerators: list[str]) -> No
             report.add(title, OK, f"{matching} node(s) with {shown}")
         else:
             report.add(title, FAIL, f"no node with {shown} (used by {', '.join(sources)})", _node_pool_fix(spec))
+
+
+def check_gcs_fuse(report: Report, api, pool) -> None:
+    """Data(..., fuse=True) needs GKE's Cloud Storage FUSE CSI driver (its CSIDriver object exists once the add-on
+    is on) and a pod service account allowed to read the buckets; IAM is not readable here, so that is named."""
+    from kubernetes import client as k8s
+
+    from kinetic_prefect.workers.gke.fuse import CSI_DRIVER
+
+    namespace = _variable(pool, "namespace") or "default"
+    account = _variable(pool, "service_account_name") or "default"
+    binding = (
+        f"for Data(..., fuse=True), the service account {namespace}/{account} needs roles/storage.objectViewer on "
+        "each mounted bucket (Workload Identity): `gcloud storage buckets add-iam-policy-binding gs://BUCKET --role "
+        "roles/storage.objectViewer --member principal://iam.googleapis.com/projects/PROJECT_NUMBER/locations/"
+        f"global/workloadIdentityPools/PROJECT_ID.svc.id.goog/subject/ns/{namespace}/sa/{account}`"
+    )
+    addon = "`gcloud container clusters update CLUSTER --location LOCATION --update-addons GcsFuseCsiDriver=ENABLED`"
+    try:
+        k8s.StorageV1Api(api).read_csi_driver(CSI_DRIVER, _request_timeout=15)
+    except Exception as exc:  # noqa: BLE001
+        missing = getattr(exc, "status", None) == 404
+        detail = (
+            f"the cluster has no {CSI_DRIVER} CSI driver: a call with Data(..., fuse=True) cannot mount its data"
+            if missing
+            else f"could not read CSIDriver {CSI_DRIVER} ({_error(exc)}), so the FUSE add-on was not checked"
+        )
+        report.add("Cloud Storage FUSE", WARN, detail, f"enable the add-on if it is off: {addon}; {binding}")
+        return
+    report.add("Cloud Storage FUSE", OK, f"{CSI_DRIVER} is installed; {binding}")
 
 
 def check_image_settings(report: Report, pool) -> None:

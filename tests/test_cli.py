@@ -187,6 +187,10 @@ def test_doctor_checks_node_pools_for_the_deployments_accelerators(cluster, gcs_
     checks = {c["name"]: c for c in report["checks"]}
     assert checks["Node pool for l4"]["detail"] == "1 node(s) with cloud.google.com/gke-accelerator=nvidia-l4"
     assert checks["Kubernetes"]["detail"].endswith("2 node(s)")
+    fuse = checks["Cloud Storage FUSE"]  # the emulator has no CSI driver: named, with the add-on and the IAM binding
+    assert (
+        fuse["status"] == "warn" and "GcsFuseCsiDriver=ENABLED" in fuse["fix"] and "storage.objectViewer" in fuse["fix"]
+    )
 
     code, report = _doctor(capsys, "--pool", pool, "--accelerator", "h100x8", "-a", "tpu-v6e-4:spot")
     assert code == 1 and report["accelerators"] == ["h100x8", "l4", "tpu-v6e-4:spot"]
