@@ -1,4 +1,4 @@
-"""``kinetic-prefect jobs list | status | logs [-f] | result | cancel | cleanup``: Kinetic's job commands, read
+"""``kinetic-prefect jobs list | status | logs [-f] | result | cancel | cleanup | debug``: Kinetic's job commands, read
 from Prefect's records of the jobs' runs and from the store (through kinetic_prefect.kinetic's ``JobHandle``)."""
 
 from __future__ import annotations
@@ -8,6 +8,8 @@ import sys
 from typing import Optional
 
 import typer
+
+from kinetic_prefect.contract import DEBUG_PORT
 
 jobs_app = typer.Typer(
     name="jobs",
@@ -123,6 +125,28 @@ def cleanup_command(
     job = _handle(job_id)
     job.cleanup(k8s=k8s, gcs=gcs)
     print(f"{job.job_id}  cleaned up")
+
+
+@jobs_app.command("debug")
+def debug_command(
+    job_id: str = typer.Argument(..., metavar="JOB_ID"),
+    port: int = typer.Option(DEBUG_PORT, "--port", "-p", help="the local port an editor attaches to"),
+    wait: float = typer.Option(600.0, "--wait", help="how long to wait for the job to start its debugger (seconds)"),
+) -> int:
+    """Forward 127.0.0.1:PORT to a debug job's debugpy (debug=True) until it ends or Ctrl-C; prints launch.json."""
+    from kinetic_prefect.kinetic.debug import NotADebugJob, forward
+
+    job = _handle(job_id)
+    try:
+        forward(job, port, wait)
+    except NotADebugJob as exc:
+        raise typer.BadParameter(str(exc), param_hint="JOB_ID") from None
+    except (RuntimeError, TimeoutError) as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("Stopped forwarding; the job goes on (`kinetic-prefect jobs cancel` stops it).", file=sys.stderr)
+    return 0
 
 
 __all__ = ["jobs_app"]

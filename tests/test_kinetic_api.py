@@ -175,7 +175,6 @@ def test_kinetic_run_reads_names_as_kinetic_does():
     [
         ("zone", "us-central1-a", "work_pool='NAME'"),
         ("cluster", "research", "work_pool='NAME'"),
-        ("debug", True, "jobs logs -f"),
         ("backend", "pathways", "hosts=N"),
         ("base_image_repo", "me/kinetic", "base_image='IMAGE'"),
     ],

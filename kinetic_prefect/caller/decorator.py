@@ -107,6 +107,7 @@ def _options(
     max_cost_usd: float | None = None,
     preemption_retries: int | None = None,
     spot_fallback: bool | None = None,
+    debug: bool = False,
 ) -> KineticOptions:
     # unknown names, hosts=0, hosts contradicting a slice, a list mixing host counts: all fail here, at decoration
     spec, *fallbacks = capacity.choices(accelerator, hosts)
@@ -132,6 +133,7 @@ def _options(
         fallbacks=tuple(fallbacks),
         preemption_retries=preemption_retries,
         spot_fallback=spot_fallback,
+        debug=bool(debug),
     )
 
 
@@ -212,6 +214,7 @@ class KineticTask(Task):
                 "max_cost_usd": kinetic.max_cost_usd,
                 "preemption_retries": kinetic.preemption_retries,
                 "spot_fallback": kinetic.spot_fallback,
+                "debug": kinetic.debug,
             }
             kinetic = _options(**{**current, **kinetic_changes})
         # Prefect's with_options builds a plain Task around the same fn; give it ours back.
@@ -246,6 +249,7 @@ def kinetic_task(
     max_cost_usd: float | None = None,
     preemption_retries: int | None = None,
     spot_fallback: bool | None = None,
+    debug: bool = False,
     **task_options: Any,
 ):
     """Decorate a function so that each call runs its body as a job on ``accelerator``.
@@ -257,6 +261,8 @@ def kinetic_task(
         preemption_retries: how often a preempted job (spot reclaimed, node lost) starts again under the same
             run, resuming from its checkpoints, without spending ``retries`` (default: the pool's, 3).
         spot_fallback: for a spot job, run the last preemption retry on on-demand capacity (GKE).
+        debug: the job starts debugpy and waits for a debugger (``KINETIC_DEBUG_WAIT_SECONDS``, default 600) before
+            the function runs; ``kinetic-prefect jobs debug JOB --port 5678`` attaches (docs/debugging.md).
         requirements: a requirements.txt / pyproject.toml path or a list of PEP 508 strings; the job
             environment is built once per distinct set. ``None``: the worker's interpreter.
         image: a prebuilt container image (skips building; GKE).
@@ -297,6 +303,7 @@ def kinetic_task(
             max_cost_usd,
             preemption_retries,
             spot_fallback,
+            debug,
         )
         name = task_options.pop("name", None) or fn.__name__
         tags = set(task_options.pop("tags", None) or ())

@@ -24,7 +24,7 @@ from prefect.logging import get_run_logger
 
 from kinetic_prefect import accelerators, config, signing
 from kinetic_prefect.caller import _prefect
-from kinetic_prefect.caller import budgets
+from kinetic_prefect.caller import budgets, debugging
 from kinetic_prefect.shared import capacity
 from kinetic_prefect.pod import data
 from kinetic_prefect.shared import gcp
@@ -64,6 +64,7 @@ class KineticOptions:
     fallbacks: tuple[accelerators.AcceleratorSpec, ...] = ()  # tried in order after `accelerator` (capacity.py)
     preemption_retries: int | None = None  # None: the pool's
     spot_fallback: bool | None = None  # None: the pool's
+    debug: bool = False  # the job waits for a debugger before the function runs (caller/debugging.py)
 
     def __post_init__(self) -> None:
         if self.preemption_retries is not None and (
@@ -110,6 +111,7 @@ class PreparedCall:
     task_run_id: str | None = None
     store: Any = None  # once opened: where a call that ends without an outcome removes its run's objects
     outcome_read: bool = False  # the job's outcome was read: its record stays as the run's receipt
+    project_dir: Path | None = None  # the shipped project's root on this machine (a debugger maps it)
     fuse: list[Any] = field(default_factory=list)  # the Data(..., fuse=True) of the call (caller/data_mounts.py)
 
 
@@ -141,6 +143,7 @@ def prepare(options: KineticOptions, fn: Callable[..., Any], args: tuple, kwargs
         layout=RunLayout(str(uuid.uuid4())),
         payload=payload,
         payload_sha256=sha256_hex(payload),
+        project_dir=project_dir,
         code_archive=archive,
         env=env,
         data=manifests,
@@ -305,14 +308,18 @@ def _job_variables(
     if call.code_archive is not None:
         env[Env.CODE_KEY] = call.code_archive.key
         env[Env.CODE_SHA256] = call.code_archive.sha256
+    debug = debugging.job_variables(options, call.project_dir, pool_variables)
+    env.update(debug.pop("env", {}))
+    spec = debugging.job_image_spec(options, pool_variables)
     variables: dict[str, Any] = {
         **options.job_variables,
         "accelerator": capacity.join([options.accelerator, *options.fallbacks]),
-        "image_tag": options.image or options.image_spec.tag,
-        "requirements": list(options.image_spec.requirements),
-        "python_version": options.image_spec.python,
-        "base_image": options.image_spec.base_image,
+        "image_tag": options.image or spec.tag,
+        "requirements": list(spec.requirements),
+        "python_version": spec.python,
+        "base_image": spec.base_image,
         "store": store_url,
+        **debug,
     }
     if options.hosts is not None and "hosts" in pool_variables:
         variables["hosts"] = options.hosts
@@ -382,6 +389,7 @@ async def _check_against_pool(client: Any, options: KineticOptions, pool: Any) -
         {**options.job_variables, **({"image": options.image} if options.image else {})},
     )
     check_hosts(options, pool.name, pool.type, pool_variables)
+    debugging.check(options, pool.name, pool_variables)
     budget = await budgets.call_budget(client, options.max_cost_usd, pool, pool_variables)
     budgets.check_priced(
         options.accelerator,

@@ -136,6 +136,14 @@ class Env:
     # A warm pod (kinetic-gke): its control prefix in the store (WarmPodKeys), and how long it waits idle.
     WARM_CONTROL = "KINETIC_WARM_CONTROL"
     WARM_KEEP_SECONDS = "KINETIC_WARM_KEEP_SECONDS"
+    # Debug mode (debug=True): the runner starts debugpy and waits for a client before it calls the function.
+    DEBUG = "KINETIC_DEBUG"  # "1": wait for a debugger
+    DEBUG_PORT = "KINETIC_DEBUG_PORT"  # the port debugpy listens on in the job (unset: a free one, kinetic-local)
+    DEBUG_WAIT_SECONDS = "KINETIC_DEBUG_WAIT_SECONDS"  # how long it waits for a client (DEFAULT_DEBUG_WAIT_SECONDS)
+    DEBUG_CALLER_ROOT = "KINETIC_DEBUG_CALLER_ROOT"  # the caller's project root: the editor's side of pathMappings
+    DEBUG_SOURCES = "KINETIC_DEBUG_SOURCES"  # JSON {module: file under the project root} of by-value modules
+    POD_NAME = "KINETIC_POD_NAME"  # kinetic-gke, debug mode: the pod's own name (downward API), for the record
+    POD_NAMESPACE = "KINETIC_POD_NAMESPACE"
 
 
 # --------------------------------------------------------------------------- warm runners and warm pods
@@ -224,6 +232,14 @@ CALL_END_MARKER = "[kinetic:call] end "
 
 JAX_COORDINATOR_PORT = 8476  # the port GKE's TPU tooling and jax.distributed use by default
 
+# --------------------------------------------------------------------------- debug mode
+
+DEBUG_PORT = 5678  # debugpy's default, and what VS Code fills in for an attach: the port in a pod and on the caller
+DEFAULT_DEBUG_WAIT_SECONDS = 600.0  # how long a debug job waits for a client before it fails (Env.DEBUG_WAIT_SECONDS)
+DEBUGPY_REQUIREMENT = "debugpy>=1.8"  # added to a debug job's requirements (only a debug call's env hash changes)
+# The outcome's error type when nobody attached within the wait (the job never ran the function).
+DEBUGGER_NOT_ATTACHED_TYPE = "DebuggerNotAttached"
+
 
 @dataclass(frozen=True)
 class Group:
@@ -291,6 +307,12 @@ class RunLayout:
     def capacity(self) -> str:
         """The worker's record of the attempts (fallbacks, preemptions) and the accelerator that ran."""
         return f"{self.prefix}/capacity.json"
+
+    @property
+    def debugger(self) -> str:
+        """A debug job's record of where its debugpy listens: {"host", "port", "pod", "namespace", "pid",
+        "remote_root", "caller_root"}; written by the runner once it listens, before it waits for a client."""
+        return f"{self.prefix}/debugger.json"
 
     def host_outputs(self, index: int) -> str:
         """A non-coordinator host's outputs; the coordinator's are ``outputs`` itself."""
@@ -372,6 +394,7 @@ PHASE_UNPICKLE_CALL = "unpickling the call"
 PHASE_FETCH_DATA = "fetching the data"
 PHASE_RESTORE_CHECKPOINTS = "restoring checkpoints"
 PHASE_JOIN_GROUP = "joining the group of {size} hosts as host {index}"  # str.format(size=..., index=...)
+PHASE_WAIT_DEBUGGER = "waiting for a debugger to attach"
 PHASE_FUNCTION = "running the function"
 PHASE_SAVE_CHECKPOINTS = "saving checkpoints"
 PHASE_UPLOAD_OUTPUTS = "uploading outputs"

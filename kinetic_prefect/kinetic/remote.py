@@ -28,8 +28,6 @@ _NO_EQUIVALENT: dict[str, str] = {
     "namespace": _POOL_HOLDS_IT,
     "base_image_repo": "has no equivalent (no prebuilt base images are pulled); the nearest is base_image='IMAGE', "
     "the base of the image built for requirements= on kinetic-gke",
-    "debug": "has no equivalent (no debugpy server in the job); the nearest: `kinetic-prefect jobs logs -f JOB`, and "
-    "a failed job's exception comes back with its remote traceback (exc.remote_traceback)",
 }
 
 
@@ -48,6 +46,10 @@ def _check_kinetic_options(kinetic_options: dict[str, Any]) -> dict[str, Any]:
                 f"kinetic.run(backend={value!r}) has no equivalent: multi-host jobs need no separate "
                 "backend here; name a multi-host slice (accelerator='v5litepod-16') or pass hosts=N."
             )
+        if name == "debug":  # the same debug mode: debugpy in the job, `kinetic-prefect jobs debug JOB` attaches
+            if value:
+                translated["debug"] = True
+            continue
         if name == "container_image":
             if value not in (None, "bundled", "prebuilt"):  # both mean: an environment with the requirements
                 translated["image"] = value

@@ -52,7 +52,7 @@ from kinetic_prefect.contract import (
     WarmRunnerFiles,
 )
 from kinetic_prefect import contract, signing
-from kinetic_prefect.pod import utilization
+from kinetic_prefect.pod import debugger, utilization
 from kinetic_prefect.errors import ResultNotPicklable
 
 
@@ -503,6 +503,8 @@ def main() -> int:
                 checkpoints.start()
             if group.size > 1:
                 phases.run(contract.PHASE_JOIN_GROUP.format(size=group.size, index=group.index), _join_group, group)
+            if debugger.wanted(group.index):
+                phases.run(contract.PHASE_WAIT_DEBUGGER, debugger.wait_for_client, store, layout, work_dir, fn)
             function_failure = None
             usage = utilization.start()  # what the function uses, sampled beside it (no Prefect in the job)
             try:

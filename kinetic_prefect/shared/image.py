@@ -117,6 +117,7 @@ RUNNER_MODULES = (
     "pod/data_hf",
     "pod/data_walk",
     "pod/utilization",
+    "pod/debugger",
     # the old public paths, for user code in the job that imports them
     "runner",
     "outputs",

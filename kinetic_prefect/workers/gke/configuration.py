@@ -19,6 +19,7 @@ from pydantic import Field, PrivateAttr
 from kinetic_prefect import accelerators
 from kinetic_prefect.contract import JAX_COORDINATOR_PORT, RUNNER_ARGV, Env
 from kinetic_prefect.workers.gke import capacity as gke_capacity
+from kinetic_prefect.workers.gke import debug as gke_debug
 from kinetic_prefect.workers.gke import fuse as gke_fuse
 from kinetic_prefect.workers.base import KineticJobConfiguration
 from kinetic_prefect.workers.gke.variables import CONTAINER, JOB_BACKOFF_LIMIT
@@ -175,6 +176,7 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
         if self.host_count > 1:
             self._render_group(manifest, spec)
         gke_capacity.render(manifest, self, spec, attempt)
+        gke_debug.render(manifest)  # a debug job: the debugpy port, and no deadline while it waits (gke/debug.py)
         return prune(manifest)
 
     def _render_group(self, manifest: dict[str, Any], spec: accelerators.AcceleratorSpec) -> None:

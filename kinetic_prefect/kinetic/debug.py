@@ -1,0 +1,217 @@
+"""Attaching to a debug job (``debug=True``): ``kinetic-prefect jobs debug JOB --port P`` and ``forward(job, port)``.
+
+The job's runner (``pod/debugger.py``) listens on localhost where it runs and writes where in its record
+(``RunLayout.debugger``). This side waits for that record, then serves 127.0.0.1:P on this machine until stopped:
+
+* kinetic-local: each connection is relayed to the job process's port (the job runs on the worker's machine,
+  which is this one, or one reached the same way);
+* kinetic-gke: each connection opens a port-forward to the pod through the Kubernetes API server
+  (``kubernetes.stream.portforward``, what ``kubectl port-forward`` does), with the pool's kubeconfig.
+
+It prints a VS Code ``launch.json`` entry whose ``pathMappings`` map the caller's project root to the job's
+working copy of it, where the job's frames come from.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import threading
+import time
+from typing import Any, Callable
+from uuid import UUID
+
+from kinetic_prefect.contract import DEBUG_PORT, Env, RunLayout
+
+GKE_POOL_TYPE = "kinetic-gke"
+RECORD_POLL_SECONDS = 0.5
+
+
+class NotADebugJob(ValueError):
+    """The job was not submitted with debug=True: nothing in it listens for a debugger."""
+
+
+def launch_configuration(record: dict[str, Any], local_port: int, name: str = "kinetic-prefect: attach") -> dict:
+    """The ``launch.json`` entry for the editor (the debugpy extension's attach request)."""
+    mappings = []
+    if record.get("caller_root") and record.get("remote_root"):
+        mappings.append({"localRoot": record["caller_root"], "remoteRoot": record["remote_root"]})
+    return {
+        "name": name,
+        "type": "debugpy",
+        "request": "attach",
+        "connect": {"host": "127.0.0.1", "port": local_port},
+        "pathMappings": mappings,
+        "justMyCode": False,
+    }
+
+
+async def _flow_run_and_store(job_id: str) -> tuple[Any, Any, bytes | None]:
+    from prefect import get_client
+
+    from kinetic_prefect.kinetic.jobs import _open_store
+
+    async with get_client() as client:
+        flow_run = await client.read_flow_run(UUID(job_id))
+        store, key = await _open_store(client, flow_run)
+    return flow_run, store, key
+
+
+def read_record(job: Any, wait_seconds: float, say: Callable[[str], None] = print) -> dict[str, Any]:
+    """The job's debugger record, waited for while the job starts (its environment, its pod); fails at once for a
+    job without debug mode and when the job ends first."""
+    from kinetic_prefect import signing
+    from kinetic_prefect.kinetic.jobs import _sync
+    from kinetic_prefect.storage import ObjectNotFound
+
+    flow_run, store, key = _sync(_flow_run_and_store(job.job_id))
+    env = (flow_run.job_variables or {}).get("env") or {}
+    if env.get(Env.DEBUG) != "1":
+        raise NotADebugJob(
+            f"job {job.job_id} ({job.display_name}) was not submitted with debug=True, so nothing in it waits for a "
+            "debugger; submit it with @kinetic_task(debug=True) or @kinetic.run(debug=True)"
+        )
+    layout = RunLayout(env[Env.RUN_ID])
+    deadline, told = time.monotonic() + wait_seconds, False
+    while True:
+        try:
+            return json.loads(signing.get(store, layout.debugger, key))
+        except ObjectNotFound:
+            pass
+        state = job.state()
+        if state is not None and state.is_final():
+            raise RuntimeError(f"job {job.job_id} ended ({state.name}) before its debugger listened")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job.job_id} did not start its debugger within {wait_seconds:.0f} s; run again")
+        if not told:
+            say(f"Waiting for job {job.job_id} to start its debugger ({state.name if state else 'no state'})...")
+            told = True
+        time.sleep(RECORD_POLL_SECONDS)
+
+
+def _pump(source: Any, sink: Any) -> None:
+    try:
+        while data := source.recv(65536):
+            sink.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for end in (source, sink):
+            try:
+                end.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def relay(client: socket.socket, upstream: Any) -> None:
+    """Both directions between an accepted connection and the job's end, until either closes."""
+    threading.Thread(target=_pump, args=(upstream, client), daemon=True).start()
+    _pump(client, upstream)
+    client.close()
+    upstream.close()
+
+
+def local_connector(record: dict[str, Any]) -> Callable[[], Any]:
+    """kinetic-local: a TCP connection to the job process's debugpy."""
+    return lambda: socket.create_connection((record["host"], int(record["port"])), timeout=10)
+
+
+def kube_connector(record: dict[str, Any], api_client: Any, portforward: Any = None) -> Callable[[], Any]:
+    """kinetic-gke: a socket through the API server's port-forward to the pod's debugpy port."""
+    from kubernetes import client as kube
+
+    if portforward is None:
+        from kubernetes.stream import portforward
+    if not record.get("pod") or not record.get("namespace"):
+        raise RuntimeError("the job's debugger record names no pod: it was not started by a kinetic-gke worker")
+    core = kube.CoreV1Api(api_client)
+    port = int(record["port"])
+
+    def connect() -> Any:
+        forward = portforward(
+            core.connect_get_namespaced_pod_portforward, record["pod"], record["namespace"], ports=str(port)
+        )
+        return forward.socket(port)
+
+    return connect
+
+
+def pool_kube_client(job: Any) -> Any:
+    """The Kubernetes client for the job's pool: its kubeconfig_path and kube_context (the run's job variables,
+    else the pool's defaults), else in-cluster credentials, else ~/.kube/config."""
+    from kubernetes import client, config
+    from prefect import get_client
+
+    from kinetic_prefect.kinetic.jobs import _sync
+
+    async def settings() -> dict[str, Any]:
+        async with get_client() as prefect:
+            flow_run = await prefect.read_flow_run(UUID(job.job_id))
+            pool = await prefect.read_work_pool(job.work_pool)
+        defaults = {k: v.get("default") for k, v in pool.base_job_template["variables"]["properties"].items()}
+        return {**defaults, **(flow_run.job_variables or {})}
+
+    values = _sync(settings())
+    if values.get("kubeconfig_path"):
+        return config.new_client_from_config(config_file=values["kubeconfig_path"], context=values.get("kube_context"))
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config(context=values.get("kube_context"))
+    return client.ApiClient()
+
+
+def serve(local_port: int, connect: Callable[[], Any], until: Callable[[], bool]) -> None:
+    """Accept connections on 127.0.0.1:``local_port`` and relay each through ``connect()``, until ``until()``."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(("127.0.0.1", local_port))
+    except OSError as exc:
+        raise RuntimeError(f"127.0.0.1:{local_port} is taken ({exc.strerror}): pass another --port") from None
+    listener.listen()
+    listener.settimeout(1.0)
+    try:
+        while not until():
+            try:
+                accepted, _ = listener.accept()
+            except socket.timeout:
+                continue
+            try:
+                upstream = connect()
+            except Exception as exc:
+                print(f"could not reach the job's debugger: {exc}", file=sys.stderr, flush=True)
+                accepted.close()
+                continue
+            threading.Thread(target=relay, args=(accepted, upstream), daemon=True).start()
+    finally:
+        listener.close()
+
+
+def forward(job: Any, local_port: int = DEBUG_PORT, wait_seconds: float = 600.0, say=print) -> None:
+    """``kinetic-prefect jobs debug``: wait for the job's debugger, print the attach configuration, and forward
+    127.0.0.1:``local_port`` to it until the job ends or the user interrupts."""
+    record = read_record(job, wait_seconds, say)
+    if job.backend == GKE_POOL_TYPE:
+        connect = kube_connector(record, pool_kube_client(job))
+        where = f"pod {record['namespace']}/{record['pod']} port {record['port']} (Kubernetes port-forward)"
+    else:
+        connect = local_connector(record)
+        where = f"{record['host']}:{record['port']} on {record.get('hostname')} (pid {record.get('pid')})"
+    say(f"Forwarding 127.0.0.1:{local_port} to job {job.job_id}'s debugpy at {where}. Ctrl-C stops.")
+    say("VS Code: add this to .vscode/launch.json, then Run > Start Debugging (F5):")
+    say(json.dumps({"version": "0.2.0", "configurations": [launch_configuration(record, local_port)]}, indent=2))
+
+    last_check = [0.0]
+    ended = [False]
+
+    def job_ended() -> bool:
+        if time.monotonic() - last_check[0] > 2.0:
+            last_check[0] = time.monotonic()
+            state = job.state()
+            ended[0] = state is None or state.is_final()
+        return ended[0]
+
+    serve(local_port, connect, job_ended)
+    say(f"Job {job.job_id} ended; the forward is closed.")
