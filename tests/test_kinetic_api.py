@@ -608,3 +608,31 @@ def test_a_script_that_ends_before_its_in_process_detached_job_waits_for_it_clea
     assert "Logging error" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     job = kinetic.attach(json.loads(proc.stdout.strip().splitlines()[-1])["job"])
     assert job.status() is kinetic.JobStatus.SUCCEEDED and job.result(timeout=30) == "slept 3 s"
+
+
+# --------------------------------------------------------------------------- capture_env_vars, Kinetic's rule
+
+
+@pytest.mark.slow
+def test_kinetic_env_capture_example_forwards_what_the_guide_says():
+    """Kinetic's env-capture guide as a script, run as its user runs it (a separate process, three calls, so three
+    job processes): ≈ 20 s. Patterns skip the caller's own process configuration, exact names forward it, an unset
+    exact name is left out with a warning instead of failing."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KAGGLE_", "WANDB_"))}
+    env.update(
+        KAGGLE_USERNAME="ada",  # KAGGLE_KEY stays unset: Kinetic skips it, and so do we, with a warning
+        WANDB_PROJECT="land-cover",
+        EXPERIMENT_TAG="run-7",
+        CONDA_PREFIX="/nowhere/conda",
+        SSH_AUTH_SOCK="/nowhere/agent.sock",
+        PYTHONSAFEPATH="1",
+    )
+    proc = _run([sys.executable, str(EXAMPLES / "env_capture.py")], env)
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["named"] == {"KAGGLE_USERNAME": "ada", "KAGGLE_KEY": None, "WANDB_PROJECT": "land-cover"}
+    assert "KAGGLE_KEY not set in the calling process" in proc.stderr
+    everything = seen["everything"]
+    assert everything["EXPERIMENT_TAG"] == "run-7", "'*' forwards the user's own variables"
+    assert everything["CONDA_PREFIX"] is None and everything["SSH_AUTH_SOCK"] is None, "the caller's machine's"
+    assert everything["PYTHONSAFEPATH"] is None, "PYTHON* is the caller's interpreter's, not the job's"
+    assert seen["exact"] == "/nowhere/conda", "an exact name forwards even what a pattern skips"

@@ -98,6 +98,7 @@ def _options(
     image: str | None = None,
     work_pool: str | None = None,
     env: Iterable[str] = (),
+    env_missing: str = "error",
     submission: str = "auto",
     project_dir: str | Path | None = None,
     ship_project: bool = True,
@@ -124,6 +125,7 @@ def _options(
         image=image,
         work_pool=work_pool,
         env=tuple(env),
+        env_missing=env_missing,
         submission=submission,
         project_dir=Path(project_dir) if project_dir else None,
         ship_project=ship_project,
@@ -205,6 +207,7 @@ class KineticTask(Task):
                 "image": kinetic.image,
                 "work_pool": kinetic.work_pool,
                 "env": kinetic.env,
+                "env_missing": kinetic.env_missing,
                 "submission": kinetic.submission,
                 "project_dir": kinetic.project_dir,
                 "ship_project": kinetic.ship_project,
@@ -240,6 +243,7 @@ def kinetic_task(
     image: str | None = None,
     work_pool: str | None = None,
     env: Iterable[str] = (),
+    env_missing: str = "error",
     submission: str = "auto",
     project_dir: str | Path | None = None,
     ship_project: bool = True,
@@ -267,7 +271,11 @@ def kinetic_task(
             environment is built once per distinct set. ``None``: the worker's interpreter.
         image: a prebuilt container image (skips building; GKE).
         work_pool: the Prefect work pool (default ``$KINETIC_WORK_POOL`` or ``kinetic-local``).
-        env: names or glob patterns of the caller's environment variables to forward to the job.
+        env: names or glob patterns of the caller's environment variables to forward to the job; a pattern
+            never matches the caller's own process configuration (``PATH``, ``HOME``, ``LD_*``, ``PYTHON*``,
+            ``VIRTUAL_ENV``, ``KERAS_BACKEND``, ``KINETIC_*``, ``PREFECT_*``...), an exact name always forwards.
+        env_missing: an exact name in ``env`` that is not set: ``"error"`` fails the call before anything is
+            uploaded, ``"warn"`` leaves it out with a warning (Kinetic's ``capture_env_vars`` rule).
         submission: ``auto`` (a polling worker if one is online, else in-process), ``in-process`` or ``worker``.
         project_dir: the directory shipped with the job (default: the project containing the function).
         ship_project: set False to ship only the pickled function.
@@ -289,21 +297,22 @@ def kinetic_task(
         _check_job_name(task_options.get("name") or fn.__name__, fn)
         _prefect.start_embedded_server()  # before the flow starts it with Prefect's shorter limit
         options = _options(
-            accelerator,
-            requirements,
-            image,
-            work_pool,
-            env,
-            submission,
-            project_dir,
-            ship_project,
-            job_variables,
-            base_image,
-            hosts,
-            max_cost_usd,
-            preemption_retries,
-            spot_fallback,
-            debug,
+            accelerator=accelerator,
+            requirements=requirements,
+            image=image,
+            work_pool=work_pool,
+            env=env,
+            env_missing=env_missing,
+            submission=submission,
+            project_dir=project_dir,
+            ship_project=ship_project,
+            job_variables=job_variables,
+            base_image=base_image,
+            hosts=hosts,
+            max_cost_usd=max_cost_usd,
+            preemption_retries=preemption_retries,
+            spot_fallback=spot_fallback,
+            debug=debug,
         )
         name = task_options.pop("name", None) or fn.__name__
         tags = set(task_options.pop("tags", None) or ())

@@ -8,7 +8,6 @@ retry, which calls it again and launches a new job.
 from __future__ import annotations
 
 import asyncio
-import fnmatch
 import os
 import sys
 import uuid
@@ -33,6 +32,7 @@ from kinetic_prefect.contract import PHASE_RESTORE_CODE
 from kinetic_prefect.errors import KineticJobCrashed, PayloadError
 from kinetic_prefect.caller import data_mounts
 from kinetic_prefect.caller.data_repair import heal_before_call, heal_reported
+from kinetic_prefect.caller.env_capture import check_entries, forwarded_environment
 from kinetic_prefect.shared.image import ImageSpec
 from kinetic_prefect.shared.outages import Outage
 from kinetic_prefect.caller.payload import build_call_payload
@@ -55,6 +55,7 @@ class KineticOptions:
     image: str | None = None
     work_pool: str | None = None
     env: tuple[str, ...] = ()
+    env_missing: str = "error"  # an unset exact name in `env`: "error" fails the call, "warn" leaves it out
     submission: str = "auto"
     project_dir: Path | None = None
     ship_project: bool = True
@@ -76,26 +77,11 @@ class KineticOptions:
                 f"preemption_retries={self.preemption_retries!r}: give a whole number >= 0 (0: a "
                 "preemption crashes the run and the task's `retries` decide)"
             )
+        check_entries(self.env, self.env_missing)
         if self.submission not in SUBMISSION_MODES:
             raise ValueError(f"submission={self.submission!r} is not one of {', '.join(SUBMISSION_MODES)}")
         if self.project_dir is not None and not Path(self.project_dir).is_dir():
             raise ValueError(f"project_dir={str(self.project_dir)!r} is not a directory")
-
-
-def forwarded_environment(patterns: tuple[str, ...]) -> dict[str, str]:
-    """Values of the caller's environment variables named by ``env=`` (exact names must exist)."""
-    values: dict[str, str] = {}
-    for pattern in patterns:
-        if any(ch in pattern for ch in "*?["):
-            values.update({k: v for k, v in os.environ.items() if fnmatch.fnmatchcase(k, pattern)})
-        elif pattern in os.environ:
-            values[pattern] = os.environ[pattern]
-        else:
-            raise ValueError(
-                f"env={list(patterns)!r}: environment variable {pattern!r} is not set in the calling process; "
-                "set it, or use a glob pattern (e.g. 'WANDB_*') for optional variables."
-            )
-    return values
 
 
 @dataclass
@@ -138,7 +124,7 @@ def prepare(options: KineticOptions, fn: Callable[..., Any], args: tuple, kwargs
     payload = build_call_payload(fn, args, kwargs, project_dir)
     # Data passed as Data travels by its own content-addressed route, never inside the code archive.
     archive = cached_project_archive(project_dir, exclude=data_paths) if options.ship_project else None
-    env = forwarded_environment(options.env)
+    env = forwarded_environment(options.env, options.env_missing)
     return PreparedCall(
         layout=RunLayout(str(uuid.uuid4())),
         payload=payload,

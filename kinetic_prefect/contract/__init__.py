@@ -35,6 +35,9 @@ LOG_END_MARKER = "[kinetic] end of job output"
 # (an API outage), so a place kept by them could pass output lines that were not stored yet.
 JOB_OUTPUT_LOGGER = "kinetic_prefect.job_output"
 
+# Every variable of this project starts so (Env below); a caller's env= pattern never forwards one.
+ENV_NAME_PREFIX = "KINETIC_"
+
 # A job reports progress by printing one line with this prefix and a JSON object
 # ({"done": 7, "total": 20, "message": "epoch 7/20"}); the worker turns the latest one into a
 # Prefect progress artifact on the job's run (the job itself cannot import Prefect).

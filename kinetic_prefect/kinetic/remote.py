@@ -127,7 +127,9 @@ class RemoteCallable:
         self._body = with_volumes(fn, output_dir) if self._adapted else fn
         # a lambda has no name a Prefect flow may carry: Kinetic accepts one, so it is named for what it is
         task_options.setdefault("name", "lambda" if fn.__name__ == "<lambda>" else fn.__name__)
-        self.task = kinetic_task(self._body, accelerator=spec, env=list(capture_env_vars or ()), **task_options)  # type: ignore[call-overload]
+        self.task = kinetic_task(  # type: ignore[call-overload]
+            self._body, accelerator=spec, env=list(capture_env_vars or ()), env_missing="warn", **task_options
+        )
         functools.update_wrapper(self, fn)
 
     def _call_args(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
