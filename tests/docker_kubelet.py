@@ -33,6 +33,7 @@ class PodEntry:
     container: str | None = None  # Docker container id
     finished: bool = False
     stopping: bool = False
+    started_at: str | None = None  # the container's startedAt, kept in its terminated state as a kubelet does
 
 
 def _now() -> str:
@@ -208,8 +209,10 @@ class DockerKubelet:
                 container.name,
             )
             return
-        entry.container = proc.stdout.strip()
-        self._status(entry, "Running", {"running": {"startedAt": _now()}}, container.image, container.name, ready=True)
+        entry.container, entry.started_at = proc.stdout.strip(), _now()
+        self._status(
+            entry, "Running", {"running": {"startedAt": entry.started_at}}, container.image, container.name, ready=True
+        )
 
     def _check(self, pod, entry: PodEntry) -> None:
         inspect = subprocess.run(
@@ -231,6 +234,7 @@ class DockerKubelet:
                     "exitCode": exit_code,
                     "reason": "Completed" if exit_code == 0 else "Error",
                     "finishedAt": _now(),
+                    **({"startedAt": entry.started_at} if entry.started_at else {}),
                 }
             },
             container.image,

@@ -64,8 +64,13 @@ def _task_artifacts(task_run_id):
 def test_sigterm_from_outside_is_a_preemption_retried_without_spending_retries(tmp_path):
     import threading
 
+    from test_cost import JOB_COST_ARTIFACT_KEY, priced_pool, table
+    from test_cost import artifacts as run_artifacts
+
     pid_file = tmp_path / "pid"
-    body = kinetic_task(train, name=f"preempt-{tmp_path.name[-6:]}", retries=0, ship_project=False)
+    body = kinetic_task(
+        train, name=f"preempt-{tmp_path.name[-6:]}", retries=0, ship_project=False, work_pool=priced_pool()
+    )
 
     @flow
     def pipeline():
@@ -100,6 +105,12 @@ def test_sigterm_from_outside_is_a_preemption_retried_without_spending_retries(t
         ).events
     [event] = events
     assert event.payload["preemptions"] == 1 and event.payload["resumed_from"].startswith("step ")
+    # the preempted attempt was paid for: the run's cost lists both attempts and is their sum
+    total, *tried = table(run_artifacts(job.id, JOB_COST_ARTIFACT_KEY)[-1])
+    assert total["attempts"] == 2 and [a["ended"].split(":")[0] for a in tried] == ["preempted", ""], tried
+    assert all(a["minutes"] > 0 and a["usd"] > 0 for a in tried), tried
+    assert total["usd"] == pytest.approx(sum(a["usd"] for a in tried), abs=1e-5)
+    assert total["minutes"] == pytest.approx(sum(a["minutes"] for a in tried), abs=1e-3)
 
 
 @pytest.mark.slow

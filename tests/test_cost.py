@@ -8,6 +8,7 @@ pods built from the manifest kinetic-gke renders, with the times a kubelet repor
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -413,6 +414,74 @@ def test_a_two_host_group_is_priced_for_both_hosts():
     v6e = accelerators.resolve("tpu-v6e-16")  # per chip: each host is billed for its 4 chips
     tpu = cost.job_cost(v6e, spans, cost.price_for(v6e), now=0)
     assert tpu.usd == pytest.approx((1200 + 1195) / 3600 * 4 * 2.7)
+
+
+class _AttemptsLauncher:
+    """A launcher as the meter sees it: each attempt's hosts' spans, by the attempt's identifier."""
+
+    def __init__(self):
+        self.spans: dict[str, list[cost.HostSpan]] = {}
+
+    async def host_spans(self, identifier, configuration):
+        return self.spans.get(identifier, [])
+
+
+@pytest.mark.no_server
+def test_one_meter_sums_a_runs_attempts_lists_them_and_holds_its_budget_across_them():
+    """A run that fell back (a100 never placed) and was preempted once on l4: each attempt is a row with its
+    accelerator, hosts, minutes (image pull apart) and cost, the run's cost is their sum, and the budget counts
+    the preempted attempt: the relaunch is stopped when the two together reach it."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from kinetic_prefect.workers.metering import JobMeter, cost_table
+
+    prices = {"a100": {"on_demand": 3.6}, "l4": {"on_demand": CPU_PER_HOUR}}  # l4: $0.01 a second
+    configuration = SimpleNamespace(accelerator="a100", prices=prices, max_cost_usd=1.0)
+    launcher, now = _AttemptsLauncher(), time.time()
+    meter = JobMeter(launcher, "job-a1", configuration)
+    asyncio.run(meter.observe())  # pending: no pod started
+    configuration.accelerator = "l4"  # what the launcher's relaunch does to the configuration
+    meter.relaunched("job-a2", "no node pool has it")
+    launcher.spans["job-a2"] = [cost.HostSpan(now - 100, now - 40, False, running=now - 90)]  # 10 s of image pull
+    asyncio.run(meter.observe())
+    meter.relaunched("job-a3", "preempted: node shut down")
+    launcher.spans["job-a3"] = [cost.HostSpan(now - 30, None, False)]
+    asyncio.run(meter.observe())
+    assert meter.over_budget() is None  # $0.60 + $0.30 of $1
+    launcher.spans["job-a3"] = [cost.HostSpan(now - 45, None, False)]
+    asyncio.run(meter.observe())
+    assert re.fullmatch(r"budget of \$1 reached after 1\.[78] min", meter.over_budget() or ""), meter.over_budget()
+
+    job, rows = cost_table(meter, "train")
+    assert job.usd == pytest.approx(0.60 + 0.45, abs=0.01) and job.accelerator == "l4"
+    total, *attempts = rows
+    assert total["call"] == "train" and total["attempts"] == 3 and total["usd"] == pytest.approx(job.usd)
+    assert [(a["attempt"], a["accelerator"], a["hosts"], a["ended"]) for a in attempts] == [
+        (1, "a100", 0, "no node pool has it"),
+        (2, "l4", 1, "preempted: node shut down"),
+        (3, "l4", 1, ""),
+    ]
+    assert attempts[0]["usd"] == 0.0 and attempts[1]["usd"] == pytest.approx(0.60)
+    assert attempts[1]["minutes"] == 1.0 and attempts[1]["pending_minutes"] == pytest.approx(10 / 60, abs=1e-4)
+    assert attempts[1]["run_minutes"] == pytest.approx(50 / 60, abs=1e-4)
+    assert sum(a["usd"] for a in attempts) == pytest.approx(total["usd"], abs=1e-5)
+
+
+@pytest.mark.no_server
+def test_a_pods_image_pull_is_pending_time_apart_from_its_run_time():
+    """GKE sets a pod's startTime when the kubelet takes it, before the image is pulled; the container's startedAt
+    comes after: the span keeps both, so the cost table says how much of the billed time was pending."""
+    from kinetic_prefect.workers.gke.follower import pod_span
+
+    started = datetime(2026, 12, 1, 10, 0, tzinfo=timezone.utc)
+    pod = _pod_from_manifest(_gke_manifest("l4"), 0, started, started + timedelta(minutes=30))
+    pod.status.start_time = started - timedelta(seconds=90)  # accepted by the kubelet, then 90 s of image pull
+    span = pod_span(pod)
+    assert span.seconds(0) == 30 * 60 + 90 and span.pending_seconds(0) == 90
+    running = pod_span(_pod_from_manifest(_gke_manifest("l4"), 0, started, None))
+    assert running.pending_seconds(started.timestamp() + 60) == 0.0
+    assert cost.HostSpan(0.0, 10.0).pending_seconds(10.0) is None  # a launcher that cannot tell
 
 
 def test_price_tables_name_their_culprit():

@@ -123,6 +123,14 @@ def test_a_fallback_list_moves_on_when_the_cluster_cannot_place_the_job(
 
     fallbacks = _events("kinetic.job.fallback", started, until=lambda found: len(tried(found)) >= 2)
     assert tried(fallbacks) == ["a100", "l4"]
+    # the cost record lists the attempts; the two never placed started no pod and cost nothing
+    from test_cost import JOB_COST_ARTIFACT_KEY, artifacts, table
+
+    total, *attempts = table(artifacts(job_run.id, JOB_COST_ARTIFACT_KEY)[-1])
+    assert [(a["accelerator"], a["hosts"], a["usd"]) for a in attempts[:2]] == [("a100", 0, 0.0), ("l4", 0, 0.0)]
+    assert attempts[2]["accelerator"] == "tpu-v5litepod-1" and attempts[2]["hosts"] == 1 and total["attempts"] == 3
+    # priced (built-in TPU price); the pod's startTime and its container's startedAt both known: pending apart
+    assert total["usd"] == attempts[2]["usd"] is not None and attempts[2]["pending_minutes"] is not None
     [job] = _job_for(kube, job_run.id)  # the attempts that could not be placed were deleted
     assert (
         job.metadata.name.endswith("-a3") and job.metadata.labels["kinetic.prefect.io/accelerator"] == "tpu-v5litepod-1"

@@ -24,14 +24,22 @@ class PriceTableError(ValueError):
 @dataclass(frozen=True)
 class HostSpan:
     """One host of a job: when it started and ended (epoch seconds; ``end`` None while it runs) and whether it
-    ran on a spot node."""
+    ran on a spot node. ``running``: when its program began to run, where the launcher can tell (a GKE pod's
+    container ``startedAt``; from ``start`` to there the node pulled the image): None when unknown."""
 
     start: float
     end: float | None = None
     spot: bool = False
+    running: float | None = None
 
     def seconds(self, now: float) -> float:
         return max(0.0, (self.end if self.end is not None else now) - self.start)
+
+    def pending_seconds(self, now: float) -> float | None:
+        """Billed but not running yet (image pull, container start); None where the launcher cannot tell."""
+        if self.running is None:
+            return None
+        return max(0.0, min(self.running, self.end if self.end is not None else now) - self.start)
 
 
 @dataclass

@@ -477,6 +477,7 @@ class KineticWorker:
                     )
                 ):
                     identifier, last_phase, last_diagnosis, pending_since = moved, None, None, time.monotonic()
+                    meter.relaunched(moved, plan.attempts[-2].ended)
                     continue
                 elif status.phase == "pending" and status.fatal:
                     self.emit_job_event(
@@ -509,6 +510,7 @@ class KineticWorker:
                         return result
                     if moved:
                         identifier, last_phase, last_diagnosis = moved, None, None
+                        meter.relaunched(moved, plan.attempts[-2].ended)
                         continue
                     await self.finish(flow_run, configuration, identifier, status, note=attempts.final_note(plan))
                     return result

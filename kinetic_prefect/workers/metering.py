@@ -1,23 +1,27 @@
 """Worker side: meter a job while the lifecycle follows it; publish its cost; stop it at its budget.
 
 ``JobMeter`` reads the job's hosts' start and end times from the launcher (``JobLauncher.host_spans``) on
-each poll. When the job's run is final it publishes, in Prefect only (``kinetic-prefect cost`` reads these back):
+each poll. One meter follows a run across its attempts (a fallback to the next accelerator, a relaunch after a
+preemption): each attempt's spans are kept, summed into the run's cost and its budget, and listed. When the
+job's run is final it publishes, in Prefect only (``kinetic-prefect cost`` reads these back):
 
-* a cost table artifact on the job's run (key ``contract.JOB_COST_ARTIFACT_KEY``, one version per job) and a
-  ``kinetic.job.cost`` event;
+* a cost table artifact on the job's run (key ``contract.JOB_COST_ARTIFACT_KEY``, one version per job: the
+  run's total, then one row per attempt when there were several) and a ``kinetic.job.cost`` event;
 * the running total of the calling flow run's kinetic calls: one table artifact on that flow run (key
   ``contract.FLOW_COST_ARTIFACT_KEY``: call, accelerator, spot, minutes, $), recomputed from the job
   artifacts and updated in place as jobs end, and a ``kinetic.flow-run.cost`` event with the total.
 
-A job with ``max_cost_usd`` is stopped as soon as its metered cost reaches it: SIGTERM (the runner unwinds, so
-checkpoints and outputs are saved), then its run ends Failed, "budget of $X reached after N min", and its
-outcome record says so (``contract.BUDGET_ERROR_TYPE``): the caller raises ``BudgetExceeded``, not retried.
+A job with ``max_cost_usd`` is stopped as soon as its metered cost, every attempt together, reaches it: SIGTERM
+(the runner unwinds, so checkpoints and outputs are saved), then its run ends Failed, "budget of $X reached after
+N min", and its outcome record says so (``contract.BUDGET_ERROR_TYPE``): the caller raises ``BudgetExceeded``,
+not retried.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field, replace
 from typing import Any
 from uuid import UUID
 
@@ -47,42 +51,170 @@ def job_spec(configuration: Any) -> accelerators.AcceleratorSpec:
     return spec if isinstance(spec, accelerators.AcceleratorSpec) else accelerators.resolve(configuration.accelerator)
 
 
+@dataclass
+class MeteredAttempt:
+    """One attempt of a job's run (the first, a fallback to the next accelerator, a relaunch after a preemption):
+    its accelerator, price and hosts' spans, and why the next attempt was made (empty for the current one)."""
+
+    identifier: str
+    spec: accelerators.AcceleratorSpec
+    price: Any
+    spans: list[cost.HostSpan] = field(default_factory=list)
+    ended: str = ""
+
+    def cost(self, now: float) -> cost.JobCost:
+        return cost.job_cost(self.spec, self.spans, self.price, now)
+
+    def row(self, number: int, now: float) -> dict[str, Any]:
+        """Its line in the job's cost table: hosts, minutes billed, of which pending (image pull) where known."""
+        billed = self.cost(now)
+        pending = [span.pending_seconds(now) for span in self.spans]
+        known = [seconds for seconds in pending if seconds is not None]
+        pending_minutes = max(known) / 60.0 if known and len(known) == len(pending) else None
+        return {
+            "attempt": number,
+            "accelerator": self.spec.name,
+            "spot": billed.spot,
+            "hosts": billed.hosts,
+            "minutes": round(billed.minutes, 4),
+            "pending_minutes": None if pending_minutes is None else round(pending_minutes, 4),
+            "run_minutes": None if pending_minutes is None else round(max(0.0, billed.minutes - pending_minutes), 4),
+            # an attempt that never started (not placed: a fallback) cost nothing, priced or not
+            "usd": 0.0 if not self.spans else (None if billed.usd is None else round(billed.usd, 6)),
+            "ended": self.ended,
+        }
+
+
 class JobMeter:
-    """The cost of one followed job, from its hosts' spans, and whether it reached its budget."""
+    """The cost of one followed job's run, over all its attempts, from its hosts' spans, and whether the run
+    reached its budget. The lifecycle tells it of each relaunch (``relaunched``): one meter per run."""
 
     def __init__(self, launcher: Any, identifier: str, configuration: Any):
-        self.launcher, self.identifier, self.configuration = launcher, identifier, configuration
-        self.spec = job_spec(configuration)
-        self.spans: list[cost.HostSpan] = []
+        self.launcher, self.configuration = launcher, configuration
         self.problem: str | None = None  # a price table that cannot be read: said once, metered unpriced
         try:
-            overrides = cost.load_prices(getattr(configuration, "prices", None))
+            self.overrides = cost.load_prices(getattr(configuration, "prices", None))
         except cost.PriceTableError as exc:
-            overrides, self.problem = {}, str(exc)
-        self.price = cost.price_for(self.spec, overrides)
+            self.overrides, self.problem = {}, str(exc)
+        self.attempts: list[MeteredAttempt] = []
+        self._start_attempt(identifier)
         self.budget = getattr(configuration, "max_cost_usd", None)
+
+    def _start_attempt(self, identifier: str) -> None:
+        spec = job_spec(self.configuration)  # a relaunch changed the configuration's accelerator (and spot)
+        self.attempts.append(MeteredAttempt(identifier, spec, cost.price_for(spec, self.overrides)))
+
+    @property
+    def current(self) -> MeteredAttempt:
+        return self.attempts[-1]
+
+    @property
+    def identifier(self) -> str:
+        return self.current.identifier
+
+    @property
+    def spec(self) -> accelerators.AcceleratorSpec:
+        return self.current.spec
+
+    @property
+    def price(self) -> Any:
+        return self.current.price
+
+    @property
+    def spans(self) -> list[cost.HostSpan]:
+        """Every attempt's hosts (empty: nothing has run yet)."""
+        return [span for attempt in self.attempts for span in attempt.spans]
+
+    def relaunched(self, identifier: str, ended: str) -> None:
+        """The run goes on as another attempt ``identifier``: the last one is closed (a host still open ends now)
+        with the spans last read of it, kept and billed; the new one is metered from here."""
+        now = time.time()
+        last = self.current
+        last.spans = [span if span.end is not None else replace(span, end=now) for span in last.spans]
+        last.ended = ended or "relaunched"
+        self._start_attempt(identifier)
 
     async def observe(self) -> None:
         try:
-            self.spans = await self.launcher.host_spans(self.identifier, self.configuration)
+            self.current.spans = await self.launcher.host_spans(self.identifier, self.configuration)
         except Exception:  # metering never fails a job; the last spans stand
             pass
 
+    def spent_before(self, now: float) -> float | None:
+        """What the attempts before the current one cost (None: one of them ran unpriced)."""
+        total = 0.0
+        for attempt in self.attempts[:-1]:
+            usd = attempt.cost(now).usd if attempt.spans else 0.0
+            if usd is None:
+                return None
+            total += usd
+        return total
+
     def now_cost(self) -> cost.JobCost:
-        return cost.job_cost(self.spec, self.spans, self.price, time.time())
+        """The run's cost so far: every attempt summed; accelerator, spot and hosts are the current attempt's."""
+        now = time.time()
+        current = self.current.cost(now)
+        if len(self.attempts) == 1:
+            return current
+        before = self.spent_before(now)
+        costs = [attempt.cost(now) for attempt in self.attempts if attempt.spans]
+        current.minutes = sum(c.minutes for c in costs)
+        current.host_minutes = sum(c.host_minutes for c in costs)
+        current.usd = (
+            None if before is None or (current.usd is None and self.current.spans) else before + (current.usd or 0.0)
+        )
+        return current
+
+    def rows(self) -> list[dict[str, Any]]:
+        now = time.time()
+        return [attempt.row(number, now) for number, attempt in enumerate(self.attempts, 1)]
 
     def over_budget(self) -> str | None:
-        """The run's final message if the job's cost has reached its budget, else None."""
+        """The run's final message if its cost, all attempts together, has reached its budget, else None."""
         if not self.budget or not self.spans:
             return None
-        left = cost.seconds_to_budget(self.spec, self.spans, self.price, float(self.budget), time.time())
-        if left is None or left > 0:
-            return None
+        now = time.time()
+        left_for_this = float(self.budget) - (self.spent_before(now) or 0.0)
+        if left_for_this > 0:
+            if not self.current.spans:
+                return None
+            left = cost.seconds_to_budget(self.spec, self.current.spans, self.price, left_for_this, now)
+            if left is None or left > 0:
+                return None
         return cost.budget_message(float(self.budget), self.now_cost().minutes)
 
 
 def _usd(value: float | None) -> str:
     return "unpriced" if value is None else f"${value:.4f}"
+
+
+def cost_table(meter: JobMeter, call: str) -> tuple[cost.JobCost, list[dict[str, Any]]]:
+    """The run's cost and its table: the first row is the run's total (what ``kinetic-prefect cost`` and the flow
+    run's total read); a run of several attempts (fallbacks, preemptions) lists each attempt after it."""
+    job = meter.now_cost()
+    row = job.as_row(call)
+    attempts = meter.rows()
+    if attempts[-1]["pending_minutes"] is not None:
+        row["pending_minutes"] = round(sum(a["pending_minutes"] or 0.0 for a in attempts), 4)
+        row["run_minutes"] = round(sum(a["run_minutes"] or 0.0 for a in attempts), 4)
+    if len(attempts) == 1:
+        return job, [row]
+    row["attempts"] = len(attempts)
+    return job, [row] + [{"call": f"{call} attempt {a['attempt']}", **a} for a in attempts]
+
+
+def _described(job: cost.JobCost, attempts: list[dict[str, Any]]) -> str:
+    text = (
+        f"{job.accelerator}{' (spot)' if job.spot else ''}, {job.hosts} host(s), {job.minutes:.2f} min: "
+        f"{_usd(job.usd)}" + (f" at ${job.usd_per_hour:.4f}/h" if job.usd_per_hour else "")
+    )
+    if len(attempts) > 1:
+        earlier = "; ".join(
+            f"{a['accelerator']}{' (spot)' if a['spot'] else ''} {a['minutes']:.2f} min {_usd(a['usd'])} ({a['ended']})"
+            for a in attempts[:-1]
+        )
+        text += f", over {len(attempts)} attempts (earlier: {earlier})"
+    return text
 
 
 async def publish_job_cost(worker: Any, flow_run: FlowRun, meter: JobMeter) -> cost.JobCost | None:
@@ -92,22 +224,19 @@ async def publish_job_cost(worker: Any, flow_run: FlowRun, meter: JobMeter) -> c
     await meter.observe()
     if not meter.spans:
         return None  # never started: nothing ran, nothing to bill
-    job = meter.now_cost()
-    row = job.as_row(flow_run.name)
+    job, rows = cost_table(meter, flow_run.name)
+    attempts = rows[1:]
     logger = worker.get_flow_run_logger(flow_run)
     if meter.problem:
         logger.warning(f"Cost not priced: {meter.problem}")
-    described = (
-        f"{job.accelerator}{' (spot)' if job.spot else ''}, {job.hosts} host(s), {job.minutes:.2f} min: "
-        f"{_usd(job.usd)}" + (f" at ${job.usd_per_hour:.4f}/h" if job.usd_per_hour else "")
-    )
+    described = _described(job, attempts)
     logger.info(f"Cost of this job: {described}")
     try:
         await worker.client.create_artifact(
             ArtifactCreate(
                 key=JOB_COST_ARTIFACT_KEY,
                 type="table",
-                data=json.dumps([row]),
+                data=json.dumps(rows),
                 flow_run_id=flow_run.id,
                 description=f"kinetic job cost: {described} ({job.price_source})",
             )
@@ -124,6 +253,8 @@ async def publish_job_cost(worker: Any, flow_run: FlowRun, meter: JobMeter) -> c
         hosts=job.hosts,
         spot=job.spot,
         usd_per_hour=job.usd_per_hour,
+        pending_minutes=rows[0].get("pending_minutes"),
+        attempts=attempts or None,
     )
     await publish_flow_total(worker, flow_run)
     return job
@@ -232,4 +363,12 @@ async def record_budget_outcome(worker: Any, flow_run: FlowRun, configuration: A
         )
 
 
-__all__ = ["JobMeter", "flow_cost", "job_cost_rows", "publish_job_cost", "record_budget_outcome"]
+__all__ = [
+    "JobMeter",
+    "MeteredAttempt",
+    "cost_table",
+    "flow_cost",
+    "job_cost_rows",
+    "publish_job_cost",
+    "record_budget_outcome",
+]

@@ -195,4 +195,16 @@ def pod_span(pod: Any, gone_at: float | None = None) -> Any:
     running = [c for c in (status.container_statuses or []) if c.state is not None and c.state.terminated is None]
     end = max(finished).timestamp() if finished and not running else gone_at
     spot = ((pod.spec.node_selector or {}) if pod.spec is not None else {}).get(accelerators.SPOT_LABEL) == "true"
-    return HostSpan(status.start_time.timestamp(), end, spot)
+    return HostSpan(status.start_time.timestamp(), end, spot, _ran_at(status))
+
+
+def _ran_at(status: Any) -> float | None:
+    """When the pod's first container began to run (``state.running.startedAt``, kept as the terminated state's
+    ``startedAt``): after the kubelet pulled the image. None while it has not run yet."""
+    started = []
+    for container in status.container_statuses or []:
+        state = container.state
+        for part in (state.running, state.terminated) if state is not None else ():
+            if part is not None and part.started_at:
+                started.append(part.started_at.timestamp())
+    return min(started) if started else None
