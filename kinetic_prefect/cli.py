@@ -442,3 +442,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+from kinetic_prefect.warm_cli import warm_app  # noqa: E402 - kinetic-prefect warm list | down
+
+app.add_typer(warm_app)

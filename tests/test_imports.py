@@ -32,7 +32,7 @@ SIDE_PACKAGES = {
 }
 KINETIC_API_PACKAGE = "kinetic"  # the Kinetic-compatible API: a caller-side facade over kinetic_task
 LEAVES = {"storage", "signing", "errors", "accelerators", "config"}  # ship to the pod; import only the contract
-TOOLS = {"cli", "doctor", "steps", "jobs_cli", "cleanup", "cost_report", "provision_cli"}
+TOOLS = {"cli", "doctor", "steps", "jobs_cli", "cleanup", "cost_report", "provision_cli", "warm_cli"}
 # The public paths of modules that moved into pod/, kept for user code and old pickles (each aliases its module).
 KEPT_PATHS = {"runner": "pod.runner", "progress": "pod.progress", "outputs": "pod.outputs", "data": "pod.data"}
 

@@ -153,3 +153,44 @@ def test_a_call_that_leaves_a_thread_running_does_not_write_into_the_next_calls_
     assert limit1 == limit2 != 50_000
     for run in sorted(final_job_run(name), key=lambda r: r.created)[1:]:  # calls 1 and 2
         assert not [line for line in log_lines(run.id) if "stray line" in line], run.name
+
+
+@pytest.mark.slow
+def test_warm_list_shows_the_floor_warm_down_ends_it_and_bills_its_idle_time_to_the_pool(capsys):
+    """`min_warm` runners never ended but by a kill, and their idle time was billed to no one. `warm list` shows
+    the floor runner (pool, calls, floor, idle cost at the pool's price), `warm down` ends it and publishes its idle
+    time as the pool's cost; a pool's `warm_floor_idle_seconds` lets a floor runner leave by itself. ≈ 15 s: two
+    real warm calls and their runners' lives."""
+    from kinetic_prefect.cli import main
+    from test_cost import CPU_PER_HOUR, events, priced_pool
+
+    from test_lifecycle import alive
+
+    pool = priced_pool(keep_warm_seconds=30, min_warm=1)
+    limited = priced_pool(keep_warm_seconds=30, min_warm=1, warm_floor_idle_seconds=1)
+    floor = warm_task(f"floor-{uuid.uuid4().hex[:6]}", pool, keep_warm=30, min_warm=1)
+    leaves = warm_task(f"floor-idle-{uuid.uuid4().hex[:6]}", limited, keep_warm=30, min_warm=1)
+
+    @flow
+    def call(task):
+        return task(1)
+
+    # one environment: the limited floor runner leaves first, then the other pool's call starts a runner of its own
+    limited_pid, _ = call(leaves)
+    wait_for(lambda: not alive(limited_pid) or None, 20, "the floor runner with an idle limit to leave")
+    kept_pid, _ = call(floor)
+    time.sleep(1.0)
+    assert main(["warm", "list", "--pool", pool]) in (0, None)
+    out = capsys.readouterr().out
+    listed = [line for line in out.splitlines() if line.startswith(pool)]
+    assert len(listed) == 1 and str(kept_pid) in listed[0], out
+    assert " yes " in listed[0] and "$0.0" in listed[0], listed[0]  # a floor runner, priced at the pool's cpu price
+    assert main(["warm", "down", "--pool", pool, "--yes"]) in (0, None)
+    out = capsys.readouterr().out
+    assert f"ended runner {kept_pid}" in out and "pool-set POOL min_warm=0" in out, out
+    wait_for(lambda: not alive(kept_pid) or None, 10, "warm down to end the floor runner")
+    with get_client(sync_client=True) as client:
+        pool_id = client.read_work_pool(pool).id
+    [event] = events("kinetic.work-pool.warm-idle", f"prefect.work-pool.{pool_id}", until=bool)
+    assert event["payload"]["hosts"] == 1 and event["payload"]["usd_per_hour"] == CPU_PER_HOUR
+    assert event["payload"]["usd"] > 0 and event["payload"]["minutes"] > 0.01, event["payload"]

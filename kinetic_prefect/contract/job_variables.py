@@ -156,6 +156,13 @@ class KineticLocalVariables(CallVariables):
         description="How many runners of an environment stay ready however long they wait (until the worker, or the "
         "calling process for in-process submission, ends). Needs keep_warm_seconds > 0.",
     )
+    warm_floor_idle_seconds: Optional[float] = Field(
+        default=None,
+        title="Floor runners' idle limit (seconds)",
+        ge=0,
+        description="How long a min_warm runner waits idle before it exits (the next call starts the floor again); "
+        "empty: until the worker ends. `kinetic-prefect warm list|down` show and end warm runners.",
+    )
     working_dir: Optional[str] = Field(
         default=None,
         title="Working directory",

@@ -19,6 +19,7 @@ class KineticLocalJobConfiguration(KineticJobConfiguration):
     hosts: int | None = Field(default=None)  # a group of N job processes; a multi-host accelerator sets its own
     keep_warm_seconds: float = Field(default=0)  # > 0: warm runners (workers/warm.py); single-host jobs only
     min_warm: int = Field(default=0)
+    warm_floor_idle_seconds: float | None = Field(default=None)  # a min_warm runner's idle limit; None: none
 
     @property
     def host_count(self) -> int:

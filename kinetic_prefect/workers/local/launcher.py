@@ -249,6 +249,9 @@ class LocalJobLauncher(JobLauncher):
                         self.log_name(0),
                         configuration.keep_warm_seconds,
                         configuration.min_warm,
+                        pool=flow_run.work_pool_name or configuration.labels.get("prefect.io/work-pool-name"),
+                        accelerator=str(configuration.accelerator),
+                        floor_idle_seconds=configuration.warm_floor_idle_seconds,
                     )
                 )
             for index in range(0 if warm_call else hosts):

@@ -9,7 +9,10 @@ The runners belong to the process that started them (a polling worker, or the ca
 and are matched by everything a call's process depends on: the command (the environment's interpreter), the
 working directory, and every environment variable but the per-call ones (``contract.WarmRunnerFiles``). The pool
 says how long an idle runner waits (``keep_warm_seconds``; 0 turns warm runners off) and how many stay ready
-however long they wait (``min_warm``), until the process that started them ends.
+however long they wait (``min_warm``), until the process that started them ends, or for at most
+``warm_floor_idle_seconds`` of idle time when the pool sets it. Each runner's folder says what it is
+(``runner.json``: pid, pool, accelerator, since, floor) and whether it is idle (the IDLE file: its mtime is when,
+its text how many calls it served), so ``kinetic-prefect warm list|down`` see and end them from another process.
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kinetic_prefect.contract import WARM_RUNNER_MODULE, Env, WarmRunnerFiles
 
@@ -33,6 +39,27 @@ class WarmRunner:
     key: str
     forever: bool  # one of the pool's min_warm runners: never leaves while its launcher lives
     retired: bool = False  # being stopped with its call: never claimed again
+    pool: str | None = None
+    accelerator: str = ""
+
+    def describe(self) -> None:
+        """``runner.json``: what ``kinetic-prefect warm list`` shows of this runner."""
+        record = {
+            "pid": self.process.pid,
+            "pool": self.pool,
+            "accelerator": self.accelerator,
+            "since": self.since,
+            "floor": self.forever,
+            "launcher_pid": os.getpid(),
+        }
+        _write(self.control / RUNNER_RECORD, json.dumps(record))
+
+    @property
+    def since(self) -> float:
+        try:
+            return json.loads((self.control / RUNNER_RECORD).read_text())["since"]
+        except (OSError, ValueError, KeyError):
+            return time.time()
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -47,6 +74,13 @@ class WarmRunner:
 
 
 is_per_call = WarmRunnerFiles.is_per_call
+RUNNER_RECORD = "runner.json"
+
+
+def _write(path: Path, text: str) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)
 
 
 def environment_key(argv: list[str], cwd: str | None, env: dict[str, str]) -> str:
@@ -86,8 +120,12 @@ class WarmRunners:
         log_name: str,
         keep_warm_seconds: float,
         min_warm: int,
+        pool: str | None = None,
+        accelerator: str = "",
+        floor_idle_seconds: float | None = None,
     ) -> subprocess.Popen:
-        """Give one call to an idle runner of its environment, or to a new one; returns the runner's process."""
+        """Give one call to an idle runner of its environment, or to a new one; returns the runner's process.
+        A floor runner (``min_warm``) waits for the next call for ``floor_idle_seconds`` at most (None: forever)."""
         key = environment_key(argv, cwd, env)
         with self._lock:
             live = self._live(key)
@@ -95,14 +133,17 @@ class WarmRunners:
             short_of_floor = sum(r.forever for r in live) < min_warm
             if runner is None:
                 runner = self._start(key, argv, cwd, env, forever=short_of_floor)
+                runner.pool, runner.accelerator = pool, accelerator
                 self._by_key[key].append(runner)
+                runner.describe()
             elif short_of_floor:  # an idle runner of a pool without min_warm joins this pool's floor
-                runner.forever = True
+                runner.forever, runner.pool = True, pool
+                runner.describe()
         call = {
             "job_dir": str(job_dir),
             "log": log_name,
             "env": env,
-            "keep_warm_seconds": None if runner.forever else keep_warm_seconds,
+            "keep_warm_seconds": floor_idle_seconds if runner.forever else keep_warm_seconds,
         }
         partial = runner.control / (WarmRunnerFiles.CALL + ".partial")
         partial.write_text(json.dumps(call))
@@ -146,6 +187,80 @@ class WarmRunners:
                     runner.process.terminate()
 
 
+@dataclass
+class RunnerInfo:
+    """A warm runner as ``kinetic-prefect warm list`` sees it, from its folder (any process may look)."""
+
+    control: Path
+    pid: int
+    pool: str | None
+    accelerator: str
+    since: float
+    floor: bool
+    idle_since: float | None  # None: busy with a call (or leaving)
+    calls: int
+
+    def idle_seconds(self, now: float) -> float:
+        return 0.0 if self.idle_since is None else max(0.0, now - self.idle_since)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def list_runners(root: Path, pool: str | None = None) -> list[RunnerInfo]:
+    """The live warm runners under ``root`` (every process's), of ``pool`` if given, oldest first."""
+    found = []
+    for record_path in root.glob(f"*/*/{RUNNER_RECORD}"):
+        try:
+            record: dict[str, Any] = json.loads(record_path.read_text())
+        except (OSError, ValueError):
+            continue
+        control = record_path.parent
+        if not _alive(int(record["pid"])) or (control / WarmRunnerFiles.LEAVING).exists():
+            continue
+        if pool is not None and record.get("pool") != pool:
+            continue
+        idle = control / WarmRunnerFiles.IDLE
+        try:
+            idle_since, calls = idle.stat().st_mtime, int(idle.read_text() or 0)
+        except (OSError, ValueError):
+            idle_since, calls = None, -1  # busy: its count is written when the call ends
+        info = RunnerInfo(
+            control,
+            int(record["pid"]),
+            record.get("pool"),
+            record.get("accelerator") or "",
+            0.0,
+            False,
+            idle_since,
+            calls,
+        )
+        info.since, info.floor = float(record.get("since") or 0.0), bool(record.get("floor"))
+        found.append(info)
+    return sorted(found, key=lambda r: r.since)
+
+
+def stop_idle(info: RunnerInfo) -> bool:
+    """End an idle runner: its IDLE file renamed to LEAVING first (a launcher's claim renames the same file, so
+    no call can be handed to it meanwhile), then SIGTERM. False: it is busy with a call, left running."""
+    try:
+        os.rename(info.control / WarmRunnerFiles.IDLE, info.control / WarmRunnerFiles.LEAVING)
+    except FileNotFoundError:
+        return False
+    try:
+        os.kill(info.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    return True
+
+
 _registries: dict[str, WarmRunners] = {}
 
 
@@ -166,4 +281,4 @@ def exit_status(job_dir: Path) -> int | None:
         return None
 
 
-__all__ = ["WarmRunners", "exit_status", "runners_for"]
+__all__ = ["RunnerInfo", "WarmRunners", "exit_status", "list_runners", "runners_for", "stop_idle"]
