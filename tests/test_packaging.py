@@ -124,3 +124,23 @@ def test_docs_catalog_is_generated_from_the_code():
     page = Path(__file__).resolve().parent.parent / "docs" / "accelerators.md"
     text = page.read_text()
     assert readme_with_catalog(text) == text, "run: uv run kinetic-prefect catalog --write-readme docs/accelerators.md"
+
+
+def test_a_file_removed_while_the_project_is_packed_is_left_out(tmp_path, monkeypatch):
+    """An editor's temporary file can vanish between the listing and the read: the call ships the tree as it is
+    then, instead of failing with FileNotFoundError."""
+    from kinetic_prefect.caller import project_archive
+
+    (tmp_path / "train.py").write_text("x = 1\n")
+    (tmp_path / ".train.py.swp").write_text("swap")
+    listed = project_archive._select_project_files
+
+    def listing_then_removal(root, exclude):
+        selection = listed(root, exclude)
+        (tmp_path / ".train.py.swp").unlink()  # gone after the listing, before the stat
+        return selection
+
+    monkeypatch.setattr(project_archive, "_select_project_files", listing_then_removal)
+    archive = archive_project(tmp_path)
+    with tarfile.open(fileobj=io.BytesIO(__import__("gzip").decompress(archive.data))) as tar:
+        assert tar.getnames() == ["train.py"]

@@ -211,7 +211,10 @@ _archive_memo: dict[tuple, ProjectArchive] = {}
 def _file_stats(root: Path, files: list[str]) -> list[tuple[str, int, int, int]]:
     stats = []
     for rel in files:
-        st = (root / rel).stat()
+        try:
+            st = (root / rel).stat()
+        except FileNotFoundError:  # removed since it was listed (an editor's temporary file): not in the project
+            continue
         stats.append((rel, st.st_size, st.st_mtime_ns, st.st_mode & 0o111))
     return stats
 
@@ -224,7 +227,11 @@ def _tar_gz(root: Path, stats: list[tuple[str, int, int, int]]) -> ProjectArchiv
             info.size = size
             info.mode = 0o755 if exec_bits else 0o644
             info.mtime = 0  # determinism: the hash depends on content only
-            with open(root / rel, "rb") as fh:
+            try:
+                fh = open(root / rel, "rb")
+            except FileNotFoundError:  # removed since its stat: the archive is the tree as it is now
+                continue
+            with fh:
                 tar.addfile(info, fh)
     data = gzip.compress(raw.getvalue(), compresslevel=6, mtime=0)
     return ProjectArchive(root=root, sha256=sha256_hex(data), data=data, files=len(stats))
