@@ -351,3 +351,147 @@ def test_jobs_debug_refuses_a_job_without_debug_mode():
     job = plain_job.run_async()
     job.result()
     assert cli(["jobs", "debug", job.job_id, "--wait", "1"]) == 2  # a usage error, naming the fix
+
+
+# --------------------------------------------------------------------------- kinetic-gke: the API server's port-forward
+ECHO_SERVER = """
+import socket, sys
+server = socket.create_server(("127.0.0.1", int(sys.argv[1])))
+while True:
+    conn, _ = server.accept()
+    while data := conn.recv(65536):
+        conn.sendall(b"echo:" + data)
+    conn.close()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.no_server
+def test_a_port_forward_through_the_api_server_reaches_the_pods_port(kube, python_base_image):
+    """``kinetic-prefect jobs debug``'s kinetic-gke connector, through the real API server's ``pods/portforward``
+    (WebSocket ``v4.channel.k8s.io``, proxied to the test kubelet's ``/portForward``), to a TCP echo server in a pod:
+    bytes go both ways, twice (a second editor connection is a second port-forward). More than a few seconds: the
+    control plane's start (≈ 5 s once built) and a container's."""
+    from kubernetes import client as k8s
+
+    core = k8s.CoreV1Api(kube.api())
+    port, name = _free_port(), f"echo-{uuid.uuid4().hex[:6]}"
+    spec = {"restartPolicy": "Never", "nodeName": "gke-l4-pool-1"}
+    container = {"name": "echo", "image": python_base_image, "command": ["python3", "-c", ECHO_SERVER, str(port)]}
+    core.create_namespaced_pod("default", {"metadata": {"name": name}, "spec": {**spec, "containers": [container]}})
+    try:
+        deadline = time.monotonic() + 60
+        while core.read_namespaced_pod(name, "default").status.phase != "Running":
+            assert time.monotonic() < deadline, "the echo pod did not start"
+            time.sleep(0.3)
+        record = {"pod": name, "namespace": "default", "port": port}
+        connect = kinetic_debug.kube_connector(record, api_client=kube.api())
+        for message in (b"hello", b"x" * 200_000):
+            while True:  # until the container listens: before that, the forward's error channel ends the stream
+                sock = connect()
+                sock.settimeout(10)
+                sock.sendall(message)
+                got = b""
+                while len(got.replace(b"echo:", b"")) < len(message) and (chunk := sock.recv(1 << 20)):
+                    got += chunk
+                sock.close()
+                if got or time.monotonic() > deadline:
+                    break
+                time.sleep(0.3)
+            assert got.startswith(b"echo:") and got.replace(b"echo:", b"") == message, got[:100]
+    finally:
+        core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+
+
+@pytest.mark.slow
+def test_a_blocking_kinetic_run_debug_call_opens_the_forward_itself(monkeypatch, capfd):
+    """As Kinetic's blocking debug call does: the call itself forwards a local port to its job's debugger and prints
+    the launch.json entry; a DAP client attaches there, and the call returns its value. More than a few seconds: a
+    job process and debugpy's adapter start."""
+    port = _free_port()
+    monkeypatch.setenv(Env.DEBUG_LOCAL_PORT, str(port))
+
+    @kinetic.run(accelerator="cpu", debug=True)
+    def debugged_sum():
+        return sum(range(5))
+
+    results: dict[str, Any] = {}
+    caller = threading.Thread(target=lambda: results.setdefault("value", debugged_sum()), daemon=True)
+    caller.start()
+    printed, deadline = "", time.monotonic() + 120
+    while '"request": "attach"' not in printed:  # the entry is printed once the forward listens
+        assert time.monotonic() < deadline and caller.is_alive(), f"the call opened no forward:\n{printed}"
+        printed += capfd.readouterr().out
+        time.sleep(0.3)
+    assert f'"port": {port}' in printed
+    dap = DapClient(port)
+    dap.response(dap.send("initialize", clientID="test", adapterID="debugpy", linesStartAt1=True, pathFormat="path"))
+    attach = dap.send("attach", connect={"host": "127.0.0.1", "port": port}, justMyCode=True)
+    dap.event("initialized")
+    dap.response(dap.send("configurationDone"))
+    dap.response(attach)
+    caller.join(90)
+    assert results.get("value") == 10
+
+
+@pytest.mark.slow
+def test_a_gke_debug_job_is_reached_through_jobs_debug_and_the_api_servers_port_forward(
+    tmp_path, monkeypatch, kube, gcs_bucket, local_registry, python_base_image
+):
+    """The kinetic-gke flow end to end: a debug call's Job on the control plane, its pod's debugpy waiting, and a DAP
+    client through `kinetic-prefect jobs debug` (the pool's kubeconfig, the API server's port-forward, the test
+    kubelet's ``/portForward``): debugpy answers ``initialize``, the client attaches, and the call returns its
+    value. More than a few seconds: the control plane, the debug job's image (with debugpy; built once per
+    registry), the job's container, debugpy's adapter start and the CLI process."""
+    from prefect import flow
+    from docker_fixture import proxy_files
+    from test_gke_cluster import _cluster_block, _gke_task, _make_pool
+
+    from kinetic_prefect.caller import debugging
+    from kinetic_prefect.shared.builders import DockerBuilder
+    from kinetic_prefect.shared.image import ImageSpec
+
+    # The debug job's image (the base and debugpy), built ahead with this machine's proxy CA as the cluster tests'
+    # images are (the worker then finds its tag in the registry).
+    spec = ImageSpec.create([DEBUGPY_REQUIREMENT], family="cpu", base_image=python_base_image)
+    DockerBuilder(f"{local_registry}/kinetic-tests", network="host", extra_files=proxy_files()).ensure(
+        spec, log=lambda line: None
+    )
+
+    # The test kubelet runs pods on this machine's network, so the pod's debugpy takes a free port, not 5678 (which
+    # another session's pod could hold); the record names it, and jobs debug forwards to what the record says.
+    monkeypatch.setattr(debugging, "DEBUG_PORT", _free_port())
+    pool = _make_pool(_cluster_block(kube), f"{gcs_bucket}/gke-debug", local_registry)
+    name = f"gke_debugged_{uuid.uuid4().hex[:8]}"
+    fn, project, _ = _user_function(tmp_path, name)
+    task = _gke_task(name, pool, python_base_image, accelerator="cpu", debug=True, project_dir=project)(fn)
+    results: dict[str, Any] = {}
+
+    @flow(name=f"gke-debug-flow-{name}")
+    def calling_flow():
+        return task(2, 3)
+
+    caller = threading.Thread(target=lambda: results.setdefault("value", calling_flow()), daemon=True)
+    caller.start()
+    job = _job_of(name, timeout=600)
+    port = _free_port()
+    forward, launch = _start_forward(job.job_id, port)
+    try:
+        configuration = launch["configurations"][0]
+        assert configuration["connect"] == {"host": "127.0.0.1", "port": port}
+        dap = DapClient(port)
+        initialize = dap.response(
+            dap.send("initialize", clientID="test", adapterID="debugpy", linesStartAt1=True, pathFormat="path")
+        )
+        assert initialize["body"]["supportsConfigurationDoneRequest"]  # debugpy's adapter in the pod answered
+        attach = dap.send("attach", **{k: configuration[k] for k in ("connect", "pathMappings", "justMyCode")})
+        dap.event("initialized")
+        dap.response(dap.send("configurationDone"))
+        dap.response(attach)
+        caller.join(120)
+        assert results.get("value") == 5
+        forward.wait(30)  # the command ends with the job
+        assert forward.returncode == 0
+    finally:
+        if forward.poll() is None:
+            forward.kill()

@@ -145,6 +145,8 @@ class Env:
     DEBUG_WAIT_SECONDS = "KINETIC_DEBUG_WAIT_SECONDS"  # how long it waits for a client (DEFAULT_DEBUG_WAIT_SECONDS)
     DEBUG_CALLER_ROOT = "KINETIC_DEBUG_CALLER_ROOT"  # the caller's project root: the editor's side of pathMappings
     DEBUG_SOURCES = "KINETIC_DEBUG_SOURCES"  # JSON {module: file under the project root} of by-value modules
+    # The caller's port a blocking kinetic.run(debug=True) call forwards to its job's debugger (unset: DEBUG_PORT).
+    DEBUG_LOCAL_PORT = "KINETIC_DEBUG_LOCAL_PORT"
     POD_NAME = "KINETIC_POD_NAME"  # kinetic-gke, debug mode: the pod's own name (downward API), for the record
     POD_NAMESPACE = "KINETIC_POD_NAMESPACE"
 

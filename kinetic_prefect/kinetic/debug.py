@@ -215,3 +215,48 @@ def forward(job: Any, local_port: int = DEBUG_PORT, wait_seconds: float = 600.0,
 
     serve(local_port, connect, job_ended)
     say(f"Job {job.job_id} ended; the forward is closed.")
+
+
+def _job_of_call(func_name: str, since: Any, stop: threading.Event) -> Any:
+    """The job a call of ``func_name`` made from ``since`` (an aware datetime) on, once its run exists."""
+    import datetime
+
+    from kinetic_prefect.kinetic.jobs import list_jobs
+
+    def made_since(job: Any) -> bool:
+        return bool(job.created_at) and datetime.datetime.fromisoformat(job.created_at) >= since
+
+    while not stop.is_set():
+        found = [job for job in list_jobs() if job.func_name == func_name and made_since(job)]
+        if found:
+            return min(found, key=lambda job: job.created_at)
+        stop.wait(RECORD_POLL_SECONDS)
+    return None
+
+
+def forward_for_call(func_name: str, local_port: int | None = None) -> threading.Event:
+    """What a blocking ``kinetic.run(debug=True)`` call does, as Kinetic's does: in the background, find the call's
+    job, then forward 127.0.0.1:``local_port`` (``$KINETIC_DEBUG_LOCAL_PORT``, else 5678) to its debugger and print
+    the launch.json entry, until the job ends. Set the returned event to give up early (the call ended)."""
+    import datetime
+    import os
+
+    stop = threading.Event()
+    port = local_port or int(os.environ.get(Env.DEBUG_LOCAL_PORT) or DEBUG_PORT)
+    since = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=5)
+
+    def run() -> None:
+        try:
+            job = _job_of_call(func_name, since, stop)
+            if job is not None:
+                forward(job, port, say=lambda line: print(line, flush=True))
+        except Exception as exc:  # the call goes on; the user can still attach by hand
+            print(
+                f"debug: could not forward 127.0.0.1:{port} to the job's debugger ({exc}); attach with "
+                "`kinetic-prefect jobs debug JOB_ID --port PORT`",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    threading.Thread(target=run, name="kinetic-debug-forward", daemon=True).start()
+    return stop

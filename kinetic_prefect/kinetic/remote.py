@@ -142,14 +142,23 @@ class RemoteCallable:
         from prefect.context import FlowRunContext
 
         call_args, call_kwargs = self._call_args(args, kwargs)
-        if FlowRunContext.get() is not None:
-            return self.task(*call_args, **call_kwargs)
+        stop_forward = None
+        if self.task.kinetic.debug:  # as Kinetic does: the blocking call opens the way to its job's debugger
+            from kinetic_prefect.kinetic.debug import forward_for_call
 
-        @flow(name="kinetic-run", flow_run_name=self.fn.__name__, validate_parameters=False)
-        def kinetic_run() -> Any:
-            return self.task(*call_args, **call_kwargs)
+            stop_forward = forward_for_call(self.task.name)
+        try:
+            if FlowRunContext.get() is not None:
+                return self.task(*call_args, **call_kwargs)
 
-        return kinetic_run()
+            @flow(name="kinetic-run", flow_run_name=self.fn.__name__, validate_parameters=False)
+            def kinetic_run() -> Any:
+                return self.task(*call_args, **call_kwargs)
+
+            return kinetic_run()
+        finally:
+            if stop_forward is not None:
+                stop_forward.set()
 
     def run_async(self, *args: Any, **kwargs: Any) -> Any:
         """Submit the call as a detached job and return its ``JobHandle`` at once."""
