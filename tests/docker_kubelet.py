@@ -4,13 +4,17 @@ It does the kubelet's share of a pod's life and nothing more: resolve env from t
 start the container (host network, so jobs reach fake-gcs-server and Prefect on 127.0.0.1), report status
 (Running, then Succeeded/Failed with the exit code; ErrImagePull when the image cannot be pulled), stop the container
 with the pod's grace period when the pod is deleted and then confirm the deletion, and serve
-``/containerLogs/<ns>/<pod>/<container>`` over HTTPS — the endpoint the API server proxies ``pods/log`` to.
+``/containerLogs/<ns>/<pod>/<container>`` over HTTPS — the endpoint the API server proxies ``pods/log`` to — and
+``/portForward/<ns>/<pod>``, the one it proxies ``pods/portforward`` to (WebSocket, see ``_port_forward``).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
+import select
+import struct
 import socket
 import http.server
 import ssl
@@ -273,6 +277,10 @@ class DockerKubelet:
                     ),
                     None,
                 )
+                if entry is None and parts[:1] == ["portForward"]:
+                    entry = next((e for e in list(kubelet.pods.values()) if [e.namespace, e.name] == parts[1:3]), None)
+                    if entry is not None and entry.container is not None:
+                        return kubelet._port_forward(self, [int(p) for p in query.get("port", [])])
                 if entry is None or entry.container is None:
                     body = b"container is not running yet"
                     self.send_response(400)
@@ -304,6 +312,106 @@ class DockerKubelet:
         server.socket = context.wrap_socket(server.socket, server_side=True)
         server.daemon_threads = True
         return server
+
+    # ------------------------------------------------------------------ port-forward
+    # What reaches us: a client speaking WebSocket (the official Python client: ``v5.channel.k8s.io`` or
+    # ``v4.channel.k8s.io``) is proxied by the API server byte for byte to ``/portForward/<ns>/<pod>?port=P``: its
+    # ``PortForwardWebsockets`` translation (WebSocket to SPDY/3.1) only applies to the ``SPDY/3.1+portforward.k8s.io``
+    # tunnelling protocol kubectl speaks (pkg/registry/core/pod/rest/subresources.go, PortForwardREST.Connect), so
+    # we answer with the kubelet's own WebSocket port-forward (pkg/kubelet/cri/streaming/portforward/websocket.go):
+    # protocol ``v4.channel.k8s.io``, two channels per requested port (2i data, 2i+1 error), each binary message
+    # prefixed by its channel byte; each channel's first message is the port, little-endian uint16. Data on 2i is
+    # copied to and from 127.0.0.1:P (host network); a failed connect is text on 2i+1. The WebSocket closes when
+    # every port's connection has ended, as the kubelet's does. Not implemented: SPDY (kubectl), base64 channels,
+    # fragmented messages.
+    def _port_forward(self, handler: http.server.BaseHTTPRequestHandler, ports: list[int]) -> None:
+        offered = [p.strip() for p in handler.headers.get("Sec-WebSocket-Protocol", "").split(",")]
+        key = handler.headers.get("Sec-WebSocket-Key", "")
+        if handler.headers.get("Upgrade", "").lower() != "websocket" or not key or not ports:
+            body = b"port-forward here is WebSocket (v4.channel.k8s.io) with at least one port only"
+            handler.send_response(400)
+            handler.send_header("Content-Length", str(len(body)))
+            handler.end_headers()
+            handler.wfile.write(body)
+            return
+        accept = base64.b64encode(hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest())
+        handler.send_response(101)
+        handler.send_header("Upgrade", "websocket")
+        handler.send_header("Connection", "Upgrade")
+        handler.send_header("Sec-WebSocket-Accept", accept.decode())
+        if "v4.channel.k8s.io" in offered:
+            handler.send_header("Sec-WebSocket-Protocol", "v4.channel.k8s.io")
+        handler.end_headers()
+        handler.wfile.flush()
+        handler.close_connection = True
+        # The client sends nothing before our 101, so the request reader buffered nothing past the headers: from
+        # here on the TLS socket itself, read and written by this one thread (an SSL socket is not thread-safe).
+        ws = handler.connection
+
+        def send(opcode: int, payload: bytes) -> None:  # a server's frames are final and unmasked
+            size = len(payload)
+            head = struct.pack("!BB", 0x80 | opcode, size) if size < 126 else b""
+            if 126 <= size < 65536:
+                head = struct.pack("!BBH", 0x80 | opcode, 126, size)
+            elif size >= 65536:
+                head = struct.pack("!BBQ", 0x80 | opcode, 127, size)
+            ws.sendall(head + payload)
+
+        def exact(n: int) -> bytes:
+            data = b""
+            while len(data) < n:
+                chunk = ws.recv(n - len(data))
+                if not chunk:
+                    raise ConnectionError("the client went away")
+                data += chunk
+            return data
+
+        def receive() -> tuple[int, bytes]:  # a client's frames are masked
+            first, second = exact(2)
+            size = second & 0x7F
+            if size == 126:
+                (size,) = struct.unpack("!H", exact(2))
+            elif size == 127:
+                (size,) = struct.unpack("!Q", exact(8))
+            mask = exact(4) if second & 0x80 else b"\0\0\0\0"
+            payload = exact(size)
+            return first & 0x0F, bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+        upstream: dict[int, socket.socket] = {}  # channel -> the connection to the container's port
+        for i, port in enumerate(ports):
+            for channel in (2 * i, 2 * i + 1):
+                send(0x2, bytes([channel]) + struct.pack("<H", port))
+            try:
+                upstream[2 * i] = socket.create_connection(("127.0.0.1", port), timeout=5)
+                upstream[2 * i].settimeout(None)
+            except OSError as exc:
+                send(0x2, bytes([2 * i + 1]) + f"error forwarding port {port} to pod: {exc}".encode())
+        try:
+            while upstream:
+                ready = [ws] if ws.pending() else select.select([ws, *upstream.values()], [], [])[0]
+                for sock in ready:
+                    if sock is ws:
+                        opcode, payload = receive()
+                        if opcode == 0x8:  # close: answer it, end every port
+                            send(0x8, payload[:2])
+                            return
+                        if opcode == 0x9:
+                            send(0xA, payload)
+                        elif opcode == 0x2 and payload[:1] and payload[0] in upstream:
+                            upstream[payload[0]].sendall(payload[1:])
+                        continue
+                    channel = next(c for c, s in upstream.items() if s is sock)
+                    data = sock.recv(65536)
+                    if data:
+                        send(0x2, bytes([channel]) + data)
+                    else:  # the container closed this port's connection
+                        upstream.pop(channel).close()
+            send(0x8, struct.pack("!H", 1000))
+        except (ConnectionError, OSError, ssl.SSLError):
+            pass  # the API server or its client went away
+        finally:
+            for sock in upstream.values():
+                sock.close()
 
     # ------------------------------------------------------------------ for tests
     # ------------------------------------------------------------------ what the infrastructure does to a pod

@@ -1,9 +1,10 @@
 """Debug mode (``debug=True``) end to end on kinetic-local: a real job process starts a real debugpy, and a real
 Debug Adapter Protocol client (written here: Content-Length framed JSON over a socket) attaches through
 ``kinetic-prefect jobs debug``'s forward, stops at a breakpoint in the user's file and lets the call return its
-value to the flow. Also: nobody attaches (the clear error), a cancel while the job waits. The kinetic-gke side is
-tested at the client boundary (its manifest, the port-forward request the command makes): the test kubelet
-(tests/docker_kubelet.py) serves no ``/portForward``, so no control-plane test covers it (docs/gke.md says so)."""
+value to the flow. Also: nobody attaches (the clear error), a cancel while the job waits. The kinetic-gke side:
+its manifest and the port-forward request the command makes (no server), and on the test control plane a debug
+Job's debugpy reached through ``jobs debug`` and the API server's ``pods/portforward`` (the test kubelet,
+tests/docker_kubelet.py, serves ``/portForward``), plus bytes both ways to a TCP echo server in a pod."""
 
 from __future__ import annotations
 
@@ -461,6 +462,10 @@ def test_a_gke_debug_job_is_reached_through_jobs_debug_and_the_api_servers_port_
     # The test kubelet runs pods on this machine's network, so the pod's debugpy takes a free port, not 5678 (which
     # another session's pod could hold); the record names it, and jobs debug forwards to what the record says.
     monkeypatch.setattr(debugging, "DEBUG_PORT", _free_port())
+    # jobs debug takes the pool's kubeconfig_path, else in-cluster credentials, else $KUBECONFIG / ~/.kube/config;
+    # it does not read the pool's cluster_config block (the worker's credentials here), so the CLI gets the same
+    # cluster as a user's kubeconfig would name it.
+    monkeypatch.setenv("KUBECONFIG", str(kube.plane.workdir / "admin.kubeconfig"))
     pool = _make_pool(_cluster_block(kube), f"{gcs_bucket}/gke-debug", local_registry)
     name = f"gke_debugged_{uuid.uuid4().hex[:8]}"
     fn, project, _ = _user_function(tmp_path, name)
