@@ -323,16 +323,10 @@ def test_jobs_debug_on_gke_port_forwards_through_the_api_server():
     record = {"pod": "kinetic-train-1234abcd-x7k2p", "namespace": "ml", "port": DEBUG_PORT, "host": "127.0.0.1"}
     connect = kinetic_debug.kube_connector(record, api_client=None, portforward=portforward)
     port, stop = _free_port(), threading.Event()
-    server = threading.Thread(target=kinetic_debug.serve, args=(port, connect, stop.is_set), daemon=True)
+    listener = kinetic_debug.listen(port)  # listening before the command prints where to attach
+    server = threading.Thread(target=kinetic_debug.serve, args=(listener, connect, stop.is_set), daemon=True)
     server.start()
-    deadline = time.monotonic() + 5
-    while True:
-        try:
-            editor = socket.create_connection(("127.0.0.1", port), timeout=5)
-            break
-        except ConnectionRefusedError:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+    editor = socket.create_connection(("127.0.0.1", port), timeout=5)
     editor.sendall(b"hello")
     assert editor.recv(100) == b"echo:hello"
     stop.set()
@@ -462,10 +456,8 @@ def test_a_gke_debug_job_is_reached_through_jobs_debug_and_the_api_servers_port_
     # The test kubelet runs pods on this machine's network, so the pod's debugpy takes a free port, not 5678 (which
     # another session's pod could hold); the record names it, and jobs debug forwards to what the record says.
     monkeypatch.setattr(debugging, "DEBUG_PORT", _free_port())
-    # jobs debug takes the pool's kubeconfig_path, else in-cluster credentials, else $KUBECONFIG / ~/.kube/config;
-    # it does not read the pool's cluster_config block (the worker's credentials here), so the CLI gets the same
-    # cluster as a user's kubeconfig would name it.
-    monkeypatch.setenv("KUBECONFIG", str(kube.plane.workdir / "admin.kubeconfig"))
+    # jobs debug reaches the cluster as the worker does: through the pool's cluster_config block
+    monkeypatch.delenv("KUBECONFIG", raising=False)
     pool = _make_pool(_cluster_block(kube), f"{gcs_bucket}/gke-debug", local_registry)
     name = f"gke_debugged_{uuid.uuid4().hex[:8]}"
     fn, project, _ = _user_function(tmp_path, name)

@@ -138,10 +138,12 @@ def kube_connector(record: dict[str, Any], api_client: Any, portforward: Any = N
 
 
 def pool_kube_client(job: Any) -> Any:
-    """The Kubernetes client for the job's pool: its kubeconfig_path and kube_context (the run's job variables,
-    else the pool's defaults), else in-cluster credentials, else ~/.kube/config."""
+    """The Kubernetes client for the job's pool, as its worker makes one: the pool's ``cluster_config`` block (a
+    KubernetesClusterConfig), else its kubeconfig_path and kube_context (the run's job variables, else the pool's
+    defaults), else in-cluster credentials, else ~/.kube/config."""
     from kubernetes import client, config
     from prefect import get_client
+    from prefect.utilities.templating import resolve_block_document_references
 
     from kinetic_prefect.kinetic.jobs import _sync
 
@@ -149,10 +151,15 @@ def pool_kube_client(job: Any) -> Any:
         async with get_client() as prefect:
             flow_run = await prefect.read_flow_run(UUID(job.job_id))
             pool = await prefect.read_work_pool(job.work_pool)
-        defaults = {k: v.get("default") for k, v in pool.base_job_template["variables"]["properties"].items()}
-        return {**defaults, **(flow_run.job_variables or {})}
+            defaults = {k: v.get("default") for k, v in pool.base_job_template["variables"]["properties"].items()}
+            values = {**defaults, **(flow_run.job_variables or {})}
+            # a block given as {"$ref": {"block_document_id": ...}} becomes the block's fields, as for the worker
+            return await resolve_block_document_references(values, client=prefect)
 
     values = _sync(settings())
+    cluster = values.get("cluster_config")
+    if isinstance(cluster, dict) and cluster.get("config"):
+        return config.new_client_from_config_dict(cluster["config"], context=cluster.get("context_name"))
     if values.get("kubeconfig_path"):
         return config.new_client_from_config(config_file=values["kubeconfig_path"], context=values.get("kube_context"))
     try:
@@ -162,16 +169,23 @@ def pool_kube_client(job: Any) -> Any:
     return client.ApiClient()
 
 
-def serve(local_port: int, connect: Callable[[], Any], until: Callable[[], bool]) -> None:
-    """Accept connections on 127.0.0.1:``local_port`` and relay each through ``connect()``, until ``until()``."""
+def listen(local_port: int) -> socket.socket:
+    """A listener on 127.0.0.1:``local_port``, bound before the attach configuration is printed: an editor that
+    reads it may connect at once."""
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         listener.bind(("127.0.0.1", local_port))
     except OSError as exc:
+        listener.close()
         raise RuntimeError(f"127.0.0.1:{local_port} is taken ({exc.strerror}): pass another --port") from None
     listener.listen()
     listener.settimeout(1.0)
+    return listener
+
+
+def serve(listener: socket.socket, connect: Callable[[], Any], until: Callable[[], bool]) -> None:
+    """Accept connections on the listener and relay each through ``connect()``, until ``until()``."""
     try:
         while not until():
             try:
@@ -193,6 +207,7 @@ def forward(job: Any, local_port: int = DEBUG_PORT, wait_seconds: float = 600.0,
     """``kinetic-prefect jobs debug``: wait for the job's debugger, print the attach configuration, and forward
     127.0.0.1:``local_port`` to it until the job ends or the user interrupts."""
     record = read_record(job, wait_seconds, say)
+    listener = listen(local_port)
     if job.backend == GKE_POOL_TYPE:
         connect = kube_connector(record, pool_kube_client(job))
         where = f"pod {record['namespace']}/{record['pod']} port {record['port']} (Kubernetes port-forward)"
@@ -213,7 +228,7 @@ def forward(job: Any, local_port: int = DEBUG_PORT, wait_seconds: float = 600.0,
             ended[0] = state is None or state.is_final()
         return ended[0]
 
-    serve(local_port, connect, job_ended)
+    serve(listener, connect, job_ended)
     say(f"Job {job.job_id} ended; the forward is closed.")
 
 
