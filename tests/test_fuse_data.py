@@ -186,10 +186,11 @@ def test_hf_data_is_the_dataset_repositorys_files_through_huggingface_hub(tmp_pa
 # --------------------------------------------------------------------------- through the public API, end to end
 
 
-def _gcs_pool(store_url: str) -> str:
+def _gcs_pool(store_url: str, keep_warm_seconds: float = 0) -> str:
     name = f"fuse-{uuid.uuid4().hex[:6]}"
     template = load_template("kinetic-local")
     template["variables"]["properties"]["store"]["default"] = store_url
+    template["variables"]["properties"]["keep_warm_seconds"]["default"] = keep_warm_seconds
     with get_client(sync_client=True) as client:
         client.create_work_pool(WorkPoolCreate(name=name, type="kinetic-local", base_job_template=template))
     return name
@@ -234,9 +235,10 @@ def test_fuse_data_a_single_object_and_hf_data_reach_a_kinetic_local_job(gcs_buc
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_kinetics_fuse_example_runs_on_kinetic_local(gcs_bucket):
-    """Kinetic's examples/example_fuse.py, ported by its import line: seven blocking jobs in one script (a
-    process start and a job each: 59 s measured beside a running CI suite)."""
-    env = {**os.environ, Env.WORK_POOL: _gcs_pool(f"{gcs_bucket}/kinetic")}
+    """Kinetic's examples/example_fuse.py, ported by its import line: seven blocking jobs in one script, on a pool
+    that keeps its runner warm between them (one job process for the seven): 30 s, against 43 s with a process
+    each, measured one after the other."""
+    env = {**os.environ, Env.WORK_POOL: _gcs_pool(f"{gcs_bucket}/kinetic", keep_warm_seconds=60)}
     proc = subprocess.run(
         [sys.executable, str(EXAMPLES / "example_fuse.py")],
         capture_output=True,
