@@ -636,3 +636,25 @@ def test_kinetic_env_capture_example_forwards_what_the_guide_says():
     assert everything["CONDA_PREFIX"] is None and everything["SSH_AUTH_SOCK"] is None, "the caller's machine's"
     assert everything["PYTHONSAFEPATH"] is None, "PYTHON* is the caller's interpreter's, not the job's"
     assert seen["exact"] == "/nowhere/conda", "an exact name forwards even what a pattern skips"
+
+
+@pytest.mark.no_server
+def test_a_batchs_inputs_are_read_as_kinetic_reads_them_and_bad_ones_fail_before_any_job():
+    """run_async_map's input modes and option checks, which fail before the first submission (no job, no server)."""
+    from kinetic_prefect.kinetic import batch
+
+    assert batch._as_call({"lr": 0.1, "steps": 5}, "auto") == ((), {"lr": 0.1, "steps": 5})
+    assert batch._as_call({"not a name": 1}, "auto") == (({"not a name": 1},), {}), "a dict that cannot be kwargs"
+    assert batch._as_call((1, 2), "auto") == ((1, 2), {})
+    assert batch._as_call((1, 2), "single") == (((1, 2),), {})
+    assert batch._as_call("x", "auto") == (("x",), {})
+    with pytest.raises(TypeError, match="input_mode='args' takes lists or tuples, not int"):
+        batch.run_async_map(None, [1], input_mode="args")
+    with pytest.raises(ValueError, match="max_concurrent must be a positive integer or None"):
+        batch.run_async_map(None, [1], max_concurrent=0)
+    with pytest.raises(ValueError, match="retries must be >= 0"):
+        batch.run_async_map(None, [1], retries=-1)
+    with pytest.raises(ValueError, match="input_mode='columns' is not one of"):
+        batch.run_async_map(None, [1], input_mode="columns")
+    with pytest.raises(TypeError, match=r"run_async_map\(project=/cluster=\) has no per-call equivalent"):
+        batch.run_async_map(None, [1], project="p")
