@@ -48,7 +48,8 @@ STORE_POLL_SECONDS = 0.25  # a warm pod asks the store for its next call this of
 CLAIMED_CALL_SECONDS = 60.0  # a claim with no call after this long: the launcher died in between; the pod leaves
 
 
-def _launcher_alive(pid: int | None) -> bool:
+def process_alive(pid: int | None) -> bool:
+    """Whether process ``pid`` exists (None: no process to watch, so yes)."""
     if pid is None:
         return True
     try:
@@ -76,7 +77,7 @@ def _next_call(control: Path, deadline: float | None, launcher_pid: int | None) 
             (control / WarmRunnerFiles.CLAIMED).unlink(missing_ok=True)
             return call
         expired = deadline is not None and time.monotonic() > deadline
-        if expired or not _launcher_alive(launcher_pid):
+        if expired or not process_alive(launcher_pid):
             try:
                 os.rename(control / WarmRunnerFiles.IDLE, control / WarmRunnerFiles.LEAVING)
                 return None

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from kinetic_prefect.contract import WARM_RUNNER_MODULE, Env, WarmRunnerFiles
+from kinetic_prefect.pod.warm_runner import process_alive
 
 
 @dataclass
@@ -204,16 +205,6 @@ class RunnerInfo:
         return 0.0 if self.idle_since is None else max(0.0, now - self.idle_since)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
 def list_runners(root: Path, pool: str | None = None) -> list[RunnerInfo]:
     """The live warm runners under ``root`` (every process's), of ``pool`` if given, oldest first."""
     found = []
@@ -223,7 +214,7 @@ def list_runners(root: Path, pool: str | None = None) -> list[RunnerInfo]:
         except (OSError, ValueError):
             continue
         control = record_path.parent
-        if not _alive(int(record["pid"])) or (control / WarmRunnerFiles.LEAVING).exists():
+        if not process_alive(int(record["pid"])) or (control / WarmRunnerFiles.LEAVING).exists():
             continue
         if pool is not None and record.get("pool") != pool:
             continue
