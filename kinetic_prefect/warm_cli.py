@@ -17,10 +17,10 @@ from typing import Any, Optional
 import typer
 
 from kinetic_prefect import accelerators, config
+from kinetic_prefect.contract import WARM_IDLE_EVENT
 from kinetic_prefect.shared import cost
 from kinetic_prefect.workers.local import warm
 
-WARM_IDLE_EVENT = "kinetic.work-pool.warm-idle"
 
 warm_app = typer.Typer(
     name="warm",

@@ -109,3 +109,52 @@ def test_the_decorator_lists_its_options_once() -> None:
     ]
     assert [(p.name, p.default) for p in own] == [(p.name, p.default) for p in options.values()]
     assert decorator.KINETIC_OPTION_NAMES == tuple(options)
+
+
+EVENT_NAME_PREFIXES = ("kinetic.job.", "kinetic.flow-run.", "kinetic.work-pool.")
+
+
+def event_literals(path: Path) -> list[str]:
+    """Event names spelled outside the contract: a string literal that is one, or a literal phase handed to
+    ``emit_job_event`` (which prefixes it)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    docstrings = _docstring_nodes(tree)
+    hits = [
+        f"{path.name}:{node.lineno}: {node.value!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value.startswith(EVENT_NAME_PREFIXES)
+        and id(node) not in docstrings
+    ]
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", None)) == "emit_job_event"
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+        ):
+            hits.append(f"{path.name}:{node.lineno}: emit_job_event(..., {node.args[1].value!r})")
+    return hits
+
+
+def test_no_event_name_outside_the_contract() -> None:
+    offenders = [
+        f"{path.parent.name}/{hit}"
+        for path in sorted(PACKAGE_DIR.rglob("*.py"))
+        if path.parent != PACKAGE_DIR / "contract"
+        for hit in event_literals(path)
+    ]
+    assert not offenders, "event names outside the contract (use its EVENT_* names):\n" + "\n".join(offenders)
+
+
+def test_the_event_scan_sees_names_and_literal_phases(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        '"""Emits kinetic.job.cost."""\nA = "kinetic.work-pool.warm-idle"\n'
+        'def f(w, r):\n    w.emit_job_event(r, "exited", None)\n    w.emit_job_event(r, PHASE, None)\n'
+    )
+    assert [hit.rsplit(": ", 1)[1] for hit in event_literals(sample)] == [
+        "'kinetic.work-pool.warm-idle'",
+        "emit_job_event(..., 'exited')",
+    ]

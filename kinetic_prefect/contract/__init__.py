@@ -52,8 +52,16 @@ USAGE_PREFIX = "[kinetic:usage] "
 JOB_COST_ARTIFACT_KEY = "kinetic-job-cost"
 FLOW_COST_ARTIFACT_KEY = "kinetic-flow-cost"
 USAGE_ARTIFACT_KEY = "kinetic-job-usage"
-JOB_COST_EVENT = "kinetic.job.cost"
+# Prefect events: a job's are JOB_EVENT_PREFIX + its phase (pending, running, cancelled, crashed: the launcher's
+# JobStatus phases; and the EVENT_* below) on the job's run; automations match on these names.
+JOB_EVENT_PREFIX = "kinetic.job."
+EVENT_COST = "cost"
+EVENT_DIAGNOSIS = "diagnosis"  # why a pod is stuck, in prefect-kubernetes' diagnosis vocabulary
+EVENT_UNSCHEDULABLE = "unschedulable"
+EVENT_EXITED = "exited"
+JOB_COST_EVENT = JOB_EVENT_PREFIX + EVENT_COST
 FLOW_COST_EVENT = "kinetic.flow-run.cost"
+WARM_IDLE_EVENT = "kinetic.work-pool.warm-idle"  # a floor warm runner's idle time, the pool's cost
 # A flow run tagged ``kinetic-max-cost-usd:25`` stops starting kinetic calls once its calls cost $25 and gives
 # each call what is left of it as its budget.
 FLOW_BUDGET_TAG_PREFIX = "kinetic-max-cost-usd:"

@@ -42,7 +42,16 @@ from prefect.workers.base import BaseWorkerResult
 from kinetic_prefect import accelerators
 from kinetic_prefect.shared import prefect_runs
 from kinetic_prefect.shared import key_blocks
-from kinetic_prefect.contract import LOG_END_MARKER, Env, Outcome, RunLayout
+from kinetic_prefect.contract import (
+    EVENT_DIAGNOSIS,
+    EVENT_EXITED,
+    EVENT_UNSCHEDULABLE,
+    JOB_EVENT_PREFIX,
+    LOG_END_MARKER,
+    Env,
+    Outcome,
+    RunLayout,
+)
 from kinetic_prefect.shared.outages import Outage
 from kinetic_prefect.workers.base import open_job_store
 
@@ -270,7 +279,7 @@ class KineticWorker:
             accelerator = str(getattr(configuration, "accelerator", "") or "")
             pool = getattr(self, "_work_pool", None)
             emit_event(
-                event=f"kinetic.job.{phase}",
+                event=JOB_EVENT_PREFIX + phase,
                 resource={
                     "prefect.resource.id": f"prefect.flow-run.{flow_run.id}",
                     "prefect.resource.name": flow_run.name,
@@ -457,7 +466,7 @@ class KineticWorker:
                     )
                     self.emit_job_event(
                         flow_run,
-                        "diagnosis",
+                        EVENT_DIAGNOSIS,
                         configuration,
                         identifier=identifier,
                         labels={"kubernetes.diagnosis": last_diagnosis or ""},
@@ -482,7 +491,7 @@ class KineticWorker:
                 elif status.phase == "pending" and status.fatal:
                     self.emit_job_event(
                         flow_run,
-                        "unschedulable",
+                        EVENT_UNSCHEDULABLE,
                         configuration,
                         identifier=identifier,
                         diagnosis=status.detail,
@@ -497,7 +506,7 @@ class KineticWorker:
                     await self._end_of_output(output, identifier)
                     self.emit_job_event(
                         flow_run,
-                        "exited",
+                        EVENT_EXITED,
                         configuration,
                         identifier=identifier,
                         exit_code=status.exit_code,

@@ -37,6 +37,7 @@ from kinetic_prefect.contract import (
     BUDGET_ERROR_TYPE,
     FAILED,
     FLOW_COST_ARTIFACT_KEY,
+    EVENT_COST,
     FLOW_COST_EVENT,
     JOB_COST_ARTIFACT_KEY,
     PHASE_FUNCTION,
@@ -246,7 +247,7 @@ async def publish_job_cost(worker: Any, flow_run: FlowRun, meter: JobMeter) -> c
         return job
     worker.emit_job_event(
         flow_run,
-        "cost",
+        EVENT_COST,
         meter.configuration,
         usd=job.usd,
         minutes=round(job.minutes, 4),
