@@ -26,7 +26,8 @@ def _docstring_nodes(tree: ast.AST) -> set[int]:
     return found
 
 
-def kinetic_literals(path: Path) -> list[str]:
+def code_strings(path: Path, matches) -> list[str]:
+    """The file's string literals (f-string parts included, docstrings not) for which ``matches(text)`` holds."""
     tree = ast.parse(path.read_text(), filename=str(path))
     docstrings = _docstring_nodes(tree)
     return [
@@ -34,18 +35,27 @@ def kinetic_literals(path: Path) -> list[str]:
         for node in ast.walk(tree)
         if isinstance(node, ast.Constant)
         and isinstance(node.value, str)
-        and "KINETIC_" in node.value
+        and matches(node.value)
         and id(node) not in docstrings
     ]
 
 
-def test_no_kinetic_literal_outside_the_contract() -> None:
-    offenders = [
+def kinetic_literals(path: Path) -> list[str]:
+    return code_strings(path, lambda text: "KINETIC_" in text)
+
+
+def outside_the_contract(scan) -> list[str]:
+    """``scan(path)``'s hits in every package module but the contract's."""
+    return [
         f"{path.parent.name}/{hit}"
         for path in sorted(PACKAGE_DIR.rglob("*.py"))
         if path.parent != PACKAGE_DIR / "contract"
-        for hit in kinetic_literals(path)
+        for hit in scan(path)
     ]
+
+
+def test_no_kinetic_literal_outside_the_contract() -> None:
+    offenders = outside_the_contract(kinetic_literals)
     assert not offenders, "KINETIC_ names outside the contract package (use contract.Env):\n" + "\n".join(offenders)
 
 
@@ -117,16 +127,8 @@ EVENT_NAME_PREFIXES = ("kinetic.job.", "kinetic.flow-run.", "kinetic.work-pool."
 def event_literals(path: Path) -> list[str]:
     """Event names spelled outside the contract: a string literal that is one, or a literal phase handed to
     ``emit_job_event`` (which prefixes it)."""
+    hits = code_strings(path, lambda text: text.startswith(EVENT_NAME_PREFIXES))
     tree = ast.parse(path.read_text(), filename=str(path))
-    docstrings = _docstring_nodes(tree)
-    hits = [
-        f"{path.name}:{node.lineno}: {node.value!r}"
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Constant)
-        and isinstance(node.value, str)
-        and node.value.startswith(EVENT_NAME_PREFIXES)
-        and id(node) not in docstrings
-    ]
     for node in ast.walk(tree):
         if (
             isinstance(node, ast.Call)
@@ -139,12 +141,7 @@ def event_literals(path: Path) -> list[str]:
 
 
 def test_no_event_name_outside_the_contract() -> None:
-    offenders = [
-        f"{path.parent.name}/{hit}"
-        for path in sorted(PACKAGE_DIR.rglob("*.py"))
-        if path.parent != PACKAGE_DIR / "contract"
-        for hit in event_literals(path)
-    ]
+    offenders = outside_the_contract(event_literals)
     assert not offenders, "event names outside the contract (use its EVENT_* names):\n" + "\n".join(offenders)
 
 

@@ -26,6 +26,8 @@ from kinetic_prefect.contract import DEBUG_PORT, Env, RunLayout
 
 GKE_POOL_TYPE = "kinetic-gke"
 RECORD_POLL_SECONDS = 0.5
+# Each look lists the live jobs (two reads per job): a debug call looks for its own less often than for its record.
+JOB_LOOKUP_POLL_SECONDS = 2.0
 
 
 class NotADebugJob(ValueError):
@@ -245,7 +247,7 @@ def _job_of_call(func_name: str, since: Any, stop: threading.Event) -> Any:
         found = [job for job in list_jobs() if job.func_name == func_name and made_since(job)]
         if found:
             return min(found, key=lambda job: job.created_at)
-        stop.wait(RECORD_POLL_SECONDS)
+        stop.wait(JOB_LOOKUP_POLL_SECONDS)
     return None
 
 
