@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -526,6 +527,33 @@ def test_usage_hints_name_what_would_do():
     assert "saw no accelerator" in hint(accelerators.resolve("l4"), cpu_only)
     assert hint(accelerators.resolve("cpu"), cpu_only) is None
     assert plot_svg(samples).startswith("<svg") and "polyline" in plot_svg(samples)
+
+
+def test_the_sampler_never_imports_while_the_job_is_still_importing_jax(monkeypatch):
+    """The sampler runs on its own thread. Importing `jax._src.xla_bridge` from there while the job's main thread
+    was inside `import jax` made Python hand the main thread a half-made module, and a Gemma job failed with
+    "module 'jax._src.xla_bridge' has no attribute 'is_known_platform'". It reads only finished imports."""
+    import builtins
+    import importlib.machinery
+    import types
+
+    from kinetic_prefect.pod import utilization
+
+    half_made = types.ModuleType("jax")
+    half_made.__spec__ = importlib.machinery.ModuleSpec("jax", None)
+    half_made.__spec__._initializing = True  # what the import system sets until the module's code has run
+    monkeypatch.setitem(sys.modules, "jax", half_made)
+    imported: list[str] = []
+    real_import = builtins.__import__
+
+    def recording_import(name, *args, **kwargs):
+        imported.append(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", recording_import)
+    assert utilization.jax_device_memory() == []
+    monkeypatch.setattr(builtins, "__import__", real_import)
+    assert not [name for name in imported if name.startswith("jax")], imported
 
 
 def test_the_sampler_reads_this_machine_and_jax_on_cpu_reports_no_device_memory():

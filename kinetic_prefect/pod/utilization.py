@@ -111,14 +111,23 @@ class Nvml:
         return gpus
 
 
+def _imported(name: str) -> Any:
+    """``sys.modules[name]`` once its import has finished, else None; never imports anything."""
+    module = sys.modules.get(name)
+    if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+        return None
+    return module
+
+
 def jax_device_memory() -> list[dict[str, Any]]:
     """``memory_stats()`` of JAX's local non-CPU devices, once the job initialised a JAX backend; else []."""
-    jax = sys.modules.get("jax")
-    if jax is None:
+    # Only modules the job finished importing: this runs on the sampler's thread, and an import from here while
+    # the job's main thread is still inside `import jax` handed the main thread a half-made `xla_bridge` (Python's
+    # import deadlock avoidance), which failed the job with "no attribute 'is_known_platform'".
+    jax, xla_bridge = _imported("jax"), _imported("jax._src.xla_bridge")
+    if jax is None or xla_bridge is None:
         return []
     try:
-        from jax._src import xla_bridge  # noqa: PLC0415 (read only to avoid starting a backend ourselves)
-
         if not getattr(xla_bridge, "_backends", None):
             return []
         devices = jax.local_devices()
