@@ -188,7 +188,9 @@ def test_an_outage_in_the_middle_of_a_job(tmp_path, gate, worker_factory):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_an_outage_longer_than_prefects_retries_the_job_ends_while_the_api_is_away(tmp_path, gate, worker_factory):
-    """25 s away with Prefect's client retries at 2 (≈ 6 s): the jobs end 8 s (or less) into the outage."""
+    """25 s away with Prefect's client retries at 2 (≈ 6 s): the jobs end 8 s (or less) into the outage.
+
+    Needs ≈ 70 s: two callers and a worker start, the 25 s outage itself, and the retried state writes after it."""
     run_through_outage(tmp_path, gate, worker_factory, outage_s=25, job_s=12, cut_after_s=4, client_retries=2)
 
 
@@ -203,7 +205,10 @@ def test_a_5_minute_outage(tmp_path, gate, worker_factory):
 @pytest.mark.timeout(900)
 def test_the_server_process_restarts_during_a_job(tmp_path, prefect_server_process, worker_factory):
     """Not a cut connection but the server itself: `prefect server start` is stopped 4 s into the jobs and started
-    again on the same database (SQLite here, PostgreSQL in the PostgreSQL session of .ci/run)."""
+    again on the same database (SQLite here, PostgreSQL in the PostgreSQL session of .ci/run).
+
+    Needs ≈ 80 s: most of it is `prefect server start` coming back (migrations checked, services started) while
+    both jobs run on; no shorter stand-in restarts the real process."""
     run_through_outage(tmp_path, prefect_server_process, worker_factory, outage_s=8, job_s=20, cut_after_s=4)
 
 

@@ -195,7 +195,10 @@ def test_prefect_deploy_creates_every_pipeline_deployment(operator, tmp_path):
 def test_deployments_run_through_the_workers_and_on_their_schedule(operator, tmp_path):
     """`prefect deployment run` for the smoke flow and the EuroSAT retraining (tiny settings), then a
     short interval schedule on the smoke deployment fires by itself. Jobs go through the polling
-    kinetic-local worker (KINETIC_WORK_POOL of the flows' worker)."""
+    kinetic-local worker (KINETIC_WORK_POOL of the flows' worker).
+
+    Needs ≈ 90 s: a real (tiny) EuroSAT training job, and a schedule that fires by itself, which waits on Prefect's
+    scheduler loop; both run side by side, so the test costs the longer of them."""
     started = time.time()
     workers = operator["workers"]
     with get_client(sync_client=True) as client:
