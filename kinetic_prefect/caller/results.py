@@ -93,11 +93,10 @@ async def result_storage(store_url: str, credentials: Any = None, pool_name: str
 
 async def for_pool(pool_name: str) -> Any:
     """The result storage of a kinetic task that runs on ``pool_name`` (None: Prefect's default)."""
-    from prefect import get_client
-
     from kinetic_prefect.caller.pools import ensure_work_pool
+    from kinetic_prefect.shared.prefect_runs import shared_client
 
-    async with get_client() as client:
+    async with shared_client() as client:
         pool = await ensure_work_pool(client, pool_name)
     url = gcp.store_url(pool)
     if not url.startswith("gs://"):

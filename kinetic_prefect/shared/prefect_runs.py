@@ -11,19 +11,27 @@ only stable client calls (create a tracking task run and a flow run with ``work_
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
 import os
 import random
 import threading
 import time
+import weakref
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 from uuid import UUID, uuid4
 
 import anyio
 from prefect.client.orchestration import PrefectClient
-from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterTimestamp
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterId,
+    LogFilter,
+    LogFilterFlowRunId,
+    LogFilterTimestamp,
+)
 from prefect.client.schemas.objects import FlowRun, TaskRun, TaskRunResult, WorkPool
 from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 from prefect.states import Cancelled, Cancelling, Pending, Scheduled, State
@@ -34,6 +42,66 @@ from kinetic_prefect.shared.processes import process_start_ticks
 from kinetic_prefect.shared.sweeps import check_caller
 
 logger = logging.getLogger("kinetic_prefect.api")
+
+
+# --------------------------------------------------------------------------- one client per process
+
+
+_shared_clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, PrefectClient]]" = (
+    weakref.WeakKeyDictionary()
+)
+_shared_client_locks: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock]" = weakref.WeakKeyDictionary()
+
+
+@contextlib.asynccontextmanager
+async def shared_client() -> AsyncIterator[PrefectClient]:
+    """The Prefect API client of this process, for ``async with``: on Prefect's run-sync loop (where every
+    synchronous call of a kinetic task waits, ``run_interruptibly``), started by the first call that needs it
+    and left open after it, so every call of a sweep shares its connections and CSRF token.
+
+    ``async with get_client()`` per call started a client per input (its httpx pool, its connections and a
+    ``GET /csrf-token`` before the first write): 65 of the 751 requests of a 64-input map. Prefect's client
+    may be entered again while it is open and is safe to share between the coroutines of its loop; it is
+    kept per API URL, and made again if something closed it.
+    """
+    from prefect._internal.concurrency.threads import get_run_sync_loop
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL
+
+    loop = asyncio.get_running_loop()
+    if getattr(get_run_sync_loop(), "_loop", None) is not loop:
+        # Another loop (an async task's, a passing thread's) may end at any time and leave its client open:
+        # there, Prefect's own client context (a flow's client, kept by the flow) or a client of the call's own.
+        async with get_client() as own:
+            yield own
+        return
+    url = str(PREFECT_API_URL.value() or "")
+    clients = _shared_clients.setdefault(loop, {})
+    client: PrefectClient | None = clients.get(url)
+    if client is None or getattr(client, "_closed", False):
+        async with _shared_client_locks.setdefault(loop, asyncio.Lock()):
+            client = clients.get(url)
+            if client is None or getattr(client, "_closed", False):
+                # httpx_settings={}: a client of our own, never the one of a Prefect client context that
+                # its owner closes on its way out
+                client = get_client(httpx_settings={})
+                await client.__aenter__()  # left entered: the client lives as long as its loop
+                clients[url] = client
+    async with client:
+        yield client
+
+
+# --------------------------------------------------------------------------- creating a job's run
+
+# Run creations of this process in flight at once. SQLite takes one writer at a time: a 256-input map that
+# created its 512 runs (trackers and job runs) all at once met 503 "database is locked" on most of them and
+# exhausted the retries of some; a few at a time keep the server busy without the lock conflicts.
+CONCURRENT_RUN_CREATIONS = 4
+_creation_slots: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]" = weakref.WeakKeyDictionary()
+
+
+def _run_creation_slot() -> asyncio.Semaphore:
+    return _creation_slots.setdefault(asyncio.get_running_loop(), asyncio.Semaphore(CONCURRENT_RUN_CREATIONS))
 
 
 async def create_job_flow_run(
@@ -55,6 +123,30 @@ async def create_job_flow_run(
     calling task out of Running, which releases its tag-concurrency slot while the job has not even
     started: a ``.map()`` under a limit of 2 ran 4 jobs at once. The calling task's state stays its own.
     """
+    async with _run_creation_slot():
+        return await _create_job_flow_run(
+            client,
+            flow_name=flow_name,
+            run_name=run_name,
+            pool=pool,
+            job_variables=job_variables,
+            caller=caller,
+            tags=tags,
+            for_polling_worker=for_polling_worker,
+        )
+
+
+async def _create_job_flow_run(
+    client: PrefectClient,
+    *,
+    flow_name: str,
+    run_name: str,
+    pool: WorkPool,
+    job_variables: dict[str, Any],
+    caller: TaskRun | None,
+    tags: list[str],
+    for_polling_worker: bool,
+) -> FlowRun:
     # A flow record is all the API needs; no Flow object (and no bundle) is built.
     flow = SimpleNamespace(name=flow_name, version=None, retries=0, retry_delay_seconds=0)
     tracker_id = None
@@ -251,6 +343,95 @@ async def with_retries(make_call: Callable[[], Any], what: str, attempts: int = 
     raise AssertionError("unreachable")
 
 
+class FlowRunReader:
+    """Reads, for every call of a process waiting on a job's run, all those runs in one request per 200.
+
+    Each call waiting for its job read its run with a ``GET /flow_runs/{id}`` 4 times a second; a 1,000-input
+    map on a polling worker asked the server 4,000 times a second about runs that mostly still waited for a
+    slot. A call now asks this reader, which collects what its loop's calls ask within ``GATHER_SECONDS``
+    and answers them all with ``POST /flow_runs/filter`` (ids in pages of ``PAGE``). An answer is never older
+    than the question: a call gets the run as read after it asked.
+    """
+
+    GATHER_SECONDS = 0.05
+    PAGE = 200
+
+    def __init__(self, client: PrefectClient):
+        self.client = client
+        self._asked: dict[UUID, list[asyncio.Future[FlowRun]]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def read(self, flow_run_id: UUID) -> FlowRun:
+        """The run as the API has it now; raises what the read raised (a transient error for the caller's
+        ``Outage`` to wait out, ``ObjectNotFound`` for a run that is gone)."""
+        future: asyncio.Future[FlowRun] = asyncio.get_running_loop().create_future()
+        self._asked.setdefault(flow_run_id, []).append(future)
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._answer())
+        return await future
+
+    async def _answer(self) -> None:
+        try:
+            await self._answer_all()
+        except BaseException as exc:  # the loop is going away: no caller may wait for an answer that never comes
+            for futures in self._asked.values():
+                for future in futures:
+                    if not future.done():
+                        future.set_exception(RuntimeError(f"the flow-run reader stopped: {exc!r}"))
+            raise
+
+    async def _answer_all(self) -> None:
+        while self._asked:
+            await asyncio.sleep(self.GATHER_SECONDS)
+            asked, self._asked = self._asked, {}
+            ids = list(asked)
+            found: dict[UUID, FlowRun] = {}
+            try:
+                for start in range(0, len(ids), self.PAGE):
+                    page = ids[start : start + self.PAGE]
+                    with _client_retries_off():  # each caller's Outage decides how long to retry
+                        runs = await self.client.read_flow_runs(
+                            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=page)), limit=len(page)
+                        )
+                    found.update((run.id, run) for run in runs)
+            except Exception as exc:
+                for futures in asked.values():
+                    for future in futures:
+                        if not future.done():
+                            future.set_exception(exc)
+                continue
+            for run_id, futures in asked.items():
+                run = found.get(run_id)
+                if run is None:  # gone: the single read raises Prefect's own ObjectNotFound for it
+                    try:
+                        run = await self.client.read_flow_run(run_id)
+                    except Exception as exc:
+                        for future in futures:
+                            if not future.done():
+                                future.set_exception(exc)
+                        continue
+                for future in futures:
+                    if not future.done():  # a caller that stopped waiting cancelled its own
+                        future.set_result(run)
+
+
+_readers: "weakref.WeakKeyDictionary[PrefectClient, FlowRunReader]" = weakref.WeakKeyDictionary()
+
+
+def read_flow_run_batched(client: PrefectClient, flow_run_id: UUID) -> Any:
+    """``client.read_flow_run(flow_run_id)``, answered with the other waiting calls' reads (``FlowRunReader``)."""
+    reader = _readers.get(client)
+    if reader is None:
+        reader = _readers[client] = FlowRunReader(client)
+    return reader.read(flow_run_id)
+
+
+# A call waiting on a run whose state does not change asks less and less often, up to this: a sweep's calls
+# waiting for a slot on a polling worker ask every 2 s, not 4 times a second. A new state, or new output,
+# brings the pace back to the caller's poll_seconds.
+MAX_POLL_SECONDS = 2.0
+
+
 async def wait_for_final_state(
     client: PrefectClient,
     flow_run_id: UUID,
@@ -258,34 +439,48 @@ async def wait_for_final_state(
     poll_seconds: float = 0.25,
     log_drain_seconds: float = 15.0,
     outage: Any = None,
+    max_poll_seconds: float = MAX_POLL_SECONDS,
 ) -> State:
     """Poll until the run is final, forwarding its logs (the job's output) in order as they arrive.
 
     Logs reach the API in batches, so the final state can come before the last lines: after it,
     reading goes on until the worker's end marker (``contract.LOG_END_MARKER``) or a time limit.
     An unreachable API is waited out (``outages.Outage``): a server restart does not end the wait.
+    The run's state is read with the process's other waiting calls (``FlowRunReader``), its logs only
+    once a worker has claimed it (a Scheduled run has no output yet), and a run whose state and output
+    stay the same is asked about less often, up to ``max_poll_seconds``.
     """
     outage = outage or Outage("the caller waiting for its job")
     since: datetime.datetime | None = None  # the newest job-output record read: every later one is after it
     seen: dict[UUID, datetime.datetime] = {}  # records read at or after `since` (several can share a timestamp)
     ended_at: float | None = None
     final: State | None = None
+    claimed = False
+    last_state: tuple[Any, Any] | None = None
+    interval = poll_seconds
     while True:
+        changed = False
         if final is None:
-            flow_run = await outage.call(lambda: client.read_flow_run(flow_run_id), "reading the job's state")
-            if flow_run.state is not None and flow_run.state.is_final():
-                final, ended_at = flow_run.state, time.monotonic()
+            flow_run = await outage.call(lambda: read_flow_run_batched(client, flow_run_id), "reading the job's state")
+            state = flow_run.state
+            if state is not None and state.is_final():
+                final, ended_at = state, time.monotonic()
+            claimed = claimed or (state is not None and not state.is_scheduled())
+            key = (state.type, state.name) if state is not None else None
+            changed, last_state = key != last_state, key
         if on_log is None:
             if final is not None:
                 return final
-            await asyncio.sleep(poll_seconds)
+            interval = poll_seconds if changed else min(max_poll_seconds, interval * 1.5)
+            await asyncio.sleep(interval)
             continue
         marker_seen = False
+        shown = 0
         # Every poll reads again from `since`, paging on past the worker's own notices (stored late, and out
         # of order, by Prefect's background log sender): the job's output is stored in order, so no output
         # line is behind `since`, while a notice may be and is then not shown (it stays in the run's logs).
         page_since = since
-        while True:
+        while claimed:
             log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
             if page_since is not None:
                 after = page_since - datetime.timedelta(microseconds=1)
@@ -298,6 +493,7 @@ async def wait_for_final_state(
                 if log.id in seen or (since is not None and log.timestamp < since):
                     continue
                 seen[log.id] = log.timestamp
+                shown += 1
                 if log.message == LOG_END_MARKER:
                     marker_seen = True
                 else:
@@ -313,7 +509,10 @@ async def wait_for_final_state(
             seen = {log_id: stamp for log_id, stamp in seen.items() if stamp >= since}
         if final is not None and (marker_seen or time.monotonic() - (ended_at or 0) > log_drain_seconds):
             return final
-        await asyncio.sleep(poll_seconds)
+        # the drain after the final state keeps the caller's pace: the end marker is due any moment
+        steady = not changed and not shown and final is None
+        interval = min(max_poll_seconds, interval * 1.5) if steady else poll_seconds
+        await asyncio.sleep(interval)
 
 
 LOG_PAGE = 200
@@ -335,7 +534,7 @@ async def cancel_flow_run(client: PrefectClient, flow_run_id: UUID, message: str
                 return
             await client.set_flow_run_state(flow_run_id, Cancelling(message=message), force=True)
             with anyio.move_on_after(wait_seconds):
-                await wait_for_final_state(client, flow_run_id)
+                await wait_for_final_state(client, flow_run_id, max_poll_seconds=0.5)  # a stop is due soon
         except Exception:  # best effort while the caller is already failing
             pass
 

@@ -303,8 +303,9 @@ class KineticWorker:
     # ------------------------------------------------------------------ cancellation sources
     async def stop_reason(self, flow_run: FlowRun, check_parents: bool) -> str | None:
         """Why the job should stop now, or None. Prefect's workers only cancel runs that have not
-        started; a started kinetic job has no flow engine to notice, so the worker watches."""
-        current = await self.client.read_flow_run(flow_run.id)
+        started; a started kinetic job has no flow engine to notice, so the worker watches. The runs are read
+        with the other jobs' (``prefect_runs.FlowRunReader``): one request for all the jobs this process follows."""
+        current = await prefect_runs.read_flow_run_batched(self.client, flow_run.id)
         state = current.state
         if state is not None and (state.is_cancelling() or state.is_cancelled()):
             return state.message or "Cancelled on request"
@@ -322,7 +323,7 @@ class KineticWorker:
         if task_run.state is not None and task_run.state.is_final():
             return f"The task run waiting for this job ended ({task_run.state.name})"
         if task_run.flow_run_id is not None:
-            parent = await self.client.read_flow_run(task_run.flow_run_id)
+            parent = await prefect_runs.read_flow_run_batched(self.client, task_run.flow_run_id)
             if parent.state is not None and (parent.state.is_cancelling() or parent.state.is_cancelled()):
                 return f"The parent flow run {parent.name} was cancelled"
         return None
