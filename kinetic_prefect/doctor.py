@@ -25,9 +25,10 @@ from typing import Any
 
 from kinetic_prefect import accelerators, config
 from kinetic_prefect.contract import Env
+from kinetic_prefect.contract import GKE_WORKER_TYPE, LOCAL_WORKER_TYPE, WORKER_TYPES
 
 OK, FAIL, WARN, SKIP = "ok", "fail", "warn", "skip"
-KINETIC_TYPES = ("kinetic-local", "kinetic-gke")
+KINETIC_TYPES = WORKER_TYPES
 CLOUD_BUILD_SETTINGS = {
     "gcp_project": "YOUR_PROJECT",
     "gcp_region": "us-central1",
@@ -129,7 +130,7 @@ def check_pool(report: Report, client):
         pool = client.read_work_pool(name)
     except ObjectNotFound:
         if name == config.DEFAULT_WORK_POOL:
-            report.pool_type = "kinetic-local"
+            report.pool_type = LOCAL_WORKER_TYPE
             report.add(
                 "Work pool",
                 OK,
@@ -662,7 +663,7 @@ def run_checks(
             report.add("Work pool", SKIP, f"{report.pool!r}: not checked without the Prefect API")
         report.store = store or _variable(pool_obj, "store") or config.default_store_url()
         check_store(report, report.store)
-        if report.pool_type == "kinetic-gke":
+        if report.pool_type == GKE_WORKER_TYPE:
             check_gke(report, client, pool_obj, list(accelerator or []))
         elif accelerator:
             for name in accelerator:

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kinetic_prefect.contract import Env
+from kinetic_prefect.contract import GKE_WORKER_TYPE, Env
 
 # Typer carries its own copy of click; its ClickException is the base of typer.BadParameter.
 ClickException: Any = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
@@ -37,7 +37,7 @@ _INSTALL = "provisioning needs the gcp and k8s extras: pip install 'kinetic-pref
 _PROJECT = typer.Option(None, "--project", envvar="GOOGLE_CLOUD_PROJECT", metavar="PROJECT_ID", help="GCP project ID")
 _ZONE = typer.Option(..., "--zone", metavar="ZONE", help="the cluster's zone, e.g. us-central1-a")
 _CLUSTER = typer.Option("kinetic-cluster", "--cluster", metavar="NAME", help="GKE cluster name")
-_POOL_NAME = typer.Option("kinetic-gke", "--pool-name", metavar="NAME", help="the kinetic-gke work pool")
+_POOL_NAME = typer.Option(GKE_WORKER_TYPE, "--pool-name", metavar="NAME", help="the kinetic-gke work pool")
 _SPOT = typer.Option(False, "--spot", help="Spot VMs (cheaper, may be preempted)")
 _RESERVATION = typer.Option(None, "--reservation", metavar="NAME", help="consume this Compute Engine reservation")
 _MIN_NODES = typer.Option(0, "--min-nodes", metavar="N", help="nodes kept running (default 0: scale to zero)")

@@ -16,9 +16,10 @@ from typing import Any
 from kinetic_prefect.contract import data_key
 from kinetic_prefect.pod import data
 from kinetic_prefect.pod.data_sources import DataError, parse_gs_url
+from kinetic_prefect.contract import GKE_WORKER_TYPE
 
 FUSE_VARIABLE = "gcs_fuse_mounts"  # the kinetic-gke variable (workers/gke/variables.py)
-MOUNTING_POOL_TYPES = ("kinetic-gke",)
+MOUNTING_POOL_TYPES = (GKE_WORKER_TYPE,)
 
 
 def fuse_data(args: tuple, kwargs: dict[str, Any]) -> list[data.Data]:

@@ -18,7 +18,7 @@ import os
 from typing import Any, Callable
 
 from kinetic_prefect.pod import data_manifest
-from kinetic_prefect.contract import PHASE_FETCH_DATA
+from kinetic_prefect.contract import PHASE_FETCH_DATA, data_files_key, data_key
 from kinetic_prefect.pod.data_manifest import Manifest
 from kinetic_prefect.pod.data_sources import DataError
 from kinetic_prefect.storage import Store
@@ -27,7 +27,7 @@ _logger = logging.getLogger(__name__)
 
 
 def files_prefix(manifest: Manifest) -> str:
-    return f"data/{manifest.sha256}/files"
+    return data_files_key(data_key(manifest.sha256))
 
 
 def damaged_files(manifest: Manifest, store: Store) -> list[str]:

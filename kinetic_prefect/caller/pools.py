@@ -14,6 +14,7 @@ from prefect.workers.base import BaseWorker
 
 from kinetic_prefect import config
 from kinetic_prefect.contract.job_variables import pool_default
+from kinetic_prefect.contract import GKE_WORKER_TYPE
 
 __all__ = ["WorkPoolError", "ensure_work_pool", "has_online_worker", "pool_default", "worker_class_for"]
 
@@ -29,7 +30,7 @@ class WorkPoolError(LookupError):
 def worker_class_for(pool_type: str) -> Any:  # a BaseWorker subclass mixing in lifecycle.KineticWorker
     from kinetic_prefect import workers
 
-    if pool_type == "kinetic-gke" and workers.GKE_UNAVAILABLE:
+    if pool_type == GKE_WORKER_TYPE and workers.GKE_UNAVAILABLE:
         raise WorkPoolError(
             f"work pool type 'kinetic-gke' needs the k8s and gcp extras ({workers.GKE_UNAVAILABLE}): "
             "pip install 'kinetic-prefect[gcp,k8s]' (or uv sync --extra gcp --extra k8s)"

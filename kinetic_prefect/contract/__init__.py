@@ -17,6 +17,19 @@ RUNNER_MODULE = "kinetic_prefect.pod.runner"
 RUNNER_ARGV = ("python", "-u", "-m", RUNNER_MODULE)
 RUNNER_COMMAND = " ".join(RUNNER_ARGV)
 
+# The work-pool worker types (each a Prefect worker's ``type``, and the ``type`` of the pools it serves).
+LOCAL_WORKER_TYPE = "kinetic-local"
+GKE_WORKER_TYPE = "kinetic-gke"
+WORKER_TYPES = (LOCAL_WORKER_TYPE, GKE_WORKER_TYPE)
+
+# A kinetic-local job's log files, in its job folder and among its outputs: host 0's, then host i's.
+JOB_LOG_NAME = "job.log"
+
+
+def host_log_name(index: int) -> str:
+    return JOB_LOG_NAME if index == 0 else f"host-{index}.log"
+
+
 # Exit statuses of the runner. Anything but EXIT_OUTCOME_RECORDED means "no outcome": the job crashed.
 EXIT_OUTCOME_RECORDED = 0
 EXIT_NO_OUTCOME = 3
@@ -230,10 +243,12 @@ class WarmPodKeys:
     def call(n: int) -> str:
         return f"call-{n}.json"
 
+    RUNS = "warm/runs/"  # the prefix of every ``run`` record: a restarted worker lists it
+
     @staticmethod
     def run(flow_run_id: str) -> str:
         """Which pod serves a flow run (``namespace:job@flow_run_id``): a restarted worker finds its calls again."""
-        return f"warm/runs/{flow_run_id}"
+        return f"{WarmPodKeys.RUNS}{flow_run_id}"
 
     LEAVING = b"leaving"  # the content of a claim the pod made to leave
 
@@ -287,9 +302,11 @@ class RunLayout:
 
     run_id: str
 
+    ROOT = "runs"
+
     @property
     def prefix(self) -> str:
-        return f"runs/{self.run_id}"
+        return f"{self.ROOT}/{self.run_id}"
 
     @property
     def payload(self) -> str:
@@ -354,6 +371,16 @@ FUSE_MOUNT_ROOT = "/_kinetic/fuse-data"
 def data_key(sha256: str) -> str:
     """An uploaded ``Data`` argument (a file or folder), stored once per content hash."""
     return f"data/{sha256}"
+
+
+def data_files_key(key: str) -> str:
+    """Under a ``data_key``: the files themselves, as the caller's tree had them."""
+    return f"{key}/files"
+
+
+def data_manifest_key(key: str) -> str:
+    """Under a ``data_key``: the manifest, written last (first writer wins), so its presence means complete."""
+    return f"{key}/manifest.json"
 
 
 def lock_key(name: str) -> str:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kinetic_prefect.contract import Env
+from kinetic_prefect.contract import Env, data_files_key, data_key, data_manifest_key
 from kinetic_prefect.pod.data_hf import download_hf
 from kinetic_prefect.pod.data_manifest import Manifest, build_manifest
 from kinetic_prefect.pod.data_sources import DataError, parse_gs_url
@@ -86,8 +86,8 @@ def _localize_uploaded(ref: DataRef, store: Store, node_cache: Path, key: bytes 
 
     if ref.key is None or ref.sha256 is None:
         raise DataError(f"data {ref.name} was not uploaded (no store key): pass it again from the caller")
-    marker = f"{ref.key}/manifest.json"
-    local = store.local_path(f"{ref.key}/files")
+    marker = data_manifest_key(ref.key)
+    local = store.local_path(data_files_key(ref.key))
     if local is not None:  # the store is a directory on this machine: read the data in place
         if not store.exists(marker):
             raise _not_uploaded(ref, store)
@@ -110,7 +110,7 @@ def _localize_uploaded(ref: DataRef, store: Store, node_cache: Path, key: bytes 
             manifest = Manifest.from_json(signing.get(store, marker, key), staging / "files")
         except ObjectNotFound:
             raise _not_uploaded(ref, store) from None
-        store.get_tree(f"{ref.key}/files", staging / "files")
+        store.get_tree(data_files_key(prefix), staging / "files")
         root = staging / "files" / ref.name if ref.kind == "file" else staging / "files"
         got = build_manifest(root, workers=8, memo=False) if root.exists() else None
         if got is None or got.sha256 != ref.sha256:
@@ -137,9 +137,10 @@ def _diff(expected: Manifest, got: Manifest | None) -> str:
 
 
 def _not_uploaded(ref: DataRef, store: Store) -> DataError:
+    manifest = store.url_for(data_manifest_key(ref.key or data_key(str(ref.sha256))))
     return DataError(
         f"data {ref.name} ({ref.sha256}) is not in the store {store.url}: "
-        f"{store.url_for(f'{ref.key}/manifest.json')} is missing; the caller uploads it before "
+        f"{manifest} is missing; the caller uploads it before "
         "launching the job, so check that the job uses the caller's store"
     )
 

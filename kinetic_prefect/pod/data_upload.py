@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from kinetic_prefect.contract import data_key
+from kinetic_prefect.contract import data_files_key, data_key, data_manifest_key
 from kinetic_prefect.pod.data_manifest import Manifest
 from kinetic_prefect.pod.data_sources import DataError, unreadable_error
 from kinetic_prefect.storage import Store
@@ -32,11 +32,11 @@ def upload(
     """Put the data into ``store`` under ``data/<sha>/``; returns the bytes uploaded (0 if it is already there).
     ``heal`` (the caller's ``data_repair.heal_before_call``) checks a stored copy and puts back damaged files."""
     prefix = data_key(manifest.sha256)
-    marker = f"{prefix}/manifest.json"
+    marker = data_manifest_key(prefix)
     if store.exists(marker):  # already there; a damaged file of it is put back from this copy
         return heal(manifest, store, on_file) if heal is not None else 0
     pairs = [(rel, manifest.path_of(rel)) for rel, _size, _sha in manifest.files]
-    uploaded = store.put_tree(f"{prefix}/files", pairs, workers=workers, on_file=on_file)
+    uploaded = store.put_tree(data_files_key(prefix), pairs, workers=workers, on_file=on_file)
     if manifest._stats:  # a file rewritten after hashing would sit under the wrong content address
         for (rel, _size, _sha), (size, mtime_ns) in zip(manifest.files, manifest._stats):
             path = manifest.path_of(rel)

@@ -15,9 +15,10 @@ from google.cloud import container_v1
 
 from kinetic_prefect import accelerators
 from kinetic_prefect.accelerators import AcceleratorSpec
+from kinetic_prefect.contract import GKE_WORKER_TYPE
 
 DEFAULT_CLUSTER = "kinetic-cluster"
-DEFAULT_WORK_POOL = "kinetic-gke"
+DEFAULT_WORK_POOL = GKE_WORKER_TYPE  # the pool `up` makes is named after its type
 DEFAULT_NODE_MACHINE = "e2-standard-4"  # the cluster's own pool: system pods, the worker, cpu jobs
 GPU_POOL_HEADROOM = 10  # a GPU or single-host TPU pool grows to --min-nodes + this many nodes
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"

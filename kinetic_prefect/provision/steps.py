@@ -20,10 +20,11 @@ from kinetic_prefect.provision import plan
 from kinetic_prefect.provision.plan import NodePoolSpec, ProvisionError, Settings
 from kinetic_prefect.workers.base import load_template
 from kinetic_prefect.workers.gke.deploy import worker_manifests
+from kinetic_prefect.contract import GKE_WORKER_TYPE
 
 EXISTS, CREATE, UPDATE, SKIP = "exists", "will create", "will update", "skipped"
 DELETE, ABSENT, KEEP = "will delete", "not found", "kept"
-POOL_TYPE = "kinetic-gke"
+POOL_TYPE = GKE_WORKER_TYPE
 WORKER_NAME = "kinetic-gke-worker"
 API_SECRET = "prefect-api"
 

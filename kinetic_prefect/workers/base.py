@@ -10,7 +10,7 @@ from prefect.workers.base import BaseJobConfiguration
 from pydantic import Field, PrivateAttr
 
 from kinetic_prefect import accelerators, config
-from kinetic_prefect.contract import RUNNER_COMMAND, Env
+from kinetic_prefect.contract import RUNNER_COMMAND, Env, RunLayout
 from kinetic_prefect.shared.image import ImageSpec
 
 ENV_BLOCK_VARIABLE = Env.ENV_BLOCK
@@ -70,7 +70,7 @@ class KineticJobConfiguration(BaseJobConfiguration):
             self.command = RUNNER_COMMAND
         self.env[Env.STORE] = self.store or config.default_store_url()
         self.env.setdefault(Env.RUN_ID, str(flow_run.id))
-        self.env.setdefault(Env.RUN_PREFIX, f"runs/{self.env[Env.RUN_ID]}")  # older jobs' name for it
+        self.env.setdefault(Env.RUN_PREFIX, RunLayout(str(self.env[Env.RUN_ID])).prefix)  # older jobs' name for it
         self.env[Env.FLOW_RUN_ID] = str(flow_run.id)
         from kinetic_prefect.shared import capacity
 

@@ -16,18 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from kinetic_prefect import config
-
-WORKER_TYPES = ("kinetic-local", "kinetic-gke")
+from kinetic_prefect.contract import GKE_WORKER_TYPE, LOCAL_WORKER_TYPE, WORKER_TYPES
 
 
 def generated_template(worker_type: str) -> dict[str, Any]:
     """The base job template of ``worker_type``, from its job configuration and variables models."""
-    if worker_type == "kinetic-local":
+    if worker_type == LOCAL_WORKER_TYPE:
         from kinetic_prefect.contract.job_variables import KineticLocalVariables as variables
         from kinetic_prefect.workers.local.configuration import KineticLocalJobConfiguration as configuration
 
         manifest = None
-    elif worker_type == "kinetic-gke":
+    elif worker_type == GKE_WORKER_TYPE:
         from kinetic_prefect.workers.gke.configuration import KineticGKEJobConfiguration as configuration
         from kinetic_prefect.workers.gke.variables import KineticGKEVariables as variables  # type: ignore[assignment]
         from kinetic_prefect.workers.gke.variables import job_manifest_template

@@ -7,6 +7,7 @@ The Prefect API URL and key come from a Secret the user creates
 """
 
 from __future__ import annotations
+from kinetic_prefect.contract import GKE_WORKER_TYPE
 
 from typing import Any
 
@@ -75,7 +76,7 @@ def worker_manifests(
                                     "worker",
                                     "start",
                                     "--type",
-                                    "kinetic-gke",
+                                    GKE_WORKER_TYPE,
                                     "--pool",
                                     pool,
                                     "--with-healthcheck",

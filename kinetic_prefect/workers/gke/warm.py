@@ -360,7 +360,7 @@ class WarmPods:
     async def unfinished_calls(self, configuration: KineticGKEJobConfiguration) -> list[tuple[str, str]]:
         """``(flow_run_id, identifier)`` of every warm call recorded in the pool's store (a restarted worker)."""
         store = await self._store(configuration)
-        keys = await anyio.to_thread.run_sync(store.list, "warm/runs/")
+        keys = await anyio.to_thread.run_sync(store.list, WarmPodKeys.RUNS)
         found = []
         for key in keys:
             identifier = (await anyio.to_thread.run_sync(store.get_bytes, key)).decode()

@@ -19,10 +19,11 @@ from kinetic_prefect.workers.gke.variables import KineticGKEVariables
 from kinetic_prefect.workers.lifecycle import KineticWorker
 from kinetic_prefect.workers.gke.configuration import KineticGKEJobConfiguration
 from kinetic_prefect.workers.gke.launcher import GKEJobLauncher
+from kinetic_prefect.contract import GKE_WORKER_TYPE
 
 
 class KineticGKEWorker(KineticWorker, BaseWorker):  # type: ignore[misc]  # run() returns a BaseWorkerResult subclass
-    type = "kinetic-gke"
+    type = GKE_WORKER_TYPE
     job_configuration = KineticGKEJobConfiguration
     launcher: GKEJobLauncher
     job_configuration_variables = KineticGKEVariables

@@ -25,7 +25,7 @@ import anyio
 from prefect.client.schemas.objects import FlowRun
 
 from kinetic_prefect import accelerators, config
-from kinetic_prefect.contract import RUNNER_COMMAND, Env, WarmRunnerFiles
+from kinetic_prefect.contract import JOB_LOG_NAME, RUNNER_COMMAND, Env, WarmRunnerFiles, host_log_name
 from kinetic_prefect.shared.processes import process_start_ticks
 from kinetic_prefect.workers.local import warm
 from kinetic_prefect.workers.lifecycle import JobLauncher, JobStatus
@@ -91,7 +91,7 @@ class _LogCursor:
     def _note(self) -> str:
         text = (
             f"[kinetic] {self._gap:,} lines of output left out here (over {self.rate:,} lines/s); "
-            "the whole log is kept with the job's outputs as job.log"
+            f"the whole log is kept with the job's outputs as {JOB_LOG_NAME}"
         )
         self._gap = 0
         return text
@@ -185,7 +185,7 @@ class LocalJobLauncher(JobLauncher):
 
     @staticmethod
     def log_name(index: int) -> str:
-        return "job.log" if index == 0 else f"host-{index}.log"
+        return host_log_name(index)
 
     def command(self, configuration: KineticLocalJobConfiguration, log: Callable[[str], None]) -> list[str]:
         python = self.environments.python_for(configuration.image_spec, log, configuration.env.get(Env.STORE) or "")
@@ -473,7 +473,7 @@ class LocalJobLauncher(JobLauncher):
                 try:
                     await anyio.to_thread.run_sync(
                         open_store(str(configuration.env[Env.STORE])).put_file,
-                        f"{layout.host_outputs(index)}/job.log",
+                        f"{layout.host_outputs(index)}/{JOB_LOG_NAME}",
                         cursor.path,
                     )
                 except Exception:

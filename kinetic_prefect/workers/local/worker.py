@@ -14,10 +14,11 @@ from kinetic_prefect.workers.base import load_template
 from kinetic_prefect.workers.lifecycle import KineticWorker
 from kinetic_prefect.workers.local.configuration import KineticLocalJobConfiguration
 from kinetic_prefect.workers.local.launcher import LocalJobLauncher
+from kinetic_prefect.contract import LOCAL_WORKER_TYPE
 
 
 class KineticLocalWorker(KineticWorker, BaseWorker):  # type: ignore[misc]  # run() returns a BaseWorkerResult subclass
-    type = "kinetic-local"
+    type = LOCAL_WORKER_TYPE
     job_configuration = KineticLocalJobConfiguration
     launcher: LocalJobLauncher
     job_configuration_variables = KineticLocalVariables
