@@ -374,15 +374,14 @@ def local_platform_available(jax_platforms: str) -> bool:
     ``KINETIC_LOCAL_DEVICES`` (e.g. ``cuda``) overrides the detection.
     """
     import glob
-    import os
 
-    from kinetic_prefect.contract import Env  # here: the module's own imports stay stdlib
+    from kinetic_prefect.contract.settings import LOCAL_DEVICES  # here: the module's own imports stay stdlib
 
     wanted = [p.strip() for p in (jax_platforms or "cpu").split(",") if p.strip()]
-    override = os.environ.get(Env.LOCAL_DEVICES)
+    override = LOCAL_DEVICES.value()
     present = {"cpu"}
     if override is not None:
-        present |= {p.strip() for p in override.split(",") if p.strip()}
+        present |= set(override)
     else:
         if glob.glob("/dev/nvidia[0-9]*"):
             present |= {"cuda", "gpu"}

@@ -5,14 +5,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kinetic_prefect.contract import Env
+from kinetic_prefect.contract import settings
 
 DEFAULT_WORK_POOL = "kinetic-local"
 
 
 def cache_dir() -> Path:
     """The user's cache directory for kinetic-prefect (``$KINETIC_CACHE_DIR`` or ``~/.cache/kinetic-prefect``)."""
-    explicit = os.environ.get(Env.CACHE_DIR)
+    explicit = settings.CACHE_DIR.value()
     if explicit:
         return Path(explicit).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
@@ -21,11 +21,11 @@ def cache_dir() -> Path:
 
 def default_store_url() -> str:
     """The artifact store used when the work pool names none: ``$KINETIC_STORE`` or a local directory."""
-    return os.environ.get(Env.STORE) or str(cache_dir() / "store")
+    return settings.STORE.value() or str(cache_dir() / "store")
 
 
 def default_work_pool() -> str:
-    return os.environ.get(Env.WORK_POOL) or DEFAULT_WORK_POOL
+    return settings.WORK_POOL.value() or DEFAULT_WORK_POOL
 
 
 def work_pools_dir() -> Path:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 
 from kinetic_prefect.contract import Env
+from kinetic_prefect.contract import settings
 
 KEY_ENV = Env.SIGNING_KEY
 REQUIRED_ENV = Env.SIGNED  # set (not secret) on jobs whose caller signed: the job then insists
@@ -50,7 +50,7 @@ def _signature(key: bytes, object_key: str, data: bytes) -> bytes:
 
 
 def key_from_env() -> bytes | None:
-    value = os.environ.get(KEY_ENV)
+    value = settings.SIGNING_KEY.value()
     return value.encode() if value else None
 
 

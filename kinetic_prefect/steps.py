@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from kinetic_prefect.contract import Env
+from kinetic_prefect.contract import settings
 
 PROJECT_DIR_VARIABLE = Env.PROJECT_DIR
 
@@ -23,7 +24,7 @@ def set_project_directory(directory: str | None = None, must_contain: str | None
     ``must_contain``: a file that must exist in it (e.g. ``prefect.yaml``), so a wrong
     directory fails here, naming both, rather than later as an import error.
     """
-    raw = (directory or "").strip() or os.environ.get(PROJECT_DIR_VARIABLE, "").strip()
+    raw = (directory or "").strip() or (settings.PROJECT_DIR.value() or "")
     if not raw or "{{" in raw:
         raise ValueError(
             f"{PROJECT_DIR_VARIABLE} is not set on this worker's machine: set it to this machine's checkout of "

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 from packaging.requirements import Requirement
 
 from kinetic_prefect.contract import DEBUG_PORT, DEBUGPY_REQUIREMENT, Env
+from kinetic_prefect.contract import settings
 from kinetic_prefect.shared.image import ImageSpec
 
 
@@ -47,13 +47,7 @@ def check(options: Any, pool_name: str, pool_variables: set[str]) -> None:
     needs debugpy here, and the wait must be a number of seconds."""
     if not options.debug:
         return
-    raw = os.environ.get(Env.DEBUG_WAIT_SECONDS)
-    if raw is not None:
-        try:
-            if float(raw) <= 0:
-                raise ValueError
-        except ValueError:
-            raise ValueError(f"{Env.DEBUG_WAIT_SECONDS}={raw!r}: give a number of seconds > 0 (e.g. 600)") from None
+    settings.DEBUG_WAIT_SECONDS.value()  # a bad value fails here, naming the variable
     spec = job_image_spec(options, pool_variables)
     if spec.uses_caller_interpreter and not _builds_images(pool_variables) and not _has_debugpy():
         raise ValueError(
@@ -104,8 +98,9 @@ def job_variables(options: Any, project_dir: Path | None, pool_variables: set[st
     if project_dir is not None:
         env[Env.DEBUG_CALLER_ROOT] = str(project_dir)
         env[Env.DEBUG_SOURCES] = json.dumps(project_sources(project_dir), sort_keys=True)
-    if os.environ.get(Env.DEBUG_WAIT_SECONDS):
-        env[Env.DEBUG_WAIT_SECONDS] = os.environ[Env.DEBUG_WAIT_SECONDS]
+    wait = settings.DEBUG_WAIT_SECONDS.raw()
+    if wait:  # the caller's value, as given, travels to the job (which reads it through the same setting)
+        env[Env.DEBUG_WAIT_SECONDS] = wait
     if _builds_images(pool_variables):
         env[Env.DEBUG_PORT] = str(DEBUG_PORT)
     variables: dict[str, Any] = {"env": env}

@@ -7,11 +7,11 @@ import sys
 import time
 from pathlib import Path
 
-from kinetic_prefect.contract import Env
+from kinetic_prefect.contract import settings
 from kinetic_prefect.errors import KineticError
 
 
-EPHEMERAL_STARTUP_SECONDS = 300
+EPHEMERAL_STARTUP_SECONDS = settings.EPHEMERAL_STARTUP_SECONDS.default
 
 
 def start_embedded_server() -> None:
@@ -37,7 +37,7 @@ def start_embedded_server() -> None:
         return
     _check_prefect_home()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # the subprocess reads it
-    timeout = int(os.environ.get(Env.EPHEMERAL_STARTUP_SECONDS, EPHEMERAL_STARTUP_SECONDS))
+    timeout = settings.EPHEMERAL_STARTUP_SECONDS.value()
     started = time.monotonic()
     server.start(timeout=timeout)
     if time.monotonic() - started > 10:

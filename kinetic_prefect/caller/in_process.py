@@ -14,6 +14,7 @@ from prefect.client.orchestration import PrefectClient
 from prefect.client.schemas.objects import FlowRun, WorkPool
 
 from kinetic_prefect.contract import Env
+from kinetic_prefect.contract import settings
 from kinetic_prefect.caller.pools import worker_class_for
 
 
@@ -27,7 +28,7 @@ def in_process_slots() -> asyncio.Semaphore:
     loop = asyncio.get_running_loop()
     if id(loop) not in _in_process_slots:
         default = max(4, 2 * (os.cpu_count() or 1))
-        _in_process_slots[id(loop)] = asyncio.Semaphore(int(os.environ.get(Env.IN_PROCESS_CONCURRENCY, default)))
+        _in_process_slots[id(loop)] = asyncio.Semaphore(settings.IN_PROCESS_CONCURRENCY.value() or default)
     return _in_process_slots[id(loop)]
 
 

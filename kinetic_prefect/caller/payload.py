@@ -28,7 +28,6 @@ import contextlib
 import functools
 import inspect
 import logging
-import os
 import pickle
 import sys
 import sysconfig
@@ -43,6 +42,7 @@ from typing import Any, Callable, Iterable, Iterator
 import cloudpickle
 
 from kinetic_prefect.contract import PAYLOAD_FORMAT, Env
+from kinetic_prefect.contract import settings
 from kinetic_prefect.errors import PayloadError
 
 # The project archive's names, for callers that import them from here.
@@ -290,7 +290,7 @@ def _flow_run_scope() -> str | None:
 
 
 def _function_cache_enabled() -> bool:
-    return os.environ.get(Env.PAYLOAD_CACHE, "1").strip().lower() not in ("0", "false", "no", "off")
+    return settings.PAYLOAD_CACHE.value()
 
 
 def forget_function(fn: Callable[..., Any] | None = None) -> None:
@@ -378,7 +378,7 @@ def build_call_payload(fn: Callable[..., Any], args: tuple, kwargs: dict[str, An
 
 # ----- large payloads: one warning per function, naming what is large
 
-PAYLOAD_WARN_BYTES = 10 * 2**20
+PAYLOAD_WARN_BYTES = settings.PAYLOAD_WARN_BYTES.default
 _warned: set[tuple[str, str]] = set()
 _warned_lock = threading.Lock()
 
@@ -389,14 +389,7 @@ class PayloadSizeWarning(UserWarning):
 
 def payload_warn_bytes() -> int:
     """The size over which a payload warns: KINETIC_PAYLOAD_WARN_BYTES (bytes; 0 turns it off)."""
-    raw = os.environ.get(Env.PAYLOAD_WARN_BYTES, "").strip().replace("_", "")
-    if not raw:
-        return PAYLOAD_WARN_BYTES
-    try:
-        return max(int(raw), 0)
-    except ValueError:
-        logger.warning(f"{Env.PAYLOAD_WARN_BYTES}={raw!r} is not a number of bytes; using {PAYLOAD_WARN_BYTES}")
-        return PAYLOAD_WARN_BYTES
+    return settings.PAYLOAD_WARN_BYTES.value()
 
 
 def _mib(size: int) -> str:

@@ -23,6 +23,7 @@ from typing import Any, Callable
 from uuid import UUID
 
 from kinetic_prefect.contract import DEBUG_PORT, Env, RunLayout
+from kinetic_prefect.contract import settings
 
 GKE_POOL_TYPE = "kinetic-gke"
 RECORD_POLL_SECONDS = 0.5
@@ -256,10 +257,9 @@ def forward_for_call(func_name: str, local_port: int | None = None) -> threading
     job, then forward 127.0.0.1:``local_port`` (``$KINETIC_DEBUG_LOCAL_PORT``, else 5678) to its debugger and print
     the launch.json entry, until the job ends. Set the returned event to give up early (the call ended)."""
     import datetime
-    import os
 
     stop = threading.Event()
-    port = local_port or int(os.environ.get(Env.DEBUG_LOCAL_PORT) or DEBUG_PORT)
+    port = local_port or settings.DEBUG_LOCAL_PORT.value()
     since = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=5)
 
     def run() -> None:

@@ -19,7 +19,8 @@ from types import CodeType, FunctionType
 from typing import Any
 
 from kinetic_prefect import signing
-from kinetic_prefect.contract import DEBUGPY_REQUIREMENT, DEFAULT_DEBUG_WAIT_SECONDS, DEBUG_PORT, Env, RunLayout
+from kinetic_prefect.contract import DEBUGPY_REQUIREMENT, DEBUG_PORT, Env, RunLayout
+from kinetic_prefect.contract import settings
 
 LISTEN_HOST = "127.0.0.1"  # a port-forward (kinetic-gke) and a local forward (kinetic-local) both reach localhost
 
@@ -33,14 +34,7 @@ def wanted(host_index: int) -> bool:
 
 
 def wait_seconds() -> float:
-    raw = os.environ.get(Env.DEBUG_WAIT_SECONDS) or str(DEFAULT_DEBUG_WAIT_SECONDS)
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{Env.DEBUG_WAIT_SECONDS}={raw!r} is not a number of seconds (e.g. 600)") from None
-    if value <= 0:
-        raise ValueError(f"{Env.DEBUG_WAIT_SECONDS}={raw!r}: give a number of seconds > 0 (e.g. 600)")
-    return value
+    return settings.DEBUG_WAIT_SECONDS.value()
 
 
 def _import_debugpy() -> Any:

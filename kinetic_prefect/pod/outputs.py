@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kinetic_prefect.contract import Env, RunLayout
+from kinetic_prefect.contract import settings
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class JobOutputs:
     @classmethod
     def current(cls) -> "JobOutputs":
         """The outputs of the job this code runs in (outside a job: the local output folder, if any)."""
-        store, run_id = os.environ.get(Env.STORE), os.environ.get(Env.RUN_ID)
+        store, run_id = settings.STORE.value(), os.environ.get(Env.RUN_ID)
         if store and run_id:
             return cls(store=store, run_id=run_id)
         return cls(store="", run_id="", local_dir=os.environ.get(Env.OUTPUT_DIR) or os.getcwd())

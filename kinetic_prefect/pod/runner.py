@@ -51,6 +51,7 @@ from kinetic_prefect.contract import (
     RunLayout,
     WarmRunnerFiles,
 )
+from kinetic_prefect.contract import settings
 from kinetic_prefect import contract, signing
 from kinetic_prefect.pod import debugger, utilization
 from kinetic_prefect.errors import ResultNotPicklable
@@ -325,7 +326,7 @@ class CheckpointSync:
             return
         import threading
 
-        interval = float(os.environ.get(Env.CHECKPOINT_SYNC_SECONDS, "30"))
+        interval = settings.CHECKPOINT_SYNC_SECONDS.value()
 
         def loop() -> None:
             while not self._stop.wait(interval):

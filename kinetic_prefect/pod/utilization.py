@@ -25,9 +25,10 @@ import threading
 import time
 from typing import Any
 
-from kinetic_prefect.contract import USAGE_PREFIX, Env
+from kinetic_prefect.contract import USAGE_PREFIX
+from kinetic_prefect.contract import settings
 
-DEFAULT_INTERVAL_SECONDS = 2.0
+DEFAULT_INTERVAL_SECONDS = settings.USAGE_SAMPLE_SECONDS.default
 
 
 def _cpu_seconds() -> float | None:
@@ -180,8 +181,8 @@ class Sampler:
     @classmethod
     def from_env(cls) -> "Sampler | None":
         try:
-            interval = float(os.environ.get(Env.USAGE_SAMPLE_SECONDS) or DEFAULT_INTERVAL_SECONDS)
-        except ValueError:
+            interval = settings.USAGE_SAMPLE_SECONDS.value()
+        except ValueError:  # a bad value must not fail the job: it samples at the default
             interval = DEFAULT_INTERVAL_SECONDS
         if interval <= 0:
             return None

@@ -99,6 +99,7 @@ def normalize_requirements(requirements: str | Path | Sequence[str] | None) -> t
 RUNNER_MODULES = (
     "__init__",
     "contract/__init__",
+    "contract/settings",  # the settings table: the job reads its own settings through it
     "storage",
     "signing",
     "errors",

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import warnings
 from typing import Any
 
 from prefect.exceptions import ObjectNotFound
 
 from kinetic_prefect import signing
+from kinetic_prefect.contract import settings
 from kinetic_prefect.contract import Env
 
 
@@ -46,7 +46,7 @@ async def signing_key() -> bytes | None:
             _signing_key_cache[cache_key] = str(value).encode() if value else None
         except (ValueError, ObjectNotFound):
             _signing_key_cache[cache_key] = None
-        if _signing_key_cache[cache_key] is None and not os.environ.get(Env.UNSIGNED_OK) and cache_key not in _warned:
+        if _signing_key_cache[cache_key] is None and not settings.UNSIGNED_OK.value() and cache_key not in _warned:
             _warned.add(cache_key)  # before the warning: the calls of a .map() that all missed the cache warn once
             warnings.warn(
                 f"kinetic-prefect: no signing key ({Env.SIGNING_KEY} or the Prefect Secret block "

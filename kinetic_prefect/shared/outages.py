@@ -10,7 +10,6 @@ reason that can pass is retried until the API answers again, for up to ``KINETIC
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import sys
 import time
@@ -21,7 +20,8 @@ import prefect.context
 from prefect.exceptions import PrefectHTTPStatusError
 from prefect.settings import PREFECT_CLIENT_MAX_RETRIES
 
-from kinetic_prefect.contract import API_OUTAGE_SECONDS_VAR, DEFAULT_API_OUTAGE_SECONDS
+from kinetic_prefect.contract import API_OUTAGE_SECONDS_VAR
+from kinetic_prefect.contract.settings import API_OUTAGE_SECONDS
 
 
 # A 503 from a busy SQLite server clears in milliseconds: only a failure that lasts is announced.
@@ -30,20 +30,7 @@ ANNOUNCE_AFTER_SECONDS = 3.0
 
 def outage_horizon_seconds() -> float:
     """How long an unreachable Prefect API is waited out; a value that is not a number fails, naming the fix."""
-    raw = os.environ.get(API_OUTAGE_SECONDS_VAR, "").strip()
-    if not raw:
-        return DEFAULT_API_OUTAGE_SECONDS
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        raise ValueError(
-            f"{API_OUTAGE_SECONDS_VAR}={raw!r} is not a number of seconds >= 0; set it to how long a "
-            f"Prefect API outage is waited out (e.g. 900), or unset it for the default "
-            f"({DEFAULT_API_OUTAGE_SECONDS:.0f} s)."
-        )
-    return value
+    return API_OUTAGE_SECONDS.value()
 
 
 def _to_stderr(text: str) -> None:
