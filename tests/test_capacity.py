@@ -87,6 +87,35 @@ def test_no_node_pool_falls_back_at_once_insufficient_capacity_after_the_wait():
     assert plan.summary().startswith("ran on l4x4; after tpu-v6e-8 (no node pool has it), a100x4 (no capacity")
 
 
+def test_the_autoscaler_gets_its_verdict_window_and_a_scale_up_its_provisioning_timeout():
+    plan = _plan(["t4", "l4", "tpu-v6e-1"], capacity_wait_seconds=30, verdict_seconds=60)
+    assert plan.fallback_after(capacity.AWAITING_AUTOSCALER, 59) is None  # a pool at zero may answer yet
+    assert plan.fallback_after(capacity.SCALING_UP, 10_000, 899) is None  # a node on its way: not the capacity wait
+    assert plan.fallback_after(capacity.INSUFFICIENT_CAPACITY, 40, 20) is None  # 20 s without capacity, of 30
+    assert plan.fallback_after(capacity.INSUFFICIENT_CAPACITY, 60, 20).name == "l4"
+    assert plan.summary().startswith("ran on l4; after t4 (no capacity for 40s")
+    assert plan.fallback_after(capacity.AWAITING_AUTOSCALER, 61).name == "tpu-v6e-1"
+    tpu = _plan(["tpu-v6e-1", "l4"])
+    assert tpu.fallback_after(capacity.SCALING_UP, 1000, 1000) is None  # a TPU slice: 1800 s by default
+    assert tpu.fallback_after(capacity.SCALING_UP, 1801, 1801).name == "l4"
+    assert "did not join in 1801s" in tpu.attempts[0].ended
+    gpu = _plan(["t4", "l4"], provisioning_timeout_seconds=120)
+    assert gpu.fallback_after(capacity.SCALING_UP, 121, 121).name == "l4"
+    assert capacity.provisioning_timeout(accelerators.resolve("t4"), None) == 900
+
+
+def test_a_preempted_job_can_move_down_the_list_on_its_retry():
+    plan = _plan(["t4:spot", "l4"], preemption_retries=2, spot_fallback=True)
+    plan.started = True
+    assert plan.fallback_after(capacity.NO_NODE_POOL, 0) is None  # running: never
+    assert plan.retry_after_preemption("its node shut down").name == "t4"
+    assert plan.fallback_after(capacity.INSUFFICIENT_CAPACITY, 301).name == "l4"  # the spot t4s went with the VM
+    plan.started = True
+    last = plan.retry_after_preemption("again")
+    assert last.name == "l4" and not last.spot  # spot_fallback's last attempt on-demand, as before
+    assert plan.summary() == "ran on l4; after t4:spot (no capacity for 301s (capacity_wait_seconds=300)); preempted 2×"
+
+
 def test_never_a_fallback_once_the_job_started():
     plan = _plan(["a100x4", "l4x4"])
     plan.started = True
@@ -172,36 +201,45 @@ def _unschedulable(message: str) -> dict:
     }
 
 
+NO_MATCH = "0/5 nodes are available: 5 node(s) didn't match Pod's node affinity/selector."
+TRIGGERED = ("TriggeredScaleUp", "pod triggered scale-up: [{https://www.googleapis.com/.../gke-t4-grp 0->1 (max: 3)}]")
+STOCKOUT = (
+    "FailedScaleUp",
+    "Node scale up in zones us-central1-a associated with this pod failed: GCE out of resources. Pod is at risk of "
+    "not being scheduled.",
+)
+NO_GROUP = ("NotTriggerScaleUp", "pod didn't trigger scale-up: 3 node(s) didn't match Pod's node affinity/selector")
+BACKED_OFF = (
+    "NotTriggerScaleUp",
+    "pod didn't trigger scale-up: 2 node(s) didn't match Pod's node affinity/selector, "
+    "1 in backoff after failed scale-up",
+)
+
+
 @pytest.mark.parametrize(
-    "message, events, expected",
+    "message, events, autoscaler, expected",
     [
-        ("0/5 nodes are available: 5 node(s) didn't match Pod's node affinity/selector.", [], capacity.NO_NODE_POOL),
+        (NO_MATCH, [], False, capacity.NO_NODE_POOL),  # no autoscaler in the cluster: nothing will come
+        (NO_MATCH, [], True, capacity.AWAITING_AUTOSCALER),  # a pool at zero nodes looks the same until it answers
+        (NO_MATCH, [], None, capacity.AWAITING_AUTOSCALER),  # not known whether there is one: wait for a verdict
         (
             "0/5 nodes are available: 1 Insufficient nvidia.com/gpu, 3 node(s) had untolerated taint {google.com/tpu: "
             "present}, 1 node(s) didn't match Pod's node affinity/selector.",
             [],
+            None,
             capacity.INSUFFICIENT_CAPACITY,
         ),
-        (
-            "0/5 nodes are available: 5 node(s) didn't match Pod's node affinity/selector.",
-            ["NotTriggerScaleUp"],
-            capacity.NO_NODE_POOL,
-        ),
-        # node auto-provisioning (or a pool at zero nodes) is adding a node: wait like for a full pool
-        (
-            "0/5 nodes are available: 5 node(s) didn't match Pod's node affinity/selector.",
-            ["TriggeredScaleUp"],
-            capacity.INSUFFICIENT_CAPACITY,
-        ),
-        (
-            "0/5 nodes are available: 5 node(s) didn't match Pod's node affinity/selector.",
-            ["TriggeredScaleUp", "FailedScaleUp"],
-            capacity.INSUFFICIENT_CAPACITY,
-        ),
+        (NO_MATCH, [NO_GROUP], True, capacity.NO_NODE_POOL),
+        (NO_MATCH, [TRIGGERED], True, capacity.SCALING_UP),  # a pool at zero, or node auto-provisioning
+        (NO_MATCH, [TRIGGERED, STOCKOUT], True, capacity.INSUFFICIENT_CAPACITY),  # the zone has no VM to give
+        (NO_MATCH, [TRIGGERED, STOCKOUT, BACKED_OFF], True, capacity.INSUFFICIENT_CAPACITY),  # the pool exists
+        (NO_MATCH, [STOCKOUT, TRIGGERED], True, capacity.SCALING_UP),  # the latest verdict stands
+        ("", [TRIGGERED], True, None),  # scheduled: what the autoscaler said before no longer applies
     ],
 )
-def test_what_the_scheduler_and_autoscaler_say_about_capacity(message, events, expected):
-    assert gke_capacity.pending_capacity(_unschedulable(message), events) == expected
+def test_what_the_scheduler_and_autoscaler_say_about_capacity(message, events, autoscaler, expected):
+    pod = _unschedulable(message) if message else {"status": {"phase": "Pending", "conditions": []}}
+    assert gke_capacity.pending_capacity(pod, events, autoscaler) == expected
 
 
 # --------------------------------------------------------------------------- kinetic-gke documents

@@ -18,9 +18,20 @@ SEPARATOR = ","
 DEFAULT_PREEMPTION_RETRIES = 3
 DEFAULT_CAPACITY_WAIT_SECONDS = 300
 
+# How long the cluster autoscaler may take to say whether it adds a node for a pod no node matches: its scan runs
+# every 10 s and its documented scale-up latency is within 30 s (60 s on large clusters). A pool at zero nodes looks,
+# to the scheduler, exactly like no pool at all until then.
+DEFAULT_AUTOSCALER_VERDICT_SECONDS = 60
+# How long a node the autoscaler is adding may take to join: the autoscaler's own --max-node-provision-time is 15
+# minutes; a TPU slice's nodes are created together and take longer, so they get twice that.
+DEFAULT_PROVISIONING_TIMEOUT_SECONDS = 900
+DEFAULT_TPU_PROVISIONING_TIMEOUT_SECONDS = 1800
+
 # What the cluster said about a pod that is not placed (JobStatus.capacity).
 NO_NODE_POOL = "no-node-pool"  # no node carries the accelerator: nothing will change by waiting
 INSUFFICIENT_CAPACITY = "insufficient"  # nodes exist but are full, or the autoscaler failed to add one
+AWAITING_AUTOSCALER = "awaiting-autoscaler"  # no node matches yet, and the autoscaler has not said whether it adds one
+SCALING_UP = "scaling-up"  # the autoscaler is adding a node for it
 
 # The reasons Kubernetes gives a pod's DisruptionTarget condition, said for a person.
 DISRUPTION_REASONS = {
@@ -87,6 +98,13 @@ def label(spec: AcceleratorSpec) -> str:
 
 def join(specs: Iterable[AcceleratorSpec]) -> str:
     return SEPARATOR.join(label(spec) for spec in specs)
+
+
+def provisioning_timeout(spec: AcceleratorSpec, configured: float | None) -> float:
+    """How long a node the autoscaler is adding for ``spec`` may take: the pool's setting, else by family."""
+    if configured is not None:
+        return float(configured)
+    return DEFAULT_TPU_PROVISIONING_TIMEOUT_SECONDS if spec.family == "tpu" else DEFAULT_PROVISIONING_TIMEOUT_SECONDS
 
 
 def chip_count(spec: AcceleratorSpec) -> int:
@@ -164,12 +182,15 @@ class Attempt:
 class CapacityPlan:
     """What to try next, for one job's run: the fallback list in order until one is placed, then, once the job
     has started, the same accelerator again after each preemption while the budget lasts (on-demand for the last
-    attempt with ``spot_fallback``). Pure bookkeeping: the worker feeds it what the cluster says."""
+    attempt with ``spot_fallback``); a retry that cannot be placed in its turn moves on down the list, as a first
+    attempt does. Pure bookkeeping: the worker feeds it what the cluster says."""
 
     specs: list[AcceleratorSpec]
     preemption_retries: int = DEFAULT_PREEMPTION_RETRIES
     spot_fallback: bool = False
     capacity_wait_seconds: float = DEFAULT_CAPACITY_WAIT_SECONDS
+    provisioning_timeout_seconds: float | None = None  # None: by family (provisioning_timeout)
+    verdict_seconds: float = DEFAULT_AUTOSCALER_VERDICT_SECONDS
     index: int = 0
     started: bool = False
     preemptions: int = 0
@@ -190,18 +211,33 @@ class CapacityPlan:
     def has_fallback(self) -> bool:
         return not self.started and self.index + 1 < len(self.specs)
 
-    def fallback_after(self, capacity: str | None, waited_seconds: float) -> AcceleratorSpec | None:
-        """The next accelerator when this one cannot be placed: at once when no node pool has it, after the
-        capacity wait when its nodes are full; never once the job has started, never past the list's end."""
+    def fallback_after(
+        self, capacity: str | None, waited_seconds: float, scaling_up_seconds: float = 0.0
+    ) -> AcceleratorSpec | None:
+        """The next accelerator when this one cannot be placed, or None (keep waiting): at once when no node pool
+        has it; after the autoscaler's verdict window when no node matches and the autoscaler has not answered;
+        after the provisioning timeout when the node it is adding does not come; after the capacity wait when
+        nodes are full or a scale-up failed (a stockout). ``waited_seconds``: this attempt's time pending;
+        ``scaling_up_seconds``: the part of it a node was on its way, which the capacity wait does not count.
+        Never while the job runs, never past the list's end."""
         if not capacity or not self.has_fallback:
             return None
-        if capacity == INSUFFICIENT_CAPACITY and waited_seconds < self.capacity_wait_seconds:
+        without_capacity = waited_seconds - scaling_up_seconds
+        if capacity == NO_NODE_POOL:
+            why = "no node pool has it"
+        elif capacity == AWAITING_AUTOSCALER:
+            if waited_seconds < self.verdict_seconds:
+                return None
+            why = f"no node pool has it (no node matched and the autoscaler added none in {waited_seconds:.0f}s)"
+        elif capacity == SCALING_UP:
+            timeout = provisioning_timeout(self.current, self.provisioning_timeout_seconds)
+            if scaling_up_seconds < timeout:
+                return None
+            why = f"the node the autoscaler was adding did not join in {scaling_up_seconds:.0f}s"
+        elif without_capacity < self.capacity_wait_seconds:
             return None
-        why = (
-            "no node pool has it"
-            if capacity == NO_NODE_POOL
-            else f"no capacity for {waited_seconds:.0f}s (capacity_wait_seconds={self.capacity_wait_seconds:g})"
-        )
+        else:
+            why = f"no capacity for {without_capacity:.0f}s (capacity_wait_seconds={self.capacity_wait_seconds:g})"
         self.attempts[-1].ended = why
         self.index += 1
         self.attempts.append(Attempt(label(self.current), self.current.spot))
@@ -213,6 +249,9 @@ class CapacityPlan:
         self.attempts[-1].ended = f"preempted: {reason}"
         if self.preemptions > self.preemption_retries:
             return None
+        # The retry is placed like a first attempt: when the preempted accelerator's capacity is gone with the
+        # reclaimed VMs, the list's next entries are there for it (the body handles each of them).
+        self.started = False
         last = self.preemptions == self.preemption_retries
         if last and self.spot_fallback and self.specs[self.index].spot:
             self.on_demand = True

@@ -33,6 +33,7 @@ def plan_for(configuration: Any) -> capacity.CapacityPlan:
         specs = [spec.with_spot() for spec in specs]
     retries = getattr(configuration, "preemption_retries", None)
     wait = getattr(configuration, "capacity_wait_seconds", None)
+    provisioning = getattr(configuration, "provisioning_timeout_seconds", None)
     # the launcher may have chosen already (kinetic-local: the first accelerator this machine has)
     chosen = names.index(configuration.accelerator) if configuration.accelerator in names else 0
     return capacity.CapacityPlan(
@@ -41,6 +42,7 @@ def plan_for(configuration: Any) -> capacity.CapacityPlan:
         spot_fallback=bool(getattr(configuration, "spot_fallback", False)),
         index=chosen,
         capacity_wait_seconds=capacity.DEFAULT_CAPACITY_WAIT_SECONDS if wait is None else float(wait),
+        provisioning_timeout_seconds=None if provisioning is None else float(provisioning),
     )
 
 
@@ -83,8 +85,13 @@ async def on_pending(
         return None
     tried = capacity.label(plan.current)
     # No capacity reason (a bad image or config, fatal or not) would fail the same way on every accelerator.
-    # At the pod watch timeout the capacity wait is over, whatever it was set to.
-    if plan.fallback_after(status.capacity, float("inf") if status.fatal else waited_seconds) is None:
+    # At the pod watch (or provisioning) timeout every wait is over, whatever it was set to.
+    if status.fatal:
+        waited_seconds = float("inf")
+        scaling_up = float("inf") if status.capacity == capacity.SCALING_UP else 0.0
+    else:
+        scaling_up = min(status.scaling_up_seconds, waited_seconds)
+    if plan.fallback_after(status.capacity, waited_seconds, scaling_up) is None:
         return None
     why = plan.attempts[-2].ended
     worker.get_flow_run_logger(flow_run).warning(

@@ -81,8 +81,10 @@ class JobStatus:
     diagnosis: dict[str, str] | None = None
     # A multi-host group ended because this host (not the coordinator) exited non-zero: the group's failure is its.
     failed_host: int | None = None
-    # Pending: why the cluster cannot place it (capacity.NO_NODE_POOL / INSUFFICIENT_CAPACITY), for fallbacks.
+    # Pending: why the cluster cannot place it (capacity.NO_NODE_POOL / INSUFFICIENT_CAPACITY / ...), for fallbacks.
     capacity: str | None = None
+    # Pending: how long of it a node was on its way (the autoscaler scaling up for it), which capacity waits skip.
+    scaling_up_seconds: float = 0.0
     # Exited: the infrastructure took the job away (spot preemption, node lost), said for a person; not a failure.
     preempted: str | None = None
 
@@ -478,8 +480,10 @@ class KineticWorker:
                     self.emit_job_event(
                         flow_run, status.phase, configuration, identifier=identifier, detail=status.detail
                     )
+                if status.phase == "running":
+                    plan.started = True  # again after a preemption's retry is placed
                 if status.phase == "running" and not marked_running:
-                    marked_running = plan.started = True
+                    marked_running = True
                     await self.mark_running(flow_run, (status.detail or "Job running") + attempts.final_note(plan))
                 elif status.phase == "pending" and (
                     moved := await attempts.on_pending(
@@ -519,7 +523,8 @@ class KineticWorker:
                     if moved == attempts.HANDLED:
                         return result
                     if moved:
-                        identifier, last_phase, last_diagnosis = moved, None, None
+                        # the retry is placed anew: its own time pending counts toward its capacity wait
+                        identifier, last_phase, last_diagnosis, pending_since = moved, None, None, time.monotonic()
                         meter.relaunched(moved, plan.attempts[-2].ended)
                         continue
                     await self.finish(flow_run, configuration, identifier, status, note=attempts.final_note(plan))

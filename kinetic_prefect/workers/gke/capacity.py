@@ -11,7 +11,7 @@ queued provisioning" pages give them): a specific reservation is selected by the
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from kinetic_prefect.shared import capacity
 from kinetic_prefect.accelerators import AcceleratorSpec
@@ -31,7 +31,16 @@ POD_FAILURE_POLICY = {
     "rules": [{"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
 }
 
-SCALE_UP_TRIGGERED = "TriggeredScaleUp"  # the cluster autoscaler (or node auto-provisioning) is adding a node
+# The cluster autoscaler's events on a pod it considered, and its status ConfigMap (cluster-autoscaler FAQ, "What
+# events are emitted by CA?"; GKE's "Cluster autoscaler" and "Viewing cluster autoscaler events" pages).
+SCALE_UP_TRIGGERED = "TriggeredScaleUp"  # "pod triggered scale-up: [{<node group> 0->1 (max: 3)}]": a node is coming
+SCALE_UP_NOT_TRIGGERED = "NotTriggerScaleUp"  # "pod didn't trigger scale-up: <reason per node group>, ..."
+SCALE_UP_FAILED = "FailedScaleUp"  # the VM could not be created: "... GCE out of resources" (a stockout), quota
+AUTOSCALER_REASONS = (SCALE_UP_TRIGGERED, SCALE_UP_NOT_TRIGGERED, SCALE_UP_FAILED)
+AUTOSCALER_STATUS_CONFIGMAP = ("kube-system", "cluster-autoscaler-status")
+# A NotTriggerScaleUp naming a node group that has the accelerator but cannot grow now (backed off after a failed
+# scale-up, at its maximum size): the pool exists and is out of capacity, not missing.
+_POOL_CANNOT_GROW = ("backoff", "max node group size", "max limit", "max size")
 
 
 def check_settings(pool_name: str, settings: dict[str, Any]) -> None:
@@ -58,9 +67,10 @@ def check_settings(pool_name: str, settings: dict[str, Any]) -> None:
             f"preemption_retries={retries!r}: give a whole number >= 0 (0: a preemption crashes the "
             "run, and the task's own `retries` decide)"
         )
-    wait = settings.get("capacity_wait_seconds")
-    if wait is not None and (isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0):
-        raise ValueError(f"capacity_wait_seconds={wait!r}: give seconds >= 0")
+    for name in ("capacity_wait_seconds", "provisioning_timeout_seconds"):
+        wait = settings.get(name)
+        if wait is not None and (isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0):
+            raise ValueError(f"{name}={wait!r}: give seconds >= 0")
 
 
 def render(manifest: dict[str, Any], configuration: Any, spec: AcceleratorSpec, attempt: int) -> None:
@@ -88,24 +98,37 @@ def render(manifest: dict[str, Any], configuration: Any, spec: AcceleratorSpec, 
     pod["tolerations"] = tolerations or None
 
 
-def pending_capacity(pod: dict[str, Any] | None, event_reasons: list[str]) -> str | None:
-    """Why a pending pod is not placed, in capacity terms: no node pool has the accelerator (move on at once),
-    or its nodes are full / the autoscaler could not add one (move on after the capacity wait). Read from the
-    scheduler's own message: "Insufficient nvidia.com/gpu" names a node that has the accelerator but no room,
-    "didn't match Pod's node affinity/selector" (or an untolerated taint) on every node means none has it."""
-    if "FailedScaleUp" in event_reasons or SCALE_UP_TRIGGERED in event_reasons:
-        return capacity.INSUFFICIENT_CAPACITY  # a stockout, or a node on its way (node auto-provisioning too)
+def pending_capacity(
+    pod: dict[str, Any] | None, events: Sequence[tuple[str, str]], autoscaler: bool | None = None
+) -> str | None:
+    """Why a pending pod is not placed, in capacity terms (``capacity.*``), or None when it is not a capacity matter.
+
+    ``events``: the pod's events as ``(reason, message)``, oldest first; the autoscaler's latest verdict decides:
+    ``TriggeredScaleUp`` (a node is coming: SCALING_UP), ``FailedScaleUp`` (a stockout or the quota:
+    INSUFFICIENT_CAPACITY), ``NotTriggerScaleUp`` (no node group would take it: NO_NODE_POOL; unless it names one
+    that cannot grow now, backed off or at its maximum: INSUFFICIENT_CAPACITY). Without a verdict, the scheduler's
+    own message: "Insufficient nvidia.com/gpu" names a node that has the accelerator but no room; "didn't match
+    Pod's node affinity/selector" (or an untolerated taint) on every node means none has it *now*: a pool at zero
+    nodes looks the same until the autoscaler answers, so that is NO_NODE_POOL only where the cluster has no
+    autoscaler (``autoscaler`` False), else AWAITING_AUTOSCALER."""
     message = ""
     for condition in ((pod or {}).get("status") or {}).get("conditions") or []:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
             message = (condition.get("message") or "").lower()
+    if not message:
+        return None  # scheduled (or not looked at yet): whatever the autoscaler said before no longer applies
+    verdicts = [(reason, text) for reason, text in events if reason in AUTOSCALER_REASONS]
+    if verdicts:
+        reason, text = verdicts[-1]
+        if reason == SCALE_UP_TRIGGERED:
+            return capacity.SCALING_UP
+        if reason == SCALE_UP_FAILED:
+            return capacity.INSUFFICIENT_CAPACITY
+        if "insufficient" in message or any(word in (text or "").lower() for word in _POOL_CANNOT_GROW):
+            return capacity.INSUFFICIENT_CAPACITY
+        return capacity.NO_NODE_POOL
     if "insufficient" in message:
         return capacity.INSUFFICIENT_CAPACITY
-    if (
-        "affinity/selector" in message
-        or "node selector" in message
-        or "taint" in message
-        or "NotTriggerScaleUp" in event_reasons
-    ):
-        return capacity.NO_NODE_POOL
+    if "affinity/selector" in message or "node selector" in message or "taint" in message:
+        return capacity.NO_NODE_POOL if autoscaler is False else capacity.AWAITING_AUTOSCALER
     return None

@@ -66,6 +66,7 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
     keep_warm_seconds: float = Field(default=0)  # > 0: warm pods (workers/gke/warm.py)
     min_warm: int = Field(default=0)
     pod_watch_timeout_seconds: int = Field(default=600)
+    provisioning_timeout_seconds: int | None = Field(default=None)  # None: by family (capacity.provisioning_timeout)
     poll_seconds: float = Field(default=2.0)
     kubeconfig_path: str | None = Field(default=None)
     kube_context: str | None = Field(default=None)

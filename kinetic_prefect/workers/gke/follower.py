@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 
 from kinetic_prefect import accelerators
+from kinetic_prefect.workers.gke.capacity import AUTOSCALER_STATUS_CONFIGMAP
 from kinetic_prefect.workers.gke.variables import CONTAINER
 from kinetic_prefect.workers.gke.kube import CONFIG_ERRORS, IMAGE_PULL_ERRORS, INDEX_ANNOTATION, JobGone, kube_retry
 
@@ -56,9 +57,34 @@ class JobFollower:
             by_index[int((pod.metadata.annotations or {}).get(INDEX_ANNOTATION, 0))] = pod
         return by_index
 
-    def event_reasons(self, name: str) -> list[str]:
-        events = self.core.list_namespaced_event(self.namespace).items
-        return [e.reason or "" for e in events if e.involved_object is not None and e.involved_object.name == name]
+    def pod_events(self, name: str) -> list[tuple[str, str]]:
+        """The pod's events as ``(reason, message)``, oldest first by when each was last seen (a repeated event is
+        one object whose lastTimestamp moves): the autoscaler's latest verdict is the last of its reasons."""
+        events = self.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={name}").items
+        # Filter here too: some API servers (and emulators) ignore field selectors.
+        mine = [e for e in events if e.involved_object is not None and e.involved_object.name == name]
+
+        def seen(event: Any) -> float:
+            at = event.last_timestamp or event.event_time or event.first_timestamp or event.metadata.creation_timestamp
+            return at.timestamp() if at is not None else 0.0
+
+        return [(e.reason or "", e.message or "") for e in sorted(mine, key=seen)]
+
+    def autoscaler_present(self) -> bool | None:
+        """Whether the cluster runs the cluster autoscaler (its status ConfigMap exists); None: not known (the
+        worker's namespaced Role may not read kube-system)."""
+        from kubernetes.client.exceptions import ApiException
+
+        namespace, name = AUTOSCALER_STATUS_CONFIGMAP
+        try:
+            self.core.read_namespaced_config_map(name, namespace)
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            if exc.status in (401, 403):
+                return None
+            raise
 
     def node_exists(self, name: str) -> bool | None:
         """None: not known (the worker's namespaced Role may not read nodes, which are cluster-wide)."""

@@ -17,6 +17,7 @@ from prefect_kubernetes.diagnostics import diagnose_k8s_pod
 
 from kinetic_prefect import accelerators
 from kinetic_prefect.contract import Env
+from kinetic_prefect.shared import capacity
 from kinetic_prefect.workers.gke import capacity as gke_capacity
 from kinetic_prefect.workers.gke import warm
 from kinetic_prefect.workers.gke.warm import WarmPods
@@ -34,6 +35,16 @@ from kinetic_prefect.workers.gke.kube import (
 )
 
 
+# How long a look at whether the cluster runs the cluster autoscaler stands.
+AUTOSCALER_LOOK_SECONDS = 60.0
+
+
+def _unschedulable(pod: Any) -> bool:
+    """The scheduler has said it cannot place the pod (PodScheduled False)."""
+    conditions = (pod.status.conditions or []) if pod.status else []
+    return any(c.type == "PodScheduled" and c.status == "False" for c in conditions)
+
+
 class GKEJobLauncher(JobLauncher):
     """A kinetic job as one Kubernetes Job (one pod, ``backoffLimit: 0``); identifiers are ``namespace:name``."""
 
@@ -42,6 +53,10 @@ class GKEJobLauncher(JobLauncher):
         self._emitters: dict[str, Callable[[str], None]] = {}
         self._pending_since: dict[str, float] = {}
         self._group_failed_at: dict[str, float] = {}
+        # Per job: seconds a node was on its way for its pod (the autoscaler's TriggeredScaleUp), and since when
+        # the current scale-up has been seen. That time counts against the provisioning timeout, not the others.
+        self._scaling_up: dict[str, tuple[float, float | None]] = {}
+        self._autoscaler_seen: dict[str, tuple[float, bool | None]] = {}  # per cluster: when looked, and found
         self._api: dict[str, Any] = {}
         self.warm = WarmPods(self.api)
 
@@ -151,23 +166,27 @@ class GKEJobLauncher(JobLauncher):
             diagnosis = self.diagnose(pod, configuration)
             since = self._pending_since.setdefault(identifier, time.monotonic())
             problem = JobFollower.pending_problem(pod) if pod is not None else None
-            placing = await self._pending_capacity(self.follower(identifier, configuration), pod, configuration)
+            follower = self.follower(identifier, configuration)
+            placing = await self._pending_capacity(follower, pod, configuration)
             if problem:
                 return JobStatus("pending", detail=f"host {waiting[0]}: {problem}", fatal=True, diagnosis=diagnosis)
             waited = time.monotonic() - since
-            if waited > configuration.pod_watch_timeout_seconds:
-                text = await anyio.to_thread.run_sync(self.follower(identifier, configuration).diagnose_pending, pod)
+            scaling = self._scaling_clock(identifier, placing == capacity.SCALING_UP)
+            if overdue := self._overdue(configuration, waited, scaling):
+                text = await anyio.to_thread.run_sync(follower.diagnose_pending, pod)
                 return JobStatus(
                     "pending",
                     fatal=True,
                     diagnosis=diagnosis,
                     capacity=placing,
-                    detail=f"host {waiting[0]} of {hosts} still pending after {waited:.0f}s: {text}",
+                    scaling_up_seconds=scaling,
+                    detail=f"host {waiting[0]} of {hosts} {overdue}: {text}",
                 )
             return JobStatus(
                 "pending",
                 diagnosis=diagnosis,
                 capacity=placing,
+                scaling_up_seconds=scaling,
                 detail=f"{hosts - len(waiting)} of {hosts} hosts scheduled",
             )
         nodes = ", ".join(sorted({pod.spec.node_name or "?" for pod in pods.values()}))
@@ -208,16 +227,18 @@ class GKEJobLauncher(JobLauncher):
             if problem:
                 return JobStatus("pending", detail=problem, fatal=True, diagnosis=diagnosis)
             waited = time.monotonic() - since
-            if waited > configuration.pod_watch_timeout_seconds:
+            scaling = self._scaling_clock(identifier, placing == capacity.SCALING_UP)
+            if overdue := self._overdue(configuration, waited, scaling):
                 text = await anyio.to_thread.run_sync(follower.diagnose_pending, pod)
                 return JobStatus(
                     "pending",
-                    detail=f"still pending after {waited:.0f}s: {text}",
+                    detail=f"{overdue}: {text}",
                     fatal=True,
                     diagnosis=diagnosis,
                     capacity=placing,
+                    scaling_up_seconds=scaling,
                 )
-            return JobStatus("pending", diagnosis=diagnosis, capacity=placing)
+            return JobStatus("pending", diagnosis=diagnosis, capacity=placing, scaling_up_seconds=scaling)
         if phase == "Running":
             follower.stream_logs(pod.metadata.name)
             return JobStatus("running", detail=f"Pod {pod.metadata.name} running on {pod.spec.node_name or '?'}")
@@ -258,16 +279,54 @@ class GKEJobLauncher(JobLauncher):
         )
 
     async def _pending_capacity(self, follower: JobFollower, pod, configuration) -> str | None:
-        """capacity.NO_NODE_POOL / INSUFFICIENT_CAPACITY for a pod the scheduler cannot place; the events (the
-        autoscaler's) are read only when a fallback list makes the difference."""
-        if pod is None:
+        """``capacity.*`` for a pod the scheduler cannot place (gke_capacity.pending_capacity): its events (the
+        autoscaler's verdict) are read while it is unschedulable; whether the cluster has an autoscaler at all only
+        when a fallback list makes the difference (no node matches and no verdict yet)."""
+        if pod is None or not _unschedulable(pod):
             return None
         from kubernetes.client import ApiClient
 
-        reasons: list[str] = []
-        if len(configuration._accelerator_choices) > 1:
-            reasons = await anyio.to_thread.run_sync(follower.event_reasons, pod.metadata.name)
-        return gke_capacity.pending_capacity(ApiClient().sanitize_for_serialization(pod), reasons)
+        as_dict = ApiClient().sanitize_for_serialization(pod)
+        events = await anyio.to_thread.run_sync(follower.pod_events, pod.metadata.name)
+        placing = gke_capacity.pending_capacity(as_dict, events)
+        if placing == capacity.AWAITING_AUTOSCALER and len(configuration._accelerator_choices) > 1:
+            present = await self._autoscaler_present(follower, configuration)
+            placing = gke_capacity.pending_capacity(as_dict, events, present)
+        return placing
+
+    async def _autoscaler_present(self, follower: JobFollower, configuration) -> bool | None:
+        """follower.autoscaler_present, looked up once a minute per cluster (it is a cluster's setup)."""
+        key = configuration.cluster_key
+        looked, present = self._autoscaler_seen.get(key, (0.0, None))
+        if not looked or time.monotonic() - looked > AUTOSCALER_LOOK_SECONDS:
+            try:
+                present = await anyio.to_thread.run_sync(follower.autoscaler_present)
+            except Exception:  # not known: wait for a verdict as if it were there
+                present = None
+            self._autoscaler_seen[key] = (time.monotonic(), present)
+        return present
+
+    def _scaling_clock(self, identifier: str, scaling: bool) -> float:
+        """Seconds a node has been on its way for this job's pod, this look included."""
+        now = time.monotonic()
+        total, since = self._scaling_up.get(identifier, (0.0, None))
+        if since is not None:
+            total += now - since
+        self._scaling_up[identifier] = (total, now if scaling else None)
+        return total
+
+    @staticmethod
+    def _overdue(configuration: KineticGKEJobConfiguration, waited: float, scaling: float) -> str | None:
+        """Why the pod has been pending too long, or None: pod_watch_timeout_seconds counts the time no node was on
+        its way; the time the autoscaler was adding one counts against the provisioning timeout instead."""
+        timeout = capacity.provisioning_timeout(
+            configuration.accelerator_spec, configuration.provisioning_timeout_seconds
+        )
+        if scaling > timeout:
+            return f"still pending: the node the autoscaler was adding did not join in {scaling:.0f}s"
+        if waited - scaling > configuration.pod_watch_timeout_seconds:
+            return f"still pending after {waited:.0f}s"
+        return None
 
     def diagnose(self, pod, configuration: KineticGKEJobConfiguration) -> dict[str, str] | None:
         """prefect-kubernetes' diagnosis of the pod (its categories are what automations match on), with
@@ -336,8 +395,6 @@ class GKEJobLauncher(JobLauncher):
     ) -> str:
         """A new Job (``-a<attempt>``) for the same run on ``spec``: the old one is deleted first (its pod is
         pending, or gone with its node), so one run never holds two accelerators."""
-        from kinetic_prefect.shared import capacity
-
         await self.cancel(identifier, configuration, 0)
         await self.cleanup(identifier, configuration)
         configuration.accelerator, configuration.spot = capacity.label(spec.with_spot(False)), spec.spot
@@ -351,7 +408,7 @@ class GKEJobLauncher(JobLauncher):
         if warm.is_warm(identifier):
             await self.warm.cleanup(identifier, configuration)
             identifier = identifier.partition("@")[0]
-        for table in (self._followers, self._emitters, self._pending_since, self._group_failed_at):
+        for table in (self._followers, self._emitters, self._pending_since, self._group_failed_at, self._scaling_up):
             table.pop(identifier, None)
         for key in [k for k in self._followers if k.startswith(f"{identifier}#")]:
             self._followers.pop(key, None)

@@ -88,6 +88,15 @@ class KineticGKEVariables(CallVariables):
         "fails with the scheduler's reason. GPU/TPU node pools scale up in minutes, hence 600, not "
         "prefect-kubernetes' 60.",
     )
+    provisioning_timeout_seconds: Optional[int] = Field(
+        default=None,
+        title="Provisioning timeout seconds",
+        ge=0,
+        description="How long a node the cluster autoscaler is adding for a pod (its TriggeredScaleUp event) may "
+        "take to join. That time counts here, not toward pod_watch_timeout_seconds or capacity_wait_seconds: a "
+        "node pool at zero nodes and a TPU slice coming up are waited for. Then the next accelerator of a fallback "
+        "list is tried, or the run fails. Empty: 900 (the autoscaler's own max-node-provision-time), 1800 for TPUs.",
+    )
     stream_output: bool = Field(
         default=True,
         title="Stream output",

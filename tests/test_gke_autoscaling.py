@@ -1,0 +1,184 @@
+"""Fallback lists and preemptions against GKE as it behaves (tests/gke_autoscaler.py): node pools at zero nodes that
+the cluster autoscaler scales up in its own time, zones that stock out, Spot VMs reclaimed. The real scheduler and
+Job controller decide; the model plays GKE's autoscaler and Compute Engine, with delays of seconds instead of
+minutes."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+from kubernetes import client as k8s
+from prefect import flow
+
+from gke_autoscaler import GKEAutoscaler, NodePool
+from job_runs import jobs_of
+from test_gke_capacity import _run_id, _running_pod, train
+from test_gke_cluster import (  # noqa: F401
+    _cluster_block,
+    _events,
+    _gke_task,
+    _job_for,
+    _make_pool,
+    _wait,
+    job_image,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def gke_autoscaler(kube):
+    """Start the model with ``gke_autoscaler(pools, **knobs)``; its nodes and status ConfigMap go afterwards."""
+    models: list[GKEAutoscaler] = []
+
+    def start(pools: list[NodePool], **knobs) -> GKEAutoscaler:
+        models.append(GKEAutoscaler(kube, pools, **knobs).start())
+        return models[-1]
+
+    yield start
+    for model in models:
+        model.stop()
+
+
+def _where() -> str:
+    import os
+
+    return os.environ["KINETIC_ACCELERATOR"]
+
+
+def _running_on(kube, run_id, nodes: list[str]):
+    """The run's pod running on one of ``nodes``, else None."""
+    pod = _running_pod(kube, run_id)
+    return pod if pod is not None and pod.spec.node_name in nodes else None
+
+
+def _pod_start(kube, job_run_id) -> tuple[float, str]:
+    """When the run's last Job's pod started (status.startTime), and on which node."""
+    [job] = _job_for(kube, job_run_id)
+    core = k8s.CoreV1Api(kube.api())
+    [pod] = core.list_namespaced_pod("default", label_selector=f"job-name={job.metadata.name}").items
+    return pod.status.start_time.timestamp(), pod.spec.node_name
+
+
+def test_a_fallback_list_waits_for_the_preferred_pool_to_scale_up_from_zero(
+    kube, gcs_bucket, local_registry, job_image, python_base_image, gke_autoscaler
+):
+    """The t4 pool has no node: the scheduler says no node matches, the autoscaler answers 2 s later with
+    TriggeredScaleUp and the node joins 6 s after that, longer than capacity_wait_seconds (2): the job still runs on
+    the t4, not on the free l4 of the list's second entry."""
+    model = gke_autoscaler([NodePool("t4-pool", "t4")], verdict_seconds=2, provisioning_seconds=6)
+    pool = _make_pool(
+        _cluster_block(kube), f"{gcs_bucket}/gke", local_registry, capacity_wait_seconds=2, pod_watch_timeout_seconds=60
+    )
+    name = f"from-zero-{uuid.uuid4().hex[:6]}"
+    where = _gke_task(name, pool, python_base_image, accelerator=["t4", "l4"])(_where)
+
+    @flow
+    def pipeline():
+        return where(return_state=True)
+
+    state = pipeline()
+    assert state.result() == "t4", state.message
+    [job_run] = jobs_of(state.state_details.task_run_id)
+    started_at, node = _pod_start(kube, job_run.id)
+    assert node in model.pool("t4-pool").nodes
+    reasons = [reason for _, reason, _ in model.events]
+    assert reasons[0] == "TriggeredScaleUp" and "NotTriggerScaleUp" not in reasons, model.events
+    assert "0->1 (max: 3)" in model.events[0][2]
+    waited = started_at - job_run.created.timestamp()
+    print(f"\nscale-from-zero: submission to the preferred t4 pod started: {waited:.1f}s")
+
+
+def test_a_stocked_out_pool_is_left_after_the_capacity_wait(
+    kube, gcs_bucket, local_registry, job_image, python_base_image, gke_autoscaler
+):
+    """The h100 pool can scale up but its zone has no VM: the autoscaler triggers a scale-up, GCE fails it 2 s later
+    (FailedScaleUp: out of resources), and the worker tries the l4 once capacity_wait_seconds (3) of no capacity
+    have passed, the scale-up's seconds not counted; the run says why it left the h100."""
+    model = gke_autoscaler([NodePool("h100-pool", "h100", stocked_out=True)], verdict_seconds=1, failure_seconds=2)
+    pool = _make_pool(
+        _cluster_block(kube), f"{gcs_bucket}/gke", local_registry, capacity_wait_seconds=3, pod_watch_timeout_seconds=60
+    )
+    name = f"stockout-{uuid.uuid4().hex[:6]}"
+    where = _gke_task(name, pool, python_base_image, accelerator=["h100", "l4"])(_where)
+
+    @flow
+    def pipeline():
+        return where(return_state=True)
+
+    started = time.time()
+    state = pipeline()
+    assert state.result() == "l4", state.message
+    assert "after h100 (no capacity for" in state.message, state.message
+    reasons = [reason for _, reason, _ in model.events]
+    assert reasons[:2] == ["TriggeredScaleUp", "FailedScaleUp"], model.events
+    assert "GCE out of resources" in model.events[1][2]
+    [job_run] = jobs_of(state.state_details.task_run_id)
+    [fallback] = [
+        e
+        for e in _events("kinetic.job.fallback", started, until=lambda found: len(found) >= 1)
+        if e.resource.id.endswith(str(job_run.id))
+    ]
+    moved_after = fallback.occurred.timestamp() - job_run.created.timestamp()
+    # the capacity wait, plus the failed scale-up's 2 s that it does not count (half a second for the polls)
+    assert moved_after >= 3 + 2 - 0.5, moved_after
+    started_at, node = _pod_start(kube, job_run.id)
+    assert node == "gke-l4-pool-1"
+    print(
+        f"\nstockout: submission to the fallback {moved_after:.1f}s, "
+        f"to the l4 pod started {started_at - job_run.created.timestamp():.1f}s"
+    )
+
+
+def test_a_preempted_job_moves_down_the_list_when_its_spot_capacity_is_gone(
+    kube, gcs_bucket, local_registry, job_image, python_base_image, gke_autoscaler
+):
+    """A job on the one node of a t4 Spot pool is reclaimed and the zone has no Spot t4 left: the retry's pod
+    cannot be placed (the autoscaler's scale-up fails), so after capacity_wait_seconds the retry moves to the list's
+    next entry, the l4, and resumes from its checkpoint; one preemption, no task retry spent. Takes ≈ 40 s: two pod
+    starts and the 40 steps of the checkpointing body (12 s of it) around the preemption."""
+    model = gke_autoscaler(
+        [NodePool("t4-spot", "t4", spot=True, min_nodes=1)],
+        verdict_seconds=1,
+        provisioning_seconds=2,
+        failure_seconds=1,
+    )
+    spot_nodes = list(model.pool("t4-spot").nodes)
+    pool = _make_pool(
+        _cluster_block(kube), f"{gcs_bucket}/gke", local_registry, capacity_wait_seconds=2, pod_watch_timeout_seconds=30
+    )
+    name = f"spot-down-{uuid.uuid4().hex[:6]}"
+    task = _gke_task(name, pool, python_base_image, accelerator=["t4:spot", "l4"], retries=0, preemption_retries=2)(
+        train
+    )
+
+    @flow
+    def pipeline():
+        return task(40, return_state=True)
+
+    reclaimed: list[str] = []
+
+    def reclaim_once() -> None:
+        run_id = _wait(lambda: _run_id(name), 120, "no job run")
+        pod = _wait(lambda: _running_on(kube, run_id, spot_nodes), 180, "the job never ran on the t4 Spot node")
+        time.sleep(4)  # some steps in, checkpointed
+        model.stock_out("t4-spot")
+        reclaimed.append(pod.spec.node_name)
+        model.reclaim(pod.spec.node_name)
+
+    reclaimer = threading.Thread(target=reclaim_once, daemon=True)
+    reclaimer.start()
+    state = pipeline()
+    reclaimer.join(5)
+    assert reclaimed == spot_nodes, reclaimed
+    assert [r for _, r, _ in model.events][:2] == ["TriggeredScaleUp", "FailedScaleUp"], model.events
+    value = state.result()
+    assert value["start"] > 0 and value["preemptions"] == "1", value
+    assert state.message.startswith("ran on l4; after t4:spot (no capacity for"), state.message
+    assert "preempted 1×" in state.message, state.message
+    [job_run] = jobs_of(state.state_details.task_run_id)
+    _, node = _pod_start(kube, job_run.id)
+    assert node == "gke-l4-pool-1"
