@@ -39,7 +39,7 @@ from prefect.states import Cancelled, Cancelling, Pending, Scheduled, State
 from kinetic_prefect.contract import JOB_OUTPUT_LOGGER, LOG_END_MARKER, TRACKING_TASK_KEY_PREFIX
 from kinetic_prefect.shared.outages import Outage, _client_retries_off, is_transient
 from kinetic_prefect.shared.processes import process_start_ticks
-from kinetic_prefect.shared.sweeps import check_caller
+from kinetic_prefect.shared.sweeps import check_caller, stop_waking, wake_on_interrupt, wake_seconds
 
 logger = logging.getLogger("kinetic_prefect.api")
 
@@ -569,24 +569,29 @@ def run_interruptibly(coro: Any) -> Any:
 
     ``run_coro_as_sync`` blocks in one C-level wait, which defers Prefect's task timeout (an
     exception raised asynchronously into this thread) and Ctrl-C until the job has ended. Waking
-    every 0.2 s lets them land; the coroutine is then cancelled, and given time to stop the job.
+    now and then (``sweeps.wake_seconds``: 0.2 s for up to 50 waiting calls), and at once when the
+    script is interrupted, lets them land; the coroutine is then cancelled, and given time to stop the job.
     """
     from prefect._internal.concurrency.api import cast_to_call
     from prefect._internal.concurrency.threads import get_run_sync_loop
 
     finished = threading.Event()
+    wake = threading.Event()  # the job's end, or an interrupt of the script (sweeps.wake_on_interrupt)
 
     async def tracked() -> Any:
         try:
             return await coro
         finally:
             finished.set()
+            wake.set()
 
     call = cast_to_call(tracked)
     get_run_sync_loop().submit(call)
+    wake_on_interrupt(wake)
     try:
         while not call.future.done():
-            finished.wait(0.2)
+            wake.wait(0.01 if finished.is_set() else wake_seconds())  # finished: the result is moments away
+            wake.clear()
             check_caller()  # a Ctrl-C / SIGTERM of the script, when this is a task runner's thread
         return call.result()
     except BaseException:
@@ -594,3 +599,5 @@ def run_interruptibly(coro: Any) -> Any:
             call.cancel()
             finished.wait(30)
         raise
+    finally:
+        stop_waking(wake)
