@@ -163,3 +163,9 @@ def test_a_setting_is_read_when_used_and_blank_is_the_default(monkeypatch: pytes
     # Blank is a value for the local devices: no device but the CPU (unset: detect them).
     assert settings.LOCAL_DEVICES.value({contract.Env.LOCAL_DEVICES: ""}) == ()
     assert settings.LOCAL_DEVICES.value({}) is None
+    from kinetic_prefect.accelerators import local_platform_available
+
+    monkeypatch.setenv(contract.Env.LOCAL_DEVICES, "")
+    assert local_platform_available("cpu") and not local_platform_available("cuda")
+    monkeypatch.setenv(contract.Env.LOCAL_DEVICES, "cuda, tpu")
+    assert local_platform_available("cuda") and local_platform_available("tpu")
