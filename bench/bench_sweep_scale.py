@@ -46,11 +46,15 @@ def child(size: int, submission: str, worker_slots: int) -> dict:
 
         from kinetic_prefect import kinetic_task
 
-        pool, worker = f"scale-{os.getpid()}", None
+        pool, worker = None, None  # in-process: the default pool, made by the first call
         if submission == "worker":
             pool, worker = _start_worker(worker_slots, home)
 
-        @kinetic_task(name=f"noop-{os.getpid()}", work_pool=pool, submission=submission, ship_project=False)
+        warm = {"keep_warm_seconds": float(os.environ.get("BENCH_KEEP_WARM", "0"))}
+
+        @kinetic_task(
+            name=f"noop-{os.getpid()}", work_pool=pool, submission=submission, ship_project=False, job_variables=warm
+        )
         def noop(i: int) -> int:
             return i
 
@@ -75,6 +79,7 @@ def child(size: int, submission: str, worker_slots: int) -> dict:
             logs = sum(n for e, n in counts.items() if e.startswith("POST /logs"))
             result["requests"] = sum(counts.values()) - logs
             result["requests_per_input"] = round(result["requests"] / size, 2)
+            result["csrf_token_requests"] = counts["GET /csrf-token"]  # one per Prefect client the process starts
             result["by_endpoint"] = dict(counts.most_common(12))
         finally:
             if worker is not None:
@@ -222,6 +227,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--worker-slots", type=int, default=IN_PROCESS_SLOTS)
     parser.add_argument("--stop-inputs", type=int, default=0)
+    parser.add_argument("--keep-warm", type=float, default=0, help="keep_warm_seconds of the calls (0: cold)")
     parser.add_argument("--out", type=Path, default=HERE / "bench" / "results" / "sweep_scale.json")
     parser.add_argument("--child", nargs=2, metavar=("SIZE", "SUBMISSION"), help=argparse.SUPPRESS)
     parser.add_argument("--stop-child", type=int, help=argparse.SUPPRESS)
@@ -242,6 +248,7 @@ def main() -> None:
         return
 
     trees = dict(entry.split("=", 1) for entry in args.trees)
+    os.environ["BENCH_KEEP_WARM"] = str(args.keep_warm)  # the children read it
     report: dict = {
         "command": "uv run python bench/bench_sweep_scale.py " + " ".join(sys.argv[1:]),
         "cpus": os.cpu_count(),
