@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from kinetic_prefect.contract import LOCAL_WORKER_TYPE
 from kinetic_prefect.contract import settings
 
-DEFAULT_WORK_POOL = "kinetic-local"
+DEFAULT_WORK_POOL = LOCAL_WORKER_TYPE  # the embedded default pool is named after its type
 
 
 def cache_dir() -> Path:

@@ -155,3 +155,43 @@ def test_the_event_scan_sees_names_and_literal_phases(tmp_path: Path) -> None:
         "'kinetic.work-pool.warm-idle'",
         "emit_job_event(..., 'exited')",
     ]
+
+
+STORE_ROOTS = ("runs/", "warm/", "data/", "outputs/", "code/", "checkpoints/", "locks/")
+STORE_NAMES = ("manifest.json", "/files", "job.log", "outcome.json", "payload.pkl", "result.pkl")
+
+
+def layout_literals(path: Path) -> list[str]:
+    """Store keys, record and log names, and worker type names spelled outside the contract: a literal that
+    starts with a store root, ends with one of its object names, or is a worker type."""
+
+    def is_layout(text: str) -> bool:
+        return (
+            text.startswith(STORE_ROOTS)
+            or text.endswith(STORE_NAMES)
+            or (text.startswith("host-") and text.endswith(".log"))
+            or text in contract.WORKER_TYPES
+        )
+
+    return code_strings(path, is_layout)
+
+
+def test_no_store_key_log_name_or_worker_type_outside_the_contract() -> None:
+    offenders = outside_the_contract(layout_literals)
+    assert not offenders, (
+        "store keys, log names or worker types outside the contract (use RunLayout, data_key, WarmPodKeys, "
+        "host_log_name, LOCAL_WORKER_TYPE / GKE_WORKER_TYPE):\n" + "\n".join(offenders)
+    )
+
+
+def test_the_layout_scan_sees_keys_names_and_types(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        '"""Writes runs/<id>/outcome.json."""\nA = "warm/runs/"\ndef f(k, i):\n'
+        '    return f"{k}/manifest.json", f"host-{i}.log", "kinetic-gke", "kinetic-gke-worker"\n'
+    )
+    assert sorted(hit.rsplit(": ", 1)[1] for hit in layout_literals(sample)) == [
+        "'/manifest.json'",
+        "'kinetic-gke'",
+        "'warm/runs/'",
+    ]

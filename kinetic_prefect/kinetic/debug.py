@@ -23,9 +23,10 @@ from typing import Any, Callable
 from uuid import UUID
 
 from kinetic_prefect.contract import DEBUG_PORT, Env, RunLayout
+from kinetic_prefect.contract import GKE_WORKER_TYPE
 from kinetic_prefect.contract import settings
 
-GKE_POOL_TYPE = "kinetic-gke"
+GKE_POOL_TYPE = GKE_WORKER_TYPE
 RECORD_POLL_SECONDS = 0.5
 # Each look lists the live jobs (two reads per job): a debug call looks for its own less often than for its record.
 JOB_LOOKUP_POLL_SECONDS = 2.0

@@ -16,7 +16,7 @@ from prefect.client.schemas.objects import FlowRun
 from prefect_kubernetes.diagnostics import diagnose_k8s_pod
 
 from kinetic_prefect import accelerators
-from kinetic_prefect.contract import Env
+from kinetic_prefect.contract import GKE_WORKER_TYPE, Env
 from kinetic_prefect.shared import capacity
 from kinetic_prefect.workers.gke import capacity as gke_capacity
 from kinetic_prefect.workers.gke import warm
@@ -467,7 +467,7 @@ class GKEJobLauncher(JobLauncher):
 
             credentials = None
             if configuration.gcp_credentials:  # ensure_image runs in a worker thread of the worker's event loop
-                block = anyio.from_thread.run(gcp.credentials_block, "kinetic-gke", configuration.gcp_credentials)
+                block = anyio.from_thread.run(gcp.credentials_block, GKE_WORKER_TYPE, configuration.gcp_credentials)
                 credentials = gcp.google_credentials(block)
             project, region = configuration.gcp_project, configuration.gcp_region
             bucket = configuration.build_staging_bucket
