@@ -22,6 +22,7 @@ from test_gke_cluster import (  # noqa: F401
     _gke_task,
     _job_for,
     _make_pool,
+    _run_logs,
     _wait,
     job_image,
 )
@@ -138,7 +139,7 @@ def test_a_preempted_job_moves_down_the_list_when_its_spot_capacity_is_gone(
 ):
     """A job on the one node of a t4 Spot pool is reclaimed and the zone has no Spot t4 left: the retry's pod
     cannot be placed (the autoscaler's scale-up fails), so after capacity_wait_seconds the retry moves to the list's
-    next entry, the l4, and resumes from its checkpoint; one preemption, no task retry spent. Takes ≈ 40 s: two pod
+    next entry, the l4, and resumes from its checkpoint; one preemption, no task retry spent. Takes 40-70 s: two pod
     starts and the 40 steps of the checkpointing body (12 s of it) around the preemption."""
     model = gke_autoscaler(
         [NodePool("t4-spot", "t4", spot=True, min_nodes=1)],
@@ -164,7 +165,8 @@ def test_a_preempted_job_moves_down_the_list_when_its_spot_capacity_is_gone(
     def reclaim_once() -> None:
         run_id = _wait(lambda: _run_id(name), 120, "no job run")
         pod = _wait(lambda: _running_on(kube, run_id, spot_nodes), 180, "the job never ran on the t4 Spot node")
-        time.sleep(4)  # some steps in, checkpointed
+        _run_logs(run_id, "progress", 120)  # the body has begun its steps (a slow start would leave none to resume)
+        time.sleep(2)  # some steps in, checkpointed
         model.stock_out("t4-spot")
         reclaimed.append(pod.spec.node_name)
         model.reclaim(pod.spec.node_name)
