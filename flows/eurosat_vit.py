@@ -291,26 +291,7 @@ def eurosat_vit(
     """
     from prefect.context import get_run_context
 
-    cache = _cache_dir(cache_dir)
-    fingerprint = ds.source_fingerprint(source)
-    fetched = fetch(source, checksum, fingerprint, cache)
-    if not Path(fetched["path"]).exists():  # the cache entry outlived its files: fetch again
-        fetched = fetch.with_options(refresh_cache=True)(source, checksum, fingerprint, cache)
-    decoded = decode(fetched, cache, list(ds.CLASS_NAMES))
-    if not (Path(decoded["path"]) / "COMPLETE").exists():
-        decoded = decode.with_options(refresh_cache=True)(fetched, cache, list(ds.CLASS_NAMES))
-    parts = split(decoded, val_fraction, test_fraction, seed, cache)
-    if not Path(parts["path"]).exists():
-        parts = split.with_options(refresh_cache=True)(decoded, val_fraction, test_fraction, seed, cache)
-
-    optional = dict(
-        learning_rate=learning_rate,
-        weight_decay=weight_decay,
-        label_smoothing=label_smoothing,
-        **AUGMENT_LEVELS.get(augment, {}),
-    )
-    if augment not in AUGMENT_LEVELS and not isinstance(augment, bool):
-        raise ValueError(f"augment={augment!r}: choose True/False or one of {', '.join(AUGMENT_LEVELS)}")
+    decoded, parts = _prepare_data(source, checksum, _cache_dir(cache_dir), val_fraction, test_fraction, seed)
     model_config, train_config = _resolve_configs(
         model_size,
         model_overrides,
@@ -324,7 +305,9 @@ def eurosat_vit(
             precision=precision,
             early_stopping_patience=early_stopping_patience,
             time_budget_s=time_budget_minutes * 60 if time_budget_minutes else None,
-            **{k: v for k, v in optional.items() if v is not None},
+            **_optional_settings(
+                augment, learning_rate=learning_rate, weight_decay=weight_decay, label_smoothing=label_smoothing
+            ),
         ),
     )
     if hosts < 1 or batch_size % hosts:
@@ -342,6 +325,37 @@ def eurosat_vit(
     run_name = get_run_context().flow_run.name
     out = Path(output_dir or Path.cwd() / "eurosat-outputs" / run_name).resolve()
     published = publish(trained, metrics, str(out), source)
+    return _flow_result(metrics, parts, trained, published, run_name, str(get_run_context().flow_run.id))
+
+
+def _prepare_data(
+    source: str, checksum: str | None, cache: str, val_fraction: float, test_fraction: float, seed: int
+) -> tuple[dict, dict]:
+    """The fetch, decode and split tasks: (decoded, split). A cached result whose files are gone (the cache
+    entry outlived them) is computed again."""
+    fingerprint = ds.source_fingerprint(source)
+    fetched = fetch(source, checksum, fingerprint, cache)
+    if not Path(fetched["path"]).exists():
+        fetched = fetch.with_options(refresh_cache=True)(source, checksum, fingerprint, cache)
+    decoded = decode(fetched, cache, list(ds.CLASS_NAMES))
+    if not (Path(decoded["path"]) / "COMPLETE").exists():
+        decoded = decode.with_options(refresh_cache=True)(fetched, cache, list(ds.CLASS_NAMES))
+    parts = split(decoded, val_fraction, test_fraction, seed, cache)
+    if not Path(parts["path"]).exists():
+        parts = split.with_options(refresh_cache=True)(decoded, val_fraction, test_fraction, seed, cache)
+    return decoded, parts
+
+
+def _optional_settings(augment: bool | str, **optional) -> dict:
+    """The ``TrainConfig`` settings of the ``augment`` level, and those of ``optional`` that are set (the rest
+    keep the recipe's values)."""
+    optional = {**optional, **AUGMENT_LEVELS.get(augment, {})}
+    if augment not in AUGMENT_LEVELS and not isinstance(augment, bool):
+        raise ValueError(f"augment={augment!r}: choose True/False or one of {', '.join(AUGMENT_LEVELS)}")
+    return {k: v for k, v in optional.items() if v is not None}
+
+
+def _flow_result(metrics: dict, parts: dict, trained: dict, published: dict, run_name: str, run_id: str) -> dict:
     return {
         "accuracy": metrics["accuracy"],
         "macro_f1": metrics["macro_f1"],
@@ -358,7 +372,7 @@ def eurosat_vit(
         "files": published["files"],
         "class_names": trained["class_names"],
         "flow_run_name": run_name,
-        "flow_run_id": str(get_run_context().flow_run.id),
+        "flow_run_id": run_id,
     }
 
 

@@ -13,7 +13,6 @@ import dataclasses
 import json
 import math
 import os
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,255 +200,6 @@ def make_batches(images, labels, cfg: TrainConfig, num_classes: int, host: int =
     return Batches()
 
 
-# ------------------------------------------------------------------------------------------- callbacks
-
-
-def _agree(value: float) -> float:
-    """The coordinator's value on every process of a group (one value otherwise). Decisions taken from a clock
-    (the learning rate of a time-budgeted run, when to stop) must be the same on every host: a replicated
-    variable set differently per host, or one host stopping a step early, would break data-parallel training."""
-    import jax
-
-    if jax.process_count() == 1:
-        return value
-    from jax.experimental import multihost_utils
-
-    return float(multihost_utils.broadcast_one_to_all(np.float32(value)))
-
-
-def _callbacks_module():
-    import keras
-
-    class EpochSetter(keras.callbacks.Callback):
-        def __init__(self, batches):
-            super().__init__()
-            self.batches = batches
-
-        def on_epoch_begin(self, epoch, logs=None):
-            self.batches.set_epoch(epoch)
-
-    class Schedule(keras.callbacks.Callback):
-        """The learning rate of every step from ``lr_at`` (warm-up then cosine, see ``schedule_progress``).
-
-        Progress is the share of the planned steps done or, with ``time_budget_s``, of the budget spent,
-        whichever is ahead (so the rate never goes back up); training stops when the budget is spent, even in
-        the middle of an epoch. Keeps any reduction ReduceLROnPlateau made (as a factor). The JAX trainer
-        keeps the optimizer state outside the Keras variables during an epoch, so the callback syncs it
-        (``jax_state_sync``) before assigning a new rate.
-        """
-
-        def __init__(self, cfg: TrainConfig, state: dict, steps_per_epoch: int, every: int = 4):
-            super().__init__()
-            self.cfg, self.state, self.steps, self.every = cfg, state, steps_per_epoch, every
-            self.state.setdefault("lr_factor", 1.0)
-            self.state.setdefault("planned_epochs", cfg.epochs)
-            self._last_set = None
-            self._last_batch_t = None
-            self._epoch = 0
-
-        def _elapsed(self) -> float:
-            return self.state.get("train_clock_s", 0.0) + (time.perf_counter() - self._t0) - self._paused()
-
-        def _paused(self) -> float:
-            return self.state.get("_paused_this_epoch", 0.0)
-
-        def on_train_begin(self, logs=None):
-            self._t0 = time.perf_counter()
-            self.state["train_clock_s"] = self.state.get("train_clock_s", 0.0)
-
-        def on_epoch_begin(self, epoch, logs=None):
-            self._epoch = epoch
-            self._t0 = time.perf_counter()
-            self.state["_paused_this_epoch"] = 0.0
-            opt = self.model.optimizer
-            current = float(keras.ops.convert_to_numpy(opt.learning_rate))
-            if self._last_set is not None and current < self._last_set * 0.999:  # ReduceLROnPlateau acted
-                self.state["lr_factor"] *= current / self._last_set
-            self._set(0)
-
-        def _set(self, batch: int) -> None:
-            step = self._epoch * self.steps + batch
-            progress = _agree(schedule_progress(self.cfg, step, self.steps, self._elapsed()))
-            lr = lr_at(self.cfg, progress) * self.state["lr_factor"]
-            if hasattr(self.model, "jax_state_sync"):
-                self.model.jax_state_sync()
-            self.model.optimizer.learning_rate = lr
-            self._last_set = lr
-
-        def on_train_batch_begin(self, batch, logs=None):
-            if batch and batch % self.every == 0:
-                self._set(batch)
-
-        def on_train_batch_end(self, batch, logs=None):
-            self._last_batch_t = time.perf_counter()
-            budget = min(b for b in (self.cfg.time_budget_s, self.cfg.stop_after_s, math.inf) if b)
-            if budget < math.inf and _agree(float(self._elapsed() + self.state.get("last_val_s", 0.0) >= budget)):
-                self.state["stopped_by_time_budget"] = True
-                self.model.stop_training = True
-
-        def on_epoch_end(self, epoch, logs=None):
-            self.state["train_clock_s"] = self._elapsed()
-            budget = self.cfg.time_budget_s
-            if budget:
-                done = self.state["train_clock_s"]
-                per_epoch = max(done / (epoch + 1), 1e-9)
-                left = math.ceil(max(0.0, budget - done) / per_epoch - 0.05)
-                self.state["planned_epochs"] = int(min(self.cfg.epochs, epoch + 1 + left))
-            if self._last_batch_t is not None:
-                self.state["last_val_s"] = round(time.perf_counter() - self._last_batch_t - self._paused(), 3)
-            limit = min(b for b in (budget, self.cfg.stop_after_s, math.inf) if b)
-            if limit < math.inf:  # not even a few steps and a validation fit: do not start another epoch
-                step_s = self.state["train_clock_s"] / max(1, (epoch + 1) * self.steps)
-                if _agree(float(self.state["train_clock_s"] + self.state.get("last_val_s", 0.0) + 5 * step_s >= limit)):
-                    self.state["stopped_by_time_budget"] = True
-                    self.model.stop_training = True
-
-    class Curve(keras.callbacks.Callback):
-        """Benchmarks only: after every epoch, test accuracy / macro F1 (single view) against the training
-        clock, into ``state["curve"]``. The clock is paused meanwhile, so the curve costs the run no budget.
-        Nothing here feeds back into training (model selection uses the validation split only)."""
-
-        def __init__(self, state: dict, schedule, x_test, y_test, class_names, batch_size: int):
-            super().__init__()
-            self.state, self.schedule = state, schedule
-            self.x_test, self.y_test, self.class_names, self.batch_size = x_test, y_test, class_names, batch_size
-
-        def on_epoch_end(self, epoch, logs=None):
-            t = time.perf_counter()
-            clock = self.schedule._elapsed()
-            probs = predict_images(self.model, self.x_test, self.batch_size, tta=False)
-            m = mt.compute_metrics(self.y_test, probs.argmax(axis=1), self.class_names)
-            point = {
-                "epoch": epoch + 1,
-                "train_clock_s": round(clock, 1),
-                "test_accuracy": m["accuracy"],
-                "test_macro_f1": m["macro_f1"],
-                "val_accuracy": round(float((logs or {}).get("val_accuracy", 0)), 4),
-            }
-            self.state.setdefault("curve", []).append(point)
-            print(f"curve: {point}", flush=True)
-            self.state["_paused_this_epoch"] = self.state.get("_paused_this_epoch", 0.0) + time.perf_counter() - t
-
-    class Progress(keras.callbacks.Callback):
-        """One line per epoch on stdout (the job's stdout is the flow run's log), and the epoch's time."""
-
-        def __init__(self, cfg: TrainConfig, state: dict, steps: int, on_epoch=None):
-            super().__init__()
-            self.cfg, self.state, self.steps, self.on_epoch = cfg, state, steps, on_epoch
-
-        def on_epoch_begin(self, epoch, logs=None):
-            self._t = time.perf_counter()
-
-        def on_epoch_end(self, epoch, logs=None):
-            dt = time.perf_counter() - self._t
-            self.state.setdefault("epoch_seconds", []).append(round(dt, 3))
-            logs = logs if logs is not None else {}
-            logs["lr"] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
-            planned = self.state.get("planned_epochs", self.cfg.epochs)
-            line = (
-                f"epoch {epoch + 1}/{planned} loss={logs.get('loss', float('nan')):.4f} "
-                f"acc={logs.get('accuracy', float('nan')):.4f} val_loss={logs.get('val_loss', float('nan')):.4f} "
-                f"val_acc={logs.get('val_accuracy', float('nan')):.4f} lr={logs.get('lr', 0):.2e} "
-                f"time={dt:.1f}s ({1000 * dt / self.steps:.0f} ms/step)"
-            )
-            print(line, flush=True)
-            try:  # a progress artifact on the job's run (the worker turns this line into it)
-                from kinetic_prefect.progress import report
-
-                report(epoch + 1, planned, f"epoch {epoch + 1}/{planned} val_acc={logs.get('val_accuracy', 0):.4f}")
-            except ImportError:  # the training function used without kinetic-prefect
-                pass
-            if self.on_epoch is not None:
-                self.on_epoch(epoch, logs, line)
-
-    class Checkpoint(keras.callbacks.Callback):
-        """Every epoch: weights + optimizer state + callback state + history into ``directory``, atomically.
-
-        ``state.json`` is replaced last and names the weights file it belongs to, so a kill at any moment
-        leaves the previous complete checkpoint. ``kill_after_epoch`` (tests only) SIGKILLs this process
-        right after that epoch's checkpoint on the first attempt, like a preempted machine would.
-        """
-
-        def __init__(self, directory: Path, state: dict, history: dict, early, plateau, kill_after_epoch=None):
-            super().__init__()
-            self.dir, self.state, self.history = directory, state, history
-            self.early, self.plateau, self.kill_after_epoch = early, plateau, kill_after_epoch
-
-        def on_train_begin(self, logs=None):
-            saved = self.state.get("callbacks")
-            if saved:  # put back what EarlyStopping / ReduceLROnPlateau had (their on_train_begin reset it)
-                e, p = saved["early"], saved.get("plateau")
-                self.early.wait, self.early.best, self.early.best_epoch = e["wait"], e["best"], e["best_epoch"]
-                best_file = self.dir / "best.weights.npz"
-                if best_file.exists():
-                    with np.load(best_file) as z:
-                        self.early.best_weights = [z[f"w{i}"] for i in range(len(z.files))]
-                if self.plateau is not None and p:
-                    self.plateau.wait, self.plateau.best, self.plateau.cooldown_counter = (
-                        p["wait"],
-                        p["best"],
-                        p["cooldown"],
-                    )
-
-        def on_epoch_end(self, epoch, logs=None):
-            for k, v in (logs or {}).items():
-                self.history.setdefault(k, []).append(float(v))
-            improved = self.early.best_epoch == epoch
-            if improved:
-                _save_arrays(self.dir / "best.weights.npz", self.model.get_weights())
-            name = f"epoch-{epoch + 1:04d}.npz"
-            _save_arrays(
-                self.dir / name,
-                self.model.get_weights()
-                + [np.asarray(keras.ops.convert_to_numpy(v)) for v in self.model.optimizer.variables],
-            )
-            callbacks = {
-                "early": {
-                    "wait": int(self.early.wait),
-                    "best": _num(self.early.best),
-                    "best_epoch": int(self.early.best_epoch),
-                }
-            }
-            if self.plateau is not None:
-                callbacks["plateau"] = {
-                    "wait": int(self.plateau.wait),
-                    "best": _num(self.plateau.best),
-                    "cooldown": int(self.plateau.cooldown_counter),
-                }
-            self.state.update(epoch=epoch + 1, weights=name, history=self.history, callbacks=callbacks)
-            ds.atomic_write_json(self.dir / CHECKPOINT_STATE, self.state)
-            for old in self.dir.glob("epoch-*.npz"):
-                if old.name != name:
-                    old.unlink(missing_ok=True)
-            if (
-                self.kill_after_epoch is not None
-                and epoch + 1 == self.kill_after_epoch
-                and not self.state.get("resumed_from_epoch")
-            ):
-                print(
-                    f"kill_after_epoch={self.kill_after_epoch}: SIGKILL after checkpointing epoch {epoch + 1}",
-                    flush=True,
-                )
-                os.kill(os.getpid(), signal.SIGKILL)
-
-    return EpochSetter, Schedule, Progress, Checkpoint, Curve
-
-
-def _num(v):
-    if v is None:
-        return None
-    v = float(v)
-    return v if math.isfinite(v) else (1e30 if v > 0 else -1e30)
-
-
-def _save_arrays(path: Path, arrays) -> None:
-    import io
-
-    buffer = io.BytesIO()
-    np.savez(buffer, **{f"w{i}": a for i, a in enumerate(arrays)})
-    ds.atomic_write_bytes(path, buffer.getvalue())
-
-
 # ------------------------------------------------------------------------------------------- the job body
 
 
@@ -541,46 +291,15 @@ def train_and_evaluate(
 
     t_start = time.perf_counter()
     cfg = TrainConfig(**train_config)
-    output_dir = Path(output_dir or os.environ.get("KINETIC_OUTPUT_DIR") or "eurosat-outputs")
-    checkpoint_dir = Path(checkpoint_dir or os.environ.get("KINETIC_CHECKPOINT_DIR") or output_dir / "checkpoints")
-    output_dir.mkdir(parents=True, exist_ok=True)
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
-
-    images, labels, meta = ds.load_decoded(dataset_dir)
-    class_names = list(meta["class_names"])
-    split = ds.load_split(split_file)
-    train_idx, val_idx, test_idx = split["train"], split["val"], split["test"]
-    if train_limit:  # for quick runs: a stratified-looking subset (the split's order is by class)
-        train_idx = np.sort(np.random.default_rng(cfg.seed).permutation(train_idx)[:train_limit])
-    x_train, y_train = images[train_idx], labels[train_idx]
-    x_val, y_val = images[val_idx].astype(np.float32), labels[val_idx]
-    x_test, y_test = images[test_idx], labels[test_idx]
-    mean, std = channel_stats(x_train[::4])  # every 4th image: the same constants, a quarter of the time
+    output_dir, checkpoint_dir = _output_dirs(output_dir, checkpoint_dir)
+    data = _load_split_data(dataset_dir, split_file, cfg.seed, train_limit)
+    mean, std = channel_stats(data.x_train[::4])  # every 4th image: the same constants, a quarter of the time
     model_cfg, precision, platform = resolve_model(model_config, cfg.precision)
-    model_cfg = dataclasses.replace(model_cfg, num_classes=len(class_names))
+    model_cfg = dataclasses.replace(model_cfg, num_classes=len(data.class_names))
     keras.mixed_precision.set_dtype_policy(precision)
-    host, hosts = _group()
-    if hosts > 1:  # data-parallel over the group's devices: weights replicated, each global batch split by host
-        if cfg.batch_size % hosts:
-            raise ValueError(
-                f"batch_size={cfg.batch_size} does not split over {hosts} hosts: use a multiple of {hosts}"
-            )
-        import jax
-
-        distribution = keras.distribution.DataParallel(devices=jax.devices())
-        distribution.auto_shard_dataset = False  # make_batches already yields this host's slice
-        keras.distribution.set_distribution(distribution)
-        print(
-            f"group: host {host} of {hosts}, data-parallel over {len(jax.devices())} devices; global batch "
-            f"{cfg.batch_size} = {hosts} x {cfg.batch_size // hosts}",
-            flush=True,
-        )
+    host, hosts = _join_group(cfg.batch_size)
     print(f"device: {platform}; model {model_config.get('preset') or 'custom'} -> precision {precision}", flush=True)
-    print(
-        f"data: {len(images)} images, {len(class_names)} classes; train {len(train_idx)}, val {len(val_idx)}, "
-        f"test {len(test_idx)} (held out until the end)",
-        flush=True,
-    )
+    print(data.describe(), flush=True)
 
     keras.utils.set_random_seed(cfg.seed)
     model = build_compiled_model(model_cfg, cfg, mean, std)
@@ -588,9 +307,157 @@ def train_and_evaluate(
         f"model: ViT {model_cfg.as_dict()}, {model.count_params():,} parameters, {model_cfg.tokens} tokens + [CLS]",
         flush=True,
     )
+    state, history, initial_epoch = _resume(
+        model, checkpoint_dir, {"model": model_cfg.as_dict(), "train": cfg.as_dict()}
+    )
+    batches = make_batches(data.x_train, data.y_train, cfg, len(data.class_names), host, hosts)
+    early, callbacks = _callbacks(
+        cfg, state, history, batches, checkpoint_dir, kill_after_epoch, data if test_curve and hosts == 1 else None
+    )
+    train_seconds = _fit(model, batches, data, cfg, initial_epoch, state, callbacks)
+    _keep_best_and_mark_finished(model, early, state, checkpoint_dir)
+    if hosts > 1:
+        model = _leave_group(model, host, model_cfg, cfg, mean, std)
+        if model is None:
+            return {
+                "host": host,
+                "hosts": hosts,
+                "epochs_run": len(history.get("loss", [])),
+                "train_seconds": round(train_seconds, 2),
+            }
 
-    # ---- resume
-    state: dict = {"config": {"model": model_cfg.as_dict(), "train": cfg.as_dict()}}
+    scored = _score_test_split(model, data, cfg.tta)
+    files = _write_outputs(model, output_dir, data.class_names, scored.metrics, history, cfg.tta)
+    result = {
+        "class_names": data.class_names,
+        "split_sizes": data.sizes,
+        **_training_summary(history, state, early, cfg.epochs, len(batches), train_seconds),
+        "eval_seconds": round(scored.seconds, 2),
+        "total_seconds": round(time.perf_counter() - t_start, 2),
+        "parameters": int(model.count_params()),
+        "model_config": model_cfg.as_dict(),
+        "train_config": cfg.as_dict(),
+        "test": scored.as_dict(data.y_test),
+        "metrics": scored.metrics,
+        "output_dir": str(output_dir),
+        "files": files,
+        "run_prefix": os.environ.get("KINETIC_RUN_PREFIX"),
+        "hosts": hosts,
+        "global_batch": cfg.batch_size,
+    }
+    (output_dir / "metrics.json").write_text(json.dumps({k: result[k] for k in METRICS_JSON_KEYS}, indent=1))
+    return result
+
+
+# what metrics.json in the outputs holds: the result without the per-image test predictions
+METRICS_JSON_KEYS = (
+    "metrics",
+    "split_sizes",
+    "epochs_run",
+    "best_epoch",
+    "resumed_from_epoch",
+    "train_seconds",
+    "ms_per_step",
+    "model_config",
+    "train_config",
+    "history",
+)
+
+
+def _training_summary(history: dict, state: dict, early, epochs: int, steps: int, train_seconds: float) -> dict:
+    """The result's account of training: epochs run (best, resumed from), the history and the timings."""
+    epoch_seconds = state.get("epoch_seconds", [])
+    return {
+        "epochs_run": len(history.get("loss", [])),
+        "epochs_requested": epochs,
+        "best_epoch": int(early.best_epoch) + 1 if early.best_weights is not None else None,
+        "resumed_from_epoch": int(state.get("resumed_from_epoch", 0)),
+        "stopped_by_time_budget": bool(state.get("stopped_by_time_budget")),
+        "history": history,
+        "epoch_seconds": epoch_seconds,
+        "ms_per_step": round(1000 * float(np.median(epoch_seconds)) / steps, 1) if epoch_seconds else None,
+        "steps_per_epoch": steps,
+        "train_seconds": round(train_seconds, 2),
+    }
+
+
+def _output_dirs(output_dir: str | Path | None, checkpoint_dir: str | Path | None) -> tuple[Path, Path]:
+    """The output and checkpoint folders, created: the arguments, else the job's ``KINETIC_*`` folders, else
+    ``eurosat-outputs`` (checkpoints under it) for a plain call."""
+    output_dir = Path(output_dir or os.environ.get("KINETIC_OUTPUT_DIR") or "eurosat-outputs")
+    checkpoint_dir = Path(checkpoint_dir or os.environ.get("KINETIC_CHECKPOINT_DIR") or output_dir / "checkpoints")
+    output_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    return output_dir, checkpoint_dir
+
+
+@dataclass(frozen=True)
+class SplitData:
+    """The decoded images cut by the split. Validation images are float32 already (Keras feeds them as they
+    are); train and test stay uint8 (augmentation and ``predict_images`` convert per batch)."""
+
+    class_names: list[str]
+    num_images: int
+    sizes: dict[str, int]
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_val: np.ndarray
+    y_val: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+    def describe(self) -> str:
+        return (
+            f"data: {self.num_images} images, {len(self.class_names)} classes; train {self.sizes['train']}, "
+            f"val {self.sizes['val']}, test {self.sizes['test']} (held out until the end)"
+        )
+
+
+def _load_split_data(dataset_dir: str | Path, split_file: str | Path, seed: int, train_limit: int | None) -> SplitData:
+    images, labels, meta = ds.load_decoded(dataset_dir)
+    split = ds.load_split(split_file)
+    train_idx, val_idx, test_idx = split["train"], split["val"], split["test"]
+    if train_limit:  # for quick runs: a stratified-looking subset (the split's order is by class)
+        train_idx = np.sort(np.random.default_rng(seed).permutation(train_idx)[:train_limit])
+    return SplitData(
+        class_names=list(meta["class_names"]),
+        num_images=len(images),
+        sizes={"train": int(len(train_idx)), "val": int(len(val_idx)), "test": int(len(test_idx))},
+        x_train=images[train_idx],
+        y_train=labels[train_idx],
+        x_val=images[val_idx].astype(np.float32),
+        y_val=labels[val_idx],
+        x_test=images[test_idx],
+        y_test=labels[test_idx],
+    )
+
+
+def _join_group(batch_size: int) -> tuple[int, int]:
+    """(host, hosts) of the JAX group; with more than one host, training becomes data-parallel over the group's
+    devices: weights replicated, each global batch split by host."""
+    host, hosts = _group()
+    if hosts == 1:
+        return host, hosts
+    if batch_size % hosts:
+        raise ValueError(f"batch_size={batch_size} does not split over {hosts} hosts: use a multiple of {hosts}")
+    import jax
+    import keras
+
+    distribution = keras.distribution.DataParallel(devices=jax.devices())
+    distribution.auto_shard_dataset = False  # make_batches already yields this host's slice
+    keras.distribution.set_distribution(distribution)
+    print(
+        f"group: host {host} of {hosts}, data-parallel over {len(jax.devices())} devices; global batch "
+        f"{batch_size} = {hosts} x {batch_size // hosts}",
+        flush=True,
+    )
+    return host, hosts
+
+
+def _resume(model, checkpoint_dir: Path, config: dict) -> tuple[dict, dict, int]:
+    """(state, history, first epoch to run). A checkpoint of the same configuration puts its weights and
+    optimizer state into ``model`` and its state is carried on; anything else starts from scratch."""
+    state: dict = {"config": config}
     history: dict = {}
     initial_epoch = 0
     state_file = checkpoint_dir / CHECKPOINT_STATE
@@ -599,23 +466,42 @@ def train_and_evaluate(
         if saved.get("config") != state["config"]:
             print("checkpoint found but its configuration differs; starting from scratch", flush=True)
         elif saved.get("epoch", 0) >= 1:
-            weights_file = checkpoint_dir / saved["weights"]
-            with np.load(weights_file) as z:
-                arrays = [z[f"w{i}"] for i in range(len(z.files))]
-            n_model = len(model.get_weights())
-            model.set_weights(arrays[:n_model])
-            model.optimizer.build(model.trainable_variables)
-            for var, value in zip(model.optimizer.variables, arrays[n_model:]):
-                var.assign(value)
+            _load_weights_and_optimizer(model, checkpoint_dir / saved["weights"])
             state, history, initial_epoch = saved, saved.get("history", {}), saved["epoch"]
             state["resumed_from_epoch"] = initial_epoch
             state["resumes"] = state.get("resumes", 0) + 1
             print(f"resuming from the checkpoint of epoch {initial_epoch} in {checkpoint_dir}", flush=True)
     state.setdefault("resumed_from_epoch", 0)
+    return state, history, initial_epoch
 
-    batches = make_batches(x_train, y_train, cfg, len(class_names), host, hosts)
+
+def _load_weights_and_optimizer(model, weights_file: Path) -> None:
+    """A checkpoint's arrays: the model's weights first, then the optimizer's variables (see ``Checkpoint``)."""
+    with np.load(weights_file) as z:
+        arrays = [z[f"w{i}"] for i in range(len(z.files))]
+    n_model = len(model.get_weights())
+    model.set_weights(arrays[:n_model])
+    model.optimizer.build(model.trainable_variables)
+    for var, value in zip(model.optimizer.variables, arrays[n_model:]):
+        var.assign(value)
+
+
+def _callbacks(
+    cfg: TrainConfig,
+    state: dict,
+    history: dict,
+    batches,
+    checkpoint_dir: Path,
+    kill_after_epoch: int | None,
+    curve_data: SplitData | None,
+) -> tuple:
+    """(the EarlyStopping callback, every callback in the order ``fit`` runs them). ``curve_data``: the
+    benchmarks' per-epoch test curve on its test part (None: no curve)."""
+    import keras
+
+    from eurosat.callbacks import Checkpoint, Curve, EpochSetter, Progress, Schedule
+
     steps = len(batches)
-    EpochSetter, Schedule, Progress, Checkpoint, Curve = _callbacks_module()
     early = keras.callbacks.EarlyStopping(
         monitor="val_accuracy", mode="max", patience=cfg.early_stopping_patience, restore_best_weights=True, verbose=0
     )
@@ -632,7 +518,9 @@ def train_and_evaluate(
     )
     schedule = Schedule(cfg, state, steps)
     curve = (
-        [Curve(state, schedule, x_test, y_test, class_names, PREDICT_BATCH_SIZE)] if test_curve and hosts == 1 else []
+        [Curve(state, schedule, curve_data.x_test, curve_data.y_test, curve_data.class_names, PREDICT_BATCH_SIZE)]
+        if curve_data is not None
+        else []
     )
     callbacks = [
         EpochSetter(batches),
@@ -643,113 +531,97 @@ def train_and_evaluate(
         *([plateau] if plateau is not None else []),
         Checkpoint(checkpoint_dir, state, history, early, plateau, kill_after_epoch),
     ]
+    return early, callbacks
+
+
+def _fit(model, batches, data: SplitData, cfg: TrainConfig, initial_epoch: int, state: dict, callbacks) -> float:
+    """Train from ``initial_epoch`` unless the checkpoint says training finished; the seconds it took."""
+    import keras
+
     t_train = time.perf_counter()
     if initial_epoch < cfg.epochs and not state.get("finished"):
         model.fit(
             batches,
-            validation_data=(x_val, keras.utils.to_categorical(y_val, len(class_names))),
+            validation_data=(data.x_val, keras.utils.to_categorical(data.y_val, len(data.class_names))),
             validation_batch_size=cfg.eval_batch_size,
             epochs=cfg.epochs,
             initial_epoch=initial_epoch,
             callbacks=callbacks,
             verbose=0,
         )
-    train_seconds = time.perf_counter() - t_train
+    return time.perf_counter() - t_train
+
+
+def _keep_best_and_mark_finished(model, early, state: dict, checkpoint_dir: Path) -> None:
     if early.best_weights is not None:  # EarlyStopping restores only when it stopped; always use the best
         model.set_weights(early.best_weights)
     state["finished"] = True
-    ds.atomic_write_json(state_file, state)
-    if hosts > 1:
-        # Training is the group's work; scoring and the outputs are the coordinator's, on a local copy of the
-        # model (the distributed one would expect every host's share of each batch).
-        weights = model.get_weights()
-        keras.distribution.set_distribution(None)
-        if host != 0:
-            print(f"host {host}: training done; the coordinator scores the model", flush=True)
-            return {
-                "host": host,
-                "hosts": hosts,
-                "epochs_run": len(history.get("loss", [])),
-                "train_seconds": round(train_seconds, 2),
-            }
-        model = build_compiled_model(model_cfg, cfg, mean, std)
-        model.set_weights(weights)
+    ds.atomic_write_json(checkpoint_dir / CHECKPOINT_STATE, state)
 
-    # ---- evaluate on the held-out test split
+
+def _leave_group(model, host: int, model_cfg, cfg: TrainConfig, mean, std):
+    """Training is the group's work; scoring and the outputs are the coordinator's, on a local copy of the
+    model (the distributed one would expect every host's share of each batch). None on the other hosts."""
+    import keras
+
+    weights = model.get_weights()
+    keras.distribution.set_distribution(None)
+    if host != 0:
+        print(f"host {host}: training done; the coordinator scores the model", flush=True)
+        return None
+    model = build_compiled_model(model_cfg, cfg, mean, std)
+    model.set_weights(weights)
+    return model
+
+
+@dataclass(frozen=True)
+class HeldOutScores:
+    probs: np.ndarray
+    y_pred: np.ndarray
+    metrics: dict
+    seconds: float
+
+    def as_dict(self, y_true: np.ndarray) -> dict:
+        return {
+            "y_true": y_true.tolist(),
+            "y_pred": self.y_pred.tolist(),
+            "probabilities": np.round(self.probs, 5).tolist(),
+        }
+
+
+def _score_test_split(model, data: SplitData, tta: bool) -> HeldOutScores:
+    """Score the held-out test split the way the saved model's ``predict`` will (``tta``)."""
     t_eval = time.perf_counter()
     views: list = []
-    probs = predict_images(model, x_test, PREDICT_BATCH_SIZE, tta=cfg.tta, views=views)
+    probs = predict_images(model, data.x_test, PREDICT_BATCH_SIZE, tta=tta, views=views)
     y_pred = probs.argmax(axis=1)
     eval_seconds = time.perf_counter() - t_eval
-    metrics = mt.compute_metrics(y_test, y_pred, class_names)
+    metrics = mt.compute_metrics(data.y_test, y_pred, data.class_names)
     # the published figure is the saved model's own scoring (what ``predict`` does by default); the other
     # mode's figure goes beside it. With TTA on, the single-view one is its first pass: no extra cost.
-    single = mt.compute_metrics(y_test, views[0].argmax(axis=1), class_names)
-    metrics["scoring"] = scoring_name(cfg.tta)
+    single = mt.compute_metrics(data.y_test, views[0].argmax(axis=1), data.class_names)
+    metrics["scoring"] = scoring_name(tta)
     metrics["single_view"] = {"accuracy": single["accuracy"], "macro_f1": single["macro_f1"]}
-    metrics["scoring_ms_per_image"] = round(1000 * eval_seconds / max(1, len(y_test)), 3)
+    metrics["scoring_ms_per_image"] = round(1000 * eval_seconds / max(1, len(data.y_test)), 3)
     print(
         f"test: accuracy {metrics['accuracy']:.4f}, macro F1 {metrics['macro_f1']:.4f}, weighted F1 "
-        f"{metrics['weighted_f1']:.4f} on {len(y_test)} held-out images ({metrics['scoring']}, "
+        f"{metrics['weighted_f1']:.4f} on {len(data.y_test)} held-out images ({metrics['scoring']}, "
         f"{metrics['scoring_ms_per_image']} ms/image); single view: accuracy {single['accuracy']:.4f}, "
         f"macro F1 {single['macro_f1']:.4f}",
         flush=True,
     )
+    return HeldOutScores(probs, y_pred, metrics, eval_seconds)
 
-    # ---- outputs: model with class names, plots, metrics
+
+def _write_outputs(model, output_dir: Path, class_names: list[str], metrics: dict, history: dict, tta: bool) -> list:
+    """The model with its class names and scoring, the plots and class_names.json; the files' names (with
+    metrics.json, which the caller writes last)."""
     files = [MODEL_FILE, "confusion_matrix.png", "learning_curves.png", "metrics.json", "class_names.json"]
-    save_model(model, output_dir / MODEL_FILE, class_names, scoring={"tta": bool(cfg.tta)})
+    save_model(model, output_dir / MODEL_FILE, class_names, scoring={"tta": bool(tta)})
     mt.plot_confusion_matrix(metrics["confusion_matrix"], class_names, output_dir / "confusion_matrix.png")
     mt.plot_learning_curves(history, output_dir / "learning_curves.png")
     (output_dir / "class_names.json").write_text(json.dumps(class_names))
-    epoch_seconds = state.get("epoch_seconds", [])
-    result = {
-        "class_names": class_names,
-        "split_sizes": {"train": int(len(train_idx)), "val": int(len(val_idx)), "test": int(len(test_idx))},
-        "epochs_run": len(history.get("loss", [])),
-        "epochs_requested": cfg.epochs,
-        "best_epoch": int(early.best_epoch) + 1 if early.best_weights is not None else None,
-        "resumed_from_epoch": int(state.get("resumed_from_epoch", 0)),
-        "stopped_by_time_budget": bool(state.get("stopped_by_time_budget")),
-        "history": history,
-        "epoch_seconds": epoch_seconds,
-        "ms_per_step": round(1000 * float(np.median(epoch_seconds)) / steps, 1) if epoch_seconds else None,
-        "steps_per_epoch": steps,
-        "train_seconds": round(train_seconds, 2),
-        "eval_seconds": round(eval_seconds, 2),
-        "total_seconds": round(time.perf_counter() - t_start, 2),
-        "parameters": int(model.count_params()),
-        "model_config": model_cfg.as_dict(),
-        "train_config": cfg.as_dict(),
-        "test": {"y_true": y_test.tolist(), "y_pred": y_pred.tolist(), "probabilities": np.round(probs, 5).tolist()},
-        "metrics": metrics,
-        "output_dir": str(output_dir),
-        "files": files,
-        "run_prefix": os.environ.get("KINETIC_RUN_PREFIX"),
-        "hosts": hosts,
-        "global_batch": cfg.batch_size,
-    }
-    (output_dir / "metrics.json").write_text(
-        json.dumps(
-            {
-                k: result[k]
-                for k in (
-                    "metrics",
-                    "split_sizes",
-                    "epochs_run",
-                    "best_epoch",
-                    "resumed_from_epoch",
-                    "train_seconds",
-                    "ms_per_step",
-                    "model_config",
-                    "train_config",
-                    "history",
-                )
-            },
-            indent=1,
-        )
-    )
-    return result
+    return files
 
 
 def _group() -> tuple[int, int]:
