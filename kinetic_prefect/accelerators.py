@@ -215,66 +215,73 @@ def _topology_chips(topology: str) -> int:
     return product
 
 
+def _gpu_family(
+    short: str, label: str, machines: dict[int, str], extra: tuple[str, ...]
+) -> tuple[list[str], list[AcceleratorSpec]]:
+    """(spellings, entries) of one GPU family: an entry per GPU count, named ``<short>`` for one and
+    ``<short>x<n>`` for more; spelled by its short name, its node label with and without the vendor prefix."""
+    members = [
+        AcceleratorSpec(short if n == 1 else f"{short}x{n}", "gpu", n, label, None, n, 1, "nvidia.com/gpu", machine)
+        for n, machine in sorted(machines.items())
+    ]
+    keys = [short, label, label.removeprefix("nvidia-"), *extra]
+    if label.startswith("nvidia-tesla-"):
+        keys.append(label.removeprefix("nvidia-tesla-"))
+    return list(dict.fromkeys(keys)), members
+
+
+def _tpu_family(fam: _TpuFamily) -> tuple[list[str], list[AcceleratorSpec]]:
+    """(spellings, entries) of one TPU family: the single-host shapes, the multi-host ones (4 chips a host),
+    then the shapes also built from several hosts though a single-host VM exists."""
+    shapes = [(t, m, _topology_chips(t)) for t, m in fam.single_host]
+    shapes += [(t, fam.multi_host_machine, 4) for t in fam.multi_host_shapes]
+    members = []
+    for topology, machine, per_host in shapes:
+        chips = _topology_chips(topology)
+        members.append(
+            AcceleratorSpec(
+                f"{fam.prefix}-{chips * fam.cores_per_chip}",
+                "tpu",
+                chips,
+                fam.label,
+                topology,
+                per_host,
+                chips // per_host,
+                "google.com/tpu",
+                machine,
+            )
+        )
+    for topology in fam.multi_host_too:
+        chips = _topology_chips(topology)
+        members.append(
+            AcceleratorSpec(
+                f"{fam.prefix}-{chips * fam.cores_per_chip}-{chips // 4}hosts",
+                "tpu",
+                chips,
+                fam.label,
+                topology,
+                4,
+                chips // 4,
+                "google.com/tpu",
+                fam.multi_host_machine,
+            )
+        )
+    return [fam.prefix, *fam.spellings], members
+
+
 def _build() -> tuple[list[AcceleratorSpec], dict[str, list[AcceleratorSpec]], dict[str, str]]:
     """Return (catalog, family key -> its entries, any spelling -> canonical name)."""
     specs = [AcceleratorSpec("cpu", "cpu", 0, None, None, 0, 1, None, "n2-standard-8")]
     families: dict[str, list[AcceleratorSpec]] = {}
     spellings: dict[str, str] = {}
-
-    def add_family(keys: list[str], members: list[AcceleratorSpec]) -> None:
+    groups = [_gpu_family(*row) for row in _GPU_TABLE] + [_tpu_family(fam) for fam in _TPU_TABLE]
+    for keys, members in groups:
         specs.extend(members)
         for key in keys:
             if key in families or key in spellings:
                 raise AssertionError(f"duplicate accelerator spelling {key!r}")
             families[key] = members
             spellings[key] = members[0].name  # a bare family name = smallest entry
-
-    for short, label, machines, extra in _GPU_TABLE:
-        members = [
-            AcceleratorSpec(short if n == 1 else f"{short}x{n}", "gpu", n, label, None, n, 1, "nvidia.com/gpu", machine)
-            for n, machine in sorted(machines.items())
-        ]
-        keys = [short, label, label.removeprefix("nvidia-"), *extra]
-        if label.startswith("nvidia-tesla-"):
-            keys.append(label.removeprefix("nvidia-tesla-"))
-        add_family(list(dict.fromkeys(keys)), members)
-
-    for fam in _TPU_TABLE:
-        shapes = [(t, m, _topology_chips(t)) for t, m in fam.single_host]
-        shapes += [(t, fam.multi_host_machine, 4) for t in fam.multi_host_shapes]
-        members = []
-        for topology, machine, per_host in shapes:
-            chips = _topology_chips(topology)
-            members.append(
-                AcceleratorSpec(
-                    f"{fam.prefix}-{chips * fam.cores_per_chip}",
-                    "tpu",
-                    chips,
-                    fam.label,
-                    topology,
-                    per_host,
-                    chips // per_host,
-                    "google.com/tpu",
-                    machine,
-                )
-            )
-        for topology in fam.multi_host_too:
-            chips = _topology_chips(topology)
-            members.append(
-                AcceleratorSpec(
-                    f"{fam.prefix}-{chips * fam.cores_per_chip}-{chips // 4}hosts",
-                    "tpu",
-                    chips,
-                    fam.label,
-                    topology,
-                    4,
-                    chips // 4,
-                    "google.com/tpu",
-                    fam.multi_host_machine,
-                )
-            )
-        add_family([fam.prefix, *fam.spellings], members)
-
     for spec in specs:
         spellings.setdefault(spec.name, spec.name)
     return specs, families, spellings

@@ -18,6 +18,7 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kinetic_prefect.pod.data_sources import DataError, check_store_name, unreadable_error, walk_files
@@ -133,31 +134,11 @@ def _hash_batch(jobs: list[tuple[int, str, int]]) -> list[tuple[int, int, str]]:
 
 
 def build_manifest(root: Path, *, workers: int, memo: bool) -> Manifest:
-    if not os.path.exists(root):
-        raise DataError(f"data path {root} no longer exists: it was moved or deleted after Data() was created")
-    is_dir = os.path.isdir(root)
-    if is_dir:
-        listing = sorted(walk_files(root), key=lambda item: item[0])
-    else:
-        check_store_name(root.name, str(root))
-        listing = [(root.name, str(root), None)]  # type: ignore[list-item]  # no DirEntry for a lone file
-
+    is_dir, listing = _list_files(root)
     n = len(listing)
-    if is_dir and n == 0:
-        raise DataError(
-            f"data directory {root} is empty (no files at any depth): put the data in it or pass the "
-            "directory that holds it"
-        )
     rels: list[str] = [rel for rel, _p, _e in listing]
     paths: list[str] = [p for _r, p, _e in listing]
-    stats: list[os.stat_result] = []
-    for _rel, path, entry in listing:
-        try:
-            stats.append(entry.stat() if entry is not None else os.stat(path))
-        except OSError as exc:
-            raise unreadable_error(path, exc) from exc
-        if not stat.S_ISREG(stats[-1].st_mode):
-            raise DataError(f"data path {path} is not a regular file: pass a file or a directory of files")
+    stats = _stat_files(listing)
     sizes: list[int] = [st.st_size for st in stats]
     shas: list[str | None] = [None] * n
     keys = [_memo_key(p, st) for p, st in zip(paths, stats)] if memo else None
@@ -181,6 +162,62 @@ def build_manifest(root: Path, *, workers: int, memo: bool) -> Manifest:
                 )
             shas[index] = sha
 
+    _hash_files(todo_small, todo_big, workers, record)
+    if keys is not None:
+        _remember(keys, shas)
+    files = tuple(zip(rels, sizes, shas))
+    kind = "dir" if is_dir else "file"
+    assert all(sha is not None for sha in shas)
+    hashed: tuple[tuple[str, int, str], ...] = files  # type: ignore[assignment]  # checked just above
+    return Manifest(
+        root=root,
+        sha256=_content_hash(kind, hashed),
+        files=hashed,
+        total_bytes=sum(sizes),
+        is_dir=is_dir,
+        _stats=tuple((st.st_size, st.st_mtime_ns) for st in stats),
+    )
+
+
+def _list_files(root: Path) -> tuple[bool, list]:
+    """(is a directory, its (relative posix path, path, DirEntry or None) entries sorted by relative path)."""
+    if not os.path.exists(root):
+        raise DataError(f"data path {root} no longer exists: it was moved or deleted after Data() was created")
+    is_dir = os.path.isdir(root)
+    if is_dir:
+        listing = sorted(walk_files(root), key=lambda item: item[0])
+    else:
+        check_store_name(root.name, str(root))
+        listing = [(root.name, str(root), None)]  # type: ignore[list-item]  # no DirEntry for a lone file
+    if is_dir and not listing:
+        raise DataError(
+            f"data directory {root} is empty (no files at any depth): put the data in it or pass the "
+            "directory that holds it"
+        )
+    return is_dir, listing
+
+
+def _stat_files(listing: list) -> list[os.stat_result]:
+    """Each entry's stat (from its DirEntry where the walk made one); anything but a regular file fails."""
+    stats: list[os.stat_result] = []
+    for _rel, path, entry in listing:
+        try:
+            stats.append(entry.stat() if entry is not None else os.stat(path))
+        except OSError as exc:
+            raise unreadable_error(path, exc) from exc
+        if not stat.S_ISREG(stats[-1].st_mode):
+            raise DataError(f"data path {path} is not a regular file: pass a file or a directory of files")
+    return stats
+
+
+def _hash_files(
+    todo_small: list[tuple[int, str, int]],
+    todo_big: list[tuple[int, str, int]],
+    workers: int,
+    record: Callable[[list[tuple[int, int, str]]], None],
+) -> None:
+    """Hash the (index, path, size) jobs, handing each batch of results to ``record``: big files on a thread
+    pool from the start, small ones inline unless the first of them had to be read from disk."""
     pool = None
     futures: list[concurrent.futures.Future] = []
     try:
@@ -209,21 +246,10 @@ def build_manifest(root: Path, *, workers: int, memo: bool) -> Manifest:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 
-    if keys is not None:
-        with _memo_lock:
-            if len(_memo) + n > _MEMO_MAX:
-                _memo.clear()
-            for key, sha in zip(keys, shas):
-                _memo[key] = sha  # type: ignore[assignment]  # every file is hashed by now
-    files = tuple(zip(rels, sizes, shas))
-    kind = "dir" if is_dir else "file"
-    assert all(sha is not None for sha in shas)
-    hashed: tuple[tuple[str, int, str], ...] = files  # type: ignore[assignment]  # checked just above
-    return Manifest(
-        root=root,
-        sha256=_content_hash(kind, hashed),
-        files=hashed,
-        total_bytes=sum(sizes),
-        is_dir=is_dir,
-        _stats=tuple((st.st_size, st.st_mtime_ns) for st in stats),
-    )
+
+def _remember(keys: list[tuple[str, int, int, int, int]], shas: list[str | None]) -> None:
+    with _memo_lock:
+        if len(_memo) + len(keys) > _MEMO_MAX:
+            _memo.clear()
+        for key, sha in zip(keys, shas):
+            _memo[key] = sha  # type: ignore[assignment]  # every file is hashed by now
