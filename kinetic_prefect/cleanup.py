@@ -117,59 +117,99 @@ def find(
     run_ids, checkpoint_keys, flow_runs = active if active is not None else active_runs()
     now = time.time()
     cutoff = now - older_than_s
+    return [
+        *_run_leftovers(store_root, run_ids, now, cutoff, uncollected_older_than_s),
+        *_checkpoint_leftovers(store_root, checkpoint_keys, cutoff),
+        *_local_job_leftovers((cache_dir or config.cache_dir()) / "jobs", flow_runs, cutoff),
+        *_tmp_leftovers(tmp_dir or Path(tempfile.gettempdir()), cutoff),
+        *_half_unpacked_archives(cutoff),
+    ]
+
+
+def _run_leftovers(
+    store_root: Path, run_ids: set[str], now: float, cutoff: float, uncollected_older_than_s: float | None
+) -> list[Leftover]:
+    """Under ``runs/``, for runs no longer active: payloads whose job wrote no result, results nobody collected
+    (only with ``uncollected_older_than_s``), empty run folders."""
     found: list[Leftover] = []
     runs = store_root / "runs"
-    if runs.is_dir():
-        for run_dir in sorted(p for p in runs.iterdir() if p.is_dir()):
-            if run_dir.name in run_ids:
-                continue
-            layout = RunLayout(run_dir.name)
-            objects = [store_root / key for obj in (layout.payload, layout.result) for key in (obj, obj + SUFFIX)]
-            result = store_root / layout.result
-            if result.is_file():
-                if uncollected_older_than_s is None or result.stat().st_mtime >= now - uncollected_older_than_s:
-                    continue  # a value waiting for its collector
-                why = "a result nobody collected (older than --uncollected-older-than)"
-            else:
-                why = "a payload whose job wrote no result"
-            for path in (p for p in objects if p.is_file() and p.stat().st_mtime < cutoff):
-                found.append(Leftover(path, path.stat().st_size, why))
-            if not any(run_dir.iterdir()) and run_dir.stat().st_mtime < cutoff:
-                found.append(Leftover(run_dir, 0, "an empty run folder"))
+    if not runs.is_dir():
+        return found
+    for run_dir in sorted(p for p in runs.iterdir() if p.is_dir()):
+        if run_dir.name in run_ids:
+            continue
+        layout = RunLayout(run_dir.name)
+        objects = [store_root / key for obj in (layout.payload, layout.result) for key in (obj, obj + SUFFIX)]
+        result = store_root / layout.result
+        if result.is_file():
+            if uncollected_older_than_s is None or result.stat().st_mtime >= now - uncollected_older_than_s:
+                continue  # a value waiting for its collector
+            why = "a result nobody collected (older than --uncollected-older-than)"
+        else:
+            why = "a payload whose job wrote no result"
+        for path in (p for p in objects if p.is_file() and p.stat().st_mtime < cutoff):
+            found.append(Leftover(path, path.stat().st_size, why))
+        if not any(run_dir.iterdir()) and run_dir.stat().st_mtime < cutoff:
+            found.append(Leftover(run_dir, 0, "an empty run folder"))
+    return found
+
+
+def _checkpoint_leftovers(store_root: Path, checkpoint_keys: set[str], cutoff: float) -> list[Leftover]:
+    """Empty checkpoint folders under ``checkpoints/`` that no active run uses."""
     checkpoints = store_root / "checkpoints"
-    if checkpoints.is_dir():
-        active_dirs = {store_root / key for key in checkpoint_keys}
-        for folder in sorted(p for p in checkpoints.iterdir() if p.is_dir()):
-            if folder in active_dirs or folder.stat().st_mtime >= cutoff:
-                continue
-            if not any(p.is_file() for p in folder.rglob("*")):
-                found.append(Leftover(folder, 0, "an empty checkpoint folder"))
-    jobs = (cache_dir or config.cache_dir()) / "jobs"
-    if jobs.is_dir():
-        for job_dir in sorted(p for p in jobs.iterdir() if p.is_dir()):
-            if not _final_or_unknown(job_dir.name, flow_runs):
-                continue
-            try:
-                record = json.loads((job_dir / "job.json").read_text())
-            except (OSError, ValueError):
-                record = {}
-            if record and not _job_processes_gone(record):
-                continue
-            if _newest_mtime(job_dir) < cutoff:
-                found.append(Leftover(job_dir, _size(job_dir), "a local job's folder; its processes are gone"))
-    tmp = tmp_dir or Path(tempfile.gettempdir())
-    if tmp.is_dir():
-        for folder in sorted(p for p in tmp.iterdir() if p.is_dir() and p.name.startswith(TMP_PREFIXES)):
-            if _newest_mtime(folder) < cutoff:
-                found.append(Leftover(folder, _size(folder), "a job's temporary folder"))
+    if not checkpoints.is_dir():
+        return []
+    active_dirs = {store_root / key for key in checkpoint_keys}
+    return [
+        Leftover(folder, 0, "an empty checkpoint folder")
+        for folder in sorted(p for p in checkpoints.iterdir() if p.is_dir())
+        if folder not in active_dirs
+        and folder.stat().st_mtime < cutoff
+        and not any(p.is_file() for p in folder.rglob("*"))
+    ]
+
+
+def _local_job_leftovers(jobs: Path, flow_runs: set[str], cutoff: float) -> list[Leftover]:
+    """kinetic-local job folders whose run is final (or unknown) and whose processes are gone."""
+    found: list[Leftover] = []
+    if not jobs.is_dir():
+        return found
+    for job_dir in sorted(p for p in jobs.iterdir() if p.is_dir()):
+        if not _final_or_unknown(job_dir.name, flow_runs):
+            continue
+        try:
+            record = json.loads((job_dir / "job.json").read_text())
+        except (OSError, ValueError):
+            record = {}
+        if record and not _job_processes_gone(record):
+            continue
+        if _newest_mtime(job_dir) < cutoff:
+            found.append(Leftover(job_dir, _size(job_dir), "a local job's folder; its processes are gone"))
+    return found
+
+
+def _tmp_leftovers(tmp: Path, cutoff: float) -> list[Leftover]:
+    if not tmp.is_dir():
+        return []
+    return [
+        Leftover(folder, _size(folder), "a job's temporary folder")
+        for folder in sorted(p for p in tmp.iterdir() if p.is_dir() and p.name.startswith(TMP_PREFIXES))
+        if _newest_mtime(folder) < cutoff
+    ]
+
+
+def _half_unpacked_archives(cutoff: float) -> list[Leftover]:
+    """Project archives a job began to unpack into the node's code cache and never finished."""
     from kinetic_prefect.pod.runner import _node_cache
 
     node_code = _node_cache() / "code"
-    if node_code.is_dir():
-        for folder in sorted(p for p in node_code.iterdir() if p.is_dir() and p.name.startswith(".extract-")):
-            if _newest_mtime(folder) < cutoff:
-                found.append(Leftover(folder, _size(folder), "a half-unpacked project archive"))
-    return found
+    if not node_code.is_dir():
+        return []
+    return [
+        Leftover(folder, _size(folder), "a half-unpacked project archive")
+        for folder in sorted(p for p in node_code.iterdir() if p.is_dir() and p.name.startswith(".extract-"))
+        if _newest_mtime(folder) < cutoff
+    ]
 
 
 def remove(leftovers: list[Leftover]) -> int:
