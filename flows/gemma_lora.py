@@ -206,12 +206,31 @@ def publish(
     download_merged_preset: bool,
 ) -> dict:
     """Artifacts on the flow run (sample generations before/after, a report); outputs copied to output_dir."""
-    from gemma.data import parse_decision
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     files = _download_outputs(trained, Path(output_dir), download_merged_preset)
+    samples = _sample_rows(dataset, trained["generations"][:num_samples])
+    create_table_artifact(
+        key="gemma-sample-generations",
+        table=samples,
+        description=f"Gemma LoRA ({dataset}): held-out prompts, generations before and after fine-tuning (greedy)",
+    )
+    markdown = _report_markdown(dataset, trained, metrics, prepared, files)
+    create_markdown_artifact(key="gemma-report", markdown=markdown, description=f"Gemma LoRA report ({dataset})")
+    return {
+        "files": files,
+        "samples": samples,
+        "merged_preset": _store_url(trained, "merged_preset"),
+        "lora_weights": _store_url(trained, "gemma_lora.lora.h5"),
+    }
+
+
+def _sample_rows(dataset: str, generations: list[dict]) -> list[dict]:
+    """The sample table's rows: prompt, reference, generations before/after (and PubMedQA's decisions)."""
+    from gemma.data import parse_decision
+
     samples = []
-    for g in trained["generations"][:num_samples]:
+    for g in generations:
         row = {
             "id": g["id"],
             "input": _short(g["input"]),
@@ -223,26 +242,26 @@ def publish(
             row["decision before"] = parse_decision(g["before"] or "") or "?"
             row["decision after"] = parse_decision(g["after"] or "") or "?"
         samples.append(row)
-    create_table_artifact(
-        key="gemma-sample-generations",
-        table=samples,
-        description=f"Gemma LoRA ({dataset}): held-out prompts, generations before and after fine-tuning (greedy)",
+    return samples
+
+
+def _token_stat_row(name: str, s: dict) -> str:
+    full = s["full_tokens"]
+    return (
+        f"| {name} | {s['examples']} | {full.get('median', '-')} / {full.get('p95', '-')} / "
+        f"{full.get('max', '-')} | {s['body_truncated']} | {s['response_truncated']} | {s['tokens_dropped']} |"
     )
+
+
+def _report_markdown(dataset: str, trained: dict, metrics: dict, prepared: dict, files: list[str]) -> str:
+    """The gemma-report artifact: the metric before/after, the settings, token lengths, the curve, the outputs."""
     stats = trained["token_stats"]
-
-    def stat_row(name: str, s: dict) -> str:
-        full = s["full_tokens"]
-        return (
-            f"| {name} | {s['examples']} | {full.get('median', '-')} / {full.get('p95', '-')} / "
-            f"{full.get('max', '-')} | {s['body_truncated']} | {s['response_truncated']} | {s['tokens_dropped']} |"
-        )
-
     history = trained["history"]
     curve = "\n".join(
         f"| {i + 1} | {history['loss'][i]:.4f} | {history['accuracy'][i]:.4f} |" for i in range(len(history["loss"]))
     )
     cfg = trained["config"]
-    markdown = f"""# Gemma LoRA: {dataset}
+    return f"""# Gemma LoRA: {dataset}
 
 | | before fine-tuning | after |
 | --- | ---: | ---: |
@@ -263,8 +282,8 @@ def publish(
 
 | part | examples | full length median / p95 / max | bodies cut | answers cut | tokens dropped |
 | --- | ---: | --- | ---: | ---: | ---: |
-{stat_row("training", stats["train"])}
-{stat_row("evaluation prompts", stats["eval"])}
+{_token_stat_row("training", stats["train"])}
+{_token_stat_row("evaluation prompts", stats["eval"])}
 
 ## Learning curve (loss on answer tokens)
 
@@ -277,13 +296,6 @@ def publish(
 - LoRA weights: `{_store_url(trained, "gemma_lora.lora.h5")}`
 - merged preset (`Gemma3CausalLM.from_preset(...)`): `{_store_url(trained, "merged_preset")}`
 """ + "\n".join(f"- `{f}`" for f in files)
-    create_markdown_artifact(key="gemma-report", markdown=markdown, description=f"Gemma LoRA report ({dataset})")
-    return {
-        "files": files,
-        "samples": samples,
-        "merged_preset": _store_url(trained, "merged_preset"),
-        "lora_weights": _store_url(trained, "gemma_lora.lora.h5"),
-    }
 
 
 def _validate(
@@ -356,13 +368,7 @@ def gemma_lora(
     ref = presets.resolve(preset)  # unknown names, bad folders: fail here, before any task
     env = presets.check_credentials(ref) + list(forward_env or [])
 
-    cache = _cache_dir(cache_dir)
-    source = locate_data(dataset, data_path, cache)
-    prepared = prepare_data(source, cache, seed, max_examples, max_eval_examples)
-    if not (Path(prepared["path"]) / "train.jsonl").exists():  # the cache entry outlived its files
-        prepared = prepare_data.with_options(refresh_cache=True)(source, cache, seed, max_examples, max_eval_examples)
-    if prepared["sizes"]["train"] == 0:
-        raise gd.GemmaDataError(f"{dataset}: no training examples after preparation ({prepared['available']})")
+    prepared = _locate_and_prepare(dataset, data_path, _cache_dir(cache_dir), seed, max_examples, max_eval_examples)
     lengths = check_lengths(prepared, ref.as_dict(), sequence_length, max_new_tokens)
 
     config = dict(
@@ -380,12 +386,7 @@ def gemma_lora(
         preset_name=preset,
     )
     preset_arg = Data(ref.value) if ref.kind in ("local", "gcs") else ref.value
-    options: dict = dict(accelerator=accelerator, retries=retries, env=env)
-    if requirements:
-        options["requirements"] = requirements
-    if retrain:
-        options["refresh_cache"] = True
-    trainer = train.with_options(**options)
+    trainer = train.with_options(**_train_options(accelerator, retries, env, requirements, retrain))
     report_env = [name for name in env if not any(ch in name for ch in "*?[")]
     trained = trainer(
         Data(prepared["path"]),
@@ -401,6 +402,41 @@ def gemma_lora(
     published = publish(
         prepared["dataset"], trained, metrics, prepared, lengths, str(out), num_samples, download_merged_preset
     )
+    return _flow_result(metrics, prepared, lengths, trained, published, out)
+
+
+def _locate_and_prepare(
+    dataset: str,
+    data_path: str | None,
+    cache: str,
+    seed: int,
+    max_examples: int | None,
+    max_eval_examples: int | None,
+) -> dict:
+    """The locate and prepare tasks; a cached preparation whose files are gone is prepared again, and no
+    training examples at all fails here."""
+    source = locate_data(dataset, data_path, cache)
+    prepared = prepare_data(source, cache, seed, max_examples, max_eval_examples)
+    if not (Path(prepared["path"]) / "train.jsonl").exists():  # the cache entry outlived its files
+        prepared = prepare_data.with_options(refresh_cache=True)(source, cache, seed, max_examples, max_eval_examples)
+    if prepared["sizes"]["train"] == 0:
+        raise gd.GemmaDataError(f"{dataset}: no training examples after preparation ({prepared['available']})")
+    return prepared
+
+
+def _train_options(
+    accelerator: str, retries: int, env: list[str], requirements: list[str] | None, retrain: bool
+) -> dict:
+    """``with_options`` of the train task: ``retrain`` refreshes its cache entry."""
+    options: dict = dict(accelerator=accelerator, retries=retries, env=env)
+    if requirements:
+        options["requirements"] = requirements
+    if retrain:
+        options["refresh_cache"] = True
+    return options
+
+
+def _flow_result(metrics: dict, prepared: dict, lengths: dict, trained: dict, published: dict, out: Path) -> dict:
     return {
         "metric": metrics["metric"],
         "before": metrics["before"],

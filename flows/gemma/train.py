@@ -26,12 +26,13 @@ import signal
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .data import read_jsonl
-from .tokens import describe, make_tokenize, pack, segment
+from .tokens import Packed, describe, make_tokenize, pack, segment
 
 DEFAULTS = dict(
     lora_rank=4,
@@ -209,11 +210,60 @@ def _count(weights) -> int:
 def run(data_dir: Path, preset: str | Path, config: dict, kill_after_epoch: int | None = None) -> dict:
     cfg = {**DEFAULTS, **{k: v for k, v in config.items() if v is not None}}
     data_dir = Path(data_dir)
+    out_dir, ckpt_dir = _job_dirs()
+    t_start = time.perf_counter()
+    lm, preprocessor, dtype = _load_preset(preset, cfg)
+    load_s = time.perf_counter() - t_start
+    examples = _tokenized_examples(lm, preprocessor.tokenizer, data_dir, cfg)
+    trainable_params, total_params = _enable_lora(lm, int(cfg["lora_rank"]))
+    _compile(lm, cfg)
+
+    before: dict[int, str] = {}
+    t_gen = time.perf_counter()
+    if cfg["eval_before"] and examples.eval_indices:
+        before = examples.generate(lm, int(cfg["eval_batch_size"]))
+        _print(f"generated {len(before)} answers before fine-tuning in {time.perf_counter() - t_gen:.1f} s")
+
+    trained = _train(lm, examples.train, cfg, ckpt_dir, _signature(cfg, data_dir), kill_after_epoch)
+
+    t_gen = time.perf_counter()
+    after = examples.generate(lm, int(cfg["eval_batch_size"])) if examples.eval_indices else {}
+    _print(f"generated {len(after)} answers after fine-tuning in {time.perf_counter() - t_gen:.1f} s")
+
+    _save_lora_and_merged_preset(lm, preprocessor, out_dir, examples.sequence_length)
+    generations = _write_generations(out_dir, examples, before, after)
+    summary = {
+        "preset": cfg.get("preset_name") or str(preset),
+        "dtype": dtype,
+        "config": cfg,
+        "epochs_run": len(trained.history["loss"]),
+        "resumed_from_epoch": trained.start_epoch,
+        "history": trained.history,
+        "ms_per_step": round(float(np.median(trained.step_ms)), 1) if trained.step_ms else None,
+        "first_step_ms": round(trained.first_step_ms, 1) if trained.first_step_ms else None,
+        "steps_per_epoch": trained.steps,
+        "train_seconds": round(trained.seconds, 2),
+        "load_seconds": round(load_s, 2),
+        "trainable_params": trainable_params,
+        "total_params": total_params,
+        "token_stats": {"train": examples.train.stats, "eval": examples.eval.stats},
+    }
+    (out_dir / "train_summary.json").write_text(json.dumps(summary, indent=1))
+    files = sorted(p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*") if p.is_file())
+    return {**summary, "generations": generations, "files": files, "output_dir": str(out_dir)}
+
+
+def _job_dirs() -> tuple[Path, Path]:
+    """The job's output and checkpoint folders; temporary ones for a plain call."""
     out_dir = Path(os.environ.get("KINETIC_OUTPUT_DIR") or tempfile.mkdtemp(prefix="gemma-lora-out-"))
     ckpt_dir = Path(os.environ.get("KINETIC_CHECKPOINT_DIR") or tempfile.mkdtemp(prefix="gemma-lora-ckpt-"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    t_start = time.perf_counter()
+    return out_dir, ckpt_dir
 
+
+def _load_preset(preset: str | Path, cfg: dict):
+    """(the causal LM without its preprocessor, the preprocessor, the dtype policy). The job feeds token ids:
+    packing and loss masking are ours, so the LM's preprocessor is detached (and put back before saving)."""
     hide_accelerators_from_tensorflow()
     import keras
     import keras_hub
@@ -226,10 +276,33 @@ def run(data_dir: Path, preset: str | Path, config: dict, kill_after_epoch: int 
     )
     lm = keras_hub.models.Gemma3CausalLM.from_preset(str(preset), dtype=dtype)
     preprocessor = lm.preprocessor
-    tokenizer = preprocessor.tokenizer
-    lm.preprocessor = None  # we feed token ids: packing and loss masking are ours
-    load_s = time.perf_counter() - t_start
+    lm.preprocessor = None
+    return lm, preprocessor, dtype
 
+
+@dataclass(frozen=True)
+class Examples:
+    """The training examples packed for fitting, the held-out prompts packed for generation."""
+
+    tokenizer: object
+    train: Packed
+    eval: Packed
+    eval_rows: list[dict]
+    stop_ids: tuple[int, ...]
+    sequence_length: int
+    max_new_tokens: int
+
+    @property
+    def eval_indices(self) -> list[int]:
+        return list(range(len(self.eval_rows)))
+
+    def generate(self, lm, batch_size: int) -> dict[int, str]:
+        return generate(
+            lm, self.tokenizer, self.eval, self.eval_indices, batch_size, self.max_new_tokens, self.stop_ids
+        )
+
+
+def _tokenized_examples(lm, tokenizer, data_dir: Path, cfg: dict) -> Examples:
     tokenize = make_tokenize(tokenizer)
     bos, pad = int(tokenizer.start_token_id), int(tokenizer.pad_token_id)
     stop_ids = tuple(int(t) for t in (tokenizer.end_token_id, tokenizer.token_to_id("<end_of_turn>")))
@@ -245,14 +318,25 @@ def run(data_dir: Path, preset: str | Path, config: dict, kill_after_epoch: int 
             f"the tokenizer produced id {int(train_packed.token_ids.max())} >= the backbone's "
             f"vocabulary_size {vocab}: the preset's tokenizer and model do not match"
         )
+    return Examples(tokenizer, train_packed, eval_packed, eval_rows, stop_ids, seq_len, max_new)
 
-    lm.backbone.enable_lora(rank=int(cfg["lora_rank"]))
+
+def _enable_lora(lm, rank: int) -> tuple[int, int]:
+    """(trainable, total) parameters of the backbone once LoRA of ``rank`` is on."""
+    lm.backbone.enable_lora(rank=rank)
     total_params = _count(lm.backbone.weights)
     trainable_params = _count(lm.backbone.trainable_weights)
     _print(
-        f"LoRA rank {cfg['lora_rank']}: {trainable_params:,} trainable of {total_params:,} parameters "
+        f"LoRA rank {rank}: {trainable_params:,} trainable of {total_params:,} parameters "
         f"({100 * trainable_params / max(total_params, 1):.3f}%)"
     )
+    return trainable_params, total_params
+
+
+def _compile(lm, cfg: dict) -> None:
+    """AdamW (no weight decay on biases and norm scales); the loss is averaged over the response tokens, which
+    the sample weights select."""
+    import keras
 
     optimizer = keras.optimizers.AdamW(
         learning_rate=float(cfg["learning_rate"]), weight_decay=float(cfg["weight_decay"])
@@ -265,14 +349,22 @@ def run(data_dir: Path, preset: str | Path, config: dict, kill_after_epoch: int 
         sampler="greedy",
     )
 
-    eval_indices = list(range(len(eval_rows)))
-    before: dict[int, str] = {}
-    t_gen = time.perf_counter()
-    if cfg["eval_before"] and eval_indices:
-        before = generate(lm, tokenizer, eval_packed, eval_indices, int(cfg["eval_batch_size"]), max_new, stop_ids)
-        _print(f"generated {len(before)} answers before fine-tuning in {time.perf_counter() - t_gen:.1f} s")
 
-    signature = _signature(cfg, data_dir)
+@dataclass
+class Trained:
+    history: dict[str, list[float]]
+    step_ms: list[float]
+    first_step_ms: float | None
+    start_epoch: int
+    steps: int
+    seconds: float
+
+
+def _train(lm, packed: Packed, cfg: dict, ckpt_dir: Path, signature: str, kill_after_epoch: int | None) -> Trained:
+    """Epoch by epoch from the last checkpoint of the same settings and data, a checkpoint after each.
+    ``kill_after_epoch`` (a test hook) SIGKILLs the first attempt after that epoch's checkpoint."""
+    import keras
+
     epochs, batch_size = int(cfg["epochs"]), int(cfg["batch_size"])
     history: dict[str, list[float]] = {"loss": [], "accuracy": []}
     step_ms: list[float] = []
@@ -282,40 +374,18 @@ def run(data_dir: Path, preset: str | Path, config: dict, kill_after_epoch: int 
         start_epoch, history, step_ms = int(state["epoch"]), state["history"], list(state.get("step_ms", []))
         _print(f"resumed from the checkpoint of epoch {start_epoch}/{epochs} in {ckpt_dir}")
 
-    n = len(train_rows)
+    n = len(packed.token_ids)
     steps = max(1, -(-n // batch_size))
     progress = _progress_callback(keras, epochs, steps, int(cfg["log_every"]))
     first_step_ms = None
     t_train = time.perf_counter()
     for epoch in range(start_epoch, epochs):
-        rng = np.random.default_rng(int(cfg["seed"]) * 1000 + epoch)
-        order = rng.permutation(n)
-        if len(order) < steps * batch_size:  # full batches only: one compiled shape
-            order = np.concatenate([order, rng.choice(n, steps * batch_size - len(order))])
-        ids, mask, resp = (
-            train_packed.token_ids[order],
-            train_packed.padding_mask[order],
-            train_packed.response_mask[order],
-        )
-        x = {"token_ids": ids[:, :-1], "padding_mask": mask[:, :-1]}
-        y, weights = ids[:, 1:], resp[:, 1:].astype("float32")
         progress.epoch = epoch + 1
-        fit = lm.fit(
-            x,
-            y,
-            sample_weight=weights,
-            batch_size=batch_size,
-            epochs=epoch + 1,
-            initial_epoch=epoch,
-            shuffle=False,
-            verbose=0,
-            callbacks=[progress],
-        )
-        loss, acc = float(fit.history["loss"][-1]), float(fit.history["accuracy"][-1])
+        loss, acc = _fit_epoch(lm, packed, epoch, steps, batch_size, int(cfg["seed"]), progress)
         history["loss"].append(loss)
         history["accuracy"].append(acc)
         times = progress.times
-        if first_step_ms is None and times and epoch == start_epoch:
+        if first_step_ms is None and times and epoch == start_epoch:  # the first step compiles: kept apart
             first_step_ms = times[0]
             times = times[1:]
         step_ms.extend(times)
@@ -328,55 +398,61 @@ def run(data_dir: Path, preset: str | Path, config: dict, kill_after_epoch: int 
             _print(f"kill_after_epoch={kill_after_epoch}: SIGKILL (test hook)")
             sys.stdout.flush()
             os.kill(os.getpid(), signal.SIGKILL)
-    train_s = time.perf_counter() - t_train
+    return Trained(history, step_ms, first_step_ms, start_epoch, steps, time.perf_counter() - t_train)
 
-    t_gen = time.perf_counter()
-    after = (
-        generate(lm, tokenizer, eval_packed, eval_indices, int(cfg["eval_batch_size"]), max_new, stop_ids)
-        if eval_indices
-        else {}
+
+def _fit_epoch(lm, packed: Packed, epoch: int, steps: int, batch_size: int, seed: int, progress) -> tuple[float, float]:
+    """One epoch over a permutation seeded by (seed, epoch), so a resumed run sees the batches the uninterrupted
+    one would have; next-token targets, weighted to the response tokens. (loss, token accuracy)."""
+    n = len(packed.token_ids)
+    rng = np.random.default_rng(seed * 1000 + epoch)
+    order = rng.permutation(n)
+    if len(order) < steps * batch_size:  # full batches only: one compiled shape
+        order = np.concatenate([order, rng.choice(n, steps * batch_size - len(order))])
+    ids, mask, resp = packed.token_ids[order], packed.padding_mask[order], packed.response_mask[order]
+    x = {"token_ids": ids[:, :-1], "padding_mask": mask[:, :-1]}
+    y, weights = ids[:, 1:], resp[:, 1:].astype("float32")
+    fit = lm.fit(
+        x,
+        y,
+        sample_weight=weights,
+        batch_size=batch_size,
+        epochs=epoch + 1,
+        initial_epoch=epoch,
+        shuffle=False,
+        verbose=0,
+        callbacks=[progress],
     )
-    _print(f"generated {len(after)} answers after fine-tuning in {time.perf_counter() - t_gen:.1f} s")
+    return float(fit.history["loss"][-1]), float(fit.history["accuracy"][-1])
 
+
+def _save_lora_and_merged_preset(lm, preprocessor, out_dir: Path, sequence_length: int) -> None:
     lm.backbone.save_lora_weights(str(out_dir / LORA_FILE))
     lm.preprocessor = preprocessor
-    preprocessor.sequence_length = seq_len
+    preprocessor.sequence_length = sequence_length
     if lm.backbone.dtype_policy.name.startswith("mixed_"):
         # keras-hub 0.32 cannot reload a preset whose config names a mixed policy; the variables are float32.
         lm.backbone.dtype_policy = lm.backbone.dtype_policy.variable_dtype
     lm.save_to_preset(str(out_dir / MERGED_DIR))  # LoRA merged into the kernels
+
+
+def _write_generations(out_dir: Path, examples: Examples, before: dict, after: dict) -> list[dict]:
+    """generations.jsonl: each held-out example with its generations before and after fine-tuning."""
+    rows = examples.eval_rows
     generations = [
         {
-            "id": eval_rows[i]["id"],
-            "input": eval_rows[i]["input"],
-            "target": eval_rows[i]["target"],
-            "references": eval_rows[i]["references"],
+            "id": rows[i]["id"],
+            "input": rows[i]["input"],
+            "target": rows[i]["target"],
+            "references": rows[i]["references"],
             "before": before.get(i),
             "after": after.get(i),
         }
-        for i in eval_indices
+        for i in examples.eval_indices
     ]
     with open(out_dir / "generations.jsonl", "w", encoding="utf-8") as fh:
         fh.writelines(json.dumps(g, ensure_ascii=False) + "\n" for g in generations)
-    summary = {
-        "preset": cfg.get("preset_name") or str(preset),
-        "dtype": dtype,
-        "config": cfg,
-        "epochs_run": len(history["loss"]),
-        "resumed_from_epoch": start_epoch,
-        "history": history,
-        "ms_per_step": round(float(np.median(step_ms)), 1) if step_ms else None,
-        "first_step_ms": round(first_step_ms, 1) if first_step_ms else None,
-        "steps_per_epoch": steps,
-        "train_seconds": round(train_s, 2),
-        "load_seconds": round(load_s, 2),
-        "trainable_params": trainable_params,
-        "total_params": total_params,
-        "token_stats": {"train": train_packed.stats, "eval": eval_packed.stats},
-    }
-    (out_dir / "train_summary.json").write_text(json.dumps(summary, indent=1))
-    files = sorted(p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*") if p.is_file())
-    return {**summary, "generations": generations, "files": files, "output_dir": str(out_dir)}
+    return generations
 
 
 def _progress_callback(keras, epochs: int, steps: int, every: int):
