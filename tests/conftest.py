@@ -143,7 +143,9 @@ _server: PrefectServerProcess | None = None
 @pytest.fixture(autouse=True)
 def _prefect_server_unless_marked(request: pytest.FixtureRequest) -> None:
     """Every test gets the session's server unless its module says ``pytestmark = pytest.mark.no_server``: the
-    static and pure-logic modules run alone (``pytest -m no_server``) without starting one."""
+    static and pure-logic modules run alone (``pytest -m no_server``) without starting one. A module- or
+    session-scoped fixture that talks to the API asks for ``prefect_server`` itself: it is set up before this one,
+    and under xdist its module may be the first a worker runs."""
     if request.node.get_closest_marker("no_server") is None:
         request.getfixturevalue("prefect_server")
 

@@ -111,7 +111,7 @@ def _start_worker(args: list[str], cwd: Path, env: dict, log_path: Path) -> subp
 
 
 @pytest.fixture(scope="module")
-def operator(tmp_path_factory):
+def operator(prefect_server, tmp_path_factory):
     """Two pools and their workers, started the way prefect.yaml's header says, from a directory that is
     not the checkout: only the `pull` step can bring the flows' code in."""
     suffix = uuid.uuid4().hex[:6]

@@ -60,7 +60,7 @@ def cache_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def first_run(cache_dir, tmp_path_factory):
+def first_run(prefect_server, cache_dir, tmp_path_factory):
     """The whole flow once on the sample: tiny model, 2 epochs, through kinetic-local."""
     out = tmp_path_factory.mktemp("eurosat-out")
     flow_run_id, result = _run_flow(

@@ -253,7 +253,7 @@ def test_unknown_and_bad_presets_name_the_fix(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def pubmedqa_run(tiny_preset, cache_dir, tmp_path_factory):
+def pubmedqa_run(prefect_server, tiny_preset, cache_dir, tmp_path_factory):
     """PubMedQA, tiny model, 1 epoch, through kinetic-local."""
     out = tmp_path_factory.mktemp("gemma-out")
     params = dict(
@@ -349,7 +349,7 @@ def test_a_second_run_is_all_cache_hits(pubmedqa_run):
 
 
 @pytest.fixture(scope="module")
-def style_run(tiny_preset, cache_dir, tmp_path_factory):
+def style_run(prefect_server, tiny_preset, cache_dir, tmp_path_factory):
     """Style transfer, 2 epochs; the first job SIGKILLs itself after epoch 1 and the retry resumes. Fake Kaggle
     credentials are forwarded with env= to check they reach the job and are stored nowhere."""
     out = tmp_path_factory.mktemp("gemma-style-out")

@@ -119,7 +119,7 @@ KINDS = ["oserror", "open", "keyerror", "unicode", "called", "group"]
 
 
 @pytest.fixture(scope="module")
-def remote_exceptions() -> dict:
+def remote_exceptions(prefect_server) -> dict:
     """Each kind raised in a real job, and the same exception raised here: what the caller's copy holds."""
     name = f"raises-{uuid.uuid4().hex[:6]}"
     raise_here = _raise

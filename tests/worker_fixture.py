@@ -122,7 +122,7 @@ def worker_factory(tmp_path):
 
 
 @pytest.fixture(scope="session")
-def _shared_worker(tmp_path_factory):
+def _shared_worker(prefect_server, tmp_path_factory):
     worker = WorkerProcess(new_pool("shared-polling"), tmp_path_factory.mktemp("shared-worker") / "worker.log")
     yield worker
     worker.stop()
