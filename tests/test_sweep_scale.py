@@ -99,6 +99,7 @@ def test_the_calls_of_a_map_share_one_prefect_client(request_counts):
 
 
 @pytest.mark.slow
+@pytest.mark.slow_tier  # 300-510 s in a CI run: over the default run's budget for one test
 def test_a_128_input_map_on_the_sqlite_server_returns_every_value():
     """128 no-op inputs, in-process: twice the 64 inputs that already failed on a loaded machine before (503
     "database is locked" on the runs' creation, after the retries; 256 failed on a quiet one). It needs its time:
