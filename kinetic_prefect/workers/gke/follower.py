@@ -73,32 +73,12 @@ class JobFollower:
     def autoscaler_present(self) -> bool | None:
         """Whether the cluster runs the cluster autoscaler (its status ConfigMap exists); None: not known (the
         worker's namespaced Role may not read kube-system)."""
-        from kubernetes.client.exceptions import ApiException
-
         namespace, name = AUTOSCALER_STATUS_CONFIGMAP
-        try:
-            self.core.read_namespaced_config_map(name, namespace)
-            return True
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            if exc.status in (401, 403):
-                return None
-            raise
+        return _exists(self.core.read_namespaced_config_map, name, namespace)
 
     def node_exists(self, name: str) -> bool | None:
         """None: not known (the worker's namespaced Role may not read nodes, which are cluster-wide)."""
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            self.core.read_node(name)
-            return True
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            if exc.status in (401, 403):
-                return None
-            raise
+        return _exists(self.core.read_node, name)
 
     def disruption(self, pod) -> str | None:
         """Why the infrastructure took the pod away (capacity.pod_disruption), or the Job's own record of it."""
@@ -234,3 +214,18 @@ def _ran_at(status: Any) -> float | None:
             if part is not None and part.started_at:
                 started.append(part.started_at.timestamp())
     return min(started) if started else None
+
+
+def _exists(read: Any, *args: Any) -> bool | None:
+    """Whether ``read(*args)`` finds its object: False on 404, None when the worker may not read it (401/403)."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        read(*args)
+        return True
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        if exc.status in (401, 403):
+            return None
+        raise
