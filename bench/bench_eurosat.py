@@ -502,9 +502,9 @@ def _plain_run(call: dict, work: Path) -> dict:
 
 def _kinetic_run(call: dict, label: str) -> dict:
     """The same call through @kinetic_task: a job launched by the kinetic-local worker, inside a flow."""
+    import eurosat_vit
     from prefect import flow
 
-    import eurosat_vit
     from kinetic_prefect import Data
 
     @flow(name=f"eurosat-overhead-{label}")

@@ -13,7 +13,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-
 # Prefect's server keeps 5 (+10 overflow) database connections by default; a 64-input fan-out on a loaded machine
 # waited out the 30 s checkout ("QueuePool limit of size 5 overflow 10 reached") and answered 500.
 POSTGRES_SERVER_ENV = {

@@ -38,10 +38,10 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 # Prefect's temporary server gets 20 s to start by default; on 2 busy cores that is sometimes too little
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 
+from eurosat import dataset as ds  # noqa: E402
 from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.cache_policies import INPUTS, TASK_SOURCE  # noqa: E402
 
-from eurosat import dataset as ds  # noqa: E402
 from kinetic_prefect import Data, kinetic_task  # noqa: E402
 
 CACHE_POLICY = INPUTS + TASK_SOURCE

@@ -24,14 +24,14 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kinetic_prefect.pod.data import Data as Data
     from kinetic_prefect.caller.decorator import KineticTask as KineticTask
     from kinetic_prefect.caller.decorator import kinetic_task as kinetic_task
     from kinetic_prefect.errors import KineticJobCrashed as KineticJobCrashed
     from kinetic_prefect.errors import RemoteTraceback as RemoteTraceback
-    from kinetic_prefect.shared.image import ImageSpec as ImageSpec
     from kinetic_prefect.kinetic.jobs import attach as attach
+    from kinetic_prefect.pod.data import Data as Data
     from kinetic_prefect.pod.outputs import JobOutputs as JobOutputs
+    from kinetic_prefect.shared.image import ImageSpec as ImageSpec
     from kinetic_prefect.shared.sweeps import fail_fast as fail_fast
 
 __all__ = ["__version__", *_LAZY]

@@ -22,9 +22,9 @@ from __future__ import annotations
 import json
 import re
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -65,7 +65,7 @@ def readme_with_catalog(text: str) -> str:
 
 @app.command("catalog")
 def catalog_command(
-    write_readme: Optional[Path] = typer.Option(
+    write_readme: Path | None = typer.Option(
         None, "--write-readme", metavar="README", help="rewrite the catalog section of this file"
     ),
 ) -> None:
@@ -78,7 +78,7 @@ def catalog_command(
 
 @app.command("accelerators")
 def accelerators_command(
-    family: Optional[str] = typer.Option(None, "--family", metavar="FAMILY", help="only this family: cpu, gpu or tpu"),
+    family: str | None = typer.Option(None, "--family", metavar="FAMILY", help="only this family: cpu, gpu or tpu"),
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
 ) -> None:
     """List the accelerator names @kinetic_task(accelerator=...) accepts, with what GKE runs them on."""
@@ -125,13 +125,13 @@ _SYMBOLS = {"ok": "[green]✓[/]", "fail": "[red]✗[/]", "warn": "[yellow]![/]"
 
 @app.command("doctor")
 def doctor_command(
-    pool: Optional[str] = typer.Option(
+    pool: str | None = typer.Option(
         None, "--pool", metavar="NAME", help=f"the kinetic work pool (default: ${Env.WORK_POOL} or kinetic-local)"
     ),
-    accelerator: Optional[List[str]] = typer.Option(
+    accelerator: list[str] | None = typer.Option(
         None, "--accelerator", "-a", metavar="NAME", help="also check a node pool for this accelerator (repeatable)"
     ),
-    store: Optional[str] = typer.Option(None, "--store", metavar="URL", help="check this store instead of the pool's"),
+    store: str | None = typer.Option(None, "--store", metavar="URL", help="check this store instead of the pool's"),
     deployments: bool = typer.Option(
         False,
         "--deployments",
@@ -167,7 +167,7 @@ def doctor_command(
 @app.command("pool-set")
 def pool_set_command(
     pool: str = typer.Argument(..., help="work pool name"),
-    assignments: List[str] = typer.Argument(
+    assignments: list[str] = typer.Argument(
         ..., metavar="KEY=VALUE...", help="job variable defaults (JSON values parse; KEY= clears)"
     ),
 ) -> None:
@@ -196,23 +196,23 @@ def gke_worker_image_command(
         "REPOSITORY/kinetic-gke-worker:<version>-<digest>)",
     ),
     push: bool = typer.Option(False, "--push", help="docker push the image after building it"),
-    base_image: Optional[str] = typer.Option(
+    base_image: str | None = typer.Option(
         None,
         "--base-image",
         metavar="IMAGE",
         help="the Dockerfile's BASE_IMAGE, Debian-based with Python >= 3.11 "
         "(default: the Dockerfile's, python:3.12-slim)",
     ),
-    source: Optional[Path] = typer.Option(
+    source: Path | None = typer.Option(
         None,
         "--source",
         metavar="CHECKOUT",
         help="the kinetic-prefect checkout to build (default: the one this kinetic-prefect runs from)",
     ),
-    network: Optional[str] = typer.Option(
+    network: str | None = typer.Option(
         None, "--network", metavar="NETWORK", help="passed to `docker build --network` (e.g. host)"
     ),
-    ca_bundle: Optional[Path] = typer.Option(
+    ca_bundle: Path | None = typer.Option(
         None,
         "--ca-bundle",
         metavar="FILE",
@@ -249,19 +249,19 @@ def gke_worker_image_command(
 @app.command("gke-worker-manifests")
 def gke_worker_manifests_command(
     pool: str = typer.Option(..., "--pool"),
-    image: Optional[str] = typer.Option(
+    image: str | None = typer.Option(
         None, "--image", help="the worker's image (default: the one `gke-worker-image --repository` builds)"
     ),
-    repository: Optional[str] = typer.Option(
+    repository: str | None = typer.Option(
         None,
         "--repository",
         metavar="REPOSITORY",
         help="name the image `gke-worker-image --repository REPOSITORY` builds from this checkout",
     ),
-    base_image: Optional[str] = typer.Option(
+    base_image: str | None = typer.Option(
         None, "--base-image", metavar="IMAGE", help="the --base-image that image was built with"
     ),
-    source: Optional[Path] = typer.Option(None, "--source", metavar="CHECKOUT"),
+    source: Path | None = typer.Option(None, "--source", metavar="CHECKOUT"),
     namespace: str = typer.Option("default", "--namespace"),
 ) -> None:
     """Print manifests that run a kinetic-gke worker in a cluster (pipe them to `kubectl apply -f -`)."""
@@ -289,11 +289,11 @@ def gke_worker_manifests_command(
 
 @app.command("cleanup")
 def cleanup_command(
-    store: Optional[str] = typer.Option(
+    store: str | None = typer.Option(
         None, "--store", metavar="DIR", help=f"the local store (default: {Env.STORE} or ~/.cache/kinetic-prefect/store)"
     ),
     older_than: float = typer.Option(60.0, "--older-than", metavar="MINUTES", help="only what is at least this old"),
-    uncollected_older_than: Optional[float] = typer.Option(
+    uncollected_older_than: float | None = typer.Option(
         None,
         "--uncollected-older-than",
         metavar="MINUTES",
@@ -330,7 +330,7 @@ def cleanup_command(
         sys.stdout.write(f"removed {remove(leftovers)} of {len(leftovers)}\n")
 
 
-def _print_estimate(target: Optional[str], minutes: Optional[float], hosts: Optional[int], as_json: bool) -> None:
+def _print_estimate(target: str | None, minutes: float | None, hosts: int | None, as_json: bool) -> None:
     from kinetic_prefect.cost_report import estimate, estimate_table
 
     if target is None or minutes is None:
@@ -356,18 +356,18 @@ def _print_estimate(target: Optional[str], minutes: Optional[float], hosts: Opti
 
 @app.command("cost")
 def cost_command(
-    flow_run: Optional[List[str]] = typer.Option(None, "--flow-run", metavar="ID", help="a flow run (repeatable)"),
-    deployment: Optional[str] = typer.Option(None, "--deployment", metavar="FLOW/NAME", help="runs of a deployment"),
-    flow_name: Optional[str] = typer.Option(None, "--flow", metavar="NAME", help="runs of a flow"),
-    since: Optional[datetime] = typer.Option(None, "--since", metavar="DATE", help="runs started at or after DATE"),
-    until: Optional[datetime] = typer.Option(None, "--until", metavar="DATE", help="runs started before DATE"),
+    flow_run: list[str] | None = typer.Option(None, "--flow-run", metavar="ID", help="a flow run (repeatable)"),
+    deployment: str | None = typer.Option(None, "--deployment", metavar="FLOW/NAME", help="runs of a deployment"),
+    flow_name: str | None = typer.Option(None, "--flow", metavar="NAME", help="runs of a flow"),
+    since: datetime | None = typer.Option(None, "--since", metavar="DATE", help="runs started at or after DATE"),
+    until: datetime | None = typer.Option(None, "--until", metavar="DATE", help="runs started before DATE"),
     last: int = typer.Option(10, "--last", metavar="N", help="the N most recent runs (0: all in the range)"),
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of tables"),
-    estimate: Optional[str] = typer.Option(
+    estimate: str | None = typer.Option(
         None, "--estimate", metavar="TASK_OR_ACCELERATORS", help="estimate, before running: l4,a100x4 or MODULE:TASK"
     ),
-    minutes: Optional[float] = typer.Option(None, "--minutes", metavar="N", help="with --estimate: minutes of run"),
-    hosts: Optional[int] = typer.Option(None, "--hosts", metavar="N", help="with --estimate: hosts of a group"),
+    minutes: float | None = typer.Option(None, "--minutes", metavar="N", help="with --estimate: minutes of run"),
+    hosts: int | None = typer.Option(None, "--hosts", metavar="N", help="with --estimate: hosts of a group"),
 ) -> None:
     """What flow runs' kinetic calls cost, from Prefect's records (the cost artifacts the workers left); with
     --estimate, what a fallback list would cost for --minutes, from the built-in list prices."""
@@ -377,8 +377,8 @@ def cost_command(
 
     from kinetic_prefect.cost_report import flow_run_costs
 
-    def utc(moment: Optional[datetime]) -> Optional[datetime]:
-        return moment.replace(tzinfo=timezone.utc) if moment is not None and moment.tzinfo is None else moment
+    def utc(moment: datetime | None) -> datetime | None:
+        return moment.replace(tzinfo=UTC) if moment is not None and moment.tzinfo is None else moment
 
     try:
         runs: list[Any] = run_coro_as_sync(  # its return type is lost

@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kinetic_prefect.contract import LOCAL_WORKER_TYPE
-from kinetic_prefect.contract import settings
+from kinetic_prefect.contract import LOCAL_WORKER_TYPE, settings
 
 DEFAULT_WORK_POOL = LOCAL_WORKER_TYPE  # the embedded default pool is named after its type
 

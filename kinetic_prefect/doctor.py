@@ -24,8 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kinetic_prefect import accelerators, config
-from kinetic_prefect.contract import Env
-from kinetic_prefect.contract import GKE_WORKER_TYPE, LOCAL_WORKER_TYPE, WORKER_TYPES
+from kinetic_prefect.contract import GKE_WORKER_TYPE, LOCAL_WORKER_TYPE, WORKER_TYPES, Env
 
 OK, FAIL, WARN, SKIP = "ok", "fail", "warn", "skip"
 KINETIC_TYPES = WORKER_TYPES

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Optional
 
 import typer
 
@@ -33,7 +32,7 @@ def _handle(job_id: str):  # noqa: ANN202 - JobHandle, imported lazily (the CLI 
 @jobs_app.command("list")
 def list_command(
     include_finished: bool = typer.Option(False, "--all", help="also jobs that have ended (the latest --limit)"),
-    pool: Optional[str] = typer.Option(None, "--pool", help="only jobs of this work pool"),
+    pool: str | None = typer.Option(None, "--pool", help="only jobs of this work pool"),
     limit: int = typer.Option(200, "--limit", help="at most this many jobs"),
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
 ) -> None:
@@ -69,7 +68,7 @@ def status_command(job_id: str = typer.Argument(..., metavar="JOB_ID")) -> None:
 def logs_command(
     job_id: str = typer.Argument(..., metavar="JOB_ID"),
     follow: bool = typer.Option(False, "--follow", "-f", help="print the output as it comes, until the job ends"),
-    tail: Optional[int] = typer.Option(None, "--tail", "-n", help="only the last N lines"),
+    tail: int | None = typer.Option(None, "--tail", "-n", help="only the last N lines"),
 ) -> None:
     """The job's output (its run's logs)."""
     if follow and tail is not None:
@@ -86,7 +85,7 @@ def logs_command(
 @jobs_app.command("result")
 def result_command(
     job_id: str = typer.Argument(..., metavar="JOB_ID"),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="wait at most this many seconds"),
+    timeout: float | None = typer.Option(None, "--timeout", help="wait at most this many seconds"),
     cleanup: bool = typer.Option(True, "--cleanup/--no-cleanup", help="delete the payload and result once collected"),
 ) -> int:
     """Wait for the job and print its value (repr); a failed job prints its exception and exits 1."""

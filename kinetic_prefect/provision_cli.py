@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, List, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -111,17 +111,17 @@ def _guard(call: Any) -> Any:
 
 
 def up_command(
-    project: Optional[str] = _PROJECT,
+    project: str | None = _PROJECT,
     zone: str = _ZONE,
     cluster: str = _CLUSTER,
-    accelerator: Optional[List[str]] = typer.Option(
+    accelerator: list[str] | None = typer.Option(
         None, "--accelerator", "-a", metavar="NAME", help="a node pool for this accelerator (repeatable)"
     ),
     spot: bool = _SPOT,
-    reservation: Optional[str] = _RESERVATION,
+    reservation: str | None = _RESERVATION,
     min_nodes: int = _MIN_NODES,
     pool_name: str = _POOL_NAME,
-    worker_image: Optional[str] = typer.Option(
+    worker_image: str | None = typer.Option(
         None, "--worker-image", metavar="IMAGE", help="run a worker in the cluster from this image"
     ),
     dry_run: bool = _DRY_RUN,
@@ -176,7 +176,7 @@ def _next_steps(settings: Any) -> None:
 
 
 def down_command(
-    project: Optional[str] = _PROJECT,
+    project: str | None = _PROJECT,
     zone: str = _ZONE,
     cluster: str = _CLUSTER,
     pool_name: str = _POOL_NAME,
@@ -204,11 +204,11 @@ def down_command(
 @pool_app.command("add")
 def pool_add_command(
     accelerator: str = typer.Argument(..., metavar="ACCELERATOR", help="e.g. l4, a100x4, tpu-v6e-16, h100:spot"),
-    project: Optional[str] = _PROJECT,
+    project: str | None = _PROJECT,
     zone: str = _ZONE,
     cluster: str = _CLUSTER,
     spot: bool = _SPOT,
-    reservation: Optional[str] = _RESERVATION,
+    reservation: str | None = _RESERVATION,
     min_nodes: int = _MIN_NODES,
     dry_run: bool = _DRY_RUN,
 ) -> None:
@@ -233,7 +233,7 @@ def pool_add_command(
 @pool_app.command("remove")
 def pool_remove_command(
     target: str = typer.Argument(..., metavar="ACCELERATOR|NODE_POOL", help="an accelerator, or a node pool's name"),
-    project: Optional[str] = _PROJECT,
+    project: str | None = _PROJECT,
     zone: str = _ZONE,
     cluster: str = _CLUSTER,
     spot: bool = typer.Option(False, "--spot", help="the accelerator's Spot pools"),
@@ -258,7 +258,7 @@ def pool_remove_command(
 
 @pool_app.command("list")
 def pool_list_command(
-    project: Optional[str] = _PROJECT,
+    project: str | None = _PROJECT,
     zone: str = _ZONE,
     cluster: str = _CLUSTER,
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),

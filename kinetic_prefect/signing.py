@@ -18,8 +18,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from kinetic_prefect.contract import Env
-from kinetic_prefect.contract import settings
+from kinetic_prefect.contract import Env, settings
 
 KEY_ENV = Env.SIGNING_KEY
 REQUIRED_ENV = Env.SIGNED  # set (not secret) on jobs whose caller signed: the job then insists

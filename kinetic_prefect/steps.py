@@ -12,8 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kinetic_prefect.contract import Env
-from kinetic_prefect.contract import settings
+from kinetic_prefect.contract import Env, settings
 
 PROJECT_DIR_VARIABLE = Env.PROJECT_DIR
 

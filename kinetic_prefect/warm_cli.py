@@ -11,8 +11,8 @@ work pool, with the fields of a job's ``kinetic.job.cost`` (accelerator, spot, h
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
-from typing import Any, Optional
+from datetime import UTC, datetime
+from typing import Any
 
 import typer
 
@@ -20,7 +20,6 @@ from kinetic_prefect import accelerators, config
 from kinetic_prefect.contract import WARM_IDLE_EVENT
 from kinetic_prefect.shared import cost
 from kinetic_prefect.workers.local import warm
-
 
 warm_app = typer.Typer(
     name="warm",
@@ -71,7 +70,7 @@ def _rows(pool: str | None) -> list[tuple[warm.RunnerInfo, cost.JobCost]]:
 
 
 @warm_app.command("list")
-def list_command(pool: Optional[str] = typer.Option(None, "--pool", help="only this work pool's runners")) -> None:
+def list_command(pool: str | None = typer.Option(None, "--pool", help="only this work pool's runners")) -> None:
     """Each warm runner on this machine: pool, accelerator, since, idle for, calls served, floor, idle cost."""
     rows = _rows(pool)
     if not rows:
@@ -80,7 +79,7 @@ def list_command(pool: Optional[str] = typer.Option(None, "--pool", help="only t
     now = time.time()
     print(f"{'POOL':20}  {'ACCELERATOR':12}  {'PID':>7}  {'SINCE':19}  {'IDLE FOR':9}  {'CALLS':>5}  FLOOR  IDLE COST")
     for info, idle in rows:
-        since = datetime.fromtimestamp(info.since, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+        since = datetime.fromtimestamp(info.since, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
         idle_for = "busy" if info.idle_since is None else _ago(info.idle_seconds(now))
         calls = "-" if info.calls < 0 else str(info.calls)
         usd = "unpriced" if idle.usd is None else f"${idle.usd:.4f}"
@@ -122,7 +121,7 @@ def publish_idle(info: warm.RunnerInfo, idle: cost.JobCost, work_pool: Any) -> N
 
 @warm_app.command("down")
 def down_command(
-    pool: Optional[str] = typer.Option(None, "--pool", help="only this work pool's runners"),
+    pool: str | None = typer.Option(None, "--pool", help="only this work pool's runners"),
     yes: bool = typer.Option(False, "--yes", "-y", help="do not ask"),
 ) -> None:
     """End the idle warm runners (busy ones finish their call). The pool is not changed: with min_warm its next

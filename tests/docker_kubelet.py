@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import http.server
 import re
 import select
-import struct
 import socket
-import http.server
 import ssl
+import struct
 import subprocess
 import threading
-import uuid
 import time
 import urllib.parse
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 

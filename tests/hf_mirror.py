@@ -29,7 +29,7 @@ class HubMirror:
     def sha(self, repo: str) -> str:
         return hashlib.sha1(json.dumps(sorted(self.datasets[repo])).encode() + repo.encode()).hexdigest()
 
-    def __enter__(self) -> "HubMirror":
+    def __enter__(self) -> HubMirror:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self
 

@@ -152,7 +152,7 @@ class ControlPlane:
         log = open(self.workdir / f"{name}.log", "ab")
         self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
 
-    def start(self) -> "ControlPlane":
+    def start(self) -> ControlPlane:
         pki = self.workdir / "pki"
         make_certificates(pki)
         etcd_port, peer_port, self.port = free_port(), free_port(), free_port()

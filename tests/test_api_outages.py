@@ -16,20 +16,19 @@ A 5-minute outage under Prefect's default retries runs with ``KINETIC_SLOW_TESTS
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 import re
 import subprocess
 import sys
 import textwrap
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from api_gate import ApiGate
 from prefect import get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-
-from api_gate import ApiGate
 from test_lifecycle import final_job_run, read_pid, task_run_of
 
 SCRIPT = textwrap.dedent("""
@@ -289,8 +288,9 @@ def test_a_job_that_ends_during_an_outage_is_billed_to_its_own_end_and_keeps_its
     Billed to then, a 3 s job behind a 14 s outage went over its 10 s budget and lost its value (Failed,
     BudgetExceeded, its result deleted). The job is billed to the runner's own exit record, and a job that has
     ended is never stopped for its budget. ≈ 27 s: the outage itself (14 s) and a caller script's start."""
-    from kinetic_prefect.contract import JOB_COST_ARTIFACT_KEY
     from test_cost import artifacts, table
+
+    from kinetic_prefect.contract import JOB_COST_ARTIFACT_KEY
 
     name = f"outage-bill-{uuid.uuid4().hex[:6]}"
     script = tmp_path / "caller.py"

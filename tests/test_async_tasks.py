@@ -73,7 +73,6 @@ def test_an_async_task_can_be_submitted_in_an_async_flow():
 def test_a_cancelled_async_call_raises(tmp_path):
     from prefect import get_client
     from prefect.states import Cancelling
-
     from test_lifecycle import job_runs, wait_for
 
     name = f"async-cancel-{uuid.uuid4().hex[:6]}"

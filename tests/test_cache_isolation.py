@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import threading
-import pytest
 import uuid
 
+import pytest
 from prefect import flow, get_client
 from prefect.cache_policies import INPUTS, TASK_SOURCE
 from prefect.client.schemas.filters import FlowFilter, FlowFilterName

@@ -12,8 +12,6 @@ import uuid
 import pytest
 from prefect import flow, get_client
 from prefect.states import Cancelling
-
-from kinetic_prefect.errors import KineticJobCancelled
 from test_lifecycle import (  # noqa: F401 - route is a fixture
     STOP_WITHIN_SECONDS,
     final_job_run,
@@ -25,6 +23,8 @@ from test_lifecycle import (  # noqa: F401 - route is a fixture
     sleeper,
     task_run_of,
 )
+
+from kinetic_prefect.errors import KineticJobCancelled
 
 # The session server's start (minutes at a high load average) counts in the first test's time.
 pytestmark = pytest.mark.timeout(900)

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import kubernetes_validate
 import pytest
+from test_gke_manifests import K8S_VERSION, render
 
 from kinetic_prefect import accelerators, kinetic_task
 from kinetic_prefect.shared import capacity
 from kinetic_prefect.workers.gke import capacity as gke_capacity
-from test_gke_manifests import K8S_VERSION, render
-
 
 # --------------------------------------------------------------------------- fallback lists
 
@@ -250,8 +249,9 @@ def test_every_job_fails_fast_on_disruption_and_is_named_per_attempt():
     manifest = configuration.job_manifest
     kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
     assert manifest["spec"]["podFailurePolicy"]["rules"][0]["onPodConditions"][0]["type"] == "DisruptionTarget"
-    from prefect.client.schemas.objects import FlowRun
     import uuid
+
+    from prefect.client.schemas.objects import FlowRun
 
     run = FlowRun(id=uuid.uuid4(), name="brave-otter-job1", flow_id=uuid.uuid4())
     second = configuration.render_manifest(accelerators.resolve("l4"), run, attempt=2)
@@ -273,8 +273,9 @@ def test_a_reservation_is_consumed_by_the_first_accelerator_only():
     assert selector["cloud.google.com/reservation-affinity"] == "specific"
     assert selector["cloud.google.com/reservation-project"] == "shared-proj"
     assert selector["cloud.google.com/gke-accelerator"] == "nvidia-tesla-a100"
-    from prefect.client.schemas.objects import FlowRun
     import uuid
+
+    from prefect.client.schemas.objects import FlowRun
 
     fallback = configuration.render_manifest(
         accelerators.resolve("l4x4"), FlowRun(id=uuid.uuid4(), name="r", flow_id=uuid.uuid4()), 2

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
+from job_runs import jobs_of
 from prefect import flow, get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterTaskRunId
 
-from job_runs import jobs_of
 from kinetic_prefect import kinetic_task
 from kinetic_prefect.errors import KineticJobCrashed
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import kinetic_prefect
 from kinetic_prefect import contract
-import pytest
 
 pytestmark = pytest.mark.no_server
 

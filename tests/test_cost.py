@@ -12,19 +12,19 @@ import re
 import sys
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from prefect import flow, get_client
 from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+from test_spine import job_runs
 
 from kinetic_prefect import accelerators, kinetic_task
-from kinetic_prefect.shared import cost
 from kinetic_prefect.contract import FLOW_COST_ARTIFACT_KEY, JOB_COST_ARTIFACT_KEY, USAGE_ARTIFACT_KEY
 from kinetic_prefect.errors import BudgetExceeded
+from kinetic_prefect.shared import cost
 from kinetic_prefect.workers.base import load_template
-from test_spine import job_runs
 
 CPU_PER_HOUR = 36.0  # $0.01 per second: budgets and figures in whole cents
 CPU_SPOT_PER_HOUR = 12.0
@@ -71,7 +71,7 @@ def events(name: str, resource_id: str, timeout: float = 15.0, until=bool) -> li
                     "filter": {
                         "event": {"name": [name]},
                         "resource": {"id": [resource_id]},
-                        "occurred": {"since": (datetime.now(timezone.utc) - timedelta(hours=1)).isoformat()},
+                        "occurred": {"since": (datetime.now(UTC) - timedelta(hours=1)).isoformat()},
                     },
                     "limit": 50,
                 },
@@ -382,7 +382,7 @@ def test_a_spot_l4_pod_is_priced_at_the_spot_rate():
     from kinetic_prefect.shared.prices import PRICES
     from kinetic_prefect.workers.gke.follower import pod_span
 
-    started = datetime(2026, 12, 1, 10, 0, tzinfo=timezone.utc)
+    started = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
     spot = pod_span(_pod_from_manifest(_gke_manifest("l4", spot=True), 0, started, started + timedelta(minutes=30)))
     on_demand = pod_span(_pod_from_manifest(_gke_manifest("l4"), 0, started, started + timedelta(minutes=30)))
     assert spot.spot and not on_demand.spot
@@ -402,7 +402,7 @@ def test_a_two_host_group_is_priced_for_both_hosts():
 
     manifest = _gke_manifest("l4", hosts=2)
     assert manifest["spec"]["completions"] == 2
-    started = datetime(2026, 12, 1, 10, 0, tzinfo=timezone.utc)
+    started = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
     spans = [
         pod_span(_pod_from_manifest(manifest, i, started + timedelta(seconds=5 * i), started + timedelta(minutes=20)))
         for i in range(2)
@@ -475,7 +475,7 @@ def test_a_pods_image_pull_is_pending_time_apart_from_its_run_time():
     comes after: the span keeps both, so the cost table says how much of the billed time was pending."""
     from kinetic_prefect.workers.gke.follower import pod_span
 
-    started = datetime(2026, 12, 1, 10, 0, tzinfo=timezone.utc)
+    started = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
     pod = _pod_from_manifest(_gke_manifest("l4"), 0, started, started + timedelta(minutes=30))
     pod.status.start_time = started - timedelta(seconds=90)  # accepted by the kubelet, then 90 s of image pull
     span = pod_span(pod)

@@ -438,8 +438,8 @@ def test_a_gke_debug_job_is_reached_through_jobs_debug_and_the_api_servers_port_
     kubelet's ``/portForward``): debugpy answers ``initialize``, the client attaches, and the call returns its
     value. More than a few seconds: the control plane, the debug job's image (with debugpy; built once per
     registry), the job's container, debugpy's adapter start and the CLI process."""
-    from prefect import flow
     from docker_fixture import proxy_files
+    from prefect import flow
     from test_gke_cluster import _cluster_block, _gke_task, _make_pool
 
     from kinetic_prefect.caller import debugging

@@ -31,9 +31,9 @@ from prefect.client.schemas.filters import (
     WorkPoolFilter,
     WorkPoolFilterName,
 )
+from worker_fixture import stop_worker_process
 
 from kinetic_prefect.steps import set_project_directory
-from worker_fixture import stop_worker_process
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFECT = [sys.executable, "-m", "prefect"]
@@ -227,7 +227,7 @@ def test_deployments_run_through_the_workers_and_on_their_schedule(operator, tmp
 
     # A schedule that fires by itself: the operator edits the smoke deployment's schedule and deploys it
     # again. First occurrence a few seconds ahead (the anchor), the next one only 2 minutes later.
-    anchor = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=25)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    anchor = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=25)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     def every_two_minutes(config: dict) -> None:
         smoke = next(d for d in config["deployments"] if d["name"] == "hourly-smoke")
@@ -243,8 +243,7 @@ def test_deployments_run_through_the_workers_and_on_their_schedule(operator, tmp
                 for r in client.read_flow_runs(
                     deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[smoke_deployment.id]))
                 )
-                if r.auto_scheduled
-                and r.expected_start_time <= dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=20)
+                if r.auto_scheduled and r.expected_start_time <= dt.datetime.now(dt.UTC) + dt.timedelta(seconds=20)
             ]
             if due:
                 break

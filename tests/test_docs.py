@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+
 import pytest
 
 pytestmark = pytest.mark.no_server

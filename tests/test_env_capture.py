@@ -2,8 +2,8 @@
 
 import pytest
 
-from kinetic_prefect.caller.env_capture import forwarded_environment
 from kinetic_prefect.caller.decorator import kinetic_task
+from kinetic_prefect.caller.env_capture import forwarded_environment
 
 pytestmark = pytest.mark.no_server
 

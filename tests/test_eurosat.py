@@ -428,7 +428,6 @@ def test_a_short_run_ends_decayed(first_run):
 
 def test_auto_picks_the_larger_preset_and_mixed_precision_on_an_accelerator():
     import keras
-
     from eurosat.model import PRESETS, build_vit, select_precision, select_preset
     from eurosat.train import resolve_model
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
 import uuid
 
+import pytest
 from prefect import flow, get_client
 
 from kinetic_prefect import kinetic_task

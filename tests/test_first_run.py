@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
 import pytest
 
 pytestmark = pytest.mark.no_server

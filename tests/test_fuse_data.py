@@ -21,17 +21,17 @@ from types import SimpleNamespace
 
 import kubernetes_validate
 import pytest
+from hf_mirror import HubMirror
 from prefect import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
+from test_gke_manifests import K8S_VERSION, render
 
-from hf_mirror import HubMirror
 from kinetic_prefect import Data, kinetic, kinetic_task
 from kinetic_prefect.caller import data_mounts
 from kinetic_prefect.contract import FUSE_MOUNT_ROOT, Env
 from kinetic_prefect.pod.data import DataError, DataRef, fuse_mount_id, localize, to_ref
 from kinetic_prefect.storage import open_store
 from kinetic_prefect.workers.base import load_template
-from test_gke_manifests import K8S_VERSION, render
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = Path(__file__).resolve().parent / "kinetic_examples"

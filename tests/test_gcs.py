@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from job_runs import calling_task_run
 from prefect import flow, get_client
 from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterTaskRunId, FlowFilter, FlowFilterName
@@ -20,7 +21,6 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterTaskRun
 from kinetic_prefect import Data, kinetic_task
 from kinetic_prefect.storage import open_store
 from kinetic_prefect.workers.base import load_template
-from job_runs import calling_task_run
 
 
 @dataclass

@@ -10,11 +10,10 @@ import time
 import uuid
 
 import pytest
-from kubernetes import client as k8s
-from prefect import flow
-
 from gke_autoscaler import GKEAutoscaler, NodePool
 from job_runs import jobs_of
+from kubernetes import client as k8s
+from prefect import flow
 from test_gke_capacity import _run_id, _running_pod, train
 from test_gke_cluster import (  # noqa: F401
     _cluster_block,

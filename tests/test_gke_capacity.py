@@ -10,11 +10,9 @@ import time
 import uuid
 
 import pytest
+from job_runs import jobs_of
 from kubernetes import client as k8s
 from prefect import flow, get_client
-
-from job_runs import jobs_of
-from kinetic_prefect.errors import KineticJobCrashed
 from test_gke_cluster import (  # noqa: F401
     _cluster_block,
     _events,
@@ -25,6 +23,8 @@ from test_gke_cluster import (  # noqa: F401
     _wait,
     job_image,
 )
+
+from kinetic_prefect.errors import KineticJobCrashed
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,18 +25,18 @@ import pytest
 from background import call_in_background
 from docker_fixture import proxy_files
 from fault_proxy import FaultProxy
-from worker_fixture import stop_worker_process
 from kubernetes import client as k8s
 from prefect import flow, get_client
 from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.client.schemas.filters import FlowFilter, FlowFilterName, LogFilter, LogFilterFlowRunId
 from prefect.states import Cancelling
 from prefect_kubernetes.credentials import KubernetesClusterConfig
+from worker_fixture import stop_worker_process
 
 from kinetic_prefect import kinetic_task
 from kinetic_prefect.errors import KineticJobCrashed
-from kinetic_prefect.workers.gke.worker import KineticGKEWorker
 from kinetic_prefect.workers.gke.deploy import worker_manifests
+from kinetic_prefect.workers.gke.worker import KineticGKEWorker
 
 pytestmark = pytest.mark.slow
 
@@ -140,7 +140,7 @@ def _events(name: str, since: float, until=bool, timeout: float = 20.0):
                 for e in client.read_events(
                     EventFilter(
                         event=EventNameFilter(name=[name]),
-                        occurred=EventOccurredFilter(since=datetime.fromtimestamp(since - 5, tz=timezone.utc)),
+                        occurred=EventOccurredFilter(since=datetime.fromtimestamp(since - 5, tz=UTC)),
                     ),
                     limit=50,  # the most the events API returns in one page; newest first
                 ).events

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from prefect import flow, get_client
 from prefect.client.schemas.filters import FlowFilter, FlowFilterName
-
-from kinetic_prefect import kinetic_task
 from test_logs import api_lines
 from worker_fixture import new_pool, prefect_cli
+
+from kinetic_prefect import kinetic_task
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,8 @@ def test_a_group_of_two_processes_forms_one_jax_group(store_dir):
     def collective() -> dict:
         import jax
         import numpy as np
-        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+        from jax.sharding import Mesh, NamedSharding
+        from jax.sharding import PartitionSpec as P
 
         index = jax.process_index()
         mesh = Mesh(np.array(jax.devices()), ("hosts",))

@@ -21,8 +21,10 @@ import pytest
 from prefect import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags, WorkPoolFilter, WorkPoolFilterName
 
-from kinetic_prefect import accelerators
-from kinetic_prefect import kinetic  # the one line a Kinetic script changes
+from kinetic_prefect import (
+    accelerators,
+    kinetic,  # the one line a Kinetic script changes
+)
 from kinetic_prefect.cli import main as cli
 from kinetic_prefect.contract import DETACHED_TAG, Env, RunLayout
 from kinetic_prefect.kinetic import names

@@ -18,13 +18,13 @@ import uuid
 from pathlib import Path
 
 import pytest
+from job_runs import calling_task_run
 from prefect import flow, get_client
 from prefect.client.schemas.filters import FlowFilter, FlowFilterName
 from prefect.states import Cancelling
+from worker_fixture import new_pool
 
 from kinetic_prefect import kinetic_task
-from job_runs import calling_task_run
-from worker_fixture import new_pool
 
 ROOT = Path(__file__).resolve().parent.parent
 STOP_WITHIN_SECONDS = 10.0

@@ -7,11 +7,10 @@ import time
 import uuid
 
 import pytest
-
 from prefect import flow
-
 from test_api_outages import _job_log_lines
 from test_lifecycle import alive, final_job_run, in_thread, read_pid, sleeper  # noqa: F401
+
 from kinetic_prefect import kinetic_task
 
 LINES, PER_SECOND = 400, 20

@@ -6,12 +6,12 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from job_runs import calling_task_run
 from prefect import flow, get_client
 from prefect.client.schemas.filters import FlowFilter, FlowFilterName, LogFilter, LogFilterFlowRunId
+from worker_fixture import new_pool
 
 from kinetic_prefect import kinetic_task
-from job_runs import calling_task_run
-from worker_fixture import new_pool
 
 
 def job_run(name: str):
@@ -227,7 +227,7 @@ def test_a_worker_notice_stored_before_earlier_output_does_not_hide_that_output(
     async def scenario() -> list[str]:
         async with get_client() as client:
             run = await client.create_flow_run(placeholder)
-            t0 = datetime.datetime.now(datetime.timezone.utc)
+            t0 = datetime.datetime.now(datetime.UTC)
             stamp = [t0 + datetime.timedelta(seconds=s) for s in range(6)]
             shown: list[str] = []
             follower = asyncio.create_task(

@@ -9,9 +9,9 @@ import warnings
 
 import pytest
 
+from kinetic_prefect.caller.payload import archive_project, build_call_payload, collect_project_files
 from kinetic_prefect.errors import PayloadError
 from kinetic_prefect.shared.image import ImageSpec, RequirementsError, normalize_requirements
-from kinetic_prefect.caller.payload import archive_project, build_call_payload, collect_project_files
 
 pytestmark = pytest.mark.no_server
 

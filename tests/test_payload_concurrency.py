@@ -9,9 +9,9 @@ import textwrap
 import threading
 
 import cloudpickle
+import pytest
 
 from kinetic_prefect.caller.payload import build_call_payload
-import pytest
 
 pytestmark = pytest.mark.no_server
 

@@ -10,10 +10,10 @@ import threading
 import time
 
 import cloudpickle
+import pytest
 
 from kinetic_prefect.caller import project_archive
 from kinetic_prefect.caller.payload import build_call_payload, cached_project_archive, forget_function
-import pytest
 
 pytestmark = pytest.mark.no_server
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import pytest
 
 from kinetic_prefect.caller.payload import build_call_payload
-import pytest
 
 pytestmark = pytest.mark.no_server
 

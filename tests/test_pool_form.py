@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 import ui_check
+
 from kinetic_prefect.workers.base import load_template
 
 WORKER_TYPES = ("kinetic-gke", "kinetic-local")

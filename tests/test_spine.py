@@ -15,6 +15,7 @@ import time
 import uuid
 
 import pytest
+from job_runs import calling_task_run
 from prefect import flow, get_client
 from prefect.cache_policies import INPUTS
 from prefect.client.schemas.filters import FlowFilter, FlowFilterName, LogFilter, LogFilterFlowRunId
@@ -22,7 +23,6 @@ from prefect.client.schemas.filters import FlowFilter, FlowFilterName, LogFilter
 from kinetic_prefect import KineticTask, kinetic_task
 from kinetic_prefect.errors import PayloadError
 from kinetic_prefect.shared.image import RequirementsError
-from job_runs import calling_task_run
 
 
 class ModelDiverged(ValueError):

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 from prefect import flow
+from test_spine import job_runs
 
 from kinetic_prefect import kinetic_task
-from test_spine import job_runs
 
 CSRF = "GET /csrf-token"
 

@@ -17,9 +17,6 @@ from pathlib import Path
 
 import pytest
 from prefect import flow, get_client
-
-from kinetic_prefect import kinetic_task
-from test_spine import job_runs
 from test_lifecycle import (
     STOP_WITHIN_SECONDS,
     _as_from_a_terminal,
@@ -29,6 +26,9 @@ from test_lifecycle import (
     task_run_of,
     wait_for,
 )
+from test_spine import job_runs
+
+from kinetic_prefect import kinetic_task
 
 __all__ = ["route"]  # the fixture: both submission paths
 
@@ -172,8 +172,9 @@ def test_job_runs_a_killed_in_process_sweep_never_started_can_be_cancelled(tmp_p
     queued for an in-process slot stay Pending, and `jobs cancel` left them Cancelling for good (no worker would
     ever act). Their flow runs carry their owner (Prefect labels), so `jobs cancel` sees it gone and ends them.
     ≈ 18 s: a sweep script's start and the owner watch of the job that ran (its run must end first)."""
-    from kinetic_prefect.cli import main as cli
     from worker_fixture import new_pool
+
+    from kinetic_prefect.cli import main as cli
 
     pool, name = new_pool("inproc"), f"sweep-kill-{uuid.uuid4().hex[:6]}"
     script = tmp_path / "sweep.py"

@@ -16,7 +16,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 import ui_check
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

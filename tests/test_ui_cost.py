@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 import ui_check
 import ui_cost_check
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from prefect import flow, get_client
 from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+from worker_fixture import new_pool
 
 from kinetic_prefect import Data, kinetic_task
-from worker_fixture import new_pool
 
 
 def job_runs(task_name: str):

@@ -101,7 +101,7 @@ class _DeletedPodFollower:
 
         from kubernetes import client as k8s
 
-        when = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=deleted_seconds_ago)
+        when = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=deleted_seconds_ago)
         self._pod = k8s.V1Pod(
             metadata=k8s.V1ObjectMeta(name="kinetic-job-1-abcde", deletion_timestamp=when),
             spec=k8s.V1PodSpec(containers=[], node_name="node-a"),

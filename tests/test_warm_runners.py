@@ -6,17 +6,17 @@ are imported afresh per call, idle runners leave after the pool's keep-warm time
 
 from __future__ import annotations
 
-import pytest
 import time
 import uuid
 
+import pytest
 from prefect import flow, get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 from prefect.states import Cancelling
-
-from kinetic_prefect import kinetic_task
 from test_lifecycle import alive, final_job_run, job_runs, wait_for
 from worker_fixture import new_pool
+
+from kinetic_prefect import kinetic_task
 
 
 def warm_task(name: str, pool: str, submission: str = "in-process", keep_warm: float = 20, min_warm: int = 0):
@@ -161,10 +161,10 @@ def test_warm_list_shows_the_floor_warm_down_ends_it_and_bills_its_idle_time_to_
     the floor runner (pool, calls, floor, idle cost at the pool's price), `warm down` ends it and publishes its idle
     time as the pool's cost; a pool's `warm_floor_idle_seconds` lets a floor runner leave by itself. ≈ 15 s: two
     real warm calls and their runners' lives."""
-    from kinetic_prefect.cli import main
     from test_cost import CPU_PER_HOUR, events, priced_pool
-
     from test_lifecycle import alive
+
+    from kinetic_prefect.cli import main
 
     pool = priced_pool(keep_warm_seconds=30, min_warm=1)
     limited = priced_pool(keep_warm_seconds=30, min_warm=1, warm_floor_idle_seconds=1)

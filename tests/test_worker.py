@@ -7,11 +7,11 @@ import json
 import os
 import subprocess
 import sys
-import pytest
 import time
 import uuid
 from pathlib import Path
 
+import pytest
 from prefect import flow, get_client
 from prefect.client.schemas.filters import FlowFilter, FlowFilterName
 

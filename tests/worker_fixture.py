@@ -60,7 +60,7 @@ class WorkerProcess:
         self.env = dict(env or {})  # e.g. PREFECT_API_URL through an api_gate.ApiGate
         self.proc: subprocess.Popen | None = None
 
-    def start(self, wait_online: bool = True) -> "WorkerProcess":
+    def start(self, wait_online: bool = True) -> WorkerProcess:
         log = open(self.log_path, "a")
         env = {**os.environ, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_HEARTBEAT_SECONDS": "5", **self.env}
         self.proc = subprocess.Popen(

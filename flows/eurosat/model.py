@@ -46,7 +46,7 @@ class ViTConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ViTConfig":
+    def from_dict(cls, d: dict) -> ViTConfig:
         d = dict(d)
         if "stem_channels" in d:
             d["stem_channels"] = tuple(d["stem_channels"] or ())

@@ -17,6 +17,7 @@ from kinetic_prefect.caller.pools import (
     pool_default,
     worker_class_for,
 )
+from kinetic_prefect.shared.key_blocks import _signing_key_cache, forget_signing_key, signing_key, store_secret_env
 from kinetic_prefect.shared.prefect_runs import (
     LOG_PAGE,
     calling_task_run_id,
@@ -32,7 +33,6 @@ from kinetic_prefect.shared.prefect_runs import (
     wait_for_final_state,
     with_retries,
 )
-from kinetic_prefect.shared.key_blocks import _signing_key_cache, forget_signing_key, signing_key, store_secret_env
 
 __all__ = [
     "EPHEMERAL_STARTUP_SECONDS",

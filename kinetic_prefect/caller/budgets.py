@@ -16,9 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from kinetic_prefect import accelerators
-from kinetic_prefect.shared import cost
 from kinetic_prefect.contract import FLOW_BUDGET_TAG_PREFIX
 from kinetic_prefect.errors import BudgetExceeded
+from kinetic_prefect.shared import cost
 
 
 def flow_budget(tags: list[str] | set[str] | tuple[str, ...]) -> float | None:

@@ -13,10 +13,9 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
-from kinetic_prefect.contract import data_key
+from kinetic_prefect.contract import GKE_WORKER_TYPE, data_key
 from kinetic_prefect.pod import data
 from kinetic_prefect.pod.data_sources import DataError, parse_gs_url
-from kinetic_prefect.contract import GKE_WORKER_TYPE
 
 FUSE_VARIABLE = "gcs_fuse_mounts"  # the kinetic-gke variable (workers/gke/variables.py)
 MOUNTING_POOL_TYPES = (GKE_WORKER_TYPE,)

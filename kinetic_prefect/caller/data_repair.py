@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from kinetic_prefect.pod import data_manifest
 from kinetic_prefect.contract import PHASE_FETCH_DATA, data_files_key, data_key
+from kinetic_prefect.pod import data_manifest
 from kinetic_prefect.pod.data_manifest import Manifest
 from kinetic_prefect.pod.data_sources import DataError
 from kinetic_prefect.storage import Store

@@ -19,8 +19,7 @@ from typing import Any
 
 from packaging.requirements import Requirement
 
-from kinetic_prefect.contract import DEBUG_PORT, DEBUGPY_REQUIREMENT, Env
-from kinetic_prefect.contract import settings
+from kinetic_prefect.contract import DEBUG_PORT, DEBUGPY_REQUIREMENT, Env, settings
 from kinetic_prefect.shared.image import ImageSpec
 
 

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 from prefect import Task
 
 from kinetic_prefect import accelerators
 from kinetic_prefect.caller import _prefect
-from kinetic_prefect.shared import capacity
 from kinetic_prefect.caller.dispatch import KineticOptions, call_remotely, call_remotely_async
-from kinetic_prefect.shared.image import ImageSpec
-from kinetic_prefect.kinetic import names
 from kinetic_prefect.caller.task_calls import checked_call, remote_body
+from kinetic_prefect.kinetic import names
+from kinetic_prefect.shared import capacity
+from kinetic_prefect.shared.image import ImageSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -163,8 +164,8 @@ class KineticTask(Task):
         from prefect.utilities.asyncutils import run_coro_as_sync
 
         from kinetic_prefect import config
-        from kinetic_prefect.shared import gcp
         from kinetic_prefect.caller import results
+        from kinetic_prefect.shared import gcp
 
         try:
             self.result_storage = run_coro_as_sync(
@@ -189,7 +190,7 @@ class KineticTask(Task):
         self._bind_pool_results()
         return super().apply_async(*args, **kwargs)
 
-    def with_options(self, **options: Any) -> "KineticTask":
+    def with_options(self, **options: Any) -> KineticTask:
         kinetic_changes = {k: options.pop(k) for k in list(options) if k in KINETIC_OPTION_NAMES}
         if "cache_policy" in options:
             options["cache_policy"] = _isolated(options["cache_policy"])

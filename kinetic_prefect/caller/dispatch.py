@@ -11,30 +11,21 @@ import asyncio
 import os
 import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from anyio import to_thread
 import cloudpickle
+from anyio import to_thread
 from prefect import get_client
 from prefect.context import TaskRunContext
 from prefect.logging import get_run_logger
 
 from kinetic_prefect import accelerators, config, signing
-from kinetic_prefect.caller import _prefect
-from kinetic_prefect.caller import budgets, debugging
-from kinetic_prefect.shared import capacity
-from kinetic_prefect.pod import data
-from kinetic_prefect.shared import gcp
-from kinetic_prefect.contract import Env, Outcome, RunLayout, checkpoints_key
-from kinetic_prefect.contract import PHASE_RESTORE_CODE
-from kinetic_prefect.errors import KineticJobCrashed, PayloadError
-from kinetic_prefect.caller import data_mounts
+from kinetic_prefect.caller import _prefect, budgets, data_mounts, debugging
 from kinetic_prefect.caller.data_repair import heal_before_call, heal_reported
 from kinetic_prefect.caller.env_capture import check_entries, forwarded_environment
-from kinetic_prefect.shared.image import ImageSpec
-from kinetic_prefect.shared.outages import Outage
 from kinetic_prefect.caller.payload import build_call_payload
 from kinetic_prefect.caller.project_archive import cached_project_archive, find_project_dir, sha256_hex
 from kinetic_prefect.caller.remote_errors import raise_remote
@@ -42,6 +33,12 @@ from kinetic_prefect.caller.remote_errors import raise_remote
 # The remote-exception decoding's public names, for callers that import them from here.
 from kinetic_prefect.caller.remote_errors import readable_traceback as readable_traceback
 from kinetic_prefect.caller.remote_errors import rebuild_exception as rebuild_exception
+from kinetic_prefect.contract import PHASE_RESTORE_CODE, Env, Outcome, RunLayout, checkpoints_key
+from kinetic_prefect.errors import KineticJobCrashed, PayloadError
+from kinetic_prefect.pod import data
+from kinetic_prefect.shared import capacity, gcp
+from kinetic_prefect.shared.image import ImageSpec
+from kinetic_prefect.shared.outages import Outage
 
 SUBMISSION_MODES = ("auto", "in-process", "worker")
 

@@ -10,7 +10,6 @@ from pathlib import Path
 from kinetic_prefect.contract import settings
 from kinetic_prefect.errors import KineticError
 
-
 EPHEMERAL_STARTUP_SECONDS = settings.EPHEMERAL_STARTUP_SECONDS.default
 
 

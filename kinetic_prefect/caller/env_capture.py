@@ -17,7 +17,6 @@ from typing import Literal
 
 from kinetic_prefect.contract import ENV_NAME_PREFIX
 
-
 PATTERN_SKIPPED_NAMES = frozenset(
     {
         "PATH",

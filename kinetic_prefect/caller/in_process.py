@@ -13,10 +13,8 @@ import socket
 from prefect.client.orchestration import PrefectClient
 from prefect.client.schemas.objects import FlowRun, WorkPool
 
-from kinetic_prefect.contract import Env
-from kinetic_prefect.contract import settings
 from kinetic_prefect.caller.pools import worker_class_for
-
+from kinetic_prefect.contract import Env, settings
 
 _in_process_slots: dict[int, asyncio.Semaphore] = {}
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Optional
 
 from prefect.locking.protocol import LockManager
 
@@ -54,7 +53,7 @@ class StoreLockManager(LockManager):
             return {"holder": None, "expires": 0}
 
     def acquire_lock(
-        self, key: str, holder: str, acquire_timeout: Optional[float] = None, hold_timeout: Optional[float] = None
+        self, key: str, holder: str, acquire_timeout: float | None = None, hold_timeout: float | None = None
     ) -> bool:
         deadline = None if acquire_timeout is None else time.monotonic() + acquire_timeout
         record = json.dumps({"holder": holder, "expires": time.time() + (hold_timeout or DEFAULT_HOLD_SECONDS)})
@@ -72,7 +71,7 @@ class StoreLockManager(LockManager):
             time.sleep(POLL_SECONDS)
 
     async def aacquire_lock(
-        self, key: str, holder: str, acquire_timeout: Optional[float] = None, hold_timeout: Optional[float] = None
+        self, key: str, holder: str, acquire_timeout: float | None = None, hold_timeout: float | None = None
     ) -> bool:
         import anyio
 
@@ -92,7 +91,7 @@ class StoreLockManager(LockManager):
         current = self._read(key)
         return current is not None and current.get("holder") == holder
 
-    def wait_for_lock(self, key: str, timeout: Optional[float] = None) -> bool:
+    def wait_for_lock(self, key: str, timeout: float | None = None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.is_locked(key):
             if deadline is not None and time.monotonic() >= deadline:
@@ -100,7 +99,7 @@ class StoreLockManager(LockManager):
             time.sleep(POLL_SECONDS)
         return True
 
-    async def await_for_lock(self, key: str, timeout: Optional[float] = None) -> bool:
+    async def await_for_lock(self, key: str, timeout: float | None = None) -> bool:
         import anyio
 
         return await anyio.to_thread.run_sync(self.wait_for_lock, key, timeout)

@@ -35,31 +35,52 @@ import threading
 import types
 import warnings
 from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import cloudpickle
-
-from kinetic_prefect.contract import PAYLOAD_FORMAT, Env
-from kinetic_prefect.contract import settings
-from kinetic_prefect.errors import PayloadError
 
 # The project archive's names, for callers that import them from here.
 from kinetic_prefect.caller.project_archive import (
     ALWAYS_IGNORED as ALWAYS_IGNORED,
+)
+from kinetic_prefect.caller.project_archive import (
     LARGE_TREE_BYTES as LARGE_TREE_BYTES,
+)
+from kinetic_prefect.caller.project_archive import (
     LARGE_TREE_FILES as LARGE_TREE_FILES,
+)
+from kinetic_prefect.caller.project_archive import (
     PROJECT_MARKERS as PROJECT_MARKERS,
+)
+from kinetic_prefect.caller.project_archive import (
     SECRET_PATTERNS as SECRET_PATTERNS,
+)
+from kinetic_prefect.caller.project_archive import (
     SOURCE_SUFFIXES as SOURCE_SUFFIXES,
+)
+from kinetic_prefect.caller.project_archive import (
     ProjectArchive as ProjectArchive,
+)
+from kinetic_prefect.caller.project_archive import (
     archive_project as archive_project,
+)
+from kinetic_prefect.caller.project_archive import (
     cached_project_archive as cached_project_archive,
+)
+from kinetic_prefect.caller.project_archive import (
     collect_project_files as collect_project_files,
+)
+from kinetic_prefect.caller.project_archive import (
     find_project_dir as find_project_dir,
+)
+from kinetic_prefect.caller.project_archive import (
     sha256_hex as sha256_hex,
 )
+from kinetic_prefect.contract import PAYLOAD_FORMAT, Env, settings
+from kinetic_prefect.errors import PayloadError
 
 logger = logging.getLogger("kinetic_prefect.caller.payload")
 

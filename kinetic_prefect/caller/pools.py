@@ -13,8 +13,8 @@ from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.workers.base import BaseWorker
 
 from kinetic_prefect import config
-from kinetic_prefect.contract.job_variables import pool_default
 from kinetic_prefect.contract import GKE_WORKER_TYPE
+from kinetic_prefect.contract.job_variables import pool_default
 
 __all__ = ["WorkPoolError", "ensure_work_pool", "has_online_worker", "pool_default", "worker_class_for"]
 

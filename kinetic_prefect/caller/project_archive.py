@@ -28,9 +28,10 @@ import threading
 import time
 import warnings
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import pathspec
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import linecache
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import cloudpickle
 
@@ -24,7 +25,6 @@ from kinetic_prefect.errors import (
     RemoteTraceback,
     StoreFull,
 )
-
 
 _DYNAMIC_FRAME = re.compile(r'File "<dynamic-code>", line (\d+), in (\S+)\n')
 

@@ -20,8 +20,8 @@ import time
 import urllib.parse
 from typing import Any
 
-from kinetic_prefect.shared import gcp
 from kinetic_prefect.contract import results_prefix
+from kinetic_prefect.shared import gcp
 
 BLOCK_PREFIX = "kinetic-results-"
 _TTL_SECONDS = 30.0

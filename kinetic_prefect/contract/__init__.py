@@ -282,7 +282,7 @@ class Group:
         return self.index == 0
 
     @classmethod
-    def from_env(cls, environ: "dict[str, str] | None" = None) -> "Group":
+    def from_env(cls, environ: dict[str, str] | None = None) -> Group:
         import os
 
         env = os.environ if environ is None else environ
@@ -415,7 +415,7 @@ class CapacityRecord:
         return json.dumps(asdict(self)).encode()
 
     @classmethod
-    def from_json(cls, blob: bytes | str) -> "CapacityRecord":
+    def from_json(cls, blob: bytes | str) -> CapacityRecord:
         raw: dict[str, Any] = json.loads(blob)
         return cls(**{k: v for k, v in raw.items() if k in cls.__dataclass_fields__})
 
@@ -487,7 +487,7 @@ class Outcome:
         return json.dumps(asdict(self)).encode()
 
     @classmethod
-    def from_json(cls, blob: bytes | str) -> "Outcome":
+    def from_json(cls, blob: bytes | str) -> Outcome:
         raw: dict[str, Any] = json.loads(blob)
         known = {k: v for k, v in raw.items() if k in cls.__dataclass_fields__}
         return cls(**known)

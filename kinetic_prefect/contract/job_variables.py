@@ -8,7 +8,7 @@ configuration: ``python -m kinetic_prefect.workers.templates`` writes them, a te
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from prefect.workers.base import BaseVariables
 from pydantic import Field
@@ -27,18 +27,18 @@ class CallVariables(BaseVariables):
     Defaults are written out (``{}``, ``[]``; pydantic copies them per instance) so the form shows them.
     """
 
-    name: Optional[str] = Field(default=None, title="Name", description="Name given to the job.")
-    env: dict[str, Optional[str]] = Field(
+    name: str | None = Field(default=None, title="Name", description="Name given to the job.")
+    env: dict[str, str | None] = Field(
         default={}, title="Environment variables", description="Environment variables set in the job."
     )
     labels: dict[str, str] = Field(default={}, title="Labels", description="Labels recorded for the job.")
-    command: Optional[str] = Field(
+    command: str | None = Field(
         default=None,
         title="Command",
         description="Command that starts the job. Leave empty: the worker runs the kinetic job runner.",
     )
     accelerator: str = Field(default="cpu", title="Accelerator")
-    image_tag: Optional[str] = Field(
+    image_tag: str | None = Field(
         default=None,
         title="Environment tag",
         description="ImageSpec tag of the job environment; set by @kinetic_task for each call.",
@@ -48,19 +48,19 @@ class CallVariables(BaseVariables):
         title="Requirements",
         description="Normalized requirements of the job environment (PEP 508). Empty: the worker's own interpreter.",
     )
-    python_version: Optional[str] = Field(
+    python_version: str | None = Field(
         default=None,
         title="Python version",
         description="Python minor version for built environments (e.g. 3.11). Empty: the caller's.",
     )
-    base_image: Optional[str] = Field(
+    base_image: str | None = Field(
         default=None,
         title="Base image",
         description="Base image of built job images (part of the environment's hash; kinetic-local ignores it).",
     )
-    store: Optional[str] = Field(default=None, title="Artifact store")
-    hosts: Optional[int] = Field(default=None, title="Hosts", ge=1)
-    max_cost_usd: Optional[float] = Field(
+    store: str | None = Field(default=None, title="Artifact store")
+    hosts: int | None = Field(default=None, title="Hosts", ge=1)
+    max_cost_usd: float | None = Field(
         default=None,
         title="Budget per job (USD)",
         gt=0,
@@ -68,7 +68,7 @@ class CallVariables(BaseVariables):
         "minutes x price) reaches it, and its run ends Failed (not retried; checkpoints and outputs "
         "kept). @kinetic_task(max_cost_usd=...) sets it per task. Empty: no budget.",
     )
-    prices: Optional[dict[str, Any]] = Field(
+    prices: dict[str, Any] | None = Field(
         default=None,
         title="Prices (USD per hour)",
         description="Price overrides by accelerator name, for another region, a committed-use discount or a private "
@@ -120,19 +120,19 @@ class KineticLocalVariables(CallVariables):
         "(`tpu-v6e-8,a100x4,l4x4`) is a fallback list, tried in order (kinetic-local: the first this "
         "machine has, else the CPU).",
     )
-    store: Optional[str] = Field(
+    store: str | None = Field(
         default=None,
         title="Artifact store",
         description="Where payloads, results and outputs live: a local directory or gs://bucket/prefix. Empty: "
         f"${Env.STORE} or ~/.cache/kinetic-prefect/store.",
     )
-    gcp_credentials: Optional[str] = Field(
+    gcp_credentials: str | None = Field(
         default=None,
         title=GCP_CREDENTIALS_TITLE,
         description="Name of a saved prefect-gcp GcpCredentials block used for a gs:// store and its results block "
         "(e.g. my-gcp). Empty: Application Default Credentials.",
     )
-    hosts: Optional[int] = Field(
+    hosts: int | None = Field(
         default=None,
         title="Hosts",
         ge=1,
@@ -156,14 +156,14 @@ class KineticLocalVariables(CallVariables):
         description="How many runners of an environment stay ready however long they wait (until the worker, or the "
         "calling process for in-process submission, ends). Needs keep_warm_seconds > 0.",
     )
-    warm_floor_idle_seconds: Optional[float] = Field(
+    warm_floor_idle_seconds: float | None = Field(
         default=None,
         title="Floor runners' idle limit (seconds)",
         ge=0,
         description="How long a min_warm runner waits idle before it exits (the next call starts the floor again); "
         "empty: until the worker ends. `kinetic-prefect warm list|down` show and end warm runners.",
     )
-    working_dir: Optional[str] = Field(
+    working_dir: str | None = Field(
         default=None,
         title="Working directory",
         description="Directory the job process starts in (the runner then moves into the shipped project).",

@@ -25,7 +25,6 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kinetic_prefect.pod.data import Data as Data
     from kinetic_prefect.kinetic.batch import BatchError as BatchError
     from kinetic_prefect.kinetic.batch import BatchHandle as BatchHandle
     from kinetic_prefect.kinetic.batch import attach_batch as attach_batch
@@ -36,6 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from kinetic_prefect.kinetic.jobs import list_jobs as list_jobs
     from kinetic_prefect.kinetic.remote import RemoteCallable as RemoteCallable
     from kinetic_prefect.kinetic.remote import run as run
+    from kinetic_prefect.pod.data import Data as Data
 
 __all__ = list(_LAZY)
 

@@ -10,17 +10,16 @@ background thread whenever it has to watch jobs, else in the calling thread.
 
 from __future__ import annotations
 
-from kinetic_prefect.contract import Env
-
 import keyword
 import logging
 import threading
 import time
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 from uuid import UUID
 
-from kinetic_prefect.contract import GROUP_INDEX_TAG_PREFIX, GROUP_TAG_PREFIX
+from kinetic_prefect.contract import GROUP_INDEX_TAG_PREFIX, GROUP_TAG_PREFIX, Env
 from kinetic_prefect.kinetic.jobs import (
     PAGE,
     TERMINAL,

@@ -19,12 +19,11 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from uuid import UUID
 
-from kinetic_prefect.contract import DEBUG_PORT, Env, RunLayout
-from kinetic_prefect.contract import GKE_WORKER_TYPE
-from kinetic_prefect.contract import settings
+from kinetic_prefect.contract import DEBUG_PORT, GKE_WORKER_TYPE, Env, RunLayout, settings
 
 GKE_POOL_TYPE = GKE_WORKER_TYPE
 RECORD_POLL_SECONDS = 0.5
@@ -194,7 +193,7 @@ def serve(listener: socket.socket, connect: Callable[[], Any], until: Callable[[
         while not until():
             try:
                 accepted, _ = listener.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             try:
                 upstream = connect()
@@ -261,7 +260,7 @@ def forward_for_call(func_name: str, local_port: int | None = None) -> threading
 
     stop = threading.Event()
     port = local_port or settings.DEBUG_LOCAL_PORT.value()
-    since = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=5)
+    since = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=5)
 
     def run() -> None:
         try:

@@ -20,9 +20,10 @@ from __future__ import annotations
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable
+from typing import Any
 from uuid import UUID
 
 from kinetic_prefect.contract import (
@@ -97,7 +98,7 @@ class JobHandle:
 
     # ------------------------------------------------------------------ building
     @classmethod
-    async def from_flow_run(cls, client: Any, flow_run: Any) -> "JobHandle":
+    async def from_flow_run(cls, client: Any, flow_run: Any) -> JobHandle:
         from prefect.exceptions import ObjectNotFound
 
         variables = flow_run.job_variables or {}
@@ -237,8 +238,8 @@ class JobHandle:
 
         from kinetic_prefect import signing
         from kinetic_prefect.caller import dispatch
-        from kinetic_prefect.errors import KineticJobCancelled, KineticJobCrashed
         from kinetic_prefect.caller.remote_errors import raise_remote
+        from kinetic_prefect.errors import KineticJobCancelled, KineticJobCrashed
         from kinetic_prefect.storage import ObjectNotFound
 
         state = flow_run.state
@@ -318,7 +319,6 @@ async def _cancel(flow_run_id: UUID, message: str, wait_seconds: float) -> None:
     from prefect.states import Cancelled
 
     from kinetic_prefect.caller import _prefect
-
     from kinetic_prefect.shared.prefect_runs import owner_is_gone
 
     async with get_client() as client:

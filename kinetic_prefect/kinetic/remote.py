@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from kinetic_prefect.contract import FUSE_MOUNT_ROOT, Env
 from kinetic_prefect.kinetic.names import kinetic_reading

@@ -23,7 +23,6 @@ from pathlib import Path
 
 from kinetic_prefect.pod.data_sources import DataError, check_store_name, unreadable_error, walk_files
 
-
 _FORMAT = 1
 _READ_CHUNK = 1 << 20
 _BIG_FILE = 256 << 10  # hashed on the thread pool from the start (hashlib and read() release the GIL)

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-
 _ATOMS = (str, bytes, bytearray, int, float, complex, bool, type(None), range, Path)
 
 

@@ -19,8 +19,7 @@ from types import CodeType, FunctionType
 from typing import Any
 
 from kinetic_prefect import signing
-from kinetic_prefect.contract import DEBUGPY_REQUIREMENT, DEBUG_PORT, Env, RunLayout
-from kinetic_prefect.contract import settings
+from kinetic_prefect.contract import DEBUG_PORT, DEBUGPY_REQUIREMENT, Env, RunLayout, settings
 
 LISTEN_HOST = "127.0.0.1"  # a port-forward (kinetic-gke) and a local forward (kinetic-local) both reach localhost
 

@@ -22,8 +22,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from kinetic_prefect.contract import Env, RunLayout
-from kinetic_prefect.contract import settings
+from kinetic_prefect.contract import Env, RunLayout, settings
 
 
 @dataclass(frozen=True)
@@ -35,7 +34,7 @@ class JobOutputs:
     local_dir: str | None = None  # set when the function ran as a plain call (no job, no upload)
 
     @classmethod
-    def current(cls) -> "JobOutputs":
+    def current(cls) -> JobOutputs:
         """The outputs of the job this code runs in (outside a job: the local output folder, if any)."""
         store, run_id = settings.STORE.value(), os.environ.get(Env.RUN_ID)
         if store and run_id:

@@ -18,22 +18,23 @@ from __future__ import annotations
 import errno
 import hashlib
 import inspect
-import signal
-import shutil
-import threading
 import io
 import json
 import os
 import pickle
+import shutil
+import signal
 import socket
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
+from kinetic_prefect import contract, signing
 from kinetic_prefect.contract import (
     COMPLETED,
     EXIT_HOST_FAILED,
@@ -50,11 +51,10 @@ from kinetic_prefect.contract import (
     Outcome,
     RunLayout,
     WarmRunnerFiles,
+    settings,
 )
-from kinetic_prefect.contract import settings
-from kinetic_prefect import contract, signing
-from kinetic_prefect.pod import debugger, utilization
 from kinetic_prefect.errors import ResultNotPicklable
+from kinetic_prefect.pod import debugger, utilization
 
 
 class JobTerminated(BaseException):

@@ -25,8 +25,7 @@ import threading
 import time
 from typing import Any
 
-from kinetic_prefect.contract import USAGE_PREFIX
-from kinetic_prefect.contract import settings
+from kinetic_prefect.contract import USAGE_PREFIX, settings
 
 DEFAULT_INTERVAL_SECONDS = settings.USAGE_SAMPLE_SECONDS.default
 
@@ -89,7 +88,7 @@ class Nvml:
                 self.handles.append(handle)
 
     @classmethod
-    def open(cls) -> "Nvml | None":
+    def open(cls) -> Nvml | None:
         """NVML when the library loads and sees at least one GPU, else None."""
         for name in cls.LIBRARY_NAMES:
             try:
@@ -179,7 +178,7 @@ class Sampler:
             print(text, end="", flush=True)
 
     @classmethod
-    def from_env(cls) -> "Sampler | None":
+    def from_env(cls) -> Sampler | None:
         try:
             interval = settings.USAGE_SAMPLE_SECONDS.value()
         except ValueError:  # a bad value must not fail the job: it samples at the default
@@ -215,7 +214,7 @@ class Sampler:
         except Exception:  # usage is a nicety: it never fails a job
             pass
 
-    def start(self) -> "Sampler":
+    def start(self) -> Sampler:
         def loop() -> None:
             while not self._stop.wait(self.interval):
                 self.emit()

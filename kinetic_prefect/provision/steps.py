@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Protocol
 
 from google.api_core import exceptions as google_errors
 from google.cloud import artifactregistry_v1, container_v1
 
+from kinetic_prefect.contract import GKE_WORKER_TYPE
 from kinetic_prefect.provision import plan
 from kinetic_prefect.provision.plan import NodePoolSpec, ProvisionError, Settings
 from kinetic_prefect.workers.base import load_template
 from kinetic_prefect.workers.gke.deploy import worker_manifests
-from kinetic_prefect.contract import GKE_WORKER_TYPE
 
 EXISTS, CREATE, UPDATE, SKIP = "exists", "will create", "will update", "skipped"
 DELETE, ABSENT, KEEP = "will delete", "not found", "kept"

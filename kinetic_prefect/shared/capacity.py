@@ -7,8 +7,9 @@ decides with it what to try next, and the pod never needs it. Kubernetes objects
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from kinetic_prefect import accelerators
 from kinetic_prefect.accelerators import AcceleratorSpec

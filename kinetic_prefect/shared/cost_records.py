@@ -6,8 +6,8 @@ import json
 from typing import Any
 from uuid import UUID
 
-from kinetic_prefect.shared import cost
 from kinetic_prefect.contract import JOB_COST_ARTIFACT_KEY
+from kinetic_prefect.shared import cost
 
 
 async def job_cost_rows(client: Any, job_run_ids: list[UUID]) -> list[dict[str, Any]]:

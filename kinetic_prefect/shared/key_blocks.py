@@ -9,9 +9,7 @@ from typing import Any
 from prefect.exceptions import ObjectNotFound
 
 from kinetic_prefect import signing
-from kinetic_prefect.contract import settings
-from kinetic_prefect.contract import Env
-
+from kinetic_prefect.contract import Env, settings
 
 _signing_key_cache: dict[str, bytes | None] = {}
 

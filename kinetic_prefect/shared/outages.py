@@ -13,7 +13,8 @@ import asyncio
 import random
 import sys
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import httpx
 import prefect.context
@@ -22,7 +23,6 @@ from prefect.settings import PREFECT_CLIENT_MAX_RETRIES
 
 from kinetic_prefect.contract import API_OUTAGE_SECONDS_VAR
 from kinetic_prefect.contract.settings import API_OUTAGE_SECONDS
-
 
 # A 503 from a busy SQLite server clears in milliseconds: only a failure that lasts is announced.
 ANNOUNCE_AFTER_SECONDS = 3.0

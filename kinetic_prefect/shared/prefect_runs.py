@@ -19,8 +19,9 @@ import random
 import threading
 import time
 import weakref
+from collections.abc import AsyncIterator, Callable
 from types import SimpleNamespace
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 from uuid import UUID, uuid4
 
 import anyio
@@ -47,10 +48,10 @@ logger = logging.getLogger("kinetic_prefect.api")
 # --------------------------------------------------------------------------- one client per process
 
 
-_shared_clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, PrefectClient]]" = (
+_shared_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, PrefectClient]] = (
     weakref.WeakKeyDictionary()
 )
-_shared_client_locks: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock]" = weakref.WeakKeyDictionary()
+_shared_client_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
 
 
 @contextlib.asynccontextmanager
@@ -97,7 +98,7 @@ async def shared_client() -> AsyncIterator[PrefectClient]:
 # created its 512 runs (trackers and job runs) all at once met 503 "database is locked" on most of them and
 # exhausted the retries of some; a few at a time keep the server busy without the lock conflicts.
 CONCURRENT_RUN_CREATIONS = 4
-_creation_slots: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]" = weakref.WeakKeyDictionary()
+_creation_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 
 
 def _run_creation_slot() -> asyncio.Semaphore:
@@ -415,7 +416,7 @@ class FlowRunReader:
                         future.set_result(run)
 
 
-_readers: "weakref.WeakKeyDictionary[PrefectClient, FlowRunReader]" = weakref.WeakKeyDictionary()
+_readers: weakref.WeakKeyDictionary[PrefectClient, FlowRunReader] = weakref.WeakKeyDictionary()
 
 
 def read_flow_run_batched(client: PrefectClient, flow_run_id: UUID) -> Any:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 
 class CallerStopped(BaseException):

@@ -10,14 +10,13 @@ store's capacity record (``RunLayout.capacity``) say which accelerator ran and w
 
 from __future__ import annotations
 
-
 from typing import TYPE_CHECKING, Any
 
 import anyio
 from prefect.client.schemas.objects import FlowRun
 
-from kinetic_prefect.shared import capacity
 from kinetic_prefect.contract import EVENT_FALLBACK, EVENT_PREEMPTED, CapacityRecord, Env, Outcome, RunLayout
+from kinetic_prefect.shared import capacity
 
 if TYPE_CHECKING:  # the lifecycle imports this module
     from kinetic_prefect.workers.lifecycle import JobLauncher, JobStatus

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import abc
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 from uuid import UUID
 
 import anyio
@@ -40,8 +41,6 @@ from prefect.utilities.engine import propose_state
 from prefect.workers.base import BaseWorkerResult
 
 from kinetic_prefect import accelerators
-from kinetic_prefect.shared import prefect_runs
-from kinetic_prefect.shared import key_blocks
 from kinetic_prefect.contract import (
     EVENT_DIAGNOSIS,
     EVENT_EXITED,
@@ -52,6 +51,7 @@ from kinetic_prefect.contract import (
     Outcome,
     RunLayout,
 )
+from kinetic_prefect.shared import key_blocks, prefect_runs
 from kinetic_prefect.shared.outages import Outage
 from kinetic_prefect.workers.base import open_job_store
 
@@ -405,8 +405,8 @@ class KineticWorker:
 
     async def follow(self, flow_run: FlowRun, configuration: Any, identifier: str) -> KineticWorkerResult:
         """Follow one job to its end and set the run's final state."""
-        from kinetic_prefect.workers.log_forwarding import JobLogForwarder
         from kinetic_prefect.workers import attempts
+        from kinetic_prefect.workers.log_forwarding import JobLogForwarder
 
         logger = self.get_flow_run_logger(flow_run)
         plan = attempts.plan_for(configuration)

@@ -41,7 +41,7 @@ class JobLogForwarder:
             level=logging.INFO,
             message=text,
             flow_run_id=self.flow_run_id,
-            timestamp=datetime.datetime.now(datetime.timezone.utc),  # type: ignore[arg-type]  # pendulum-typed
+            timestamp=datetime.datetime.now(datetime.UTC),  # type: ignore[arg-type]  # pendulum-typed
         )
         with self._lock:
             self._pending.append(record)

@@ -29,15 +29,11 @@ import anyio
 from prefect.client.schemas.objects import FlowRun
 
 from kinetic_prefect import accelerators
-from kinetic_prefect.shared import cost
-from kinetic_prefect.shared import prefect_runs
-from kinetic_prefect.shared import key_blocks
-from kinetic_prefect.shared.cost_records import flow_cost, job_cost_rows
 from kinetic_prefect.contract import (
     BUDGET_ERROR_TYPE,
+    EVENT_COST,
     FAILED,
     FLOW_COST_ARTIFACT_KEY,
-    EVENT_COST,
     FLOW_COST_EVENT,
     JOB_COST_ARTIFACT_KEY,
     PHASE_FUNCTION,
@@ -45,6 +41,8 @@ from kinetic_prefect.contract import (
     Outcome,
     RunLayout,
 )
+from kinetic_prefect.shared import cost, key_blocks, prefect_runs
+from kinetic_prefect.shared.cost_records import flow_cost, job_cost_rows
 
 
 def job_spec(configuration: Any) -> accelerators.AcceleratorSpec:

@@ -11,10 +11,11 @@ queued provisioning" pages give them): a specific reservation is selected by the
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from kinetic_prefect.shared import capacity
 from kinetic_prefect.accelerators import AcceleratorSpec
+from kinetic_prefect.shared import capacity
 
 RESERVATION_NAME_LABEL = "cloud.google.com/reservation-name"
 RESERVATION_AFFINITY_LABEL = "cloud.google.com/reservation-affinity"

@@ -18,11 +18,10 @@ from pydantic import Field, PrivateAttr
 
 from kinetic_prefect import accelerators
 from kinetic_prefect.contract import JAX_COORDINATOR_PORT, RUNNER_ARGV, Env
+from kinetic_prefect.workers.base import KineticJobConfiguration
 from kinetic_prefect.workers.gke import capacity as gke_capacity
 from kinetic_prefect.workers.gke import debug as gke_debug
 from kinetic_prefect.workers.gke import fuse as gke_fuse
-from kinetic_prefect.workers.base import KineticJobConfiguration
-from kinetic_prefect.workers.gke.variables import CONTAINER, JOB_BACKOFF_LIMIT
 from kinetic_prefect.workers.gke.kube import (
     INDEX_ANNOTATION,
     POOL_LABEL,
@@ -31,6 +30,7 @@ from kinetic_prefect.workers.gke.kube import (
     label_value,
     prune,
 )
+from kinetic_prefect.workers.gke.variables import CONTAINER, JOB_BACKOFF_LIMIT
 
 
 def _minimal_manifest() -> dict[str, Any]:

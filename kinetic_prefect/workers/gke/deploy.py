@@ -7,9 +7,10 @@ The Prefect API URL and key come from a Secret the user creates
 """
 
 from __future__ import annotations
-from kinetic_prefect.contract import GKE_WORKER_TYPE
 
 from typing import Any
+
+from kinetic_prefect.contract import GKE_WORKER_TYPE
 
 JOB_RULES = [
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get", "list", "watch", "delete", "patch"]},

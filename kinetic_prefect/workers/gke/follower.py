@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
-
+from collections.abc import Callable
+from typing import Any
 
 from kinetic_prefect import accelerators
 from kinetic_prefect.workers.gke.capacity import AUTOSCALER_STATUS_CONFIGMAP
-from kinetic_prefect.workers.gke.variables import CONTAINER
 from kinetic_prefect.workers.gke.kube import CONFIG_ERRORS, IMAGE_PULL_ERRORS, INDEX_ANNOTATION, JobGone, kube_retry
+from kinetic_prefect.workers.gke.variables import CONTAINER
 
 
 class JobFollower:

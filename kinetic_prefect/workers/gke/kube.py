@@ -4,12 +4,12 @@ transient errors, and the labels and annotations its Jobs carry."""
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from prefect_kubernetes.credentials import KubernetesClusterConfig
 
 from kinetic_prefect.contract import Env
-
 
 FLOW_RUN_LABEL = "prefect.io/flow-run-id"
 POOL_LABEL = "kinetic.prefect.io/work-pool"

@@ -8,7 +8,8 @@ cancellation that deletes the Job.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import anyio
 import anyio.from_thread
@@ -20,20 +21,19 @@ from kinetic_prefect.contract import GKE_WORKER_TYPE, Env
 from kinetic_prefect.shared import capacity
 from kinetic_prefect.workers.gke import capacity as gke_capacity
 from kinetic_prefect.workers.gke import warm
-from kinetic_prefect.workers.gke.warm import WarmPods
-from kinetic_prefect.workers.lifecycle import JobLauncher, JobStatus
 from kinetic_prefect.workers.gke.configuration import KineticGKEJobConfiguration
 from kinetic_prefect.workers.gke.follower import JobFollower, pod_exit, pod_span
 from kinetic_prefect.workers.gke.kube import (
     FLOW_RUN_LABEL,
     GROUP_STOP_SECONDS,
     INDEX_ANNOTATION,
-    JobGone,
     POOL_LABEL,
+    JobGone,
     kube_retry,
     label_value,
 )
-
+from kinetic_prefect.workers.gke.warm import WarmPods
+from kinetic_prefect.workers.lifecycle import JobLauncher, JobStatus
 
 # How long a look at whether the cluster runs the cluster autoscaler stands.
 AUTOSCALER_LOOK_SECONDS = 60.0

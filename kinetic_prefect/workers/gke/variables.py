@@ -6,7 +6,7 @@ user finds every setting they know; ``backoff_limit`` alone is left out: one Job
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from prefect_kubernetes.credentials import KubernetesClusterConfig
 from prefect_kubernetes.worker import KubernetesWorkerVariables
@@ -57,25 +57,25 @@ class KineticGKEVariables(CallVariables):
 
     annotations: dict[str, str] = _THEIRS["annotations"]
     namespace: str = Field(default="default", title="Namespace", description="Kubernetes namespace of the Jobs.")
-    image: Optional[str] = Field(
+    image: str | None = Field(
         default=None,
         title="Image",
         description="A prebuilt image with the job's environment. Empty: built from the ImageSpec tag by "
         "image_builder.",
     )
-    service_account_name: Optional[str] = Field(
+    service_account_name: str | None = Field(
         default=None,
         title="Service account",
         description="Kubernetes service account of the job pods (Workload Identity gives it GCS access).",
     )
     image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = _THEIRS["image_pull_policy"]
-    finished_job_ttl: Optional[int] = Field(
+    finished_job_ttl: int | None = Field(
         default=3600,
         title="Finished Job TTL",
         description="ttlSecondsAfterFinished: the cluster deletes a finished Job (its pod and env Secret with it) "
         "after this many seconds.",
     )
-    job_watch_timeout_seconds: Optional[int] = Field(
+    job_watch_timeout_seconds: int | None = Field(
         default=None,
         title="Job Watch Timeout Seconds",
         description="activeDeadlineSeconds of the Job: the cluster stops the job after this many seconds, even with "
@@ -88,7 +88,7 @@ class KineticGKEVariables(CallVariables):
         "fails with the scheduler's reason. GPU/TPU node pools scale up in minutes, hence 600, not "
         "prefect-kubernetes' 60.",
     )
-    provisioning_timeout_seconds: Optional[int] = Field(
+    provisioning_timeout_seconds: int | None = Field(
         default=None,
         title="Provisioning timeout seconds",
         ge=0,
@@ -102,20 +102,18 @@ class KineticGKEVariables(CallVariables):
         title="Stream output",
         description="Forward the job's stdout/stderr to the flow run's logs as it runs.",
     )
-    cluster_config: Optional[KubernetesClusterConfig] = Field(
+    cluster_config: KubernetesClusterConfig | None = Field(
         default=None,
         title="Cluster config",
         description="A saved KubernetesClusterConfig block (prefect-kubernetes): the cluster the Jobs run in. Empty: "
         "kubeconfig_path / kube_context below, else in-cluster credentials, else ~/.kube/config.",
     )
-    cpu_request: Optional[str] = Field(
+    cpu_request: str | None = Field(
         default=None, title="CPU request", description="CPU request of the job container, e.g. '4'."
     )
-    cpu_limit: Optional[str] = _THEIRS["cpu_limit"]
-    memory_request: Optional[str] = Field(
-        default=None, title="Memory request", description="Memory request, e.g. '16Gi'."
-    )
-    memory_limit: Optional[str] = _THEIRS["memory_limit"]
+    cpu_limit: str | None = _THEIRS["cpu_limit"]
+    memory_request: str | None = Field(default=None, title="Memory request", description="Memory request, e.g. '16Gi'.")
+    memory_limit: str | None = _THEIRS["memory_limit"]
     accelerator: str = Field(
         default="cpu",
         title="Accelerator",
@@ -123,14 +121,14 @@ class KineticGKEVariables(CallVariables):
         "`tpu-v5litepod-4`, ...). Decides the node selector, tolerations and accelerator limits. A "
         "comma-separated list (`tpu-v6e-8,a100x4,l4x4`) is a fallback list, tried in order.",
     )
-    reservation: Optional[str] = Field(
+    reservation: str | None = Field(
         default=None,
         title="Reservation",
         description="A Compute Engine reservation (specific affinity) the first accelerator's pods consume: node "
         "selectors cloud.google.com/reservation-name and cloud.google.com/reservation-affinity=specific. "
         "Not with spot.",
     )
-    reservation_project: Optional[str] = Field(
+    reservation_project: str | None = Field(
         default=None,
         title="Reservation project",
         description="The project owning a shared reservation (cloud.google.com/reservation-project); empty: the "
@@ -143,7 +141,7 @@ class KineticGKEVariables(CallVariables):
         "cloud.google.com/gke-flex-start=true. The pod waits for capacity instead of failing; raise "
         "pod_watch_timeout_seconds to match.",
     )
-    queued_provisioning: Optional[str] = Field(
+    queued_provisioning: str | None = Field(
         default=None,
         title="Queued provisioning (Kueue queue)",
         description="Name of a Kueue LocalQueue backed by flex-start with queued provisioning: the Job is created "
@@ -172,7 +170,7 @@ class KineticGKEVariables(CallVariables):
         "are deleted (kubectl delete job -l kinetic.prefect.io/warm-floor=true): the next sweep starts on them at "
         "once, and the accelerators they hold are billed all the while. Needs keep_warm_seconds > 0.",
     )
-    hosts: Optional[int] = Field(
+    hosts: int | None = Field(
         default=None,
         title="Hosts",
         ge=1,
@@ -184,34 +182,34 @@ class KineticGKEVariables(CallVariables):
         title="Image builder",
         description="How missing images are built: Cloud Build, a local Docker engine, or none (image required).",
     )
-    image_repository: Optional[str] = Field(
+    image_repository: str | None = Field(
         default=None,
         title="Image repository",
         description="Registry path images are pushed to, e.g. us-docker.pkg.dev/PROJECT/REPO.",
     )
-    gcp_project: Optional[str] = Field(
+    gcp_project: str | None = Field(
         default=None, title="GCP project", description="Project for Cloud Build and Artifact Registry."
     )
-    gcp_region: Optional[str] = Field(
+    gcp_region: str | None = Field(
         default=None, title="GCP region", description="Region of Cloud Build and the Artifact Registry repository."
     )
-    build_staging_bucket: Optional[str] = Field(
+    build_staging_bucket: str | None = Field(
         default=None,
         title="Build staging bucket",
         description="GCS bucket where build contexts are uploaded for Cloud Build.",
     )
-    gcp_credentials: Optional[str] = Field(
+    gcp_credentials: str | None = Field(
         default=None,
         title=GCP_CREDENTIALS_TITLE,
         description="Name of a saved prefect-gcp GcpCredentials block, used for the gs:// store, its results block "
         "and Cloud Build / Artifact Registry (e.g. my-gcp). Empty: Application Default Credentials.",
     )
-    ephemeral_storage_request: Optional[str] = Field(
+    ephemeral_storage_request: str | None = Field(
         default=None,
         title="Ephemeral storage request",
         description="Local disk request, e.g. '50Gi' (datasets downloaded to the node).",
     )
-    shm_size: Optional[str] = Field(
+    shm_size: str | None = Field(
         default=None,
         title="Shared memory size",
         description="Size of /dev/shm (a memory-backed emptyDir) for data loaders, e.g. '8Gi'. Empty: the 64 MiB "
@@ -227,13 +225,13 @@ class KineticGKEVariables(CallVariables):
     poll_seconds: float = Field(
         default=2.0, title="Poll interval", description="Seconds between status checks of a running Job."
     )
-    kubeconfig_path: Optional[str] = Field(
+    kubeconfig_path: str | None = Field(
         default=None, title="Kubeconfig", description="Used only without cluster_config: path of a kubeconfig file."
     )
-    kube_context: Optional[str] = Field(
+    kube_context: str | None = Field(
         default=None, title="Kube context", description="Used only without cluster_config: context in kubeconfig_path."
     )
-    store: Optional[str] = Field(
+    store: str | None = Field(
         default=None,
         title="Artifact store",
         description="Where payloads, results and outputs live: gs://bucket/prefix (job pods must reach it).",

@@ -25,7 +25,8 @@ import hashlib
 import json
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import anyio
 from prefect.client.schemas.objects import FlowRun

@@ -13,13 +13,13 @@ from typing import Any
 from prefect.exceptions import InfrastructureNotFound
 from prefect.workers.base import BaseWorker
 
-from kinetic_prefect.workers.gke import capacity as gke_capacity
+from kinetic_prefect.contract import GKE_WORKER_TYPE
 from kinetic_prefect.workers.base import load_template
-from kinetic_prefect.workers.gke.variables import KineticGKEVariables
-from kinetic_prefect.workers.lifecycle import KineticWorker
+from kinetic_prefect.workers.gke import capacity as gke_capacity
 from kinetic_prefect.workers.gke.configuration import KineticGKEJobConfiguration
 from kinetic_prefect.workers.gke.launcher import GKEJobLauncher
-from kinetic_prefect.contract import GKE_WORKER_TYPE
+from kinetic_prefect.workers.gke.variables import KineticGKEVariables
+from kinetic_prefect.workers.lifecycle import KineticWorker
 
 
 class KineticGKEWorker(KineticWorker, BaseWorker):  # type: ignore[misc]  # run() returns a BaseWorkerResult subclass

@@ -15,8 +15,8 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 DOCKERFILE = "docker/kinetic-gke-worker.Dockerfile"
 DEFAULT_BASE_IMAGE = "python:3.12-slim"  # the Dockerfile's own default for BASE_IMAGE; a test keeps them equal

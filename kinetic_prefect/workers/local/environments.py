@@ -9,9 +9,8 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
-
 
 from kinetic_prefect import config
 from kinetic_prefect.contract import Env

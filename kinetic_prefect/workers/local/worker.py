@@ -9,12 +9,12 @@ from typing import Any
 from prefect.exceptions import InfrastructureNotFound
 from prefect.workers.base import BaseWorker
 
+from kinetic_prefect.contract import LOCAL_WORKER_TYPE
 from kinetic_prefect.contract.job_variables import KineticLocalVariables
 from kinetic_prefect.workers.base import load_template
 from kinetic_prefect.workers.lifecycle import KineticWorker
 from kinetic_prefect.workers.local.configuration import KineticLocalJobConfiguration
 from kinetic_prefect.workers.local.launcher import LocalJobLauncher
-from kinetic_prefect.contract import LOCAL_WORKER_TYPE
 
 
 class KineticLocalWorker(KineticWorker, BaseWorker):  # type: ignore[misc]  # run() returns a BaseWorkerResult subclass
