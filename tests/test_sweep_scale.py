@@ -100,6 +100,7 @@ def test_the_calls_of_a_map_share_one_prefect_client(request_counts):
 
 @pytest.mark.slow
 @pytest.mark.slow_tier  # 300-510 s in a CI run: over the default run's budget for one test
+@pytest.mark.timeout(900)
 def test_a_128_input_map_on_the_sqlite_server_returns_every_value():
     """128 no-op inputs, in-process: twice the 64 inputs that already failed on a loaded machine before (503
     "database is locked" on the runs' creation, after the retries; 256 failed on a quiet one). It needs its time:
@@ -110,17 +111,20 @@ def test_a_128_input_map_on_the_sqlite_server_returns_every_value():
 
 
 @pytest.mark.slow_tier
+@pytest.mark.timeout(900)
 def test_a_256_input_map_on_the_sqlite_server_returns_every_value():
     """256 no-op inputs, in-process: the size that failed on a quiet machine before. ≈ 2.5-5.5 min."""
     values, name, _took = _map_of_noops(256, None, "in-process")
     _assert_every_value_and_run(256, values, name)
 
 
-@pytest.mark.slow_tier
+@pytest.mark.scale_goal  # issue 33's target: a job run per input does not reach 1,000 inputs in under an hour
+@pytest.mark.timeout(3600)
 @pytest.mark.parametrize("submission", ["in-process", "worker"])
 def test_a_1000_input_map_on_the_sqlite_server_returns_every_value(submission, worker_factory):
     """1,000 no-op inputs on the SQLite server, in-process and through a polling kinetic-local worker (its pool
-    limited to 16 runs at once: a worker claims every Scheduled run it sees otherwise). 10-25 min each."""
+    limited to 16 runs at once: a worker claims every Scheduled run it sees otherwise). Issue 33's goal, not met
+    yet: with a job run per input it made 33 job runs in 4.5 min on a loaded machine (≈ 2 h for 1,000)."""
     pool = None
     if submission == "worker":
         from prefect import get_client
