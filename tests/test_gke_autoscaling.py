@@ -28,6 +28,8 @@ from test_gke_cluster import (  # noqa: F401
     job_image,
 )
 
+from kinetic_prefect.errors import KineticJobCrashed
+
 pytestmark = pytest.mark.slow
 
 
@@ -133,6 +135,28 @@ def test_a_stocked_out_pool_is_left_after_the_capacity_wait(
         f"\nstockout: submission to the fallback {moved_after:.1f}s, "
         f"to the l4 pod started {started_at - job_run.created.timestamp():.1f}s"
     )
+
+
+def test_a_stockout_that_outlasts_the_pod_watch_timeout_says_what_happened(
+    kube, gcs_bucket, local_registry, job_image, python_base_image, gke_autoscaler
+):
+    """One accelerator, its pool stocked out: the autoscaler triggers a scale-up, GCE fails it, the group is backed
+    off, and after pod_watch_timeout_seconds the run crashes saying the scale-up failed for want of resources (a
+    stockout) and what to do, not that no node pool has the accelerator."""
+    gke_autoscaler([NodePool("h100-pool", "h100", stocked_out=True)], verdict_seconds=1, failure_seconds=1)
+    pool = _make_pool(_cluster_block(kube), f"{gcs_bucket}/gke", local_registry, pod_watch_timeout_seconds=5)
+    where = _gke_task(f"stockout-timeout-{uuid.uuid4().hex[:6]}", pool, python_base_image, accelerator="h100")(_where)
+
+    @flow
+    def pipeline():
+        return where()
+
+    with pytest.raises(KineticJobCrashed) as raised:
+        pipeline()
+    message = str(raised.value)
+    assert "FailedScaleUp" in message and "GCE out of resources" in message, message
+    assert "scale-up failed" in message and "stockout" in message and "fallback list" in message, message
+    assert "no node pool has this accelerator" not in message, message
 
 
 def test_a_preempted_job_moves_down_the_list_when_its_spot_capacity_is_gone(
