@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -305,10 +306,12 @@ def deployment_accelerators(client, pool_name: str) -> dict[str, list[str]]:
     return found
 
 
-def _node_pool_fix(spec: accelerators.AcceleratorSpec) -> str:
+def _node_pool_fix(spec: accelerators.AcceleratorSpec, where: GKECluster | None = None) -> str:
+    cluster, location = (where.cluster, where.location) if where else ("CLUSTER", "LOCATION")
+    project = where.project if where else "PROJECT"
     name = f"kinetic-{spec.name.replace(':', '-')}"[:40]
     command = (
-        f"gcloud container node-pools create {name} --cluster CLUSTER --location LOCATION "
+        f"gcloud container node-pools create {name} --cluster {cluster} --location {location} "
         f"--machine-type {spec.machine_type}"
     )
     if spec.family == "gpu":
@@ -317,13 +320,237 @@ def _node_pool_fix(spec: accelerators.AcceleratorSpec) -> str:
         command += f" --tpu-topology {spec.tpu_topology}"
     if spec.spot:
         command += " --spot"
-    command += " --num-nodes 1 --enable-autoscaling --min-nodes 0 --max-nodes 2"
+    command += " --num-nodes 0 --enable-autoscaling --min-nodes 0 --max-nodes 2"
     spot = " --spot" if spec.spot else ""
-    return (
-        f"`kinetic-prefect pool add {spec.name}{spot} --project PROJECT --zone ZONE --cluster CLUSTER`, or "
-        f"`{command}` (or enable node auto-provisioning). A node pool scaled to zero has no nodes to see: "
-        "this check needs one node up (or skip it by not naming this accelerator)"
+    fix = (
+        f"`kinetic-prefect pool add {spec.name}{spot} --project {project} --zone {location} --cluster {cluster}`, "
+        f"or `{command}` (or enable node auto-provisioning)"
     )
+    if where is None:
+        fix += (
+            ". Read from the nodes, a node pool scaled to zero looks missing: doctor reads node pools through the "
+            "GKE API when the kube context is the one `gcloud container clusters get-credentials` writes "
+            "(gke_PROJECT_LOCATION_CLUSTER)"
+        )
+    return fix
+
+
+# GKE's node pools as the GKE API describes them (google-cloud-container), with their size read from the cluster's
+# nodes and the cluster autoscaler's state from its status ConfigMap: a pool at zero nodes that can scale up is
+# healthy (GKE's accelerator pools are made that way), which a look at the nodes alone cannot tell.
+
+NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
+_GKE_CONTEXT = re.compile(
+    r"gke_(?P<project>[a-z][-a-z0-9:.]*)_(?P<location>[a-z]+-[a-z]+[0-9]+(?:-[a-z])?)_(?P<cluster>.+)"
+)
+
+
+@dataclass(frozen=True)
+class GKECluster:
+    project: str
+    location: str
+    cluster: str
+
+    @property
+    def path(self) -> str:
+        return f"projects/{self.project}/locations/{self.location}/clusters/{self.cluster}"
+
+    @classmethod
+    def from_context(cls, context: str | None) -> GKECluster | None:
+        """The cluster of a kube context named as `gcloud container clusters get-credentials` names it
+        (gke_PROJECT_LOCATION_CLUSTER, what `kinetic-prefect up` sets as the pool's kube_context)."""
+        found = _GKE_CONTEXT.fullmatch(context or "")
+        return cls(found["project"], found["location"], found["cluster"]) if found else None
+
+
+def gke_node_pools_client() -> Any:
+    """The GKE API client doctor lists node pools with (Application Default Credentials)."""
+    from google.cloud import container_v1
+
+    return container_v1.ClusterManagerClient()
+
+
+def _current_context(kubeconfig: str | None) -> str | None:
+    if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return None  # in-cluster credentials: there is no context name
+    try:
+        from kubernetes import config as kube_config
+
+        _, active = kube_config.list_kube_config_contexts(config_file=kubeconfig or None)
+        return str(active["name"])
+    except Exception:  # noqa: BLE001 - no kubeconfig: the cluster is not known by name
+        return None
+
+
+def autoscaler_groups(api: Any) -> dict[str, dict[str, Any]] | None:
+    """The cluster autoscaler's node groups from ``kube-system/cluster-autoscaler-status`` (its YAML form), by
+    instance group name (the last part of the group's URL); None when the ConfigMap is absent or not readable."""
+    import yaml
+    from kubernetes import client as k8s
+
+    from kinetic_prefect.workers.gke.capacity import AUTOSCALER_STATUS_CONFIGMAP
+
+    namespace, name = AUTOSCALER_STATUS_CONFIGMAP
+    try:
+        found = k8s.CoreV1Api(api).read_namespaced_config_map(name, namespace, _request_timeout=15)
+        status = yaml.safe_load((found.data or {}).get("status") or "")
+    except Exception:  # noqa: BLE001 - absent, forbidden, or the older plain-text form: not known
+        return None
+    if not isinstance(status, dict):
+        return None
+    groups = status.get("nodeGroups") or []
+    return {str(g.get("name", "")).rstrip("/").rsplit("/", 1)[-1]: g for g in groups if isinstance(g, dict)}
+
+
+def _serves(node_pool: Any, spec: accelerators.AcceleratorSpec) -> bool:
+    """Whether a node of this GKE node pool carries what the job's node selector asks: the GPU type and count
+    attached, or the TPU machine type and topology; a Spot pool for a Spot accelerator."""
+    config = node_pool.config
+    if spec.spot and not config.spot:
+        return False
+    if spec.family == "gpu":
+        return any(
+            a.accelerator_type == spec.gke_accelerator and a.accelerator_count >= spec.chips_per_host
+            for a in config.accelerators
+        )
+    topology = node_pool.placement_policy.tpu_topology
+    return config.machine_type == spec.machine_type and topology in ("", spec.tpu_topology)
+
+
+def check_node_pools(report: Report, api: Any, nodes: list[Any], wanted: dict[str, list[str]], context: str | None):
+    """A check per accelerator: through the GKE API when the cluster is known by its context's name, else from
+    the nodes' labels (which cannot see a pool at zero nodes)."""
+    where = GKECluster.from_context(context)
+    node_pools = None
+    if where is not None:
+        try:
+            node_pools = list(gke_node_pools_client().list_node_pools(parent=where.path, timeout=30).node_pools)
+        except Exception as exc:  # noqa: BLE001 - no library, no credentials, no permission: say so, use the nodes
+            report.add(
+                "GKE node pools",
+                WARN,
+                f"{where.path}: could not list node pools through the GKE API ({_error(exc)}); read from the "
+                "nodes instead, a pool at zero nodes looks missing",
+                "install the gcp extra (`pip install 'kinetic-prefect[gcp]'`), run doctor with Application Default "
+                "Credentials (`gcloud auth application-default login`) of an identity with roles/container.viewer",
+            )
+    labels = [(node.metadata.labels if node.metadata else None) or {} for node in nodes]
+    groups = autoscaler_groups(api) if node_pools is not None else None
+    for name, sources in sorted(wanted.items()):
+        title = f"Node pool for {name}"
+        try:
+            spec = accelerators.resolve(name)
+        except ValueError as exc:
+            report.add(
+                title,
+                FAIL,
+                f"{_error(exc)} (used by {', '.join(sources)})",
+                "use a catalog name: `kinetic-prefect accelerators`",
+            )
+            continue
+        if spec.multi_host:
+            report.add(
+                title,
+                FAIL,
+                f"{spec.name} is a multi-host TPU slice ({spec.hosts} hosts); kinetic-gke runs single-pod Jobs",
+                "use a single-host shape (`kinetic-prefect accelerators`)",
+            )
+        elif not spec.node_selector:
+            report.add(title, OK, f"{spec.name} needs no accelerator node ({len(nodes)} node(s))")
+        elif node_pools is None or where is None:
+            _check_by_nodes(report, title, spec, sources, labels)
+        else:
+            _check_gke_pools(report, title, spec, sources, where, node_pools, labels, groups)
+
+
+def _check_by_nodes(report: Report, title: str, spec: Any, sources: list[str], labels: list[dict]) -> None:
+    selector = spec.node_selector
+    matching = sum(all(node.get(k) == v for k, v in selector.items()) for node in labels)
+    shown = ", ".join(f"{k}={v}" for k, v in selector.items())
+    if matching:
+        report.add(title, OK, f"{matching} node(s) with {shown}")
+    else:
+        report.add(title, FAIL, f"no node with {shown} (used by {', '.join(sources)})", _node_pool_fix(spec))
+
+
+def _pool_state(node_pool: Any, labels: list[dict], groups: dict[str, dict] | None) -> tuple[int, int, int, dict]:
+    """(nodes up, autoscaling minimum, maximum: 0 when it does not autoscale, the autoscaler's scale-up state)."""
+    up = sum(node.get(NODE_POOL_LABEL) == node_pool.name for node in labels)
+    scaling = node_pool.autoscaling
+    top = max(scaling.max_node_count, scaling.total_max_node_count) if scaling.enabled else 0
+    bottom = max(scaling.min_node_count, scaling.total_min_node_count) if scaling.enabled else 0
+    scale_up: dict = {}
+    for url in node_pool.instance_group_urls:
+        group = (groups or {}).get(url.rstrip("/").rsplit("/", 1)[-1])
+        if group:
+            scale_up = group.get("scaleUp") or {}
+    return up, bottom, top, scale_up
+
+
+def _check_gke_pools(
+    report: Report,
+    title: str,
+    spec: Any,
+    sources: list[str],
+    where: GKECluster,
+    node_pools: list[Any],
+    labels: list[dict],
+    groups: dict[str, dict] | None,
+) -> None:
+    serving = [p for p in node_pools if _serves(p, spec)]
+    shown = ", ".join(f"{k}={v}" for k, v in spec.node_selector.items())
+    if not serving:
+        pools = ", ".join(f"{p.name} ({p.config.machine_type})" for p in node_pools) or "none"
+        report.add(
+            title,
+            FAIL,
+            f"no node pool of {where.cluster} has {spec.name} ({shown}; its pools: {pools}; used by "
+            f"{', '.join(sources)})",
+            _node_pool_fix(spec, where),
+        )
+        return
+    states = [(p, *_pool_state(p, labels, groups)) for p in serving]
+    for node_pool, up, bottom, top, _ in states:
+        if up:
+            report.add(title, OK, f"node pool {node_pool.name}: {up} node(s) up with {shown}" + _range(bottom, top))
+            return
+    scalable = [state for state in states if state[3] > 0]
+    ready = [state for state in scalable if state[4].get("status") != "Backoff"]
+    if ready:
+        node_pool, _, bottom, top, _ = ready[0]
+        report.add(
+            title,
+            OK,
+            f"node pool {node_pool.name} is at 0 nodes and scales from zero{_range(bottom, top)}: a job's first pod "
+            "waits for the cluster autoscaler to add a node (minutes for a GPU, longer for a TPU slice)",
+        )
+    elif scalable:
+        node_pool, _, bottom, top, scale_up = scalable[0]
+        info = scale_up.get("backoffInfo") or {}
+        why = ": ".join(str(x) for x in (info.get("errorCode"), info.get("errorMessage")) if x) or "a failed scale-up"
+        report.add(
+            title,
+            WARN,
+            f"node pool {node_pool.name} is at 0 nodes and scales from zero{_range(bottom, top)}, but the cluster "
+            f"autoscaler has backed it off after a failed scale-up ({why}): jobs for {spec.name} wait until the "
+            "backoff ends",
+            "give the task a fallback list (accelerator=[...]) or add a pool in another zone; the autoscaler's state: "
+            "`kubectl -n kube-system get configmap cluster-autoscaler-status -o yaml`",
+        )
+    else:
+        node_pool = serving[0]
+        why = "its maximum size is 0" if node_pool.autoscaling.enabled else "it does not autoscale"
+        report.add(
+            title,
+            FAIL,
+            f"node pool {node_pool.name} has {spec.name} but no node, and {why}: no job for {spec.name} can be placed",
+            f"`gcloud container clusters update {where.cluster} --location {where.location} --project "
+            f"{where.project} --node-pool {node_pool.name} --enable-autoscaling --min-nodes 0 --max-nodes 2`",
+        )
+
+
+def _range(bottom: int, top: int) -> str:
+    return f" (autoscaling {bottom}-{top} nodes)" if top else ""
 
 
 def check_gke(report: Report, client, pool, extra_accelerators: list[str]) -> None:
@@ -367,6 +594,7 @@ def check_gke(report: Report, client, pool, extra_accelerators: list[str]) -> No
             cluster_config = KubernetesClusterConfig.load_from_ref(cluster_ref["$ref"])
             where = f"KubernetesClusterConfig block {cluster_ref['$ref']}, context {cluster_config.context_name}"
         api = kube_client(cluster_config, kubeconfig, context)
+        context_name = cluster_config.context_name if cluster_config else context or _current_context(kubeconfig)
         nodes = k8s.CoreV1Api(api).list_node(_request_timeout=15).items
     except Exception as exc:  # noqa: BLE001
         status = getattr(exc, "status", None)
@@ -399,37 +627,7 @@ def check_gke(report: Report, client, pool, extra_accelerators: list[str]) -> No
             f"({Env.WORK_POOL} in its job variables); name some with --accelerator",
         )
         return
-    labels = [(node.metadata.labels if node.metadata else None) or {} for node in nodes]
-    for name, sources in sorted(wanted.items()):
-        title = f"Node pool for {name}"
-        try:
-            spec = accelerators.resolve(name)
-        except ValueError as exc:
-            report.add(
-                title,
-                FAIL,
-                f"{_error(exc)} (used by {', '.join(sources)})",
-                "use a catalog name: `kinetic-prefect accelerators`",
-            )
-            continue
-        if spec.multi_host:
-            report.add(
-                title,
-                FAIL,
-                f"{spec.name} is a multi-host TPU slice ({spec.hosts} hosts); kinetic-gke runs single-pod Jobs",
-                "use a single-host shape (`kinetic-prefect accelerators`)",
-            )
-            continue
-        selector = spec.node_selector
-        if not selector:
-            report.add(title, OK, f"{spec.name} needs no accelerator node ({len(nodes)} node(s))")
-            continue
-        matching = sum(all(node.get(k) == v for k, v in selector.items()) for node in labels)
-        shown = ", ".join(f"{k}={v}" for k, v in selector.items())
-        if matching:
-            report.add(title, OK, f"{matching} node(s) with {shown}")
-        else:
-            report.add(title, FAIL, f"no node with {shown} (used by {', '.join(sources)})", _node_pool_fix(spec))
+    check_node_pools(report, api, nodes, wanted, context_name)
 
 
 def check_gcs_fuse(report: Report, api, pool) -> None:

@@ -1,29 +1,53 @@
 """``kinetic-prefect warm list | down``: the warm runners kept on this machine (kinetic-local's ``keep_warm_seconds``
-and ``min_warm``), what their idle time costs, and ending them.
+and ``min_warm``) and the floor pods of kinetic-gke pools (``min_warm``: Jobs labelled
+``kinetic.prefect.io/warm-floor``, read through each pool's cluster), what their idle time costs, and ending them.
 
-``down`` ends the idle ones (a runner busy with a call is left to finish it) and does not change the pool: a pool
-with ``min_warm`` starts its floor again with its next call. Set ``min_warm=0`` (``kinetic-prefect pool-set P
-min_warm=0``) to keep it down, or ``warm_floor_idle_seconds`` to let floor runners leave by themselves. The idle
-time of each floor runner ended is published as the pool's cost: the event ``kinetic.work-pool.warm-idle`` on the
-work pool, with the fields of a job's ``kinetic.job.cost`` (accelerator, spot, hosts, minutes, usd_per_hour, usd).
+``down`` ends the idle ones (a runner or pod busy with a call is left to finish it) and does not change the pool: a
+pool with ``min_warm`` starts its floor again with its next call. Set ``min_warm=0`` (``kinetic-prefect pool-set P
+min_warm=0``) to keep it down, or ``warm_floor_idle_seconds`` to let floor runners and pods leave by themselves. The
+idle time of each floor runner or pod ended is published as the pool's cost: the event
+``kinetic.work-pool.warm-idle`` on the work pool, with the fields of a job's ``kinetic.job.cost`` (accelerator,
+spot, hosts, minutes, usd_per_hour, usd).
 """
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import typer
 
 from kinetic_prefect import accelerators, config
-from kinetic_prefect.contract import WARM_IDLE_EVENT
+from kinetic_prefect.contract import GKE_WORKER_TYPE, WARM_IDLE_EVENT
 from kinetic_prefect.shared import cost
 from kinetic_prefect.workers.local import warm
 
+
+@dataclass
+class Row:
+    """One warm runner (kinetic-local) or floor pod (kinetic-gke) as ``list`` and ``down`` show it."""
+
+    runner: str  # a runner's pid; a floor pod's namespace/job
+    pool: str | None
+    accelerator: str
+    since: float
+    floor: bool
+    idle_since: float | None  # None: busy with a call
+    calls: int
+    end: Callable[[], bool]  # ends it if it is idle; False: busy, left running
+
+    def idle_seconds(self, now: float) -> float:
+        return 0.0 if self.idle_since is None else max(0.0, now - self.idle_since)
+
+
 warm_app = typer.Typer(
     name="warm",
-    help="Warm runners (kinetic-local): list them and what their idle time costs; end them.",
+    help="Warm runners (kinetic-local) and floor pods (kinetic-gke): list them and what their idle time costs; "
+    "end them.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -49,7 +73,7 @@ def _pool_prices(pool: str | None, cache: dict[str | None, tuple[Any, dict]]) ->
     return cache[pool]
 
 
-def idle_cost(info: warm.RunnerInfo, prices: dict, now: float) -> cost.JobCost:
+def idle_cost(info: Row, prices: dict, now: float) -> cost.JobCost:
     """A runner's idle time as a one-host job's cost at the pool's price for its accelerator."""
     try:
         spec = accelerators.resolve(info.accelerator or "cpu")
@@ -63,39 +87,116 @@ def _ago(seconds: float) -> str:
     return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.1f}min"
 
 
-def _rows(pool: str | None) -> list[tuple[warm.RunnerInfo, cost.JobCost]]:
+def _local_rows(pool: str | None) -> list[Row]:
+    return [
+        Row(
+            str(r.pid),
+            r.pool,
+            r.accelerator,
+            r.since,
+            r.floor,
+            r.idle_since,
+            r.calls,
+            functools.partial(warm.stop_idle, r),
+        )
+        for r in warm.list_runners(config.cache_dir() / "warm", pool)
+    ]
+
+
+def _pool_default(work_pool: Any, name: str) -> Any:
+    return work_pool.base_job_template.get("variables", {}).get("properties", {}).get(name, {}).get("default")
+
+
+def _gke_rows(pool: str | None, problems: list[str]) -> list[Row]:
+    """The floor pods of ``pool`` (else of every kinetic-gke pool), read through each pool's cluster."""
+    try:
+        from prefect import get_client
+        from prefect.client.schemas.filters import WorkPoolFilter, WorkPoolFilterType
+
+        with get_client(sync_client=True) as client:
+            if pool:
+                pools = [client.read_work_pool(pool)]
+            else:
+                wanted = WorkPoolFilter(type=WorkPoolFilterType(any_=[GKE_WORKER_TYPE]))
+                pools = client.read_work_pools(work_pool_filter=wanted)
+    except Exception:  # no server, no such pool: only this machine's runners
+        return []
+    rows = []
+    for work_pool in [p for p in pools if p.type == GKE_WORKER_TYPE]:
+        try:
+            from kinetic_prefect.storage import open_store
+            from kinetic_prefect.workers.gke import warm as gke_warm
+            from kinetic_prefect.workers.gke.kube import CLUSTER_VARIABLES, pool_kube_client
+
+            api = pool_kube_client(*(_pool_default(work_pool, k) for k in CLUSTER_VARIABLES))
+            namespace = _pool_default(work_pool, "namespace") or "default"
+            pods = gke_warm.floor_pods(api, namespace, work_pool.name, open_store)
+        except Exception as exc:  # noqa: BLE001 - one unreachable cluster does not hide the others
+            problems.append(f"pool {work_pool.name}: its floor pods could not be read ({type(exc).__name__}: {exc})")
+            continue
+        rows += [
+            Row(
+                p.runner,
+                p.pool,
+                p.accelerator,
+                p.since,
+                True,
+                p.idle_since,
+                p.calls,
+                functools.partial(gke_warm.end_floor_pod, api, p),
+            )
+            for p in pods
+        ]
+    return rows
+
+
+def _rows(pool: str | None, problems: list[str]) -> list[tuple[Row, cost.JobCost]]:
     now, cache = time.time(), {}  # type: ignore[var-annotated]
-    runners = warm.list_runners(config.cache_dir() / "warm", pool)
+    runners = _local_rows(pool) + _gke_rows(pool, problems)
     return [(info, idle_cost(info, _pool_prices(info.pool, cache)[1], now)) for info in runners]
+
+
+def _say_problems(problems: list[str]) -> None:
+    for problem in problems:
+        print(problem)
 
 
 @warm_app.command("list")
 def list_command(pool: str | None = typer.Option(None, "--pool", help="only this work pool's runners")) -> None:
-    """Each warm runner on this machine: pool, accelerator, since, idle for, calls served, floor, idle cost."""
-    rows = _rows(pool)
+    """Each warm runner on this machine and each floor pod of the kinetic-gke pools: pool, accelerator, runner (pid
+    or namespace/Job), since, idle for, calls served, floor, idle cost."""
+    problems: list[str] = []
+    rows = _rows(pool, problems)
+    _say_problems(problems)
     if not rows:
         print("No warm runners.")
         return
     now = time.time()
-    print(f"{'POOL':20}  {'ACCELERATOR':12}  {'PID':>7}  {'SINCE':19}  {'IDLE FOR':9}  {'CALLS':>5}  FLOOR  IDLE COST")
+    width = max(7, *(len(info.runner) for info, _ in rows))
+    print(
+        f"{'POOL':20}  {'ACCELERATOR':12}  {'RUNNER':>{width}}  {'SINCE':19}  {'IDLE FOR':9}  {'CALLS':>5}  FLOOR  "
+        "IDLE COST"
+    )
     for info, idle in rows:
         since = datetime.fromtimestamp(info.since, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
         idle_for = "busy" if info.idle_since is None else _ago(info.idle_seconds(now))
         calls = "-" if info.calls < 0 else str(info.calls)
         usd = "unpriced" if idle.usd is None else f"${idle.usd:.4f}"
         print(
-            f"{(info.pool or '-')[:20]:20}  {info.accelerator[:12]:12}  {info.pid:>7}  {since:19}  {idle_for:9}  "
-            f"{calls:>5}  {'yes' if info.floor else 'no':5}  {usd}"
+            f"{(info.pool or '-')[:20]:20}  {info.accelerator[:12]:12}  {info.runner:>{width}}  {since:19}  "
+            f"{idle_for:9}  {calls:>5}  {'yes' if info.floor else 'no':5}  {usd}"
         )
 
 
-def publish_idle(info: warm.RunnerInfo, idle: cost.JobCost, work_pool: Any) -> None:
-    """The ended floor runner's idle time as the pool's cost (an event; it never fails the command)."""
+def publish_idle(info: Row, idle: cost.JobCost, work_pool: Any) -> None:
+    """The ended floor runner's or pod's idle time as the pool's cost (an event; it never fails the command)."""
     try:
         from prefect.events import emit_event
         from prefect.events.worker import EventsWorker
 
-        resource = f"prefect.work-pool.{work_pool.id}" if work_pool is not None else f"kinetic.warm-runner.{info.pid}"
+        resource = (
+            f"prefect.work-pool.{work_pool.id}" if work_pool is not None else f"kinetic.warm-runner.{info.runner}"
+        )
         emit_event(
             event=WARM_IDLE_EVENT,
             resource={
@@ -112,6 +213,7 @@ def publish_idle(info: warm.RunnerInfo, idle: cost.JobCost, work_pool: Any) -> N
                 "usd": None if idle.usd is None else round(idle.usd, 6),
                 "floor": info.floor,
                 "calls": info.calls,
+                "runner": info.runner,
             },
         )
         EventsWorker.drain_all()
@@ -124,9 +226,11 @@ def down_command(
     pool: str | None = typer.Option(None, "--pool", help="only this work pool's runners"),
     yes: bool = typer.Option(False, "--yes", "-y", help="do not ask"),
 ) -> None:
-    """End the idle warm runners (busy ones finish their call). The pool is not changed: with min_warm its next
-    call starts the floor again; `kinetic-prefect pool-set P min_warm=0` keeps it down."""
-    rows = _rows(pool)
+    """End the idle warm runners and floor pods (busy ones finish their call). The pool is not changed: with
+    min_warm its next call starts the floor again; `kinetic-prefect pool-set P min_warm=0` keeps it down."""
+    problems: list[str] = []
+    rows = _rows(pool, problems)
+    _say_problems(problems)
     if not rows:
         print("No warm runners.")
         return
@@ -135,12 +239,16 @@ def down_command(
     cache: dict[str | None, tuple[Any, dict]] = {}
     ended = 0
     for info, idle in rows:
-        if not warm.stop_idle(info):
-            print(f"runner {info.pid} ({info.pool or '-'}, {info.accelerator}) is busy with a call: left to finish it")
+        if not info.end():
+            print(
+                f"runner {info.runner} ({info.pool or '-'}, {info.accelerator}) is busy with a call: left to finish it"
+            )
             continue
         ended += 1
         usd = "unpriced" if idle.usd is None else f"${idle.usd:.4f}"
-        print(f"ended runner {info.pid} ({info.pool or '-'}, {info.accelerator}), idle {idle.minutes:.2f} min: {usd}")
+        print(
+            f"ended runner {info.runner} ({info.pool or '-'}, {info.accelerator}), idle {idle.minutes:.2f} min: {usd}"
+        )
         if info.floor:
             publish_idle(info, idle, _pool_prices(info.pool, cache)[0])
     floors = sorted({info.pool or "-" for info, _ in rows if info.floor})
@@ -152,4 +260,4 @@ def down_command(
         )
 
 
-__all__ = ["WARM_IDLE_EVENT", "idle_cost", "warm_app"]
+__all__ = ["WARM_IDLE_EVENT", "Row", "idle_cost", "warm_app"]

@@ -21,7 +21,12 @@ kube-apiserver through the kubernetes client) that does what GKE's cluster autos
 * a Spot node is reclaimed as GKE does it: a graceful node shutdown (the kubelet gives its pods the
   ``DisruptionTarget`` condition, SIGTERM, phase Failed), then the node is deleted (``DockerKubelet.shut_down_node``).
 
-Every knob is a constructor argument (or ``NodePool`` field) a test sets in a line; ``stock_out`` and ``restock``
+* each pool as the GKE API describes it (``NodePool.gke_node_pool``: a ``container_v1.NodePool`` with its machine
+  type, attached GPUs, Spot, autoscaling bounds and instance group), for a fake of the API; a pool with
+  ``autoscaling=False`` is one the autoscaler does not know (kept at its size by hand).
+
+Every knob is a constructor argument (or ``NodePool`` field) a test sets in a line; ``back_off`` puts a pool's
+node group in backoff at once; ``stock_out`` and ``restock``
 change a pool's capacity while a test runs. Defaults follow the autoscaler's documented defaults scaled down for
 tests; the documented ones are named beside them.
 
@@ -79,6 +84,7 @@ class NodePool:
     max_nodes: int = 3
     zone: str = "us-central1-a"
     stocked_out: bool = False
+    autoscaling: bool = True  # False: a pool kept at its size by hand, which the autoscaler never grows
     nodes: list[str] = field(default_factory=list)
     backoff_until: float = 0.0
     backoff_reason: str = ""
@@ -94,6 +100,36 @@ class NodePool:
             f"https://www.googleapis.com/compute/v1/projects/{PROJECT}/zones/{self.zone}/instanceGroups/"
             f"gke-{PROJECT}-{self.name}-grp"
         )
+
+    def gke_node_pool(self) -> Any:
+        """The pool as the GKE API's nodePools.list describes it (container_v1.NodePool): its machine type and
+        attached GPUs, Spot, autoscaling bounds, the managed instance group the autoscaler names it by."""
+        from google.cloud import container_v1
+
+        spec = self.spec
+        config = container_v1.NodeConfig(machine_type=spec.machine_type, spot=self.spot)
+        if spec.family == "gpu":
+            config.accelerators = [
+                container_v1.AcceleratorConfig(
+                    accelerator_type=spec.gke_accelerator, accelerator_count=spec.chips_per_host
+                )
+            ]
+        autoscaling = container_v1.NodePoolAutoscaling(
+            enabled=True, min_node_count=self.min_nodes, max_node_count=self.max_nodes
+        )
+        pool = container_v1.NodePool(
+            name=self.name,
+            config=config,
+            initial_node_count=self.min_nodes,
+            autoscaling=autoscaling if self.autoscaling else container_v1.NodePoolAutoscaling(),
+            instance_group_urls=[self.instance_group.replace("/instanceGroups/", "/instanceGroupManagers/")],
+            status=container_v1.NodePool.Status.RUNNING,
+        )
+        if spec.multi_host:
+            pool.placement_policy = container_v1.NodePool.PlacementPolicy(
+                type_=container_v1.NodePool.PlacementPolicy.Type.COMPACT, tpu_topology=spec.tpu_topology
+            )
+        return pool
 
     def labels(self) -> dict[str, str]:
         spec = self.spec
@@ -194,6 +230,12 @@ class GKEAutoscaler:
     def stock_out(self, name: str) -> None:
         self.pool(name).stocked_out = True
 
+    def back_off(self, name: str, reason: str = "out of resources") -> None:
+        """The pool's node group backed off, as after a failed scale-up (its status ConfigMap says so at once)."""
+        pool = self.pool(name)
+        pool.backoff_until, pool.backoff_reason = time.monotonic() + self.backoff_seconds, reason
+        self._write_status()
+
     def restock(self, name: str) -> None:
         pool = self.pool(name)
         pool.stocked_out, pool.backoff_until = False, 0.0
@@ -258,7 +300,7 @@ class GKEAutoscaler:
         if now - (entry.decided_at or entry.seen_at) < self.verdict_seconds:
             return
         entry.decided_at = now
-        matching = [p for p in self.pools if p.fits(pod)]
+        matching = [p for p in self.pools if p.autoscaling and p.fits(pod)]
         ready = [p for p in matching if p.backoff_until <= now and len(p.nodes) < p.max_nodes]
         if ready:
             pool = ready[0]
@@ -352,7 +394,7 @@ class GKEAutoscaler:
         stamp = _stamp(_now())
         in_flight = {entry.scale_up[0].name for entry in self.waiting.values() if entry.scale_up}
         groups = []
-        for pool in self.pools:
+        for pool in [p for p in self.pools if p.autoscaling]:  # the autoscaler knows the pools it scales
             target = len(pool.nodes) + sum(1 for name in in_flight if name == pool.name)
             if pool.backoff_until > now:
                 scale_up: dict[str, Any] = {

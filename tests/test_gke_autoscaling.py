@@ -5,9 +5,11 @@ minutes."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from gke_autoscaler import GKEAutoscaler, NodePool
@@ -25,6 +27,8 @@ from test_gke_cluster import (  # noqa: F401
     _wait,
     job_image,
 )
+
+from kinetic_prefect.errors import KineticJobCrashed
 
 pytestmark = pytest.mark.slow
 
@@ -133,6 +137,28 @@ def test_a_stocked_out_pool_is_left_after_the_capacity_wait(
     )
 
 
+def test_a_stockout_that_outlasts_the_pod_watch_timeout_says_what_happened(
+    kube, gcs_bucket, local_registry, job_image, python_base_image, gke_autoscaler
+):
+    """One accelerator, its pool stocked out: the autoscaler triggers a scale-up, GCE fails it, the group is backed
+    off, and after pod_watch_timeout_seconds the run crashes saying the scale-up failed for want of resources (a
+    stockout) and what to do, not that no node pool has the accelerator."""
+    gke_autoscaler([NodePool("h100-pool", "h100", stocked_out=True)], verdict_seconds=1, failure_seconds=1)
+    pool = _make_pool(_cluster_block(kube), f"{gcs_bucket}/gke", local_registry, pod_watch_timeout_seconds=5)
+    where = _gke_task(f"stockout-timeout-{uuid.uuid4().hex[:6]}", pool, python_base_image, accelerator="h100")(_where)
+
+    @flow
+    def pipeline():
+        return where()
+
+    with pytest.raises(KineticJobCrashed) as raised:
+        pipeline()
+    message = str(raised.value)
+    assert "FailedScaleUp" in message and "GCE out of resources" in message, message
+    assert "scale-up failed" in message and "stockout" in message and "fallback list" in message, message
+    assert "no node pool has this accelerator" not in message, message
+
+
 def test_a_preempted_job_moves_down_the_list_when_its_spot_capacity_is_gone(
     kube, gcs_bucket, local_registry, job_image, python_base_image, gke_autoscaler
 ):
@@ -183,3 +209,104 @@ def test_a_preempted_job_moves_down_the_list_when_its_spot_capacity_is_gone(
     [job_run] = jobs_of(state.state_details.task_run_id)
     _, node = _pod_start(kube, job_run.id)
     assert node == "gke-l4-pool-1"
+
+
+class FakeGKEApi:
+    """The GKE API's nodePools.list over REST, as much as doctor calls: it answers with the node pools it was given
+    (real container_v1 protos, as JSON) and records each request's path."""
+
+    def __init__(self, node_pools: list) -> None:
+        from google.cloud import container_v1
+
+        self.paths: list[str] = []
+        body = container_v1.ListNodePoolsResponse.to_json(container_v1.ListNodePoolsResponse(node_pools=node_pools))
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                outer.paths.append(self.path.split("?")[0])
+                found = self.path.split("?")[0].endswith("/nodePools")
+                data = body.encode() if found else json.dumps({"error": {"code": 404, "message": "no"}}).encode()
+                self.send_response(200 if found else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def client(self):
+        """The real ClusterManagerClient (REST transport) pointed at this fake."""
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import container_v1
+
+        return container_v1.ClusterManagerClient(
+            transport="rest", credentials=AnonymousCredentials(), client_options={"api_endpoint": self.endpoint}
+        )
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_doctor_reads_node_pools_as_gke_has_them(kube, gcs_bucket, gke_autoscaler, monkeypatch, capsys):
+    """The accelerator pools are at zero nodes, as GKE makes them: the t4 pool scales from zero (passes), the h100
+    pool is backed off after a stockout (a warning naming it), the v100 pool does not autoscale (fails, naming the
+    command that turns autoscaling on), no pool has an a100 (fails, naming `pool add` for this cluster); the l4
+    pool's node is up. The node pools come from the GKE API (at the client boundary: a fake of its REST endpoint,
+    asked through the real client), their nodes and the autoscaler's state from the control plane."""
+    from kube_cluster import kubeconfig
+    from prefect_kubernetes.credentials import KubernetesClusterConfig
+
+    from kinetic_prefect import doctor
+    from kinetic_prefect.cli import main
+
+    model = gke_autoscaler(
+        [NodePool("t4-pool", "t4"), NodePool("h100-pool", "h100"), NodePool("v100-pool", "v100", autoscaling=False)]
+    )
+    model.back_off("h100-pool")
+    fixed_l4 = NodePool("l4-pool", "l4", min_nodes=1, max_nodes=1, autoscaling=False)  # the session's node
+    gke = FakeGKEApi([p.gke_node_pool() for p in [*model.pools, fixed_l4]])
+    monkeypatch.setattr(doctor, "gke_node_pools_client", gke.client)
+    context = "gke_kinetic-test_us-central1-a_kinetic-cluster"  # what `gcloud ... get-credentials` names it
+    plane = kube.plane
+    block = KubernetesClusterConfig(
+        config=kubeconfig(plane.server, plane.ca_file, plane.admin_token, context), context_name=context
+    )
+    pool = _make_pool(
+        str(block.save(f"kube-{uuid.uuid4().hex[:8]}")), f"{gcs_bucket}/gke", "registry.invalid", image="job:1"
+    )
+    capsys.readouterr()
+    try:
+        code = main(["doctor", "--json", "--pool", pool, *("-a t4 -a h100 -a v100 -a a100 -a l4".split())])
+    finally:
+        gke.close()
+    report = json.loads(capsys.readouterr().out)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert gke.paths == ["/v1/projects/kinetic-test/locations/us-central1-a/clusters/kinetic-cluster/nodePools"]
+    assert code == 1
+    t4 = checks["Node pool for t4"]
+    assert t4["status"] == "ok", t4
+    assert "t4-pool is at 0 nodes and scales from zero (autoscaling 0-3 nodes)" in t4["detail"]
+    h100 = checks["Node pool for h100"]
+    assert h100["status"] == "warn" and "backed it off" in h100["detail"], h100
+    assert "OUT_OF_RESOURCES" in h100["detail"] and "fallback list" in h100["fix"]
+    v100 = checks["Node pool for v100"]
+    assert v100["status"] == "fail" and "v100-pool has v100 but no node, and it does not autoscale" in v100["detail"]
+    assert (
+        "gcloud container clusters update kinetic-cluster --location us-central1-a --project kinetic-test "
+        "--node-pool v100-pool --enable-autoscaling" in v100["fix"]
+    )
+    a100 = checks["Node pool for a100"]
+    assert a100["status"] == "fail" and "no node pool of kinetic-cluster has a100" in a100["detail"], a100
+    assert (
+        "kinetic-prefect pool add a100 --project kinetic-test --zone us-central1-a --cluster kinetic-cluster"
+        in (a100["fix"])
+    )
+    assert checks["Node pool for l4"]["status"] == "ok"
+    assert checks["Node pool for l4"]["detail"].startswith("node pool l4-pool: 1 node(s) up"), checks

@@ -696,6 +696,75 @@ def test_a_sweep_on_warm_pods_starts_a_pod_per_slot_not_per_input(
     assert store.list("warm/runs/") == [], "the run records are removed once each run is final"
 
 
+def _one_warm_call(pool: str, base_image: str) -> int:
+    @_gke_task(f"floor-{uuid.uuid4().hex[:6]}", pool, base_image, accelerator="cpu")
+    def square(x: int) -> int:
+        return x * x
+
+    @flow
+    def one():
+        return square(3)
+
+    return one()
+
+
+def test_floor_pods_leave_after_their_idle_limit_and_warm_down_ends_them_billing_the_pool(
+    kube, gcs_bucket, local_registry, job_image, python_base_image, capsys
+):
+    """min_warm pods ended only by a kubectl delete, and their idle time was billed to no one. A pool's
+    warm_floor_idle_seconds ends its floor pod by itself (its Job completes); `warm list --pool` shows another
+    pool's floor pod (namespace/Job, floor, idle cost at the pool's price), read through the pool's cluster, and
+    `warm down --pool` ends it (its Job deleted, its hand-over objects gone) and publishes its idle time as the
+    pool's cost. Two pod starts, ≈ 30-60 s."""
+    from test_cost import events
+
+    from kinetic_prefect.cli import main
+    from kinetic_prefect.storage import open_store
+
+    warm = {"keep_warm_seconds": 30, "min_warm": 1, "pod_watch_timeout_seconds": 60}
+    limited = _make_pool(
+        _cluster_block(kube), f"{gcs_bucket}/gke-floor-limited", local_registry, warm_floor_idle_seconds=2, **warm
+    )
+    prices = {"cpu": {"on_demand": 3.6, "spot": 1.2, "source": "test price sheet"}}
+    kept = _make_pool(_cluster_block(kube), f"{gcs_bucket}/gke-floor", local_registry, prices=prices, **warm)
+
+    assert _one_warm_call(limited, python_base_image) == 9
+    [floor_job] = _warm_jobs(kube, limited)
+    assert floor_job.metadata.labels["kinetic.prefect.io/warm-floor"] == "true"
+    _wait(
+        lambda: all((j.status.succeeded or 0) == 1 for j in _warm_jobs(kube, limited)),
+        60,
+        "the floor pod with an idle limit did not leave by itself",
+    )
+
+    assert _one_warm_call(kept, python_base_image) == 9
+    [job] = _warm_jobs(kube, kept)
+    time.sleep(1.5)  # idle time to bill
+    capsys.readouterr()
+    assert main(["warm", "list", "--pool", kept]) in (0, None)
+    out = capsys.readouterr().out
+    [row] = [line for line in out.splitlines() if line.startswith(kept)]
+    assert f"default/{job.metadata.name}" in row and " yes " in row and "$0.00" in row, out
+    assert main(["warm", "down", "--pool", kept, "--yes"]) in (0, None)
+    out = capsys.readouterr().out
+    assert f"ended runner default/{job.metadata.name}" in out and "min_warm=0" in out, out
+    _wait(
+        lambda: job.metadata.name not in [j.metadata.name for j in _warm_jobs(kube, kept)],
+        30,
+        "warm down did not delete the floor pod's Job",
+    )
+    store = open_store(f"{gcs_bucket}/gke-floor")
+    assert [k for k in store.list("warm/") if not k.startswith("warm/runs/")] == []
+    with get_client(sync_client=True) as client:
+        pool_id = client.read_work_pool(kept).id
+    [event] = events("kinetic.work-pool.warm-idle", f"prefect.work-pool.{pool_id}", until=bool)
+    payload = event["payload"]
+    assert payload["accelerator"] == "cpu" and payload["usd_per_hour"] == 3.6, payload
+    assert payload["minutes"] > 0.02 and payload["usd"] > 0 and payload["runner"] == f"default/{job.metadata.name}"
+    assert main(["warm", "list", "--pool", limited]) in (0, None)
+    assert "No warm runners." in capsys.readouterr().out
+
+
 def _a_second_call_running_on_a_warm_pod(kube, store, registry, base_image, prefix, seconds, retries=0):
     """A pool with warm pods, one call done and a second call of ``seconds`` running on the same pod (in a thread).
     The task returns its pod's warm control prefix, which names the pod's Job."""

@@ -218,7 +218,8 @@ class WarmPodKeys:
     share no folder; the store's create-if-absent stands in for the local runner's rename). Under one pod's
     control prefix ``warm/<environment key>/<job name>/``:
 
-    * the pod writes ``ready-<n>`` once it has served n calls and waits for call n;
+    * the pod writes ``ready-<n>`` once it has served n calls and waits for call n (its content: ``idle_since``,
+      the time it began to wait);
     * whoever creates ``claim-<n>`` first owns call n: a launcher handing over a call, or the pod itself leaving
       (its keep-warm time is over), so a claim and a departure cannot both win;
     * the winning launcher writes ``call-<n>.json`` (the call's per-call variables); the pod takes it, runs it

@@ -286,7 +286,8 @@ def pod_main() -> int:
             # Ready only after the exit record: a stop that finds no record may delete this pod, and must not
             # take a call handed to it meanwhile. (The next call is submitted once the worker has read the
             # record and Prefect has freed the slot, well after this write.)
-            store.put_bytes(f"{control}/{WarmPodKeys.ready(served)}", b"")
+            idle = {"idle_since": time.time()}  # what `kinetic-prefect warm list` bills a floor pod's idle time from
+            store.put_bytes(f"{control}/{WarmPodKeys.ready(served)}", json.dumps(idle).encode())
             next_env = _next_pod_call(store, control, served, keep_warm_seconds)
             if next_env is None:
                 print(f"kinetic warm pod: leaving after {served} call(s)", flush=True)

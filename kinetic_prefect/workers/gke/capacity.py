@@ -133,3 +133,26 @@ def pending_capacity(
     if "affinity/selector" in message or "node selector" in message or "taint" in message:
         return capacity.NO_NODE_POOL if autoscaler is False else capacity.AWAITING_AUTOSCALER
     return None
+
+
+def pending_hint(placing: str | None, text: str) -> str | None:
+    """What to do about a pod still pending at its timeout: from the autoscaler's verdict (``pending_capacity``)
+    where it gave one, else from the scheduler's words in ``text`` (the pod's conditions and warning events)."""
+    lowered = text.lower()
+    if placing == capacity.INSUFFICIENT_CAPACITY and (SCALE_UP_FAILED in text or "out of resources" in lowered):
+        return (
+            "the cluster autoscaler's scale-up failed: GCE is out of resources for this machine type in the zone "
+            "(a stockout): give the task a fallback list (accelerator=[...]), try Spot or another zone, or wait"
+        )
+    if "insufficient nvidia.com/gpu" in lowered or "insufficient google.com/tpu" in lowered:
+        return "the accelerator is exhausted in this zone/quota: try spot, another zone, or wait"
+    if placing == capacity.INSUFFICIENT_CAPACITY:
+        return (
+            "the node pool with this accelerator cannot grow now (backed off after a failed scale-up, or at its "
+            "maximum size): give the task a fallback list, raise the pool's maximum, or wait"
+        )
+    if placing == capacity.SCALING_UP:
+        return "the cluster autoscaler was still adding a node for it: raise provisioning_timeout_seconds"
+    if "node affinity/selector" in lowered or "didn't match" in lowered:
+        return "no node pool has this accelerator: create one, or enable node auto-provisioning"
+    return None

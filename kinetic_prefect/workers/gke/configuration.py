@@ -65,6 +65,7 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
     hosts: int | None = Field(default=None)  # a group of N pods; a multi-host TPU slice sets its own count
     keep_warm_seconds: float = Field(default=0)  # > 0: warm pods (workers/gke/warm.py)
     min_warm: int = Field(default=0)
+    warm_floor_idle_seconds: float | None = Field(default=None)  # a min_warm pod's idle limit; None: none
     pod_watch_timeout_seconds: int = Field(default=600)
     provisioning_timeout_seconds: int | None = Field(default=None)  # None: by family (capacity.provisioning_timeout)
     poll_seconds: float = Field(default=2.0)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kinetic_prefect import accelerators
-from kinetic_prefect.workers.gke.capacity import AUTOSCALER_STATUS_CONFIGMAP
+from kinetic_prefect.workers.gke.capacity import AUTOSCALER_STATUS_CONFIGMAP, pending_hint
 from kinetic_prefect.workers.gke.kube import CONFIG_ERRORS, IMAGE_PULL_ERRORS, INDEX_ANNOTATION, JobGone, kube_retry
 from kinetic_prefect.workers.gke.variables import CONTAINER
 
@@ -150,7 +150,9 @@ class JobFollower:
                 return f"{waiting.reason}: {waiting.message or ''}".strip()
         return None
 
-    def diagnose_pending(self, pod) -> str:
+    def diagnose_pending(self, pod, placing: str | None = None) -> str:
+        """Why the pod is still pending (its conditions and warning events) and what to do, by the autoscaler's
+        verdict ``placing`` (``capacity.*``) when there is one."""
         reasons = []
         for condition in (pod.status.conditions or []) if pod and pod.status else []:
             if condition.status == "False" and condition.reason:
@@ -158,12 +160,8 @@ class JobFollower:
         if pod is not None:
             reasons.extend(self.events_for(pod.metadata.name))
         text = "; ".join(dict.fromkeys(reasons)) or "no scheduling information from the cluster"
-        hints = []
-        if "node affinity/selector" in text or "didn't match" in text:
-            hints.append("no node pool has this accelerator: create one, or enable node auto-provisioning")
-        if "Insufficient nvidia.com/gpu" in text or "Insufficient google.com/tpu" in text:
-            hints.append("the accelerator is exhausted in this zone/quota: try spot, another zone, or wait")
-        return text + (f" ({'; '.join(hints)})" if hints else "")
+        hint = pending_hint(placing, text)
+        return text + (f" ({hint})" if hint else "")
 
     def delete(self) -> None:
         from kubernetes.client.exceptions import ApiException

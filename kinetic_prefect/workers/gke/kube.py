@@ -82,3 +82,15 @@ def kube_client(
     except config.ConfigException:
         config.load_kube_config(context=kube_context)
     return client.ApiClient()
+
+
+CLUSTER_VARIABLES = ("cluster_config", "kubeconfig_path", "kube_context")  # a pool's variables naming its cluster
+
+
+def pool_kube_client(cluster_config: Any = None, kubeconfig_path: str | None = None, kube_context: str | None = None):
+    """The client for a pool's cluster from its variables' defaults (``CLUSTER_VARIABLES``): ``cluster_config`` as
+    the template holds it (``{"$ref": ...}`` to a saved KubernetesClusterConfig block), else kubeconfig and context."""
+    block = None
+    if isinstance(cluster_config, dict) and "$ref" in cluster_config:
+        block = KubernetesClusterConfig.load_from_ref(cluster_config["$ref"])
+    return kube_client(block, kubeconfig_path, kube_context)

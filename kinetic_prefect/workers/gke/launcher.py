@@ -173,7 +173,7 @@ class GKEJobLauncher(JobLauncher):
             waited = time.monotonic() - since
             scaling = self._scaling_clock(identifier, placing == capacity.SCALING_UP)
             if overdue := self._overdue(configuration, waited, scaling):
-                text = await anyio.to_thread.run_sync(follower.diagnose_pending, pod)
+                text = await anyio.to_thread.run_sync(follower.diagnose_pending, pod, placing)
                 return JobStatus(
                     "pending",
                     fatal=True,
@@ -229,7 +229,7 @@ class GKEJobLauncher(JobLauncher):
             waited = time.monotonic() - since
             scaling = self._scaling_clock(identifier, placing == capacity.SCALING_UP)
             if overdue := self._overdue(configuration, waited, scaling):
-                text = await anyio.to_thread.run_sync(follower.diagnose_pending, pod)
+                text = await anyio.to_thread.run_sync(follower.diagnose_pending, pod, placing)
                 return JobStatus(
                     "pending",
                     detail=f"{overdue}: {text}",

@@ -166,9 +166,17 @@ class KineticGKEVariables(CallVariables):
         default=0,
         title="Minimum warm pods",
         ge=0,
-        description="How many warm pods of an environment wait for calls however long they wait, until their Jobs "
-        "are deleted (kubectl delete job -l kinetic.prefect.io/warm-floor=true): the next sweep starts on them at "
+        description="How many warm pods of an environment wait for calls however long they wait (or for "
+        "warm_floor_idle_seconds), until `kinetic-prefect warm down` ends them: the next sweep starts on them at "
         "once, and the accelerators they hold are billed all the while. Needs keep_warm_seconds > 0.",
+    )
+    warm_floor_idle_seconds: float | None = Field(
+        default=None,
+        title="Floor pods' idle limit (seconds)",
+        ge=0,
+        description="How long a min_warm pod waits idle before it ends (the next call starts the floor again); "
+        "empty: until `kinetic-prefect warm down` ends it. `kinetic-prefect warm list|down --pool` show and end "
+        "floor pods.",
     )
     hosts: int | None = Field(
         default=None,

@@ -26,11 +26,13 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 from prefect.client.schemas.objects import FlowRun
 
+from kinetic_prefect import accelerators
 from kinetic_prefect.contract import (
     CALL_BEGIN_MARKER,
     CALL_END_MARKER,
@@ -44,11 +46,12 @@ from kinetic_prefect.contract import (
 from kinetic_prefect.workers.base import open_job_store
 from kinetic_prefect.workers.gke.configuration import KineticGKEJobConfiguration
 from kinetic_prefect.workers.gke.follower import JobFollower, pod_exit
-from kinetic_prefect.workers.gke.kube import FLOW_RUN_LABEL, JobGone
+from kinetic_prefect.workers.gke.kube import FLOW_RUN_LABEL, POOL_LABEL, JobGone, label_value
 from kinetic_prefect.workers.lifecycle import JobStatus
 
 WARM_KEY_LABEL = "kinetic.prefect.io/warm-key"
-FLOOR_LABEL = "kinetic.prefect.io/warm-floor"  # one of the pool's min_warm pods: it never leaves by itself
+FLOOR_LABEL = "kinetic.prefect.io/warm-floor"  # one of the pool's min_warm pods (`kinetic-prefect warm` lists them)
+ACCELERATOR_LABEL = "kinetic.prefect.io/accelerator"  # set on every Job by the configuration
 FIRST_RUN_LABEL = "kinetic.prefect.io/first-flow-run-id"  # not FLOW_RUN_LABEL: the Job is not that run's alone
 END_WAIT_SECONDS = 10.0  # how long an ended call waits for its last log lines (its end marker)
 # A pod being deleted whose runner wrote no exit record this long after its grace period ran out: the runner is
@@ -65,6 +68,14 @@ def wanted(configuration: KineticGKEJobConfiguration) -> bool:
         and len(configuration._accelerator_choices) <= 1  # noqa: SLF001 - set by the shared configuration
         and not configuration.spot_fallback
     )
+
+
+def _keep_seconds(configuration: KineticGKEJobConfiguration, floor: bool) -> str:
+    """How long the pod waits idle for its next call: a floor pod its pool's warm_floor_idle_seconds (else for ever)."""
+    if not floor:
+        return str(configuration.keep_warm_seconds)
+    limit = configuration.warm_floor_idle_seconds
+    return "inf" if limit is None else str(limit)
 
 
 def is_warm(identifier: str) -> bool:
@@ -191,7 +202,7 @@ class WarmPods:
         container["env"] = [
             *(container.get("env") or []),
             {"name": Env.WARM_CONTROL, "value": WarmPodKeys.control(key, job_name)},
-            {"name": Env.WARM_KEEP_SECONDS, "value": "inf" if floor else str(configuration.keep_warm_seconds)},
+            {"name": Env.WARM_KEEP_SECONDS, "value": _keep_seconds(configuration, floor)},
         ]
         for labels in (
             manifest["metadata"].setdefault("labels", {}),
@@ -367,6 +378,112 @@ class WarmPods:
             identifier = (await anyio.to_thread.run_sync(store.get_bytes, key)).decode()
             found.append((key.rsplit("/", 1)[-1], identifier))
         return found
+
+
+# ------------------------------------------------------------------------- floor pods, for `kinetic-prefect warm`
+
+
+@dataclass
+class FloorPod:
+    """A ``min_warm`` pod as ``kinetic-prefect warm list`` sees it: its Job's labels and, from the store's hand-over
+    objects, whether it waits idle (since when, after how many calls) or runs a call."""
+
+    namespace: str
+    job: str
+    pool: str | None
+    accelerator: str  # a catalog name, ``:spot`` when its Job asks for Spot nodes
+    since: float
+    control: str
+    store: Any
+    idle_since: float | None = None  # None: busy with a call
+    calls: int = 0
+    floor: bool = True
+
+    @property
+    def runner(self) -> str:
+        return f"{self.namespace}/{self.job}"
+
+    def idle_seconds(self, now: float) -> float:
+        return 0.0 if self.idle_since is None else max(0.0, now - self.idle_since)
+
+
+def floor_pods(api: Any, namespace: str, pool: str | None, open_store: Callable[[str], Any]) -> list[FloorPod]:
+    """The live floor pods' Jobs in ``namespace`` (of ``pool`` if given), oldest first; ``open_store(url)`` opens
+    the store their runners take calls from (the ``KINETIC_STORE`` of their Jobs)."""
+    from kubernetes import client
+
+    selector = f"{FLOOR_LABEL}=true" + (f",{POOL_LABEL}={label_value(pool)}" if pool else "")
+    jobs: list[Any] = client.BatchV1Api(api).list_namespaced_job(namespace, label_selector=selector).items
+    stores: dict[str, Any] = {}
+    found = []
+    for job in jobs:
+        status = job.status
+        if job.metadata.deletion_timestamp is not None or (status and (status.succeeded or status.failed)):
+            continue
+        pod_spec = job.spec.template.spec
+        env = {e.name: e.value for e in pod_spec.containers[0].env or [] if e.value is not None}
+        if not env.get(Env.WARM_CONTROL) or not env.get(Env.STORE):
+            continue
+        url = env[Env.STORE]
+        if url not in stores:
+            stores[url] = open_store(url)
+        labels = job.metadata.labels or {}
+        spot = (pod_spec.node_selector or {}).get(accelerators.SPOT_LABEL) == "true"
+        accelerator = labels.get(ACCELERATOR_LABEL) or "cpu"
+        info = FloorPod(
+            job.metadata.namespace,
+            job.metadata.name,
+            labels.get(POOL_LABEL),
+            f"{accelerator}:spot" if spot and not accelerator.endswith(":spot") else accelerator,
+            job.metadata.creation_timestamp.timestamp(),
+            env[Env.WARM_CONTROL],
+            stores[url],
+        )
+        state = _waiting_state(info.store, info.control)
+        if state is None:
+            continue  # leaving by itself
+        info.idle_since, info.calls = state
+        found.append(info)
+    return sorted(found, key=lambda p: p.since)
+
+
+def _waiting_state(store: Any, control: str) -> tuple[float | None, int] | None:
+    """(idle since, calls served) of a pod from its hand-over objects: idle since None while it runs a call; None
+    when it is leaving (its own claim of its next call)."""
+    names = {key.rsplit("/", 1)[-1] for key in store.list(f"{control}/")}
+    ready = [int(name.split("-", 1)[1]) for name in names if name.startswith("ready-") and name[6:].isdigit()]
+    if not ready:
+        return None, 0  # its first call
+    n = max(ready)
+    if WarmPodKeys.claim(n) in names:
+        try:
+            leaving = store.get_bytes(f"{control}/{WarmPodKeys.claim(n)}") == WarmPodKeys.LEAVING
+        except Exception:  # noqa: BLE001 - gone meanwhile: it left
+            return None
+        return None if leaving else (None, n)
+    try:
+        idle_since = float(json.loads(store.get_bytes(f"{control}/{WarmPodKeys.ready(n)}") or b"{}")["idle_since"])
+    except Exception:  # noqa: BLE001 - written by a runner that did not say when: from now on
+        idle_since = time.time()
+    return idle_since, n
+
+
+def end_floor_pod(api: Any, pod: FloorPod) -> bool:
+    """End an idle floor pod: its next call claimed for it first (so no launcher can hand it one meanwhile), then its
+    Job deleted. False: it is running a call (or a launcher just took it), left alone."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    n = pod.calls
+    if pod.idle_since is None or not _claim(pod.store, f"{pod.control}/{WarmPodKeys.claim(n)}", WarmPodKeys.LEAVING):
+        return False
+    try:
+        client.BatchV1Api(api).delete_namespaced_job(pod.job, pod.namespace, propagation_policy="Background")
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    pod.store.delete_prefix(f"{pod.control}/")
+    return True
 
 
 def _deleted_for(pod: Any) -> float | None:
