@@ -78,7 +78,8 @@ def _raise(kind: str) -> None:
     if kind == "oserror":
         raise FileNotFoundError(2, "No such file", "/x/y")
     if kind == "open":
-        open("/nonexistent-kinetic-dir/file.txt")
+        with open("/nonexistent-kinetic-dir/file.txt"):  # raises: the folder does not exist
+            pass
     if kind == "keyerror":
         raise KeyError("missing-key")
     if kind == "unicode":

@@ -181,10 +181,7 @@ def _localize_url(ref: DataRef, node_cache: Path) -> Path:
         return {"url": url, "kind": "dir", "name": ref.name, "files": len(keys)}
 
     target = _node_entry(node_cache, ident, fill)
-    if kind_box:
-        kind = kind_box[0]
-    else:
-        kind = json.loads((target / _COMPLETE).read_text()).get("kind", "dir")
+    kind = kind_box[0] if kind_box else json.loads((target / _COMPLETE).read_text()).get("kind", "dir")
     return target / "files" / ref.name if kind == "file" else target / "files"
 
 

@@ -46,7 +46,7 @@ class Manifest:
     total_bytes: int
     is_dir: bool = True
     # (size, mtime_ns) per entry when hashed: upload() checks nothing changed before it marks the upload complete
-    _stats: tuple[tuple[int, int], ...] = dataclasses.field(default=(), compare=False, repr=False)
+    stats_when_hashed: tuple[tuple[int, int], ...] = dataclasses.field(default=(), compare=False, repr=False)
 
     @property
     def kind(self) -> str:
@@ -118,6 +118,24 @@ def _hash_file(path: str, size: int) -> tuple[int, str]:
         os.close(fd)
 
 
+def file_sha256(path: str, st: os.stat_result) -> str:
+    """The sha256 of the file at ``path`` (``st``: its stat now): remembered while its stat is unchanged, else
+    read and remembered. DataError when it cannot be read."""
+    key = _memo_key(path, st)
+    sha = _memo.get(key)
+    if sha is None:
+        _read, sha = _hash_file(path, st.st_size)
+        with _memo_lock:
+            _memo[key] = sha
+    return sha
+
+
+def forget_hashes() -> None:
+    """Forget every remembered hash: the next manifest reads each file again, as a new process would."""
+    with _memo_lock:
+        _memo.clear()
+
+
 def _blocks_read() -> int:
     """Blocks this thread has read from storage (Linux: page-cache misses); 0 where unknown."""
     try:
@@ -174,7 +192,7 @@ def build_manifest(root: Path, *, workers: int, memo: bool) -> Manifest:
         files=hashed,
         total_bytes=sum(sizes),
         is_dir=is_dir,
-        _stats=tuple((st.st_size, st.st_mtime_ns) for st in stats),
+        stats_when_hashed=tuple((st.st_size, st.st_mtime_ns) for st in stats),
     )
 
 

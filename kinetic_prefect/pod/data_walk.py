@@ -34,7 +34,7 @@ def _walker(fn: Callable[[Any], Any] | None, match: type | tuple[type, ...], fou
             memo[oid] = new
             keep.append(obj)
             return new
-        if isinstance(obj, _ATOMS) or isinstance(obj, type):
+        if isinstance(obj, (_ATOMS, type)):
             return obj
         oid = id(obj)
         if oid in memo:

@@ -19,6 +19,7 @@ The google-cloud-* imports happen inside the Cloud Build code only: the ``gcp`` 
 from __future__ import annotations
 
 import collections
+import contextlib
 import gzip
 import hashlib
 import io
@@ -504,12 +505,10 @@ class CloudBuildBuilder:
         try:
             build, tail = self._wait(build.id, log)
         except BaseException:  # interrupted or the API failed: do not leave a build running for nothing
-            try:
+            with contextlib.suppress(Exception):
                 self.build_client.cancel_build(
                     request=cloudbuild_v1.CancelBuildRequest(name=f"{self.parent}/builds/{build.id}", id=build.id)
                 )
-            except Exception:
-                pass
             raise
         status = build.status.name
         if status != "SUCCESS":

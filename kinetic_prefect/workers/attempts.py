@@ -26,7 +26,7 @@ HANDLED = "handled"
 
 
 def plan_for(configuration: Any) -> capacity.CapacityPlan:
-    names = list(getattr(configuration, "_accelerator_choices", None) or [configuration.accelerator])
+    names = list(getattr(configuration, "accelerator_choices", None) or [configuration.accelerator])
     specs = [capacity.accelerators.resolve(name) for name in names]
     if getattr(configuration, "spot", False):
         specs = [spec.with_spot() for spec in specs]

@@ -11,6 +11,7 @@ dies, and a restarted worker finds the process and the log again and reattaches.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -64,10 +65,8 @@ def _free_port() -> int:
 
 
 def _kill_group(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class _LogCursor:
@@ -171,14 +170,15 @@ class LocalJobLauncher(JobLauncher):
     def job_dir(self, identifier: str) -> Path:
         return self.jobs_dir / identifier
 
-    def _record(self, identifier: str) -> dict[str, Any] | None:
+    def read_record(self, identifier: str) -> dict[str, Any] | None:
+        """The job's record (``job.json``: its processes, log offsets), or None when there is none."""
         try:
             return json.loads((self.job_dir(identifier) / "job.json").read_text())
         except (OSError, ValueError):
             return None
 
     @staticmethod
-    def _hosts(record: dict[str, Any]) -> list[dict[str, Any]]:
+    def hosts_of(record: dict[str, Any]) -> list[dict[str, Any]]:
         """One entry per host process (records of single jobs name only ``pid``/``start_ticks``)."""
         return record.get("hosts") or [
             {"pid": record["pid"], "start_ticks": record.get("start_ticks"), "log_offset": record.get("log_offset", 0)}
@@ -297,18 +297,18 @@ class LocalJobLauncher(JobLauncher):
 
     async def find(self, flow_run: FlowRun, configuration: KineticLocalJobConfiguration) -> str | None:
         identifier = str(flow_run.id)
-        return identifier if self._record(identifier) is not None else None
+        return identifier if self.read_record(identifier) is not None else None
 
     def _host_states(self, identifier: str) -> list[tuple[bool, int | None]]:
         """(alive, exit code) of each host process; the exit code is known only for our own children."""
         children = self._children.get(identifier)
         if children is not None:
             return [(code is None, code) for code in (child.poll() for child in children)]
-        record = self._record(identifier)
+        record = self.read_record(identifier)
         if record is None:
             return []
         states: list[tuple[bool, int | None]] = []
-        for host in self._hosts(record):
+        for host in self.hosts_of(record):
             ticks = process_start_ticks(host["pid"])
             states.append((ticks is not None and ticks == host.get("start_ticks"), None))
         return states
@@ -323,7 +323,7 @@ class LocalJobLauncher(JobLauncher):
     async def status(self, identifier: str, configuration: KineticLocalJobConfiguration) -> JobStatus:
         if identifier in self._group_failure:
             return self._group_failure[identifier]
-        record = self._record(identifier) or {}
+        record = self.read_record(identifier) or {}
         if record.get("warm") and (code := warm.exit_status(self.job_dir(identifier))) is not None:
             return JobStatus("exited", exit_code=code)  # the call is over; its runner waits for the next one
         states = self._host_states(identifier)
@@ -358,7 +358,7 @@ class LocalJobLauncher(JobLauncher):
                     detail=f"host 0 exited; host(s) {', '.join(map(str, left))} still ran "
                     f"{self.GROUP_EXIT_GRACE_SECONDS:.0f} s later and were stopped",
                 )
-        pids = ", ".join(str(h["pid"]) for h in self._hosts(record)) if record else "?"
+        pids = ", ".join(str(h["pid"]) for h in self.hosts_of(record)) if record else "?"
         return JobStatus("running", detail=f"Local group of {hosts} job processes ({pids})")
 
     async def forward_logs(
@@ -370,8 +370,8 @@ class LocalJobLauncher(JobLauncher):
     ) -> None:
         cursors = self._cursors.get(identifier)
         if cursors is None:  # reattached: go on from what the previous worker forwarded
-            record = self._record(identifier) or {}
-            hosts = self._hosts(record) if record else [{"log_offset": 0}]
+            record = self.read_record(identifier) or {}
+            hosts = self.hosts_of(record) if record else [{"log_offset": 0}]
             cursors = self._cursors[identifier] = [
                 _LogCursor(
                     self.job_dir(identifier) / self.log_name(i),
@@ -390,7 +390,7 @@ class LocalJobLauncher(JobLauncher):
             await anyio.to_thread.run_sync(self._save_offsets, identifier, [c.offset for c in cursors])
 
     def _save_offsets(self, identifier: str, offsets: list[int]) -> None:
-        record = self._record(identifier)
+        record = self.read_record(identifier)
         if record is not None:
             record["log_offset"] = offsets[0]
             if record.get("hosts"):
@@ -404,12 +404,12 @@ class LocalJobLauncher(JobLauncher):
     async def _stop_group(self, identifier: str, grace_seconds: float) -> None:
         """SIGTERM every host's process group (the runner unwinds: checkpoints and outputs are saved), SIGKILL
         what is left after ``grace_seconds``, and return once every host is gone."""
-        record = self._record(identifier)
+        record = self.read_record(identifier)
         if record is None:
             return
         if record.get("warm") and not self.warm_runners.retire_for(record["pid"], self.job_dir(identifier)):
             return  # the call is over: its runner is not this job's any more
-        pids = [host["pid"] for host in self._hosts(record)]
+        pids = [host["pid"] for host in self.hosts_of(record)]
         alive = lambda: any(a for a, _ in self._host_states(identifier))  # noqa: E731
         if alive():
             for pid in pids:
@@ -471,14 +471,12 @@ class LocalJobLauncher(JobLauncher):
             for index, cursor in enumerate(cursors):
                 if not cursor.dropped:
                     continue
-                try:
+                with contextlib.suppress(Exception):
                     await anyio.to_thread.run_sync(
                         open_store(str(configuration.env[Env.STORE])).put_file,
                         f"{layout.host_outputs(index)}/{JOB_LOG_NAME}",
                         cursor.path,
                     )
-                except Exception:
-                    pass
         shutil.rmtree(job_dir, ignore_errors=True)
 
     async def host_spans(self, identifier: str, configuration: KineticLocalJobConfiguration) -> list[Any]:
@@ -486,7 +484,7 @@ class LocalJobLauncher(JobLauncher):
         from kinetic_prefect.shared.cost import HostSpan
         from kinetic_prefect.workers.metering import job_spec
 
-        record = self._record(identifier)
+        record = self.read_record(identifier)
         if record is None:
             return self._last_spans.get(identifier, [])
         states = self._host_states(identifier)
@@ -494,7 +492,7 @@ class LocalJobLauncher(JobLauncher):
         spot, now = job_spec(configuration).spot, time.time()
         spans = []
         job_dir = self.job_dir(identifier)
-        for index, host in enumerate(self._hosts(record)):
+        for index, host in enumerate(self.hosts_of(record)):
             if index not in ended and (runner_end := _runner_end(job_dir, index)) is not None:
                 ended[index] = runner_end  # the runner's own record: a warm call ends while its process lives on
             elif index >= len(states) or not states[index][0]:
@@ -509,7 +507,7 @@ class LocalJobLauncher(JobLauncher):
         if not self.jobs_dir.is_dir():
             return found
         for job_dir in self.jobs_dir.iterdir():
-            record = self._record(job_dir.name)
+            record = self.read_record(job_dir.name)
             if record and record.get("owner") == "worker" and record.get("pool") in (None, work_pool.name):
                 found.append((record["flow_run_id"], job_dir.name))
         return found
