@@ -219,7 +219,7 @@ def small_store(tmp_path):
 
 
 def test_a_full_store_while_writing_the_result_names_enospc_and_is_not_retried(small_store):
-    from kinetic_prefect.doctor import set_pool_variables
+    from kinetic_prefect.cli.doctor import set_pool_variables
 
     pool = new_pool("full")
     set_pool_variables(pool, [f"store={small_store}"])
