@@ -32,10 +32,13 @@ SIDE_PACKAGES = {
     "cli": "tools",  # the kinetic-prefect command, one module per command group
 }
 KINETIC_API_PACKAGE = "kinetic"  # the Kinetic-compatible API: a caller-side facade over kinetic_task
-LEAVES = {"storage", "signing", "errors", "accelerators", "config"}  # ship to the pod; import only the contract
+LEAVES = {"storage", "signing", "errors", "accelerators", "config", "version"}  # ship to the pod; import the contract
+# Beside the catalog, on the caller side (the decorator and the kinetic API read names through it; no job needs it).
+CALLER_LEAVES = {"accelerator_names"}
 TOOLS = {"steps"}  # the deployment steps prefect.yaml names by their path
-# The public paths of modules that moved into pod/, kept for user code and old pickles (each aliases its module).
-KEPT_PATHS = {"runner": "pod.runner", "progress": "pod.progress", "outputs": "pod.outputs", "data": "pod.data"}
+# The short public paths of pod modules (each aliases its module): ``python -m kinetic_prefect.runner``, the command
+# of pool templates and images made before the pod/ layout, and the job-side imports the docs show.
+KEPT_PATHS = {"runner": "pod.runner", "progress": "pod.progress", "outputs": "pod.outputs"}
 
 # Who may import whom (besides itself): the pod never reaches the caller or the worker (it ships alone to a
 # job), shared helpers never reach a side, the worker never reaches the caller; the caller reaches the worker
@@ -65,6 +68,8 @@ def side_of(module: str) -> str:
         return "caller"
     if short in LEAVES:
         return "leaf"
+    if short in CALLER_LEAVES:
+        return "caller"
     if short in TOOLS:
         return "tools"
     if short in KEPT_PATHS:

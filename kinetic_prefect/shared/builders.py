@@ -37,10 +37,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kinetic_prefect import __version__
 from kinetic_prefect.contract import RUNNER_ARGV
 from kinetic_prefect.errors import KineticError
 from kinetic_prefect.shared.image import ImageSpec, runner_sources
+from kinetic_prefect.version import __version__
 
 if TYPE_CHECKING:  # pragma: no cover
     from google.cloud.devtools import cloudbuild_v1
