@@ -25,17 +25,13 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from kinetic_prefect.contract import Env, data_files_key, data_key, data_manifest_key
 from kinetic_prefect.pod.data_hf import download_hf
 from kinetic_prefect.pod.data_manifest import Manifest, build_manifest
+from kinetic_prefect.pod.data_ref import DataRef
 from kinetic_prefect.pod.data_sources import DataError, parse_gs_url
 from kinetic_prefect.storage import ObjectNotFound, Store, open_store
-
-if TYPE_CHECKING:  # kinetic_prefect.pod.data imports this module
-    from kinetic_prefect.pod.data import DataRef
-
 
 _COMPLETE = "complete.json"
 

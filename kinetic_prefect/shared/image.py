@@ -115,6 +115,7 @@ RUNNER_MODULES = (
     "pod/data_sources",
     "pod/data_manifest",
     "pod/data_upload",
+    "pod/data_ref",
     "pod/data_localize",
     "pod/data_hf",
     "pod/data_walk",

@@ -29,7 +29,7 @@ from prefect.client.schemas.objects import FlowRun
 from kinetic_prefect import accelerators, config
 from kinetic_prefect.contract import JOB_LOG_NAME, RUNNER_COMMAND, Env, WarmRunnerFiles, host_log_name
 from kinetic_prefect.shared.processes import process_start_ticks
-from kinetic_prefect.workers.lifecycle import JobLauncher, JobStatus
+from kinetic_prefect.workers.job_launcher import JobLauncher, JobStatus
 from kinetic_prefect.workers.local import warm
 from kinetic_prefect.workers.local.configuration import KineticLocalJobConfiguration, choose_local_accelerator
 from kinetic_prefect.workers.local.environments import LocalEnvironments, machine_environment
