@@ -33,7 +33,6 @@ ALLOWED = {
     "kinetic_prefect/workers/gke/launcher.py:GKEJobLauncher._create_job",
     "kinetic_prefect/workers/gke/launcher.py:GKEJobLauncher.group_status",
     "kinetic_prefect/workers/lifecycle.py:KineticWorker.follow",
-    "kinetic_prefect/workers/local/launcher.py:LocalJobLauncher.submit",
 }
 
 

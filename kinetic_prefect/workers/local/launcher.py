@@ -64,6 +64,15 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _warn_if_not_on_this_machine(configuration: KineticLocalJobConfiguration, log: Callable[[str], None]) -> None:
+    wanted = configuration.env.get("JAX_PLATFORMS") or ""
+    if not accelerators.local_platform_available(wanted):
+        log(
+            f"WARNING: accelerator {configuration.accelerator!r} is not on this machine (no {wanted} device for "
+            "JAX): the job runs on the CPU. Use a kinetic-gke pool to get one."
+        )
+
+
 def _kill_group(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
@@ -217,12 +226,7 @@ class LocalJobLauncher(JobLauncher):
     ) -> str:
         identifier = str(flow_run.id)
         choose_local_accelerator(configuration)
-        wanted = configuration.env.get("JAX_PLATFORMS") or ""
-        if not accelerators.local_platform_available(wanted):
-            log(
-                f"WARNING: accelerator {configuration.accelerator!r} is not on this machine (no {wanted} device for "
-                "JAX): the job runs on the CPU. Use a kinetic-gke pool to get one."
-            )
+        _warn_if_not_on_this_machine(configuration, log)
         hosts = configuration.host_count
         argv = await anyio.to_thread.run_sync(self.command, configuration, log)
         job_dir = self.job_dir(identifier)
@@ -237,8 +241,27 @@ class LocalJobLauncher(JobLauncher):
                 f"Starting a group of {hosts} job processes "
                 f"(host 0 is the coordinator, {base_env[Env.COORDINATOR_ADDRESS]})"
             )
-        processes: list[subprocess.Popen] = []
         warm_call = hosts == 1 and configuration.keep_warm_seconds > 0
+        processes = self._start_hosts(flow_run, configuration, argv, base_env, job_dir, warm_call)
+        self._children[identifier] = processes
+        self._write_record(identifier, configuration, processes, warm_call)
+        self._cursors[identifier] = [
+            _LogCursor(job_dir / self.log_name(i), 0, configuration.log_lines_per_second) for i in range(hosts)
+        ]
+        return identifier
+
+    def _start_hosts(
+        self,
+        flow_run: FlowRun,
+        configuration: KineticLocalJobConfiguration,
+        argv: list[str],
+        base_env: dict[str, str],
+        job_dir: Path,
+        warm_call: bool,
+    ) -> list[subprocess.Popen]:
+        """The job's processes, one per host (or the call handed to a warm runner): all started, or none."""
+        hosts = configuration.host_count
+        processes: list[subprocess.Popen] = []
         try:
             if warm_call:
                 processes.append(
@@ -273,7 +296,16 @@ class LocalJobLauncher(JobLauncher):
             for process in processes:  # all or nothing from the start
                 _kill_group(process.pid, signal.SIGKILL)
             raise
-        self._children[identifier] = processes
+        return processes
+
+    def _write_record(
+        self,
+        identifier: str,
+        configuration: KineticLocalJobConfiguration,
+        processes: list[subprocess.Popen],
+        warm_call: bool,
+    ) -> None:
+        """The job's record (``job.json``): what a restarted worker, ``cancel`` and ``cleanup`` find it by."""
         started_at = time.time()  # metering: the hosts' processes start together (cost.HostSpan)
         entries = [
             {"pid": p.pid, "start_ticks": process_start_ticks(p.pid), "log_offset": 0, "started_at": started_at}
@@ -289,11 +321,7 @@ class LocalJobLauncher(JobLauncher):
             "hosts": entries,
             "warm": warm_call,
         }
-        (job_dir / "job.json").write_text(json.dumps(record))
-        self._cursors[identifier] = [
-            _LogCursor(job_dir / self.log_name(i), 0, configuration.log_lines_per_second) for i in range(hosts)
-        ]
-        return identifier
+        (self.job_dir(identifier) / "job.json").write_text(json.dumps(record))
 
     async def find(self, flow_run: FlowRun, configuration: KineticLocalJobConfiguration) -> str | None:
         identifier = str(flow_run.id)
