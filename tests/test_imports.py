@@ -214,6 +214,51 @@ def test_each_side_imports_only_what_the_architecture_allows() -> None:
     assert not broken, "imports across sides that docs/ARCHITECTURE.md does not allow:\n" + "\n".join(broken)
 
 
+GRAPH_START, GRAPH_END = "<!-- import-graph:start -->", "<!-- import-graph:end -->"
+ARCHITECTURE = PACKAGE_DIR.parent / "docs" / "ARCHITECTURE.md"
+
+
+def side_graph(graph: dict[str, set[str]]) -> dict[tuple[str, str], int]:
+    """``{(side, side it imports): module imports}`` across sides, from the module graph."""
+    arrows: dict[tuple[str, str], int] = {}
+    for module, targets in graph.items():
+        for target in targets:
+            pair = (side_of(module), side_of(target))
+            if pair[0] != pair[1]:
+                arrows[pair] = arrows.get(pair, 0) + 1
+    return arrows
+
+
+def drawn_graph() -> str:
+    """The side graph as docs/ARCHITECTURE.md shows it (between its import-graph markers)."""
+    graph = import_graph(PACKAGE_DIR)
+    arrows = side_graph(graph)
+    sides = sorted({side for pair in arrows for side in pair}, key=list(ALLOWED).index)
+    width = max(len(side) for side in sides)
+    lines = []
+    for side in sides:
+        targets = sorted((t for s, t in arrows if s == side), key=list(ALLOWED).index)
+        if targets:
+            listed = ", ".join(f"{t} ({arrows[side, t]})" for t in targets)
+            lines.append(f"{side:<{width}} -> {listed}")
+    modules = len(graph)
+    edges = sum(len(t) for t in graph.values())
+    return (
+        f"{GRAPH_START}\n```\n" + "\n".join(lines) + f"\n```\n\n{modules} modules, {edges} imports between them "
+        "(module level and in functions); the number after a side is how many module imports make that arrow. "
+        f"Drawn by `python tests/test_imports.py --write`.\n{GRAPH_END}"
+    )
+
+
+def test_the_architecture_page_draws_the_graph_of_the_code() -> None:
+    """docs/ARCHITECTURE.md's import graph is the package's as it is now (each arrow one the side rule allows)."""
+    text = ARCHITECTURE.read_text()
+    start, end = text.index(GRAPH_START), text.index(GRAPH_END) + len(GRAPH_END)
+    assert text[start:end] == drawn_graph(), (
+        "docs/ARCHITECTURE.md's import graph is stale: python tests/test_imports.py --write"
+    )
+
+
 def test_the_pod_side_is_what_ships_to_a_job() -> None:
     from kinetic_prefect.shared.image import RUNNER_MODULES
 
@@ -291,3 +336,13 @@ def test_the_graph_sees_function_level_and_relative_imports(
     for name, text in source.items():
         (package / f"{name}.py").write_text(text)
     assert cycles(import_graph(package)) == expected
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--write"]:
+        sys.exit("usage: python tests/test_imports.py --write   (redraws docs/ARCHITECTURE.md's import graph)")
+    text = ARCHITECTURE.read_text()
+    start, end = text.index(GRAPH_START), text.index(GRAPH_END) + len(GRAPH_END)
+    ARCHITECTURE.write_text(text[:start] + drawn_graph() + text[end:])
