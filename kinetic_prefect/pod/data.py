@@ -67,7 +67,7 @@ class Data:
 
     __slots__ = ("source", "is_remote", "local_path", "fuse")
 
-    def __init__(self, source: str | os.PathLike, fuse: bool = False):
+    def __init__(self, source: str | os.PathLike[str], fuse: bool = False):
         if isinstance(source, Data):
             source = source.source
         if not isinstance(fuse, bool):
@@ -129,13 +129,13 @@ class Data:
     def __hash__(self) -> int:
         return hash(self._key())
 
-    def _key(self) -> tuple:
+    def _key(self) -> tuple[object, ...]:
         return (self.is_remote, self.source if self.is_remote else str(self.local_path), self.fuse)
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, object]:
         return {"source": self.source, "is_remote": self.is_remote, "local_path": self.local_path, "fuse": self.fuse}
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: dict[str, object]) -> None:
         object.__setattr__(self, "fuse", False)  # pickled before fuse= existed
         for name, value in state.items():
             object.__setattr__(self, name, value)

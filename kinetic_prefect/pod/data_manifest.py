@@ -196,16 +196,17 @@ def build_manifest(root: Path, *, workers: int, memo: bool) -> Manifest:
     )
 
 
-def _list_files(root: Path) -> tuple[bool, list]:
+def _list_files(root: Path) -> tuple[bool, list[tuple[str, str, os.DirEntry[str] | None]]]:
     """(is a directory, its (relative posix path, path, DirEntry or None) entries sorted by relative path)."""
     if not os.path.exists(root):
         raise DataError(f"data path {root} no longer exists: it was moved or deleted after Data() was created")
     is_dir = os.path.isdir(root)
+    listing: list[tuple[str, str, os.DirEntry[str] | None]]
     if is_dir:
         listing = sorted(walk_files(root), key=lambda item: item[0])
     else:
         check_store_name(root.name, str(root))
-        listing = [(root.name, str(root), None)]  # type: ignore[list-item]  # no DirEntry for a lone file
+        listing = [(root.name, str(root), None)]  # no DirEntry for a lone file
     if is_dir and not listing:
         raise DataError(
             f"data directory {root} is empty (no files at any depth): put the data in it or pass the "
@@ -214,7 +215,7 @@ def _list_files(root: Path) -> tuple[bool, list]:
     return is_dir, listing
 
 
-def _stat_files(listing: list) -> list[os.stat_result]:
+def _stat_files(listing: list[tuple[str, str, os.DirEntry[str] | None]]) -> list[os.stat_result]:
     """Each entry's stat (from its DirEntry where the walk made one); anything but a regular file fails."""
     stats: list[os.stat_result] = []
     for _rel, path, entry in listing:
@@ -236,7 +237,7 @@ def _hash_files(
     """Hash the (index, path, size) jobs, handing each batch of results to ``record``: big files on a thread
     pool from the start, small ones inline unless the first of them had to be read from disk."""
     pool = None
-    futures: list[concurrent.futures.Future] = []
+    futures: list[concurrent.futures.Future[list[tuple[int, int, str]]]] = []
     try:
         if todo_big or len(todo_small) > _PROBE_FILES:
             pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="kinetic-hash")

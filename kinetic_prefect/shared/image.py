@@ -151,7 +151,7 @@ def runner_digest() -> str:
 def _cloudpickle_version() -> str:
     import cloudpickle
 
-    return cloudpickle.__version__
+    return str(cloudpickle.__version__)
 
 
 @dataclass(frozen=True)

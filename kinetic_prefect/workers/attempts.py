@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 from prefect.client.schemas.objects import FlowRun
 
+from kinetic_prefect import accelerators
 from kinetic_prefect.contract import EVENT_FALLBACK, EVENT_PREEMPTED, CapacityRecord, Env, Outcome, RunLayout
 from kinetic_prefect.shared import capacity
 from kinetic_prefect.workers.job_launcher import JobLauncher, JobStatus
@@ -25,7 +26,7 @@ HANDLED = "handled"
 
 def plan_for(configuration: Any) -> capacity.CapacityPlan:
     names = list(getattr(configuration, "accelerator_choices", None) or [configuration.accelerator])
-    specs = [capacity.accelerators.resolve(name) for name in names]
+    specs = [accelerators.resolve(name) for name in names]
     if getattr(configuration, "spot", False):
         specs = [spec.with_spot() for spec in specs]
     retries = getattr(configuration, "preemption_retries", None)
