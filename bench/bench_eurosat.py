@@ -556,10 +556,7 @@ def cmd_overhead(args) -> None:
     for rep in range(args.repeats):
         for mode in ("kinetic", "plain"):
             print(f"repeat {rep + 1}/{args.repeats}: {mode} ...", flush=True)
-            if mode == "plain":
-                r = _plain_run(call, work / f"plain-{rep}")
-            else:
-                r = _kinetic_run(call, f"r{rep}")
+            r = _plain_run(call, work / f"plain-{rep}") if mode == "plain" else _kinetic_run(call, f"r{rep}")
             r.update(mode=mode, repeat=rep + 1, load_avg=round(os.getloadavg()[0], 2))
             print(json.dumps(r), flush=True)
             runs.append(r)

@@ -102,13 +102,13 @@ def _start_worker(slots: int, home: Path) -> tuple[str, subprocess.Popen]:
             WorkPoolCreate(name=pool, type="kinetic-local", base_job_template=template, concurrency_limit=slots)
         )
     env = {**os.environ, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_HEARTBEAT_SECONDS": "5"}
-    log = open(home / "worker.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "worker", "start", "--type", "kinetic-local", "--pool", pool],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
+    with open(home / "worker.log", "wb") as log:  # the child writes through its own copy of the descriptor
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "prefect", "worker", "start", "--type", "kinetic-local", "--pool", pool],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     with get_client(sync_client=True) as client:
         deadline = time.time() + 240
         while not any(w.status.value == "ONLINE" for w in client.read_workers_for_work_pool(pool)):

@@ -27,9 +27,8 @@ def prefect_server(database: str = "sqlite"):
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
         from postgres_cluster import postgres_cluster
 
-        with postgres_cluster(durable=True) as url:
-            with _server(url) as home:
-                yield home
+        with postgres_cluster(durable=True) as url, _server(url) as home:
+            yield home
         return
     with _server(None) as home:
         yield home
@@ -52,13 +51,13 @@ def _server(database_url: str | None):
     if database_url:
         env.update(POSTGRES_SERVER_ENV)
     os.environ.update(env)
-    log = open(home / "server.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=os.environ.copy(),
-    )
+    with open(home / "server.log", "wb") as log:  # the child writes through its own copy of the descriptor
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=os.environ.copy(),
+        )
     try:
         deadline = time.time() + 600  # minutes on a loaded machine: a first start migrates the database
         while True:

@@ -15,6 +15,7 @@ Prefect record). Without a key everything still works, unauthenticated, and the 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 
@@ -93,7 +94,5 @@ def get(store, object_key: str, key: bytes | None) -> bytes:
 
 def delete(store, object_key: str) -> None:
     for name in (object_key, object_key + SUFFIX):
-        try:
+        with contextlib.suppress(Exception):
             store.delete(name)
-        except Exception:
-            pass

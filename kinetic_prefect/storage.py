@@ -27,6 +27,7 @@ import tempfile
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterable
+from typing import BinaryIO
 
 __all__ = ["GCSStore", "LocalStore", "ObjectNotFound", "Store", "StoreError", "open_store"]
 
@@ -175,6 +176,15 @@ def _run_parallel(fn: Callable, items: Iterable, *, workers: int) -> list:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def _open_object(path: pathlib.Path) -> BinaryIO:
+    """The object's file, open for reading (the caller closes it); ObjectNotFound when there is none. Only the
+    open is guarded: a missing folder while writing the copy is the copy's error, not a missing object."""
+    try:
+        return open(path, "rb")
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise ObjectNotFound(str(path)) from None
+
+
 def _atomic_write(dest: pathlib.Path, write: Callable, *, if_absent: bool = False) -> bool:
     """Write via a temp file in dest's directory, so the rename/link that publishes it is atomic."""
     for attempt in range(3):
@@ -237,12 +247,7 @@ class LocalStore(Store):
             raise ObjectNotFound(str(path)) from None
 
     def get_file(self, key: str, path: str | os.PathLike) -> None:
-        src_path = self._path(key)
-        try:
-            src = open(src_path, "rb")
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            raise ObjectNotFound(str(src_path)) from None
-        with src:
+        with _open_object(self._path(key)) as src:
             _atomic_write(pathlib.Path(path), lambda fh: shutil.copyfileobj(src, fh, _COPY_BUFSIZE))
 
     def exists(self, key: str) -> bool:
@@ -298,8 +303,9 @@ def _widen_connection_pool(client) -> None:
     import requests.adapters
 
     adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=_GCS_POOL_SIZE)
-    client._http.mount("https://", adapter)
-    client._http.mount("http://", adapter)
+    # google-cloud-storage takes a session only at construction (its ``_http``), not the pool size of the one it makes
+    client._http.mount("https://", adapter)  # noqa: SLF001
+    client._http.mount("http://", adapter)  # noqa: SLF001
 
 
 def _gcs_client():
@@ -449,11 +455,8 @@ class GCSStore(Store):
     def delete(self, key: str) -> None:
         from google.api_core.exceptions import NotFound
 
-        with self._errors(key, reading=False):
-            try:
-                self._blob(key).delete()
-            except NotFound:
-                pass
+        with self._errors(key, reading=False), contextlib.suppress(NotFound):
+            self._blob(key).delete()
 
     def child(self, prefix: str) -> GCSStore:
         return GCSStore(f"gs://{self.bucket_name}/{self._name(prefix.rstrip('/'))}", self._client)

@@ -7,6 +7,7 @@ connection, so new requests are refused and those in flight fail, as when the se
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -46,16 +47,13 @@ class ApiGate:
             connections, self._connections = self._connections, []
         self.cut_at = time.monotonic()
         if listener is not None:
-            try:  # wakes the accepting thread: a listener closed under a blocked accept() would go on accepting
+            # wakes the accepting thread: a listener closed under a blocked accept() would go on accepting
+            with contextlib.suppress(OSError):
                 listener.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             listener.close()
         for connection in connections:
-            try:
+            with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             connection.close()
 
     def _accept(self, listener: socket.socket) -> None:
@@ -86,10 +84,8 @@ class ApiGate:
             pass
         finally:
             for sock in (source, target):
-                try:
+                with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
             with self._lock:
                 for sock in (source, target):
                     if sock in self._connections:

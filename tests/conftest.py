@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["gcs_fixture", "docker_fixture", "worker_fixture", "kube_fixture"]
+pytest_plugins = ["gcs_fixture", "docker_fixture", "worker_fixture", "kube_fixture", "rooms"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"

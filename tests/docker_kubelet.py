@@ -11,6 +11,7 @@ with the pod's grace period when the pod is deleted and then confirm the deletio
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import http.server
 import re
@@ -250,10 +251,8 @@ class DockerKubelet:
         if entry.container:
             subprocess.run([self.docker, "stop", "-t", str(int(grace)), entry.container], capture_output=True)
         entry.finished = True
-        try:
+        with contextlib.suppress(client.exceptions.ApiException):
             self.core.delete_namespaced_pod(entry.name, entry.namespace, grace_period_seconds=0)
-        except client.exceptions.ApiException:
-            pass
 
     # ------------------------------------------------------------------ logs
     def _log_server(self, pki: Path) -> http.server.ThreadingHTTPServer:

@@ -47,6 +47,7 @@ kubernetes/autoscaler#5938, #5692, 2i2c-org/infrastructure#2185).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -254,10 +255,8 @@ class GKEAutoscaler:
         for pool in self.pools:
             for node in list(pool.nodes):
                 self._remove_node(pool, node)
-        try:
+        with contextlib.suppress(client.exceptions.ApiException):
             self.core.delete_namespaced_config_map(STATUS_CONFIGMAP[1], STATUS_CONFIGMAP[0])
-        except client.exceptions.ApiException:
-            pass
 
     # ------------------------------------------------------------------ the loop
     def _loop(self) -> None:
@@ -347,10 +346,8 @@ class GKEAutoscaler:
         pool.nodes.remove(node)
         self.empty_since.pop(node, None)
         self.kube.kubelet.nodes.discard(node)
-        try:
+        with contextlib.suppress(client.exceptions.ApiException):
             self.core.delete_node(node)
-        except client.exceptions.ApiException:
-            pass
 
     def _event(self, entry: _Waiting, kind: str, reason: str, message: str) -> None:
         """An Event on the pod from the autoscaler; a repeat of the same reason and message is counted on it."""

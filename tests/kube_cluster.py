@@ -149,8 +149,8 @@ class ControlPlane:
         return self.workdir / "pki/ca.crt"
 
     def _start(self, name: str, argv: list[str]) -> None:
-        log = open(self.workdir / f"{name}.log", "ab")
-        self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        with open(self.workdir / f"{name}.log", "ab") as log:  # the child writes through its own copy of the descriptor
+            self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
 
     def start(self) -> ControlPlane:
         pki = self.workdir / "pki"

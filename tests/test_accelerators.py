@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -192,7 +193,7 @@ def test_module_is_a_light_leaf():
     code = "import kinetic_prefect.accelerators, sys; assert 'prefect' not in sys.modules, 'prefect imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
     # The module itself imports only the stdlib, whatever the package __init__ does.
-    source = open(acc.__file__).read()
+    source = Path(acc.__file__).read_text()
     imports = {line.split()[1].split(".")[0] for line in source.splitlines() if line.startswith(("import ", "from "))}
     assert imports <= {"__future__", "dataclasses", "difflib", "re"}
 

@@ -119,7 +119,7 @@ def test_the_decorator_lists_its_options_once() -> None:
         if p.kind is inspect.Parameter.KEYWORD_ONLY
     ]
     assert [(p.name, p.default) for p in own] == [(p.name, p.default) for p in options.values()]
-    assert decorator.KINETIC_OPTION_NAMES == tuple(options)
+    assert tuple(options) == decorator.KINETIC_OPTION_NAMES
 
 
 EVENT_NAME_PREFIXES = ("kinetic.job.", "kinetic.flow-run.", "kinetic.work-pool.")

@@ -69,9 +69,9 @@ def tree(tmp_path) -> pathlib.Path:
 
 @pytest.fixture(autouse=True)
 def _fresh_memo():
-    data_manifest._memo.clear()
+    data_manifest.forget_hashes()
     yield
-    data_manifest._memo.clear()
+    data_manifest.forget_hashes()
 
 
 def count_calls(monkeypatch, obj, *names: str) -> list:

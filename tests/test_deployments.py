@@ -102,12 +102,10 @@ def _logs_with(flow_run_id, *needles: str, timeout: float = 20) -> str:
 
 
 def _start_worker(args: list[str], cwd: Path, env: dict, log_path: Path) -> subprocess.Popen:
-    log = open(log_path, "w")
-    proc = subprocess.Popen(
-        [*PREFECT, "worker", "start", *args], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT
-    )
-    log.close()
-    return proc
+    with open(log_path, "w") as log:  # the child writes through its own copy of the descriptor
+        return subprocess.Popen(
+            [*PREFECT, "worker", "start", *args], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
 
 
 @pytest.fixture(scope="module")

@@ -22,10 +22,10 @@ LIMITS = {"kinetic_prefect": 60, "flows": 80}
 ALLOWED = {
     "kinetic_prefect/caller/decorator.py:kinetic_task",
     "kinetic_prefect/caller/dispatch.py:_submit_and_wait",
-    "kinetic_prefect/doctor.py:check_deployments",
-    "kinetic_prefect/doctor.py:check_gke",
-    "kinetic_prefect/doctor.py:check_image_settings",
-    "kinetic_prefect/doctor.py:check_pool",
+    "kinetic_prefect/cli/doctor.py:check_deployments",
+    "kinetic_prefect/cli/doctor.py:check_gke",
+    "kinetic_prefect/cli/doctor.py:check_image_settings",
+    "kinetic_prefect/cli/doctor.py:check_pool",
     "kinetic_prefect/pod/runner.py:main",
     "kinetic_prefect/shared/prefect_runs.py:wait_for_final_state",
     "kinetic_prefect/workers/gke/configuration.py:KineticGKEJobConfiguration.render_manifest",
@@ -33,7 +33,6 @@ ALLOWED = {
     "kinetic_prefect/workers/gke/launcher.py:GKEJobLauncher._create_job",
     "kinetic_prefect/workers/gke/launcher.py:GKEJobLauncher.group_status",
     "kinetic_prefect/workers/lifecycle.py:KineticWorker.follow",
-    "kinetic_prefect/workers/local/launcher.py:LocalJobLauncher.submit",
 }
 
 

@@ -4,6 +4,7 @@ shuts a spot node down as a kubelet does (DisruptionTarget, SIGTERM, Failed) or 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -55,10 +56,8 @@ def spot_nodes(kube):
     yield SPOT_NODES
     for name in SPOT_NODES:
         kube.kubelet.nodes.discard(name)
-        try:
+        with contextlib.suppress(k8s.exceptions.ApiException):
             core.delete_node(name)
-        except k8s.exceptions.ApiException:
-            pass
 
 
 def _running_pod(kube, run_id, exclude_nodes=()):

@@ -405,25 +405,25 @@ def gke_worker(gke_pool, tmp_path):
     env = {**os.environ, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_CANCELLATION_POLL_SECONDS": "1"}
 
     def start(name: str) -> subprocess.Popen:
-        log = open(log_path, "a")
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "prefect",
-                "worker",
-                "start",
-                "--type",
-                "kinetic-gke",
-                "--pool",
-                gke_pool,
-                "--name",
-                name,
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+        with open(log_path, "a") as log:  # the child writes through its own copy of the descriptor
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "prefect",
+                    "worker",
+                    "start",
+                    "--type",
+                    "kinetic-gke",
+                    "--pool",
+                    gke_pool,
+                    "--name",
+                    name,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
         deadline = time.time() + 60
         with get_client(sync_client=True) as client:
             while not any(

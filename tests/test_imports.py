@@ -1,8 +1,9 @@
 """The package's import graph: no cycles, and each side imports only what docs/ARCHITECTURE.md allows.
 
 Every import counts, at module level and inside functions (an import inside a function still runs,
-only later: hiding a cycle there is how the cycles of the past stayed alive); only ``if TYPE_CHECKING:``
-blocks are left out, since they never run.
+only later: hiding a cycle there is how the cycles of the past stayed alive). ``if TYPE_CHECKING:`` blocks never
+run, so the side rule leaves them out; a cycle through them is still a cycle of types (two modules that each
+need the other's names), and the cycle test counts them.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ PACKAGE_DIR = Path(kinetic_prefect.__file__).parent
 PACKAGE = "kinetic_prefect"
 
 # The sides (docs/ARCHITECTURE.md, "Who imports whom"): a side is a package, so a module's place says its
-# side. Outside the side packages only the leaves, the tools and the kept public paths live; a new top-level
-# module fails the test until it is put on a side.
+# side. Outside the side packages only the leaves, the deployment steps and the kept public paths live; a new
+# top-level module fails the test until it is put on a side.
 SIDE_PACKAGES = {
     "contract": "contract",
     "pod": "pod",
@@ -29,12 +30,16 @@ SIDE_PACKAGES = {
     "caller": "caller",
     "workers": "worker",
     "provision": "provision",
+    "cli": "tools",  # the kinetic-prefect command, one module per command group
 }
 KINETIC_API_PACKAGE = "kinetic"  # the Kinetic-compatible API: a caller-side facade over kinetic_task
-LEAVES = {"storage", "signing", "errors", "accelerators", "config"}  # ship to the pod; import only the contract
-TOOLS = {"cli", "doctor", "steps", "jobs_cli", "cleanup", "cost_report", "provision_cli", "warm_cli"}
-# The public paths of modules that moved into pod/, kept for user code and old pickles (each aliases its module).
-KEPT_PATHS = {"runner": "pod.runner", "progress": "pod.progress", "outputs": "pod.outputs", "data": "pod.data"}
+LEAVES = {"storage", "signing", "errors", "accelerators", "config", "version"}  # ship to the pod; import the contract
+# Beside the catalog, on the caller side (the decorator and the kinetic API read names through it; no job needs it).
+CALLER_LEAVES = {"accelerator_names"}
+TOOLS = {"steps"}  # the deployment steps prefect.yaml names by their path
+# The short public paths of pod modules (each aliases its module): ``python -m kinetic_prefect.runner``, the command
+# of pool templates and images made before the pod/ layout, and the job-side imports the docs show.
+KEPT_PATHS = {"runner": "pod.runner", "progress": "pod.progress", "outputs": "pod.outputs"}
 
 # Who may import whom (besides itself): the pod never reaches the caller or the worker (it ships alone to a
 # job), shared helpers never reach a side, the worker never reaches the caller; the caller reaches the worker
@@ -64,6 +69,8 @@ def side_of(module: str) -> str:
         return "caller"
     if short in LEAVES:
         return "leaf"
+    if short in CALLER_LEAVES:
+        return "caller"
     if short in TOOLS:
         return "tools"
     if short in KEPT_PATHS:
@@ -88,12 +95,13 @@ def _type_checking_only(node: ast.AST) -> bool:
     )
 
 
-def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+def _imports(tree: ast.AST, type_checking: bool = False) -> list[ast.Import | ast.ImportFrom]:
+    """The import statements of ``tree``; those under ``if TYPE_CHECKING:`` only with ``type_checking``."""
     found: list[ast.Import | ast.ImportFrom] = []
     stack = [tree]
     while stack:
         node = stack.pop()
-        if _type_checking_only(node):
+        if _type_checking_only(node) and not type_checking:
             continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             found.append(node)
@@ -101,8 +109,9 @@ def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
     return found
 
 
-def import_graph(root: Path) -> dict[str, set[str]]:
-    """``{module: {package modules it imports}}`` for every module under ``root`` (a package directory).
+def import_graph(root: Path, type_checking: bool = False) -> dict[str, set[str]]:
+    """``{module: {package modules it imports}}`` for every module under ``root`` (a package directory);
+    ``type_checking``: the imports under ``if TYPE_CHECKING:`` count too.
 
     ``from pkg import name`` counts as an import of ``pkg.name`` when that is a module, else of ``pkg``.
     The package itself (``kinetic_prefect/__init__``) is only an edge when imported by name: it loads
@@ -113,7 +122,7 @@ def import_graph(root: Path) -> dict[str, set[str]]:
     for name, path in modules.items():
         is_package = path.name == "__init__.py"
         edges: set[str] = set()
-        for node in _imports(ast.parse(path.read_text(), filename=str(path))):
+        for node in _imports(ast.parse(path.read_text(), filename=str(path)), type_checking):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -179,6 +188,15 @@ def test_the_package_has_no_import_cycle() -> None:
     )
 
 
+def test_the_package_has_no_cycle_of_types_either() -> None:
+    """Two modules that need each other's names only for annotations are still one room split in two: the
+    shared names belong in a module both import (``pod.data_ref``, ``workers.job_launcher``)."""
+    found = cycles(import_graph(PACKAGE_DIR, type_checking=True))
+    assert not found, "import cycles through TYPE_CHECKING imports:\n" + "\n".join(
+        " <-> ".join(component) for component in found
+    )
+
+
 def test_each_side_imports_only_what_the_architecture_allows() -> None:
     broken = []
     for module, targets in sorted(import_graph(PACKAGE_DIR).items()):
@@ -194,6 +212,51 @@ def test_each_side_imports_only_what_the_architecture_allows() -> None:
             if not allowed:
                 broken.append(f"{module} ({side}) imports {target} ({target_side})")
     assert not broken, "imports across sides that docs/ARCHITECTURE.md does not allow:\n" + "\n".join(broken)
+
+
+GRAPH_START, GRAPH_END = "<!-- import-graph:start -->", "<!-- import-graph:end -->"
+ARCHITECTURE = PACKAGE_DIR.parent / "docs" / "ARCHITECTURE.md"
+
+
+def side_graph(graph: dict[str, set[str]]) -> dict[tuple[str, str], int]:
+    """``{(side, side it imports): module imports}`` across sides, from the module graph."""
+    arrows: dict[tuple[str, str], int] = {}
+    for module, targets in graph.items():
+        for target in targets:
+            pair = (side_of(module), side_of(target))
+            if pair[0] != pair[1]:
+                arrows[pair] = arrows.get(pair, 0) + 1
+    return arrows
+
+
+def drawn_graph() -> str:
+    """The side graph as docs/ARCHITECTURE.md shows it (between its import-graph markers)."""
+    graph = import_graph(PACKAGE_DIR)
+    arrows = side_graph(graph)
+    sides = sorted({side for pair in arrows for side in pair}, key=list(ALLOWED).index)
+    width = max(len(side) for side in sides)
+    lines = []
+    for side in sides:
+        targets = sorted((t for s, t in arrows if s == side), key=list(ALLOWED).index)
+        if targets:
+            listed = ", ".join(f"{t} ({arrows[side, t]})" for t in targets)
+            lines.append(f"{side:<{width}} -> {listed}")
+    modules = len(graph)
+    edges = sum(len(t) for t in graph.values())
+    return (
+        f"{GRAPH_START}\n```\n" + "\n".join(lines) + f"\n```\n\n{modules} modules, {edges} imports between them "
+        "(module level and in functions); the number after a side is how many module imports make that arrow. "
+        f"Drawn by `python tests/test_imports.py --write`.\n{GRAPH_END}"
+    )
+
+
+def test_the_architecture_page_draws_the_graph_of_the_code() -> None:
+    """docs/ARCHITECTURE.md's import graph is the package's as it is now (each arrow one the side rule allows)."""
+    text = ARCHITECTURE.read_text()
+    start, end = text.index(GRAPH_START), text.index(GRAPH_END) + len(GRAPH_END)
+    assert text[start:end] == drawn_graph(), (
+        "docs/ARCHITECTURE.md's import graph is stale: python tests/test_imports.py --write"
+    )
 
 
 def test_the_pod_side_is_what_ships_to_a_job() -> None:
@@ -212,13 +275,13 @@ def test_the_pod_side_is_what_ships_to_a_job() -> None:
 
 def test_the_side_packages_import_nothing_when_entered() -> None:
     """Importing ``kinetic_prefect.pod.runner`` runs ``pod/__init__`` first: a side's ``__init__`` stays empty of
-    imports, so reaching one module of a side loads no other (``workers`` alone imports its worker types: it is
-    Prefect's entry point)."""
+    imports, so reaching one module of a side loads no other (``workers`` imports its worker types: it is
+    Prefect's entry point; ``cli`` its ``main``: the console script's)."""
     for package in ["contract.job_variables", *SIDE_PACKAGES, "workers.local", "workers.gke", KINETIC_API_PACKAGE]:
         init = PACKAGE_DIR / package.split(".")[0] / "__init__.py"
         if "." in package:
             init = PACKAGE_DIR.joinpath(*package.split(".")) / "__init__.py"
-        if not init.is_file() or package in {"contract", "workers", KINETIC_API_PACKAGE}:
+        if not init.is_file() or package in {"contract", "workers", "cli", KINETIC_API_PACKAGE}:
             continue
         tree = ast.parse(init.read_text())
         ours = [node.lineno for node in _imports(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
@@ -273,3 +336,13 @@ def test_the_graph_sees_function_level_and_relative_imports(
     for name, text in source.items():
         (package / f"{name}.py").write_text(text)
     assert cycles(import_graph(package)) == expected
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--write"]:
+        sys.exit("usage: python tests/test_imports.py --write   (redraws docs/ARCHITECTURE.md's import graph)")
+    text = ARCHITECTURE.read_text()
+    start, end = text.index(GRAPH_START), text.index(GRAPH_END) + len(GRAPH_END)
+    ARCHITECTURE.write_text(text[:start] + drawn_graph() + text[end:])

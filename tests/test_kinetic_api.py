@@ -21,13 +21,13 @@ import pytest
 from prefect import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags, WorkPoolFilter, WorkPoolFilterName
 
+from kinetic_prefect import accelerator_names as names
 from kinetic_prefect import (
     accelerators,
     kinetic,  # the one line a Kinetic script changes
 )
 from kinetic_prefect.cli import main as cli
 from kinetic_prefect.contract import DETACHED_TAG, Env, RunLayout
-from kinetic_prefect.kinetic import names
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = Path(__file__).resolve().parent / "kinetic_examples"

@@ -119,7 +119,7 @@ def test_secret_looking_files_are_warned_about(tmp_path):
 def test_docs_catalog_is_generated_from_the_code():
     from pathlib import Path
 
-    from kinetic_prefect.cli import readme_with_catalog
+    from kinetic_prefect.cli.app import readme_with_catalog
 
     page = Path(__file__).resolve().parent.parent / "docs" / "accelerators.md"
     text = page.read_text()

@@ -17,8 +17,8 @@ import pytest
 from google.api_core import exceptions as google_errors
 from google.cloud import container_v1
 
-from kinetic_prefect import provision_cli
 from kinetic_prefect.cli import main
+from kinetic_prefect.cli import provision as provision_cli
 from kinetic_prefect.provision import steps
 from kinetic_prefect.workers.gke.deploy import worker_manifests
 

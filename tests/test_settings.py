@@ -81,15 +81,19 @@ def environ_reads(tree: ast.Module, aliases: dict[str, str]) -> list[tuple[int, 
         key: ast.AST | None = None
         if isinstance(node, ast.Call) and node.args:
             func = node.func
-            if isinstance(func, ast.Attribute) and func.attr in ("get", "pop") and _is_environ(func.value):
-                key = node.args[0]
-            elif isinstance(func, ast.Attribute) and func.attr == "getenv":
+            read = isinstance(func, ast.Attribute) and (
+                (func.attr in ("get", "pop") and _is_environ(func.value)) or func.attr == "getenv"
+            )
+            if read:
                 key = node.args[0]
         elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and _is_environ(node.value):
             key = node.slice
-        elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
-            if any(_is_environ(c) for c in node.comparators):
-                key = node.left
+        elif (
+            isinstance(node, ast.Compare)
+            and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops)
+            and any(_is_environ(c) for c in node.comparators)
+        ):
+            key = node.left
         if key is None:
             continue
         variable = key.value if isinstance(key, ast.Constant) and key.value in SETTING_NAMES else _named(key, aliases)

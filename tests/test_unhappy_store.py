@@ -78,7 +78,8 @@ def _raise(kind: str) -> None:
     if kind == "oserror":
         raise FileNotFoundError(2, "No such file", "/x/y")
     if kind == "open":
-        open("/nonexistent-kinetic-dir/file.txt")
+        with open("/nonexistent-kinetic-dir/file.txt"):  # raises: the folder does not exist
+            pass
     if kind == "keyerror":
         raise KeyError("missing-key")
     if kind == "unicode":
@@ -218,7 +219,7 @@ def small_store(tmp_path):
 
 
 def test_a_full_store_while_writing_the_result_names_enospc_and_is_not_retried(small_store):
-    from kinetic_prefect.doctor import set_pool_variables
+    from kinetic_prefect.cli.doctor import set_pool_variables
 
     pool = new_pool("full")
     set_pool_variables(pool, [f"store={small_store}"])

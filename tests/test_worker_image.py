@@ -78,7 +78,9 @@ def test_tag_names_version_lock_code_and_base(tmp_path):
     (source / "uv.lock").write_text((source / "uv.lock").read_text() + "\n# changed\n")
     locked = gke_worker_image.image_tag(source)
     assert locked != tag
-    (source / "kinetic_prefect" / "cli.py").write_text((source / "kinetic_prefect" / "cli.py").read_text() + "\n")
+    (source / "kinetic_prefect" / "cli" / "app.py").write_text(
+        (source / "kinetic_prefect" / "cli" / "app.py").read_text() + "\n"
+    )
     assert gke_worker_image.image_tag(source) not in (tag, locked)
 
     (source / "uv.lock").unlink()

@@ -17,6 +17,7 @@ the standard library.
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import os
@@ -106,9 +107,10 @@ class Browser:
         ]
         if os.geteuid() == 0:
             args.insert(1, "--no-sandbox")  # Chromium refuses to run as root with its sandbox
-        self.log = open(Path(self.profile) / "chromium.log", "wb")
-        # its own process group, so that closing it also ends its renderer/GPU/zygote processes
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        # its own process group, so that closing it also ends its renderer/GPU/zygote processes; the child
+        # writes the log through its own copy of the descriptor
+        with open(Path(self.profile) / "chromium.log", "wb") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         port_file = Path(self.profile) / "DevToolsActivePort"
         deadline = time.time() + 60
         while not (port_file.exists() and port_file.read_text().strip()):
@@ -261,27 +263,20 @@ class Browser:
         return path
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.ws.close()
-        except Exception:  # noqa: BLE001
-            pass
         for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, sig)  # the group Popen started: Chromium and its helpers
-            except ProcessLookupError:
-                pass
             try:
                 self.proc.wait(wait)
             except subprocess.TimeoutExpired:
                 continue
             if sig == signal.SIGTERM:
                 time.sleep(0.5)  # let the helpers follow the browser out, then make sure of it
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             break
-        self.log.close()
         shutil.rmtree(self.profile, ignore_errors=True)
 
 
@@ -336,13 +331,13 @@ class Server:
         }
         self.env.pop("KINETIC_STORE", None)
         self.env.pop("KINETIC_WORK_POOL", None)
-        self.log = open(self.dir / "server.log", "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env=self.env,
-        )
+        with open(self.dir / "server.log", "wb") as server_log:  # the child writes through its own descriptor
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
+                stdout=server_log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+            )
         try:
             wait_http(f"{self.url}/api/health", start_timeout, self.proc)
         except RuntimeError:
@@ -357,7 +352,6 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
-        self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

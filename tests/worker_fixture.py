@@ -61,25 +61,24 @@ class WorkerProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self, wait_online: bool = True) -> WorkerProcess:
-        log = open(self.log_path, "a")
         env = {**os.environ, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_HEARTBEAT_SECONDS": "5", **self.env}
-        self.proc = subprocess.Popen(
-            [
-                *PREFECT,
-                "worker",
-                "start",
-                "--type",
-                "kinetic-local",
-                "--pool",
-                self.pool,
-                "--name",
-                f"{self.pool}-worker",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-        log.close()
+        with open(self.log_path, "a") as log:  # the child writes through its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                [
+                    *PREFECT,
+                    "worker",
+                    "start",
+                    "--type",
+                    "kinetic-local",
+                    "--pool",
+                    self.pool,
+                    "--name",
+                    f"{self.pool}-worker",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
         if wait_online:
             started = time.time()
             with get_client(sync_client=True) as client:

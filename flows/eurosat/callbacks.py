@@ -62,7 +62,7 @@ class Schedule(keras.callbacks.Callback):
         self._last_batch_t = None
         self._epoch = 0
 
-    def _elapsed(self) -> float:
+    def elapsed(self) -> float:
         return self.state.get("train_clock_s", 0.0) + (time.perf_counter() - self._t0) - self._paused()
 
     def _paused(self) -> float:
@@ -84,7 +84,7 @@ class Schedule(keras.callbacks.Callback):
 
     def _set(self, batch: int) -> None:
         step = self._epoch * self.steps + batch
-        progress = _agree(schedule_progress(self.cfg, step, self.steps, self._elapsed()))
+        progress = _agree(schedule_progress(self.cfg, step, self.steps, self.elapsed()))
         lr = lr_at(self.cfg, progress) * self.state["lr_factor"]
         if hasattr(self.model, "jax_state_sync"):
             self.model.jax_state_sync()
@@ -98,12 +98,12 @@ class Schedule(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self._last_batch_t = time.perf_counter()
         budget = min(b for b in (self.cfg.time_budget_s, self.cfg.stop_after_s, math.inf) if b)
-        if budget < math.inf and _agree(float(self._elapsed() + self.state.get("last_val_s", 0.0) >= budget)):
+        if budget < math.inf and _agree(float(self.elapsed() + self.state.get("last_val_s", 0.0) >= budget)):
             self.state["stopped_by_time_budget"] = True
             self.model.stop_training = True
 
     def on_epoch_end(self, epoch, logs=None):
-        self.state["train_clock_s"] = self._elapsed()
+        self.state["train_clock_s"] = self.elapsed()
         budget = self.cfg.time_budget_s
         if budget:
             done = self.state["train_clock_s"]
@@ -132,7 +132,7 @@ class Curve(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         t = time.perf_counter()
-        clock = self.schedule._elapsed()
+        clock = self.schedule.elapsed()
         probs = predict_images(self.model, self.x_test, self.batch_size, tta=False)
         m = mt.compute_metrics(self.y_test, probs.argmax(axis=1), self.class_names)
         point = {

@@ -21,6 +21,7 @@ by a hash of the input text (stable whatever ``max_examples``/``seed`` are), the
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import json
@@ -84,10 +85,8 @@ def atomic_write_text(dest: Path, text: str) -> None:
             fh.write(text)
         os.replace(tmp, dest)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
 
 
@@ -156,10 +155,8 @@ def _download(url: str, dest: Path, timeout: float = 120) -> Path:
             shutil.copyfileobj(response, fh, 1 << 20)
         os.replace(tmp, dest)
     except BaseException as exc:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         if isinstance(exc, OSError):
             raise GemmaDataError(
                 f"could not download {url}: {exc}. Download it yourself and pass the local path as data_path.", url

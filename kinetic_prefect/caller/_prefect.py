@@ -18,6 +18,7 @@ from kinetic_prefect.caller.pools import (
     worker_class_for,
 )
 from kinetic_prefect.shared.key_blocks import _signing_key_cache, forget_signing_key, signing_key, store_secret_env
+from kinetic_prefect.shared.outages import is_transient
 from kinetic_prefect.shared.prefect_runs import (
     LOG_PAGE,
     calling_task_run_id,
@@ -25,7 +26,6 @@ from kinetic_prefect.shared.prefect_runs import (
     cancel_unstarted_run,
     create_job_flow_run,
     finish_cancelled_parent,
-    is_transient,
     read_flow_run_batched,
     read_task_run_or_none,
     run_interruptibly,

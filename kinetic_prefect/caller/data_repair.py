@@ -47,16 +47,11 @@ def damaged_files(manifest: Manifest, store: Store) -> list[str]:
         if st.st_size != size:
             damaged.append(rel)
             continue
-        memo_key = data_manifest._memo_key(str(path), st)  # noqa: SLF001 - the module's own hashing memo
-        stored_sha = data_manifest._memo.get(memo_key)  # noqa: SLF001
-        if stored_sha is None:
-            try:
-                _read, stored_sha = data_manifest._hash_file(str(path), size)  # noqa: SLF001
-            except DataError:
-                damaged.append(rel)
-                continue
-            with data_manifest._memo_lock:  # noqa: SLF001
-                data_manifest._memo[memo_key] = stored_sha  # noqa: SLF001
+        try:
+            stored_sha = data_manifest.file_sha256(str(path), st)
+        except DataError:
+            damaged.append(rel)
+            continue
         if stored_sha != sha:
             damaged.append(rel)
     return damaged

@@ -447,10 +447,8 @@ def _captured(fn: Any) -> list[tuple[str, Any]]:
         return []
     items: list[tuple[str, Any]] = []
     for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
-        try:
+        with contextlib.suppress(ValueError):
             items.append((f"closure variable {name!r}", cell.cell_contents))
-        except ValueError:
-            pass
     for name in _code_names(fn.__code__):
         if name in fn.__globals__:
             items.append((f"global {name!r}", fn.__globals__[name]))

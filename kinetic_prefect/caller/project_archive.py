@@ -229,11 +229,10 @@ def _tar_gz(root: Path, stats: list[tuple[str, int, int, int]]) -> ProjectArchiv
             info.mode = 0o755 if exec_bits else 0o644
             info.mtime = 0  # determinism: the hash depends on content only
             try:
-                fh = open(root / rel, "rb")
+                with open(root / rel, "rb") as fh:
+                    tar.addfile(info, fh)
             except FileNotFoundError:  # removed since its stat: the archive is the tree as it is now
                 continue
-            with fh:
-                tar.addfile(info, fh)
     data = gzip.compress(raw.getvalue(), compresslevel=6, mtime=0)
     return ProjectArchive(root=root, sha256=sha256_hex(data), data=data, files=len(stats))
 
@@ -365,10 +364,13 @@ def cached_project_archive(project_dir: Path, exclude: Iterable[Path] = ()) -> P
         now = time.time_ns()  # before anything is read: a later write has a later mtime (± a clock tick)
         signature = _tree_signature(root, excluded)
         cached = _archive_cache.get(key)
-        if cached is not None and cached[0] == signature:
-            if all(entry[2] < cached[1] - _RACY_NS for entry in signature):
-                _archive_cache.move_to_end(key)
-                return cached[2]
+        if (
+            cached is not None
+            and cached[0] == signature
+            and all(entry[2] < cached[1] - _RACY_NS for entry in signature)
+        ):
+            _archive_cache.move_to_end(key)
+            return cached[2]
         selection = _select_project_files(root, exclude)
         stats = _file_stats(root, selection.files)
         _warn_about(root, selection, sum(s[1] for s in stats))

@@ -9,6 +9,7 @@ a setup phase); a ``RemoteError`` where the exception's type exists on the job s
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import re
 from collections.abc import Callable
@@ -61,10 +62,8 @@ def rebuild_exception(exc_type: type, exc_args: tuple, exc_state: dict[str, Any]
     ``SystemExit.code``, ``OSError.errno`` and the like from ``args``."""
     exc: BaseException = BaseException.__new__(exc_type)
     builtin = next(c for c in exc_type.__mro__ if c.__module__ == "builtins")
-    try:
+    with contextlib.suppress(Exception):
         builtin.__init__(exc, *exc_args)  # type: ignore[misc]  # the base's own __init__, on purpose
-    except Exception:
-        pass
     exc.args = exc_args
     exc.__dict__.update(exc_state)
     return exc

@@ -15,6 +15,7 @@ Prefect's default result storage.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 import urllib.parse
@@ -58,7 +59,7 @@ async def result_storage(store_url: str, credentials: Any = None, pool_name: str
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
     from prefect_gcp import GcpCredentials, GcsBucket
 
-    key = (gcp._api_url(), store_url.rstrip("/"), getattr(credentials, "_block_document_id", None))
+    key = (gcp.api_url(), store_url.rstrip("/"), getattr(credentials, "_block_document_id", None))
     cached = _blocks.get(key)
     if cached is not None and time.monotonic() - cached[0] < _TTL_SECONDS:
         return cached[1]
@@ -73,10 +74,8 @@ async def result_storage(store_url: str, credentials: Any = None, pool_name: str
             block = None
         if block is None or not _same(block, bucket, folder, credentials):
             fresh = GcsBucket(bucket=bucket, bucket_folder=folder, gcp_credentials=credentials)
-            try:
+            with contextlib.suppress(ObjectAlreadyExists):  # another caller created it a moment ago
                 await fresh.asave(name, overwrite=block is not None)
-            except ObjectAlreadyExists:  # another caller created it a moment ago
-                pass
             block = await GcsBucket.aload(name)
     except gcp.GcpSettingError:
         raise

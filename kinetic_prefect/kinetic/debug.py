@@ -14,6 +14,7 @@ working copy of it, where the job's frames come from.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import sys
@@ -101,10 +102,8 @@ def _pump(source: Any, sink: Any) -> None:
         pass
     finally:
         for end in (source, sink):
-            try:
+            with contextlib.suppress(OSError):
                 end.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
 
 def relay(client: socket.socket, upstream: Any) -> None:

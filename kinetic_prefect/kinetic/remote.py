@@ -12,8 +12,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from kinetic_prefect.accelerator_names import kinetic_reading
 from kinetic_prefect.contract import FUSE_MOUNT_ROOT, Env
-from kinetic_prefect.kinetic.names import kinetic_reading
 
 KINETIC_DEFAULT_ACCELERATOR = "tpu-v5e-1"  # Kinetic's default; on a machine without it, kinetic-local uses the CPU
 

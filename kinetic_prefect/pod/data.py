@@ -10,6 +10,7 @@ content address; the job side turns each ``DataRef`` back into a local path with
 This module holds the argument and what the payload carries in its place. Each job around them has its own
 module, whose public names are importable from here too:
 
+* :mod:`kinetic_prefect.pod.data_ref`: the :class:`DataRef` itself (the job side reads it without this module);
 * :mod:`kinetic_prefect.pod.data_sources`: checking a source (a gs:// URL, a local path's files); :class:`DataError`;
 * :mod:`kinetic_prefect.pod.data_manifest`: content hashing (:class:`Manifest`);
 * :mod:`kinetic_prefect.pod.data_upload`: the caller's upload into the store (:func:`upload`);
@@ -23,7 +24,6 @@ modules) at module level.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 import urllib.parse
@@ -32,6 +32,7 @@ from pathlib import Path
 from kinetic_prefect.contract import data_key
 from kinetic_prefect.pod.data_localize import localize
 from kinetic_prefect.pod.data_manifest import Manifest, build_manifest
+from kinetic_prefect.pod.data_ref import DataRef
 from kinetic_prefect.pod.data_sources import DataError, check_fuse_url, parse_gs_url, parse_hf_url, validate_local
 from kinetic_prefect.pod.data_upload import upload
 from kinetic_prefect.pod.data_walk import find, transform
@@ -66,7 +67,7 @@ class Data:
 
     __slots__ = ("source", "is_remote", "local_path", "fuse")
 
-    def __init__(self, source: str | os.PathLike, fuse: bool = False):
+    def __init__(self, source: str | os.PathLike[str], fuse: bool = False):
         if isinstance(source, Data):
             source = source.source
         if not isinstance(fuse, bool):
@@ -128,36 +129,16 @@ class Data:
     def __hash__(self) -> int:
         return hash(self._key())
 
-    def _key(self) -> tuple:
+    def _key(self) -> tuple[object, ...]:
         return (self.is_remote, self.source if self.is_remote else str(self.local_path), self.fuse)
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, object]:
         return {"source": self.source, "is_remote": self.is_remote, "local_path": self.local_path, "fuse": self.fuse}
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: dict[str, object]) -> None:
         object.__setattr__(self, "fuse", False)  # pickled before fuse= existed
         for name, value in state.items():
             object.__setattr__(self, name, value)
-
-
-@dataclasses.dataclass(frozen=True)
-class DataRef:
-    """What is pickled into the payload instead of Data; resolved to a local path on the job side.
-
-    For gs:// data ``kind`` is what the URL says ("dir" for a trailing slash or a bare bucket, else "file");
-    :func:`localize` treats a "file" URL that names no object as a prefix. hf:// data is a "dir".
-
-    ``fuse`` is the mount id of ``Data(..., fuse=True)`` (:func:`fuse_mount_id`): kinetic-gke mounts it at
-    ``FUSE_MOUNT_ROOT/<id>``; ``path`` is the local source of local FUSE data (kinetic-local reads it in place).
-    """
-
-    kind: str  # "file" | "dir"
-    name: str  # basename of the source (file name, or directory name)
-    sha256: str | None  # content hash for local data (None for gs://)
-    key: str | None  # store-relative prefix of uploaded local data: f"data/{sha256}"
-    url: str | None  # gs:// or hf:// source, never copied through the store
-    fuse: str | None = None  # Data(..., fuse=True): its mount id
-    path: str | None = None  # local FUSE data: the caller's path (read in place on kinetic-local)
 
 
 def fuse_mount_id(data: Data) -> str:

@@ -25,22 +25,19 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from kinetic_prefect.contract import Env, data_files_key, data_key, data_manifest_key
 from kinetic_prefect.pod.data_hf import download_hf
 from kinetic_prefect.pod.data_manifest import Manifest, build_manifest
+from kinetic_prefect.pod.data_ref import DataRef
 from kinetic_prefect.pod.data_sources import DataError, parse_gs_url
 from kinetic_prefect.storage import ObjectNotFound, Store, open_store
-
-if TYPE_CHECKING:  # kinetic_prefect.pod.data imports this module
-    from kinetic_prefect.pod.data import DataRef
-
 
 _COMPLETE = "complete.json"
 
 
-def _node_entry(node_cache: Path, ident: str, fill: Callable[[Path], dict]) -> Path:
+def _node_entry(node_cache: Path, ident: str, fill: Callable[[Path], dict[str, Any]]) -> Path:
     """``node_cache/data/<ident>``, filled once per node: ``fill(staging)`` writes ``staging/files``; the marker is
     written inside the staging directory, which is then renamed into place (a crash leaves no partial entry)."""
     target = Path(node_cache) / "data" / ident
@@ -105,7 +102,7 @@ def _localize_uploaded(ref: DataRef, store: Store, node_cache: Path, key: bytes 
 
     prefix = ref.key
 
-    def fill(staging: Path) -> dict:
+    def fill(staging: Path) -> dict[str, Any]:
         try:
             manifest = Manifest.from_json(signing.get(store, marker, key), staging / "files")
         except ObjectNotFound:
@@ -153,7 +150,7 @@ def _localize_url(ref: DataRef, node_cache: Path) -> Path:
     ident = hashlib.sha256(url.encode()).hexdigest()
     kind_box: list[str] = []
 
-    def fill(staging: Path) -> dict:
+    def fill(staging: Path) -> dict[str, Any]:
         files = staging / "files"
         files.mkdir()
         if path and not path.endswith("/"):
@@ -181,17 +178,14 @@ def _localize_url(ref: DataRef, node_cache: Path) -> Path:
         return {"url": url, "kind": "dir", "name": ref.name, "files": len(keys)}
 
     target = _node_entry(node_cache, ident, fill)
-    if kind_box:
-        kind = kind_box[0]
-    else:
-        kind = json.loads((target / _COMPLETE).read_text()).get("kind", "dir")
+    kind = kind_box[0] if kind_box else json.loads((target / _COMPLETE).read_text()).get("kind", "dir")
     return target / "files" / ref.name if kind == "file" else target / "files"
 
 
 def _localize_hf(ref: DataRef, node_cache: Path) -> Path:
     url = ref.url or ""
 
-    def fill(staging: Path) -> dict:
+    def fill(staging: Path) -> dict[str, Any]:
         files = download_hf(url, staging / "files")
         return {"url": url, "kind": "dir", "name": ref.name, "files": files}
 

@@ -46,7 +46,7 @@ class Manifest:
     total_bytes: int
     is_dir: bool = True
     # (size, mtime_ns) per entry when hashed: upload() checks nothing changed before it marks the upload complete
-    _stats: tuple[tuple[int, int], ...] = dataclasses.field(default=(), compare=False, repr=False)
+    stats_when_hashed: tuple[tuple[int, int], ...] = dataclasses.field(default=(), compare=False, repr=False)
 
     @property
     def kind(self) -> str:
@@ -118,6 +118,24 @@ def _hash_file(path: str, size: int) -> tuple[int, str]:
         os.close(fd)
 
 
+def file_sha256(path: str, st: os.stat_result) -> str:
+    """The sha256 of the file at ``path`` (``st``: its stat now): remembered while its stat is unchanged, else
+    read and remembered. DataError when it cannot be read."""
+    key = _memo_key(path, st)
+    sha = _memo.get(key)
+    if sha is None:
+        _read, sha = _hash_file(path, st.st_size)
+        with _memo_lock:
+            _memo[key] = sha
+    return sha
+
+
+def forget_hashes() -> None:
+    """Forget every remembered hash: the next manifest reads each file again, as a new process would."""
+    with _memo_lock:
+        _memo.clear()
+
+
 def _blocks_read() -> int:
     """Blocks this thread has read from storage (Linux: page-cache misses); 0 where unknown."""
     try:
@@ -174,20 +192,21 @@ def build_manifest(root: Path, *, workers: int, memo: bool) -> Manifest:
         files=hashed,
         total_bytes=sum(sizes),
         is_dir=is_dir,
-        _stats=tuple((st.st_size, st.st_mtime_ns) for st in stats),
+        stats_when_hashed=tuple((st.st_size, st.st_mtime_ns) for st in stats),
     )
 
 
-def _list_files(root: Path) -> tuple[bool, list]:
+def _list_files(root: Path) -> tuple[bool, list[tuple[str, str, os.DirEntry[str] | None]]]:
     """(is a directory, its (relative posix path, path, DirEntry or None) entries sorted by relative path)."""
     if not os.path.exists(root):
         raise DataError(f"data path {root} no longer exists: it was moved or deleted after Data() was created")
     is_dir = os.path.isdir(root)
+    listing: list[tuple[str, str, os.DirEntry[str] | None]]
     if is_dir:
         listing = sorted(walk_files(root), key=lambda item: item[0])
     else:
         check_store_name(root.name, str(root))
-        listing = [(root.name, str(root), None)]  # type: ignore[list-item]  # no DirEntry for a lone file
+        listing = [(root.name, str(root), None)]  # no DirEntry for a lone file
     if is_dir and not listing:
         raise DataError(
             f"data directory {root} is empty (no files at any depth): put the data in it or pass the "
@@ -196,7 +215,7 @@ def _list_files(root: Path) -> tuple[bool, list]:
     return is_dir, listing
 
 
-def _stat_files(listing: list) -> list[os.stat_result]:
+def _stat_files(listing: list[tuple[str, str, os.DirEntry[str] | None]]) -> list[os.stat_result]:
     """Each entry's stat (from its DirEntry where the walk made one); anything but a regular file fails."""
     stats: list[os.stat_result] = []
     for _rel, path, entry in listing:
@@ -218,7 +237,7 @@ def _hash_files(
     """Hash the (index, path, size) jobs, handing each batch of results to ``record``: big files on a thread
     pool from the start, small ones inline unless the first of them had to be read from disk."""
     pool = None
-    futures: list[concurrent.futures.Future] = []
+    futures: list[concurrent.futures.Future[list[tuple[int, int, str]]]] = []
     try:
         if todo_big or len(todo_small) > _PROBE_FILES:
             pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="kinetic-hash")

@@ -99,14 +99,14 @@ def check_store_name(rel: str, path: str) -> None:
         )
 
 
-def walk_files(root: Path) -> Iterator[tuple[str, str, os.DirEntry]]:
+def walk_files(root: Path) -> Iterator[tuple[str, str, os.DirEntry[str]]]:
     """Every file under ``root`` as (relative posix path, path, entry), following symlinks; raises DataError for
     broken links, special files, unreadable directories and symlink loops."""
     try:
         top = os.stat(root)
     except OSError as exc:
         raise unreadable_error(root, exc) from exc
-    stack: list[tuple[str, str, frozenset]] = [(str(root), "", frozenset({(top.st_dev, top.st_ino)}))]
+    stack: list[tuple[str, str, frozenset[tuple[int, int]]]] = [(str(root), "", frozenset({(top.st_dev, top.st_ino)}))]
     while stack:
         dir_path, rel_dir, ancestors = stack.pop()
         try:

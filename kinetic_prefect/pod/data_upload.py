@@ -37,8 +37,8 @@ def upload(
         return heal(manifest, store, on_file) if heal is not None else 0
     pairs = [(rel, manifest.path_of(rel)) for rel, _size, _sha in manifest.files]
     uploaded = store.put_tree(data_files_key(prefix), pairs, workers=workers, on_file=on_file)
-    if manifest._stats:  # a file rewritten after hashing would sit under the wrong content address
-        for (rel, _size, _sha), (size, mtime_ns) in zip(manifest.files, manifest._stats):
+    if manifest.stats_when_hashed:  # a file rewritten after hashing would sit under the wrong content address
+        for (rel, _size, _sha), (size, mtime_ns) in zip(manifest.files, manifest.stats_when_hashed):
             path = manifest.path_of(rel)
             try:
                 st = os.stat(path)

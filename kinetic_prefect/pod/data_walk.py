@@ -18,10 +18,12 @@ from typing import Any
 _ATOMS = (str, bytes, bytearray, int, float, complex, bool, type(None), range, Path)
 
 
-def _walker(fn: Callable[[Any], Any] | None, match: type | tuple[type, ...], found: list | None) -> Callable:
+def _walker(
+    fn: Callable[[Any], Any] | None, match: type | tuple[type, ...], found: list[Any] | None
+) -> Callable[[Any], Any]:
     memo: dict[int, Any] = {}
     active: set[int] = set()
-    keep: list = []  # keeps walked objects alive, so their ids are not reused during the walk
+    keep: list[Any] = []  # keeps walked objects alive, so their ids are not reused during the walk
 
     def visit(obj: Any) -> Any:
         if isinstance(obj, match):
@@ -34,7 +36,7 @@ def _walker(fn: Callable[[Any], Any] | None, match: type | tuple[type, ...], fou
             memo[oid] = new
             keep.append(obj)
             return new
-        if isinstance(obj, _ATOMS) or isinstance(obj, type):
+        if isinstance(obj, (_ATOMS, type)):
             return obj
         oid = id(obj)
         if oid in memo:
@@ -114,8 +116,8 @@ def transform(obj: Any, fn: Callable[[Any], Any], match: type | tuple[type, ...]
     return _walker(fn, match, None)(obj)
 
 
-def find(obj: Any, match: type | tuple[type, ...]) -> list:
+def find(obj: Any, match: type | tuple[type, ...]) -> list[Any]:
     """Every distinct instance of ``match`` inside ``obj`` (the walk of :func:`transform`), in the order met."""
-    found: list = []
+    found: list[Any] = []
     _walker(None, match, found)(obj)
     return found

@@ -19,10 +19,15 @@ module imports only the stdlib, the contract and the store (it ships with the jo
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kinetic_prefect.contract import Env, RunLayout, settings
+
+if TYPE_CHECKING:
+    from kinetic_prefect.storage import Store
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,7 @@ class JobOutputs:
             return cls(store=store, run_id=run_id)
         return cls(store="", run_id="", local_dir=os.environ.get(Env.OUTPUT_DIR) or os.getcwd())
 
-    def _store(self):
+    def _store(self) -> Store:
         from kinetic_prefect.storage import open_store
 
         return open_store(self.store)
@@ -59,7 +64,7 @@ class JobOutputs:
             return str(Path(self.local_dir) / name)
         return self._store().url_for(RunLayout(self.run_id).output(name))
 
-    def download(self, name: str, dest_dir: str | os.PathLike) -> Path:
+    def download(self, name: str, dest_dir: str | os.PathLike[str]) -> Path:
         """Copy one output into ``dest_dir`` (keeping its relative path); returns the local path."""
         target = Path(dest_dir) / name
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -73,5 +78,7 @@ class JobOutputs:
         self._store().get_file(RunLayout(self.run_id).output(name), target)
         return target
 
-    def download_all(self, dest_dir: str | os.PathLike, include=lambda name: True) -> list[Path]:
+    def download_all(
+        self, dest_dir: str | os.PathLike[str], include: Callable[[str], bool] = lambda name: True
+    ) -> list[Path]:
         return [self.download(name, dest_dir) for name in self.names() if include(name)]

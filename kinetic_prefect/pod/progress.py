@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 from kinetic_prefect.contract import PROGRESS_PREFIX
 
@@ -28,7 +29,7 @@ def report(done: float, total: float, message: str = "") -> None:
     print(line(done, total, message), file=sys.stdout, flush=True)
 
 
-def parse(line: str) -> dict | None:
+def parse(line: str) -> dict[str, Any] | None:
     """The progress record of a line, or None when the line is ordinary output."""
     if not line.startswith(PROGRESS_PREFIX):
         return None

@@ -17,6 +17,7 @@ artifacts (``kinetic_prefect.workers.usage_report``). A figure that cannot be re
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -198,10 +199,8 @@ class Sampler:
             if value is not None:
                 record[name] = value
         if self.nvml is not None:
-            try:
+            with contextlib.suppress(Exception):
                 record["gpus"] = self.nvml.sample()
-            except Exception:
-                pass
         devices = jax_device_memory()
         if devices:
             record["devices"] = devices

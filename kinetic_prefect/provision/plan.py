@@ -320,9 +320,12 @@ def accelerator_of(node_pool: Any) -> AcceleratorSpec | None:
         if spec.machine_type != config.machine_type or spec.family == "cpu":
             continue
         if spec.family == "gpu":
-            if attached and attached[0].accelerator_type == spec.gke_accelerator:
-                if attached[0].accelerator_count == spec.chips_per_host:
-                    return spec.with_spot(config.spot)
+            if (
+                attached
+                and attached[0].accelerator_type == spec.gke_accelerator
+                and attached[0].accelerator_count == spec.chips_per_host
+            ):
+                return spec.with_spot(config.spot)
         elif (topology and spec.tpu_topology == topology) or (not topology and not spec.multi_host):
             return spec.with_spot(config.spot)
     return None

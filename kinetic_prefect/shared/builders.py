@@ -19,6 +19,7 @@ The google-cloud-* imports happen inside the Cloud Build code only: the ``gcp`` 
 from __future__ import annotations
 
 import collections
+import contextlib
 import gzip
 import hashlib
 import io
@@ -36,10 +37,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kinetic_prefect import __version__
 from kinetic_prefect.contract import RUNNER_ARGV
 from kinetic_prefect.errors import KineticError
 from kinetic_prefect.shared.image import ImageSpec, runner_sources
+from kinetic_prefect.version import __version__
 
 if TYPE_CHECKING:  # pragma: no cover
     from google.cloud.devtools import cloudbuild_v1
@@ -106,7 +107,7 @@ def _uses_jax(spec: ImageSpec) -> bool:
 def _cloudpickle_version() -> str:
     import cloudpickle
 
-    return cloudpickle.__version__
+    return str(cloudpickle.__version__)
 
 
 def requirements_lines(spec: ImageSpec) -> list[str]:
@@ -369,12 +370,12 @@ class CloudBuildBuilder:
         base_image: str | None = None,
         timeout_seconds: int = 3600,
         machine_type: str | None = None,
-        build_client=None,
-        registry_client=None,
-        storage_client=None,
+        build_client: Any = None,
+        registry_client: Any = None,
+        storage_client: Any = None,
         poll_seconds: float = 3.0,
         extra_files: dict[str, bytes] | None = None,
-        credentials=None,
+        credentials: Any = None,
     ):
         self.project, self.region = project, region
         self.credentials = credentials
@@ -394,7 +395,7 @@ class CloudBuildBuilder:
 
     # Clients: created lazily so constructing a builder needs neither credentials nor the gcp extra.
     @property
-    def build_client(self):
+    def build_client(self) -> Any:
         if self._build_client is None:
             from google.cloud.devtools import cloudbuild_v1
 
@@ -402,7 +403,7 @@ class CloudBuildBuilder:
         return self._build_client
 
     @property
-    def registry_client(self):
+    def registry_client(self) -> Any:
         if self._registry_client is None:
             from google.cloud import artifactregistry_v1
 
@@ -410,7 +411,7 @@ class CloudBuildBuilder:
         return self._registry_client
 
     @property
-    def storage_client(self):
+    def storage_client(self) -> Any:
         if self._storage_client is None:
             from google.cloud import storage  # type: ignore[attr-defined]
 
@@ -504,12 +505,10 @@ class CloudBuildBuilder:
         try:
             build, tail = self._wait(build.id, log)
         except BaseException:  # interrupted or the API failed: do not leave a build running for nothing
-            try:
+            with contextlib.suppress(Exception):
                 self.build_client.cancel_build(
                     request=cloudbuild_v1.CancelBuildRequest(name=f"{self.parent}/builds/{build.id}", id=build.id)
                 )
-            except Exception:
-                pass
             raise
         status = build.status.name
         if status != "SUCCESS":
@@ -525,7 +524,7 @@ class CloudBuildBuilder:
         self.builds += 1
         return image
 
-    def _wait(self, build_id: str, log: Callable[[str], None]):
+    def _wait(self, build_id: str, log: Callable[[str], None]) -> tuple[Any, list[str]]:
         """Poll the build and print new log lines until it ends; returns (build, last log lines)."""
         from google.cloud.devtools import cloudbuild_v1
 
@@ -551,7 +550,7 @@ class CloudBuildBuilder:
 class _LogTail:
     """Follows ``<logs bucket>/log-<build id>.txt`` by ranged reads from the last offset, as gcloud does."""
 
-    def __init__(self, storage_client, logs_url: str, build_id: str, log: Callable[[str], None]):
+    def __init__(self, storage_client: Any, logs_url: str, build_id: str, log: Callable[[str], None]):
         bucket, _, prefix = logs_url.removeprefix("gs://").partition("/")
         self.bucket = storage_client.bucket(bucket)
         self.name = f"{prefix}/log-{build_id}.txt" if prefix else f"log-{build_id}.txt"

@@ -32,7 +32,8 @@ class GcpSettingError(KineticError, ValueError):
     """A work pool's GCP setting cannot work; the message names the setting and its fix."""
 
 
-def _api_url() -> str:
+def api_url() -> str:
+    """The Prefect API this process talks to (a key of the per-API caches)."""
     from prefect.settings import PREFECT_API_URL
 
     return str(PREFECT_API_URL.value())
@@ -85,7 +86,7 @@ async def credentials_block(pool_name: str, value: Any) -> Any:
     name = block_name(pool_name, value)
     if name is None:
         return None
-    key = (_api_url(), name)
+    key = (api_url(), name)
     cached = _credentials_cache.get(key)
     if cached is not None and time.monotonic() - cached[0] < _TTL_SECONDS:
         return cached[1]

@@ -19,7 +19,7 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from kinetic_prefect import __version__
+from kinetic_prefect.version import __version__
 
 
 class RequirementsError(ValueError):
@@ -105,6 +105,7 @@ RUNNER_MODULES = (
     "errors",
     "accelerators",
     "config",
+    "version",
     "pod/__init__",
     "pod/runner",
     "pod/warm_runner",
@@ -114,16 +115,17 @@ RUNNER_MODULES = (
     "pod/data_sources",
     "pod/data_manifest",
     "pod/data_upload",
+    "pod/data_ref",
     "pod/data_localize",
     "pod/data_hf",
     "pod/data_walk",
     "pod/utilization",
     "pod/debugger",
-    # the old public paths, for user code in the job that imports them
+    # the short public paths: ``python -m kinetic_prefect.runner`` (the command of pool templates and images made
+    # before the pod/ layout) and the job-side imports the docs show (``kinetic_prefect.progress``, ``.outputs``)
     "runner",
     "outputs",
     "progress",
-    "data",
 )
 
 
@@ -149,7 +151,7 @@ def runner_digest() -> str:
 def _cloudpickle_version() -> str:
     import cloudpickle
 
-    return cloudpickle.__version__
+    return str(cloudpickle.__version__)
 
 
 @dataclass(frozen=True)

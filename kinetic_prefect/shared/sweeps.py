@@ -176,7 +176,7 @@ def stop_futures(futures: Iterable[Any], poll_seconds: float = 0.5, timeout: flo
 
 def _future_done(future: Any) -> bool:
     wrapped = getattr(future, "wrapped_future", None)
-    return wrapped.done() if wrapped is not None else future.state.is_final()
+    return bool(wrapped.done() if wrapped is not None else future.state.is_final())
 
 
 def _cancel_job_runs(task_run_ids: list[Any]) -> None:

@@ -10,24 +10,23 @@ store's capacity record (``RunLayout.capacity``) say which accelerator ran and w
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 from prefect.client.schemas.objects import FlowRun
 
+from kinetic_prefect import accelerators
 from kinetic_prefect.contract import EVENT_FALLBACK, EVENT_PREEMPTED, CapacityRecord, Env, Outcome, RunLayout
 from kinetic_prefect.shared import capacity
-
-if TYPE_CHECKING:  # the lifecycle imports this module
-    from kinetic_prefect.workers.lifecycle import JobLauncher, JobStatus
+from kinetic_prefect.workers.job_launcher import JobLauncher, JobStatus
 
 # on_exit: the state is set already (the budget is spent): the lifecycle returns.
 HANDLED = "handled"
 
 
 def plan_for(configuration: Any) -> capacity.CapacityPlan:
-    names = list(getattr(configuration, "_accelerator_choices", None) or [configuration.accelerator])
-    specs = [capacity.accelerators.resolve(name) for name in names]
+    names = list(getattr(configuration, "accelerator_choices", None) or [configuration.accelerator])
+    specs = [accelerators.resolve(name) for name in names]
     if getattr(configuration, "spot", False):
         specs = [spec.with_spot() for spec in specs]
     retries = getattr(configuration, "preemption_retries", None)

@@ -45,6 +45,11 @@ class KineticJobConfiguration(BaseJobConfiguration):
     _secret_env: dict[str, str] = PrivateAttr(default_factory=dict)
 
     @property
+    def accelerator_choices(self) -> list[str]:
+        """The fallback list ``accelerator`` named, in order (empty before ``prepare_for_flow_run``)."""
+        return self._accelerator_choices
+
+    @property
     def secret_env(self) -> dict[str, str]:
         return self._secret_env
 

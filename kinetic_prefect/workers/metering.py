@@ -19,6 +19,7 @@ not retried.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field, replace
@@ -134,10 +135,8 @@ class JobMeter:
         self._start_attempt(identifier)
 
     async def observe(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # metering never fails a job; the last spans stand
             self.current.spans = await self.launcher.host_spans(self.identifier, self.configuration)
-        except Exception:  # metering never fails a job; the last spans stand
-            pass
 
     def spent_before(self, now: float) -> float | None:
         """What the attempts before the current one cost (None: one of them ran unpriced)."""

@@ -31,12 +31,9 @@ def choose_local_accelerator(configuration: KineticLocalJobConfiguration) -> Non
     """A fallback list on this machine: the first accelerator it has; none: the first, on the CPU (warned)."""
     from kinetic_prefect.shared import capacity
 
-    if (
-        len(configuration._accelerator_choices) < 2
-        or configuration.accelerator != configuration._accelerator_choices[0]
-    ):
+    if len(configuration.accelerator_choices) < 2 or configuration.accelerator != configuration.accelerator_choices[0]:
         return
-    for name in configuration._accelerator_choices:
+    for name in configuration.accelerator_choices:
         spec = accelerators.resolve(name)
         if accelerators.local_platform_available(spec.jax_platform):
             configuration.accelerator = name

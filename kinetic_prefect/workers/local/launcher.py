@@ -11,6 +11,7 @@ dies, and a restarted worker finds the process and the log again and reattaches.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -28,7 +29,7 @@ from prefect.client.schemas.objects import FlowRun
 from kinetic_prefect import accelerators, config
 from kinetic_prefect.contract import JOB_LOG_NAME, RUNNER_COMMAND, Env, WarmRunnerFiles, host_log_name
 from kinetic_prefect.shared.processes import process_start_ticks
-from kinetic_prefect.workers.lifecycle import JobLauncher, JobStatus
+from kinetic_prefect.workers.job_launcher import JobLauncher, JobStatus
 from kinetic_prefect.workers.local import warm
 from kinetic_prefect.workers.local.configuration import KineticLocalJobConfiguration, choose_local_accelerator
 from kinetic_prefect.workers.local.environments import LocalEnvironments, machine_environment
@@ -63,11 +64,18 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _warn_if_not_on_this_machine(configuration: KineticLocalJobConfiguration, log: Callable[[str], None]) -> None:
+    wanted = configuration.env.get("JAX_PLATFORMS") or ""
+    if not accelerators.local_platform_available(wanted):
+        log(
+            f"WARNING: accelerator {configuration.accelerator!r} is not on this machine (no {wanted} device for "
+            "JAX): the job runs on the CPU. Use a kinetic-gke pool to get one."
+        )
+
+
 def _kill_group(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class _LogCursor:
@@ -171,14 +179,15 @@ class LocalJobLauncher(JobLauncher):
     def job_dir(self, identifier: str) -> Path:
         return self.jobs_dir / identifier
 
-    def _record(self, identifier: str) -> dict[str, Any] | None:
+    def read_record(self, identifier: str) -> dict[str, Any] | None:
+        """The job's record (``job.json``: its processes, log offsets), or None when there is none."""
         try:
             return json.loads((self.job_dir(identifier) / "job.json").read_text())
         except (OSError, ValueError):
             return None
 
     @staticmethod
-    def _hosts(record: dict[str, Any]) -> list[dict[str, Any]]:
+    def hosts_of(record: dict[str, Any]) -> list[dict[str, Any]]:
         """One entry per host process (records of single jobs name only ``pid``/``start_ticks``)."""
         return record.get("hosts") or [
             {"pid": record["pid"], "start_ticks": record.get("start_ticks"), "log_offset": record.get("log_offset", 0)}
@@ -217,12 +226,7 @@ class LocalJobLauncher(JobLauncher):
     ) -> str:
         identifier = str(flow_run.id)
         choose_local_accelerator(configuration)
-        wanted = configuration.env.get("JAX_PLATFORMS") or ""
-        if not accelerators.local_platform_available(wanted):
-            log(
-                f"WARNING: accelerator {configuration.accelerator!r} is not on this machine (no {wanted} device for "
-                "JAX): the job runs on the CPU. Use a kinetic-gke pool to get one."
-            )
+        _warn_if_not_on_this_machine(configuration, log)
         hosts = configuration.host_count
         argv = await anyio.to_thread.run_sync(self.command, configuration, log)
         job_dir = self.job_dir(identifier)
@@ -237,8 +241,27 @@ class LocalJobLauncher(JobLauncher):
                 f"Starting a group of {hosts} job processes "
                 f"(host 0 is the coordinator, {base_env[Env.COORDINATOR_ADDRESS]})"
             )
-        processes: list[subprocess.Popen] = []
         warm_call = hosts == 1 and configuration.keep_warm_seconds > 0
+        processes = self._start_hosts(flow_run, configuration, argv, base_env, job_dir, warm_call)
+        self._children[identifier] = processes
+        self._write_record(identifier, configuration, processes, warm_call)
+        self._cursors[identifier] = [
+            _LogCursor(job_dir / self.log_name(i), 0, configuration.log_lines_per_second) for i in range(hosts)
+        ]
+        return identifier
+
+    def _start_hosts(
+        self,
+        flow_run: FlowRun,
+        configuration: KineticLocalJobConfiguration,
+        argv: list[str],
+        base_env: dict[str, str],
+        job_dir: Path,
+        warm_call: bool,
+    ) -> list[subprocess.Popen]:
+        """The job's processes, one per host (or the call handed to a warm runner): all started, or none."""
+        hosts = configuration.host_count
+        processes: list[subprocess.Popen] = []
         try:
             if warm_call:
                 processes.append(
@@ -273,7 +296,16 @@ class LocalJobLauncher(JobLauncher):
             for process in processes:  # all or nothing from the start
                 _kill_group(process.pid, signal.SIGKILL)
             raise
-        self._children[identifier] = processes
+        return processes
+
+    def _write_record(
+        self,
+        identifier: str,
+        configuration: KineticLocalJobConfiguration,
+        processes: list[subprocess.Popen],
+        warm_call: bool,
+    ) -> None:
+        """The job's record (``job.json``): what a restarted worker, ``cancel`` and ``cleanup`` find it by."""
         started_at = time.time()  # metering: the hosts' processes start together (cost.HostSpan)
         entries = [
             {"pid": p.pid, "start_ticks": process_start_ticks(p.pid), "log_offset": 0, "started_at": started_at}
@@ -289,26 +321,22 @@ class LocalJobLauncher(JobLauncher):
             "hosts": entries,
             "warm": warm_call,
         }
-        (job_dir / "job.json").write_text(json.dumps(record))
-        self._cursors[identifier] = [
-            _LogCursor(job_dir / self.log_name(i), 0, configuration.log_lines_per_second) for i in range(hosts)
-        ]
-        return identifier
+        (self.job_dir(identifier) / "job.json").write_text(json.dumps(record))
 
     async def find(self, flow_run: FlowRun, configuration: KineticLocalJobConfiguration) -> str | None:
         identifier = str(flow_run.id)
-        return identifier if self._record(identifier) is not None else None
+        return identifier if self.read_record(identifier) is not None else None
 
     def _host_states(self, identifier: str) -> list[tuple[bool, int | None]]:
         """(alive, exit code) of each host process; the exit code is known only for our own children."""
         children = self._children.get(identifier)
         if children is not None:
             return [(code is None, code) for code in (child.poll() for child in children)]
-        record = self._record(identifier)
+        record = self.read_record(identifier)
         if record is None:
             return []
         states: list[tuple[bool, int | None]] = []
-        for host in self._hosts(record):
+        for host in self.hosts_of(record):
             ticks = process_start_ticks(host["pid"])
             states.append((ticks is not None and ticks == host.get("start_ticks"), None))
         return states
@@ -323,7 +351,7 @@ class LocalJobLauncher(JobLauncher):
     async def status(self, identifier: str, configuration: KineticLocalJobConfiguration) -> JobStatus:
         if identifier in self._group_failure:
             return self._group_failure[identifier]
-        record = self._record(identifier) or {}
+        record = self.read_record(identifier) or {}
         if record.get("warm") and (code := warm.exit_status(self.job_dir(identifier))) is not None:
             return JobStatus("exited", exit_code=code)  # the call is over; its runner waits for the next one
         states = self._host_states(identifier)
@@ -358,7 +386,7 @@ class LocalJobLauncher(JobLauncher):
                     detail=f"host 0 exited; host(s) {', '.join(map(str, left))} still ran "
                     f"{self.GROUP_EXIT_GRACE_SECONDS:.0f} s later and were stopped",
                 )
-        pids = ", ".join(str(h["pid"]) for h in self._hosts(record)) if record else "?"
+        pids = ", ".join(str(h["pid"]) for h in self.hosts_of(record)) if record else "?"
         return JobStatus("running", detail=f"Local group of {hosts} job processes ({pids})")
 
     async def forward_logs(
@@ -370,8 +398,8 @@ class LocalJobLauncher(JobLauncher):
     ) -> None:
         cursors = self._cursors.get(identifier)
         if cursors is None:  # reattached: go on from what the previous worker forwarded
-            record = self._record(identifier) or {}
-            hosts = self._hosts(record) if record else [{"log_offset": 0}]
+            record = self.read_record(identifier) or {}
+            hosts = self.hosts_of(record) if record else [{"log_offset": 0}]
             cursors = self._cursors[identifier] = [
                 _LogCursor(
                     self.job_dir(identifier) / self.log_name(i),
@@ -390,7 +418,7 @@ class LocalJobLauncher(JobLauncher):
             await anyio.to_thread.run_sync(self._save_offsets, identifier, [c.offset for c in cursors])
 
     def _save_offsets(self, identifier: str, offsets: list[int]) -> None:
-        record = self._record(identifier)
+        record = self.read_record(identifier)
         if record is not None:
             record["log_offset"] = offsets[0]
             if record.get("hosts"):
@@ -404,12 +432,12 @@ class LocalJobLauncher(JobLauncher):
     async def _stop_group(self, identifier: str, grace_seconds: float) -> None:
         """SIGTERM every host's process group (the runner unwinds: checkpoints and outputs are saved), SIGKILL
         what is left after ``grace_seconds``, and return once every host is gone."""
-        record = self._record(identifier)
+        record = self.read_record(identifier)
         if record is None:
             return
         if record.get("warm") and not self.warm_runners.retire_for(record["pid"], self.job_dir(identifier)):
             return  # the call is over: its runner is not this job's any more
-        pids = [host["pid"] for host in self._hosts(record)]
+        pids = [host["pid"] for host in self.hosts_of(record)]
         alive = lambda: any(a for a, _ in self._host_states(identifier))  # noqa: E731
         if alive():
             for pid in pids:
@@ -471,14 +499,12 @@ class LocalJobLauncher(JobLauncher):
             for index, cursor in enumerate(cursors):
                 if not cursor.dropped:
                     continue
-                try:
+                with contextlib.suppress(Exception):
                     await anyio.to_thread.run_sync(
                         open_store(str(configuration.env[Env.STORE])).put_file,
                         f"{layout.host_outputs(index)}/{JOB_LOG_NAME}",
                         cursor.path,
                     )
-                except Exception:
-                    pass
         shutil.rmtree(job_dir, ignore_errors=True)
 
     async def host_spans(self, identifier: str, configuration: KineticLocalJobConfiguration) -> list[Any]:
@@ -486,7 +512,7 @@ class LocalJobLauncher(JobLauncher):
         from kinetic_prefect.shared.cost import HostSpan
         from kinetic_prefect.workers.metering import job_spec
 
-        record = self._record(identifier)
+        record = self.read_record(identifier)
         if record is None:
             return self._last_spans.get(identifier, [])
         states = self._host_states(identifier)
@@ -494,7 +520,7 @@ class LocalJobLauncher(JobLauncher):
         spot, now = job_spec(configuration).spot, time.time()
         spans = []
         job_dir = self.job_dir(identifier)
-        for index, host in enumerate(self._hosts(record)):
+        for index, host in enumerate(self.hosts_of(record)):
             if index not in ended and (runner_end := _runner_end(job_dir, index)) is not None:
                 ended[index] = runner_end  # the runner's own record: a warm call ends while its process lives on
             elif index >= len(states) or not states[index][0]:
@@ -509,7 +535,7 @@ class LocalJobLauncher(JobLauncher):
         if not self.jobs_dir.is_dir():
             return found
         for job_dir in self.jobs_dir.iterdir():
-            record = self._record(job_dir.name)
+            record = self.read_record(job_dir.name)
             if record and record.get("owner") == "worker" and record.get("pool") in (None, work_pool.name):
                 found.append((record["flow_run_id"], job_dir.name))
         return found

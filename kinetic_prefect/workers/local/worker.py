@@ -48,6 +48,6 @@ class KineticLocalWorker(KineticWorker, BaseWorker):  # type: ignore[misc]  # ru
                 self._logger.info(f"Reattached to {count} running kinetic job(s)")
 
     async def kill_infrastructure(self, infrastructure_pid: str, configuration, grace_seconds: int = 30) -> None:
-        if self.launcher._record(str(infrastructure_pid)) is None:  # noqa: SLF001
+        if self.launcher.read_record(str(infrastructure_pid)) is None:
             raise InfrastructureNotFound(f"no local kinetic job {infrastructure_pid}")
         await self.launcher.cancel(str(infrastructure_pid), configuration, grace_seconds)

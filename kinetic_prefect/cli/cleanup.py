@@ -21,6 +21,7 @@ use a bucket lifecycle rule for ``runs/``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import tempfile
@@ -100,7 +101,7 @@ def _final_or_unknown(flow_run_id: str, active: set[str]) -> bool:
 def _job_processes_gone(record: dict) -> bool:
     from kinetic_prefect.workers.local.launcher import LocalJobLauncher, process_start_ticks
 
-    hosts = LocalJobLauncher._hosts(record) if record.get("pid") or record.get("hosts") else []  # noqa: SLF001
+    hosts = LocalJobLauncher.hosts_of(record) if record.get("pid") or record.get("hosts") else []
     return all(process_start_ticks(int(h["pid"])) != h.get("start_ticks") for h in hosts if h.get("pid"))
 
 
@@ -225,10 +226,8 @@ def remove(leftovers: list[Leftover]) -> int:
         except FileNotFoundError:
             continue
         if item.path.parent.parent.name == "runs":  # the run folder, once its last object is gone
-            try:
+            with contextlib.suppress(OSError):
                 item.path.parent.rmdir()
-            except OSError:
-                pass
     return removed
 
 

@@ -6,8 +6,8 @@
     kinetic-prefect pool-set POOL KEY=VALUE ...
     kinetic-prefect gke-worker-image --repository REPOSITORY [--push] [--base-image IMAGE]
     kinetic-prefect gke-worker-manifests --pool NAME (--image IMAGE | --repository REPOSITORY) [--namespace NS]
-    kinetic-prefect up | down | pool add|remove|list   (kinetic_prefect.provision_cli: GKE from zero)
-    kinetic-prefect jobs list | status | logs [-f] | result | cancel | cleanup   (kinetic_prefect.jobs_cli)
+    kinetic-prefect up | down | pool add|remove|list   (cli.provision: GKE from zero)
+    kinetic-prefect jobs list | status | logs [-f] | result | cancel | cleanup   (cli.jobs)
     kinetic-prefect cleanup [--store DIR] [--older-than MINUTES] [--uncollected-older-than MINUTES] [--yes]
     kinetic-prefect cost [--flow-run ID ...] [--deployment FLOW/NAME] [--flow NAME] [--since DATE] [--until DATE]
                          [--last N] [--json]
@@ -142,7 +142,7 @@ def doctor_command(
     """Check that kinetic jobs can run here: Prefect API, work pool, store, and for GKE the cluster and images.
 
     Exits 1 when any check fails; each failure prints its fix."""
-    from kinetic_prefect.doctor import run_checks
+    from kinetic_prefect.cli.doctor import run_checks
 
     report = run_checks(pool=pool, accelerator=list(accelerator or []), store=store, deployments=deployments)
     if as_json:
@@ -174,7 +174,7 @@ def pool_set_command(
     """Set defaults of a work pool's job variables, e.g. `pool-set gpu gcp_project=my-project store=gs://b/k`."""
     from prefect.exceptions import ObjectNotFound
 
-    from kinetic_prefect.doctor import set_pool_variables
+    from kinetic_prefect.cli.doctor import set_pool_variables
 
     try:
         changed = set_pool_variables(pool, assignments)
@@ -304,7 +304,7 @@ def cleanup_command(
     """List (or with --yes remove) what crashed calls and jobs left: payloads whose job wrote no result, empty
     run and checkpoint folders, dead local jobs' folders, jobs' temporary folders; uncollected results only with
     --uncollected-older-than."""
-    from kinetic_prefect.cleanup import active_runs, describe, find, remove, store_root
+    from kinetic_prefect.cli.cleanup import active_runs, describe, find, remove, store_root
 
     try:
         root = store_root(store)
@@ -331,7 +331,7 @@ def cleanup_command(
 
 
 def _print_estimate(target: str | None, minutes: float | None, hosts: int | None, as_json: bool) -> None:
-    from kinetic_prefect.cost_report import estimate, estimate_table
+    from kinetic_prefect.cli.cost import estimate, estimate_table
 
     if target is None or minutes is None:
         raise ClickException(
@@ -375,7 +375,7 @@ def cost_command(
         return _print_estimate(estimate, minutes, hosts, as_json)
     from prefect.utilities.asyncutils import run_coro_as_sync
 
-    from kinetic_prefect.cost_report import flow_run_costs
+    from kinetic_prefect.cli.cost import flow_run_costs
 
     def utc(moment: datetime | None) -> datetime | None:
         return moment.replace(tzinfo=UTC) if moment is not None and moment.tzinfo is None else moment
@@ -415,13 +415,17 @@ def cost_command(
     console.print(f"{len(runs)} flow run(s), ${total:.4f} in all")
 
 
-from kinetic_prefect.jobs_cli import jobs_app  # noqa: E402 - kinetic-prefect jobs ...
+from kinetic_prefect.cli.jobs import jobs_app  # noqa: E402 - kinetic-prefect jobs ...
 
 app.add_typer(jobs_app)
 
-from kinetic_prefect import provision_cli  # noqa: E402 - kinetic-prefect up | down | pool add|remove|list
+from kinetic_prefect.cli import provision  # noqa: E402 - kinetic-prefect up | down | pool add|remove|list
 
-provision_cli.register(app)
+provision.register(app)
+
+from kinetic_prefect.cli.warm import warm_app  # noqa: E402 - kinetic-prefect warm list | down
+
+app.add_typer(warm_app)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -438,11 +442,3 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("Aborted.\n")
         return 1
     return result if isinstance(result, int) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-
-from kinetic_prefect.warm_cli import warm_app  # noqa: E402 - kinetic-prefect warm list | down
-
-app.add_typer(warm_app)
