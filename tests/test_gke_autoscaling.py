@@ -263,8 +263,7 @@ def test_doctor_reads_node_pools_as_gke_has_them(kube, gcs_bucket, gke_autoscale
     from kube_cluster import kubeconfig
     from prefect_kubernetes.credentials import KubernetesClusterConfig
 
-    from kinetic_prefect import doctor
-    from kinetic_prefect.cli import main
+    from kinetic_prefect.cli import doctor, main
 
     model = gke_autoscaler(
         [NodePool("t4-pool", "t4"), NodePool("h100-pool", "h100"), NodePool("v100-pool", "v100", autoscaling=False)]
@@ -283,7 +282,15 @@ def test_doctor_reads_node_pools_as_gke_has_them(kube, gcs_bucket, gke_autoscale
     )
     capsys.readouterr()
     try:
-        code = main(["doctor", "--json", "--pool", pool, *("-a t4 -a h100 -a v100 -a a100 -a l4".split())])
+        code = main(
+            [
+                "doctor",
+                "--json",
+                "--pool",
+                pool,
+                *[arg for name in ("t4", "h100", "v100", "a100", "l4") for arg in ("-a", name)],
+            ]
+        )
     finally:
         gke.close()
     report = json.loads(capsys.readouterr().out)
