@@ -28,8 +28,6 @@ from test_lifecycle import STOP_WITHIN_SECONDS, _as_from_a_terminal, alive, rout
 from test_spine import job_runs
 
 from kinetic_prefect import kinetic_task
-from kinetic_prefect.contract import SweepKeys
-from kinetic_prefect.storage import LocalStore
 
 __all__ = ["route"]  # the fixture: both submission paths
 
@@ -101,7 +99,9 @@ def sweep_flow(task, n: int, marker_dir: Path, sleep: float = 0.0):
 @pytest.mark.no_server
 def test_two_slots_claiming_at_once_never_take_the_same_input_and_a_forged_record_is_refused(tmp_path, monkeypatch):
     from kinetic_prefect import signing
+    from kinetic_prefect.contract import SweepKeys
     from kinetic_prefect.pod import slot_runner
+    from kinetic_prefect.storage import LocalStore
 
     store, keys = LocalStore(tmp_path), SweepKeys("s1")
     for seq in range(200):  # signed, as on a signed store: a signature object lies beside each record
