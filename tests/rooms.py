@@ -83,6 +83,7 @@ ROOMS = {
     "test_rooms.py": "house",
     "test_settings.py": "contract",
     "test_signing.py": "leaves",
+    "test_slots.py": "caller",
     "test_spine.py": "end-to-end",
     "test_storage.py": "leaves",
     "test_sweep_interrupts.py": "shared",

@@ -158,7 +158,7 @@ def test_the_event_scan_sees_names_and_literal_phases(tmp_path: Path) -> None:
     ]
 
 
-STORE_ROOTS = ("runs/", "warm/", "data/", "outputs/", "code/", "checkpoints/", "locks/")
+STORE_ROOTS = ("runs/", "warm/", "sweeps/", "data/", "outputs/", "code/", "checkpoints/", "locks/")
 STORE_NAMES = ("manifest.json", "/files", "job.log", "outcome.json", "payload.pkl", "result.pkl")
 
 

@@ -47,7 +47,8 @@ def log_lines(flow_run_id) -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_sweep_reuses_runners_and_every_call_keeps_its_own_run_and_logs():
+def test_a_sweep_reuses_runners_and_every_call_keeps_its_own_run_and_logs(monkeypatch):
+    monkeypatch.setenv("KINETIC_SWEEP_SLOTS", "0")  # a job run per call; the same map in slots: test_slots.py
     name = f"warm-{uuid.uuid4().hex[:6]}"
     call = warm_task(name, new_pool("warm"), keep_warm=20)
 
@@ -71,7 +72,8 @@ def test_a_sweep_reuses_runners_and_every_call_keeps_its_own_run_and_logs():
 
 
 @pytest.mark.slow
-def test_idle_runners_leave_after_the_keep_warm_time_and_min_warm_stay():
+def test_idle_runners_leave_after_the_keep_warm_time_and_min_warm_stay(monkeypatch):
+    monkeypatch.setenv("KINETIC_SWEEP_SLOTS", "0")  # warm runners of single job runs (slots have no floor)
     name = f"warm-idle-{uuid.uuid4().hex[:6]}"
     pool = new_pool("warm")
     short = warm_task(name, pool, keep_warm=1)

@@ -8,6 +8,7 @@ retry, which calls it again and launches a new job.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import uuid
@@ -23,7 +24,7 @@ from prefect.context import TaskRunContext
 from prefect.logging import get_run_logger
 
 from kinetic_prefect import accelerators, config, signing
-from kinetic_prefect.caller import _prefect, budgets, data_mounts, debugging
+from kinetic_prefect.caller import _prefect, budgets, data_mounts, debugging, slots
 from kinetic_prefect.caller.data_repair import heal_before_call, heal_reported
 from kinetic_prefect.caller.env_capture import check_entries, forwarded_environment
 from kinetic_prefect.caller.payload import build_call_payload
@@ -320,8 +321,11 @@ async def _submit_and_collect(
 ) -> Any:
     """``_submit_and_wait``, and whatever way it ends without the job's outcome (a timeout or Ctrl-C at any
     point after the upload, a crashed job, an error creating the run), the run's objects are removed."""
+    ctx = TaskRunContext.get()
+    siblings = (ctx.task_run.flow_run_id if ctx else None, task_name)  # calls of a sweep count each other
     try:
-        return await _submit_and_wait(options, call, task_name, fn, detach)
+        with slots.calling(siblings):
+            return await _submit_and_wait(options, call, task_name, fn, detach)
     except BaseException:
         if call.store is not None and not call.outcome_read:
             await _discard_interrupted_run(call.store, call)
@@ -387,8 +391,6 @@ async def _check_against_pool(client: Any, options: KineticOptions, pool: Any) -
 async def _submit_and_wait(
     options: KineticOptions, call: PreparedCall, task_name: str, fn: Callable[..., Any], detach: Any = None
 ) -> Any:
-    from kinetic_prefect.storage import ObjectNotFound
-
     ctx = TaskRunContext.get()
     task_run = ctx.task_run if ctx else None
     logger = get_run_logger() if ctx else None
@@ -424,6 +426,9 @@ async def _submit_and_wait(
             job_variables[data_mounts.FUSE_VARIABLE] = fuse_mounts
         if key is not None:  # not the key: only that the job must insist on signatures
             job_variables["env"][signing.REQUIRED_ENV] = "1"
+        sweep = _sweep_of(options, call, client, store, pool, polling, job_variables, task_run, task_name, detach, key)
+        if sweep is not None:
+            return await _wait_in_sweep(sweep, client, call, job_variables, key, run_name, fn, logger, task_run)
         if polling and call.env:
             block = f"kinetic-env-{call.layout.run_id}"
             job_variables["env"][Env.ENV_BLOCK] = await _prefect.store_secret_env(call.env, block)
@@ -483,6 +488,14 @@ async def _submit_and_wait(
         if state is not None and state.is_cancelled():
             await to_thread.run_sync(_discard_run, store, call, True)
             return await _cancelled_result(client, task_run, run_name, state)
+    return await _collect(store, call, key, state, run_name, fn, logger, task_run)
+
+
+async def _collect(
+    store: Any, call: PreparedCall, key: bytes | None, state: Any, run_name: str, fn: Any, logger: Any, task_run: Any
+) -> Any:
+    """The job's outcome read: its value returned, or its exception raised (a missing outcome: a crash)."""
+    from kinetic_prefect.storage import ObjectNotFound
 
     try:
         outcome = Outcome.from_json(_read_signed(store, call.layout.outcome, key))
@@ -508,6 +521,92 @@ async def _submit_and_wait(
         raise_remote(outcome, blob, run_name, fn)
     finally:
         await to_thread.run_sync(_discard_run, store, call)
+
+
+def _sweep_of(
+    options: KineticOptions,
+    call: PreparedCall,
+    client: Any,
+    store: Any,
+    pool: Any,
+    polling: bool,
+    job_variables: dict[str, Any],
+    task_run: Any,
+    task_name: str,
+    detach: Any,
+    signing_key: bytes | None,
+) -> Any:
+    """The sweep this call's input joins (caller/slots.py), or None for a job run of its own: a call with no
+    concurrent sibling, or one a slot cannot carry (a group, a fallback list, a budget, debug, FUSE mounts, secret
+    env values, another loop than the shared one)."""
+    from prefect._internal.concurrency.threads import get_run_sync_loop
+
+    from kinetic_prefect.contract import LOCAL_WORKER_TYPE
+
+    keep_warm = float(job_variables.get("keep_warm_seconds", _prefect.pool_default(pool, "keep_warm_seconds")) or 0)
+    carried = (
+        detach is None
+        and task_run is not None
+        and pool.type == LOCAL_WORKER_TYPE
+        and keep_warm > 0
+        and not options.fallbacks
+        and not options.debug
+        and not call.env
+        and accelerators.host_count(options.accelerator, job_variables.get("hosts", options.hosts)) == 1
+        and "max_cost_usd" not in job_variables
+        and data_mounts.FUSE_VARIABLE not in job_variables
+        and getattr(get_run_sync_loop(), "_loop", None) is asyncio.get_running_loop()
+    )
+    if not carried or not slots.slot_count() or not slots.has_siblings((task_run.flow_run_id, task_name)):
+        return None
+    shared, _ = slots.split_variables(job_variables)
+    key = (task_run.flow_run_id, task_name, pool.name, polling, json.dumps(shared, sort_keys=True, default=str))
+    return slots.sweep_for(
+        key,
+        lambda: slots.Sweep(
+            key, client, store, pool, polling, shared, task_name, idle_seconds=keep_warm, signing_key=signing_key
+        ),
+    )
+
+
+async def _wait_in_sweep(
+    sweep: Any,
+    client: Any,
+    call: PreparedCall,
+    job_variables: dict[str, Any],
+    key: bytes | None,
+    run_name: str,
+    fn: Any,
+    logger: Any,
+    task_run: Any,
+) -> Any:
+    """One input of a sweep: queued, taken by a slot, and its outcome read as a single call's is. Its slot's run
+    cancelled: Cancelled (not retried); its slot gone without its outcome (killed, failed): a crash, retried."""
+    from prefect.states import Cancelled
+
+    _, per_call = slots.split_variables(job_variables)
+    if logger:
+        logger.info(f"Input {run_name} queued in sweep {sweep.keys.sweep_id} (slot jobs of {sweep.task_name!r})")
+    how, detail = await sweep.run_input(call.layout.run_id, per_call, task_run, run_name)
+    slot = detail.get("slot") if isinstance(detail, dict) else None
+    if how == "done" and detail.get("refused"):
+        from kinetic_prefect.errors import StoreTampered
+
+        raise StoreTampered(f"slot job of input {run_name} refused its queued record: {detail['refused']}")
+    if how == "done":
+        await sweep.forward_log(call.layout.run_id, logger)
+        if not detail.get("stopped"):
+            return await _collect(call.store, call, key, None, run_name, fn, logger, task_run)
+        state = await sweep.slot_final(slot)
+        slot = sweep.every_slot[slot].name if slot in sweep.every_slot else slot
+    else:  # withdrawn if no slot took it, else stopped where it runs: never run by a slot and by a retry
+        await sweep.stop_input(call.layout.run_id)
+        state = Cancelled(message=str(detail)) if how == "cancelled" else detail["state"]
+    if state is not None and state.is_cancelled():
+        await to_thread.run_sync(_discard_run, call.store, call, True)
+        return await _cancelled_result(client, task_run, run_name, state)
+    what = f"{state.name}: {state.message}" if state is not None else "no final state"
+    raise KineticJobCrashed(f"slot job {slot} ended ({what}) before input {run_name} had an outcome")
 
 
 # How often a caller whose job run waits for a worker asks whether any worker of the pool is still online. A worker

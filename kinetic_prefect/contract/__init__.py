@@ -89,6 +89,9 @@ TRACKING_TASK_KEY_PREFIX = "kinetic-job-"
 # collected later by whoever attaches to it), and a child of a ``run_async_map`` batch ("<prefix><group id>",
 # "<prefix><index>/<inputs>"), so that a batch is found again from Prefect's records alone.
 DETACHED_TAG = "kinetic-detached"
+# A sweep's slot job run (caller/slots.py), and the sweep it serves.
+SLOT_TAG = "kinetic-slot"
+SWEEP_TAG_PREFIX = "kinetic-sweep:"
 # Prefect labels on an in-process job's flow run: the calling process that will run it (a run it left Pending when
 # it was killed before the job started is nobody's, and `jobs cancel` ends it).
 OWNER_HOST_LABEL = "kinetic.owner.host"
@@ -160,6 +163,11 @@ class Env:
     # A warm pod (kinetic-gke): its control prefix in the store (WarmPodKeys), and how long it waits idle.
     WARM_CONTROL = "KINETIC_WARM_CONTROL"
     WARM_KEEP_SECONDS = "KINETIC_WARM_KEEP_SECONDS"
+    # A slot job of a sweep (SweepKeys): the sweep's id in the store; its runner takes the sweep's inputs one
+    # after another, and waits this long for another once the queue is empty.
+    SWEEP_ID = "KINETIC_SWEEP_ID"
+    SLOT_IDLE_SECONDS = "KINETIC_SLOT_IDLE_SECONDS"
+    SWEEP_SLOTS = "KINETIC_SWEEP_SLOTS"  # the most slot jobs one sweep runs (settings.SWEEP_SLOTS)
     # Debug mode (debug=True): the runner starts debugpy and waits for a client before it calls the function.
     DEBUG = "KINETIC_DEBUG"  # "1": wait for a debugger
     DEBUG_PORT = "KINETIC_DEBUG_PORT"  # the port debugpy listens on in the job (unset: a free one, kinetic-local)
@@ -252,6 +260,72 @@ class WarmPodKeys:
         return f"{WarmPodKeys.RUNS}{flow_run_id}"
 
     LEAVING = b"leaving"  # the content of a claim the pod made to leave
+
+
+# --------------------------------------------------------------------------- sweeps in slots
+
+SLOT_RUNNER_MODULE = "kinetic_prefect.pod.slot_runner"
+
+
+@dataclass(frozen=True)
+class SweepKeys:
+    """The hand-over between a sweep's caller and its slot jobs, through the store (``sweeps/<sweep id>/``).
+
+    * the caller writes ``queue/<seq>-<run id>.json`` per input (its per-call variables, the input's task run),
+      signed as a payload is when the store is signed;
+    * a slot takes an input by creating ``claims/<run id>`` (create-if-absent: a rename-free create on a local
+      store, ``ifGenerationMatch=0`` on GCS), so no input runs twice; a caller that stops waiting before any slot
+      took its input withdraws it the same way (content WITHDRAWN);
+    * the slot runs the input with the input's own ``RunLayout`` (payload, result, outcome), writes its output
+      to ``logs/<run id>.log``, then ``done/<run id>`` ({"exit_code", "slot", "stopped"}) last;
+    * ``stop/<run id>``: the caller stopped waiting for that input (timeout, interrupt, fail_fast): its slot
+      stops it; ``closed``: no input is left to come, idle slots leave.
+    """
+
+    sweep_id: str
+
+    ROOT = "sweeps"
+    WITHDRAWN = b"withdrawn"
+    QUEUED_SUFFIX = ".json"
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.ROOT}/{self.sweep_id}"
+
+    @property
+    def queue(self) -> str:
+        return f"{self.prefix}/queue/"
+
+    def queued(self, seq: int, run_id: str) -> str:
+        return f"{self.queue}{seq:06d}-{run_id}{self.QUEUED_SUFFIX}"
+
+    @classmethod
+    def run_id_of(cls, queued_key: str) -> str:
+        return queued_key.rsplit("/", 1)[-1].split("-", 1)[1].removesuffix(cls.QUEUED_SUFFIX)
+
+    @property
+    def claims(self) -> str:
+        return f"{self.prefix}/claims/"
+
+    def claim(self, run_id: str) -> str:
+        return f"{self.claims}{run_id}"
+
+    @property
+    def done_prefix(self) -> str:
+        return f"{self.prefix}/done/"
+
+    def done(self, run_id: str) -> str:
+        return f"{self.done_prefix}{run_id}"
+
+    def stop(self, run_id: str) -> str:
+        return f"{self.prefix}/stop/{run_id}"
+
+    def log(self, run_id: str) -> str:
+        return f"{self.prefix}/logs/{run_id}.log"
+
+    @property
+    def closed(self) -> str:
+        return f"{self.prefix}/closed"
 
 
 # A warm pod's log holds many calls; each call's lines are those between its two markers (+ the call's run id).

@@ -184,6 +184,16 @@ IN_PROCESS_CONCURRENCY: Setting[int | None] = Setting(
     "How many in-process jobs one calling process runs at once; a larger `.map()` queues.",
     default_doc="twice the CPU count, at least 4",
 )
+SWEEP_SLOTS: Setting[int | None] = Setting(
+    Env.SWEEP_SLOTS,
+    None,
+    parse_count,
+    "give a whole number of slot jobs >= 0 (0: no slots, a job run per call)",
+    (CALLER,),
+    "How many slot jobs one sweep (a fan-out of one task on a pool with warm runners) runs at most; the task's "
+    "tag concurrency limit bounds it too. 0: no slots, every call a job run of its own.",
+    default_doc="twice the CPU count, at least 4 (as KINETIC_IN_PROCESS_CONCURRENCY)",
+)
 EPHEMERAL_STARTUP_SECONDS: Setting[int] = Setting(
     Env.EPHEMERAL_STARTUP_SECONDS,
     300,
@@ -289,6 +299,7 @@ TABLE: tuple[Setting[Any], ...] = (
     WORK_POOL,
     CACHE_DIR,
     IN_PROCESS_CONCURRENCY,
+    SWEEP_SLOTS,
     EPHEMERAL_STARTUP_SECONDS,
     PAYLOAD_CACHE,
     PAYLOAD_WARN_BYTES,
@@ -331,6 +342,8 @@ SET_BY_THE_WORKER: dict[str, str] = {
     Env.WARM_LAUNCHER_PID: "kinetic-local: the process that started a warm runner.",
     Env.WARM_CONTROL: "kinetic-gke: a warm pod's control prefix in the store.",
     Env.WARM_KEEP_SECONDS: "A warm pod's idle time before it leaves (the pool's `keep_warm_seconds`).",
+    Env.SWEEP_ID: "A sweep's slot job: the sweep whose queued inputs it takes (`sweeps/<id>/` in the store).",
+    Env.SLOT_IDLE_SECONDS: "A slot job's idle time with nothing queued before it leaves (`keep_warm_seconds`).",
     Env.DEBUG: "`debug=True`: 1, the job waits for a debugger.",
     Env.DEBUG_PORT: "The port debugpy listens on in the job.",
     Env.DEBUG_CALLER_ROOT: "The caller's project root (the editor's side of pathMappings).",

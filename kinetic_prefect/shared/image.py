@@ -109,6 +109,7 @@ RUNNER_MODULES = (
     "pod/__init__",
     "pod/runner",
     "pod/warm_runner",
+    "pod/slot_runner",
     "pod/outputs",
     "pod/progress",
     "pod/data",

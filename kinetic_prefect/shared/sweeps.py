@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 
@@ -73,9 +73,18 @@ def caller_interrupted() -> bool:
         _snapshot_lock.release()
 
 
+_caller_stopped = threading.Event()  # a waiting call saw the script's interrupt: what a sweep's slots go by
+
+
+def caller_was_stopped() -> bool:
+    """Whether a waiting call of this process has stopped for a Ctrl-C or SIGTERM of the script (or one is now)."""
+    return _caller_stopped.is_set() or caller_interrupted()
+
+
 def check_caller() -> None:
     """Raise CallerStopped when the calling script is being interrupted (see the module docstring)."""
     if caller_interrupted():
+        _caller_stopped.set()
         raise CallerStopped("the calling script was interrupted (Ctrl-C or SIGTERM): its job is stopped")
 
 
@@ -156,6 +165,11 @@ def fail_fast(futures: Iterable[Any], poll_seconds: float = 0.5) -> list[Any]:
     return [future.result() for future in futures]
 
 
+# Called by stop_futures with the task-run ids of the calls to stop and why, from the caller's thread: a call whose
+# input waits in a sweep's slot (caller/slots.py) has no job run of its own to cancel.
+STOP_HOOKS: list[Callable[[set[str], str], None]] = []
+
+
 def stop_futures(futures: Iterable[Any], poll_seconds: float = 0.5, timeout: float = 120.0) -> None:
     """Stop the calls behind ``futures`` and wait until each has ended (its job stopped, its run Cancelled)."""
     from prefect.futures import wait
@@ -170,6 +184,8 @@ def stop_futures(futures: Iterable[Any], poll_seconds: float = 0.5, timeout: flo
         running = [f for f in futures if not _future_done(f)]
         if not running or time.monotonic() > deadline:
             return
+        for hook in STOP_HOOKS:
+            hook({str(f.task_run_id) for f in running}, "fail_fast: another call of the sweep failed")
         _cancel_job_runs([f.task_run_id for f in running])
         wait(running, timeout=poll_seconds)
 

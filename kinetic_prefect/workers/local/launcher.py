@@ -229,6 +229,9 @@ class LocalJobLauncher(JobLauncher):
         _warn_if_not_on_this_machine(configuration, log)
         hosts = configuration.host_count
         argv = await anyio.to_thread.run_sync(self.command, configuration, log)
+        slot_job = bool(configuration.env.get(Env.SWEEP_ID))  # a sweep's slot: warm by itself, never handed over
+        if slot_job:
+            argv = warm.slot_argv(argv)
         job_dir = self.job_dir(identifier)
         job_dir.mkdir(parents=True, exist_ok=True)
         for stale in job_dir.glob(f"{WarmRunnerFiles.EXIT_STATUS}*"):  # a relaunch's earlier attempt ended there
@@ -241,7 +244,7 @@ class LocalJobLauncher(JobLauncher):
                 f"Starting a group of {hosts} job processes "
                 f"(host 0 is the coordinator, {base_env[Env.COORDINATOR_ADDRESS]})"
             )
-        warm_call = hosts == 1 and configuration.keep_warm_seconds > 0
+        warm_call = hosts == 1 and configuration.keep_warm_seconds > 0 and not slot_job
         processes = self._start_hosts(flow_run, configuration, argv, base_env, job_dir, warm_call)
         self._children[identifier] = processes
         self._write_record(identifier, configuration, processes, warm_call)

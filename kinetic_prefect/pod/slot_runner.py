@@ -1,0 +1,199 @@
+"""Job side of a slot job: one process that takes a sweep's inputs one after another (``contract.SweepKeys``).
+
+``python -m kinetic_prefect.pod.slot_runner`` runs where the one-call runner would (kinetic-local swaps the module
+when a job's environment names a sweep, ``Env.SWEEP_ID``). It claims the oldest input of the sweep's queue that
+nobody has claimed (create-if-absent of ``claims/<run id>``: of two slots, one wins), runs ``runner.main`` for it in
+this process with the input's own per-call variables (its ``RunLayout``: payload, result, outcome), and writes the
+input's log and then its ``done`` record. Then the next, until the queue has been empty for the slot's idle time or
+the caller closed the sweep. It prints one line per input it serves: the slot's own job run lists what it served.
+
+Stopping: a ``stop/<run id>`` record for the input it runs (the caller stopped waiting for it: a timeout, an
+interrupt, ``fail_fast``) or a SIGTERM (the slot's job run cancelled) stops the input as a cold job is stopped, and
+the slot leaves after it: what the input left in the process (threads, signal handlers) must not reach another
+input. A slot leaving this way, or idle, records a Completed outcome of its own run; a cancelled one is Cancelled
+by its worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from kinetic_prefect.contract import (
+    COMPLETED,
+    EXIT_NO_OUTCOME,
+    EXIT_OUTCOME_RECORDED,
+    Env,
+    Outcome,
+    RunLayout,
+    SweepKeys,
+    WarmRunnerFiles,
+)
+from kinetic_prefect.pod import warm_runner
+
+POLL_SECONDS = 0.1  # how often an idle slot looks for the next input
+STOP_POLL_SECONDS = 0.25  # how often a busy slot looks for its input's stop record
+
+
+def _claim_next(store: Any, keys: SweepKeys, slot_id: str, seen: set[str]) -> str | None:
+    """The key of the oldest queued input no slot has taken, now this slot's; None when there is none."""
+    for queued in store.list(keys.queue):
+        if queued in seen or not queued.endswith(SweepKeys.QUEUED_SUFFIX):  # (its signature beside it)
+            continue
+        seen.add(queued)  # claimed by this slot or another, or withdrawn: never looked at again
+        if store.put_bytes(keys.claim(SweepKeys.run_id_of(queued)), slot_id.encode(), if_absent=True):
+            return str(queued)
+    return None
+
+
+def _read_item(store: Any, queued: str) -> dict[str, Any]:
+    """The queued input's record, verified with the signing key when the store is signed: it names the payload
+    and code the slot runs."""
+    from kinetic_prefect import signing
+
+    record: dict[str, Any] = json.loads(signing.get(store, queued, signing.key_from_env()))
+    return record
+
+
+def _watch_for_stop(store: Any, keys: SweepKeys, run_id: str, asked: list[str]) -> threading.Event:
+    """SIGTERM this process (the runner unwinds the input as a cold job) once the caller asks to stop the input."""
+    served = threading.Event()
+
+    def watch() -> None:
+        while not served.wait(STOP_POLL_SECONDS):
+            try:
+                if store.exists(keys.stop(run_id)):
+                    asked.append(run_id)
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
+            except Exception:  # a store hiccup: look again
+                pass
+
+    threading.Thread(target=watch, name="kinetic-slot-stop-watch", daemon=True).start()
+    return served
+
+
+def _input_env(base_environ: dict[str, str], item: dict[str, Any]) -> dict[str, str]:
+    """The slot's environment with the input's per-call variables (only those: a queued record cannot set any
+    other variable of the process)."""
+    per_call = {str(k): str(v) for k, v in item["env"].items() if WarmRunnerFiles.is_per_call(str(k))}
+    env = {k: v for k, v in base_environ.items() if k != Env.OWNER_PID}  # watched once, by the slot itself
+    return {**env, **per_call}
+
+
+def _refuse(store: Any, keys: SweepKeys, slot_id: str, queued: str, exc: Exception) -> None:
+    """A queued record that fails its signature (or cannot be read) is not run; its caller is told why."""
+    message = f"{type(exc).__name__}: {exc}"
+    print(f"kinetic slot: refused {queued}: {message}", file=sys.stderr, flush=True)
+    record = {"exit_code": EXIT_NO_OUTCOME, "slot": slot_id, "stopped": False, "refused": message}
+    store.put_bytes(keys.done(SweepKeys.run_id_of(queued)), json.dumps(record).encode())
+
+
+def _serve(store: Any, keys: SweepKeys, slot_id: str, item: dict[str, Any], base_environ: dict[str, str]) -> bool:
+    """Run one input; its log and done record written whatever way it ends. True: the input was stopped."""
+    run_id = item["run_id"]
+    print(f"kinetic slot: input {item.get('name') or run_id} (task run {item.get('task_run_id')})", flush=True)
+    log_dir = tempfile.mkdtemp(prefix="kinetic-slot-")
+    log_path = Path(log_dir) / "input.log"
+    asked: list[str] = []
+    served = _watch_for_stop(store, keys, run_id, asked)
+    code, stopped = EXIT_NO_OUTCOME, False
+    try:
+        code = warm_runner._run_in_place(_input_env(base_environ, item), base_environ, log_path)  # noqa: SLF001
+    except BaseException:  # noqa: BLE001 - JobTerminated: the input was stopped (recorded below)
+        stopped = True
+    finally:
+        served.set()
+        signal.signal(signal.SIGTERM, lambda signum, frame: _STOPPED.append(signum))  # the records come first
+        stopped = stopped or bool(asked) or bool(_STOPPED)
+        try:
+            if log_path.exists():
+                store.put_file(keys.log(run_id), log_path)
+            record = {"exit_code": code, "slot": slot_id, "stopped": stopped}
+            store.put_bytes(keys.done(run_id), json.dumps(record).encode())
+        finally:
+            warm_runner._remove_tree(log_dir)  # noqa: SLF001
+    return stopped
+
+
+def _record_own_outcome(store: Any, slot_id: str, served: int, started: float) -> None:
+    """The slot's own run ends Completed: it served its inputs (each input's failure is that input's)."""
+    from kinetic_prefect import signing
+
+    outcome = Outcome(status=COMPLETED, pid=os.getpid(), duration_s=round(time.perf_counter() - started, 4))
+    signing.put(store, RunLayout(slot_id).outcome, outcome.to_json(), signing.key_from_env())
+
+
+_STOPPED: list[int] = []  # SIGTERMs received (a cancel of the slot's run, or a stop this slot asked itself)
+
+
+def _take_inputs(store: Any, keys: SweepKeys, slot_id: str, base_environ: dict[str, str]) -> int:
+    """Serve inputs until none comes for the idle time, the sweep is closed, or an input was stopped."""
+    from kinetic_prefect.pod import runner
+
+    idle_seconds = float(base_environ.get(Env.SLOT_IDLE_SECONDS) or 0)
+    seen: set[str] = set()
+    served = 0
+    deadline = time.monotonic() + idle_seconds
+    while not _STOPPED:
+        signal.signal(signal.SIGTERM, runner._on_sigterm)  # noqa: SLF001 - runner.main installs its own per input
+        queued = _claim_next(store, keys, slot_id, seen)
+        if queued is None:
+            if time.monotonic() > deadline or store.exists(keys.closed):
+                break
+            time.sleep(POLL_SECONDS)
+            continue
+        try:
+            item = _read_item(store, queued)
+        except Exception as exc:
+            _refuse(store, keys, slot_id, queued, exc)
+            continue
+        served += 1
+        if _serve(store, keys, slot_id, item, base_environ) or warm_runner._STRAY_THREADS:  # noqa: SLF001
+            break  # a stopped input, or threads an input left behind, end the slot: the next slot is fresh
+        deadline = time.monotonic() + idle_seconds
+    return served
+
+
+def main() -> int:
+    from kinetic_prefect.pod import runner
+    from kinetic_prefect.storage import open_store
+
+    started = time.perf_counter()
+    base_environ = dict(os.environ)
+    keys = SweepKeys(base_environ[Env.SWEEP_ID])
+    slot_id = base_environ[Env.RUN_ID]
+    store = open_store(base_environ[Env.STORE])
+    unwind = runner._on_sigterm  # noqa: SLF001
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        _STOPPED.append(signum)
+        unwind(signum, frame)
+
+    runner._on_sigterm = on_sigterm  # noqa: SLF001 - what runner.main installs for each input
+    if base_environ.get(Env.OWNER_PID):
+        runner._watch_owner(int(base_environ[Env.OWNER_PID]))  # noqa: SLF001
+    served = 0
+    with contextlib.suppress(runner.JobTerminated):
+        served = _take_inputs(store, keys, slot_id, base_environ)
+    print(f"kinetic slot: leaving after {served} input(s)", flush=True)
+    try:
+        _record_own_outcome(store, slot_id, served, started)
+    except Exception as exc:
+        print(f"kinetic slot: could not record its outcome: {exc!r}", file=sys.stderr, flush=True)
+        return EXIT_NO_OUTCOME
+    return EXIT_OUTCOME_RECORDED
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)  # threads an input left behind are not waited for

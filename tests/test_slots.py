@@ -1,0 +1,385 @@
+"""Sweeps in slots: the calls of a fan-out on a pool with warm runners share a few slot jobs, not a job run each.
+
+Each input stays its own Prefect task run (value, exception, logs, retries, timeout); the slot jobs are job runs
+tagged ``kinetic-slot`` whose logs name the inputs they served. The stop rows: a Ctrl-C or SIGTERM of the calling
+script stops every slot within 10 s; a cancelled slot ends its input Cancelled (not retried) and its queued inputs go
+to a new slot; a slot killed with SIGKILL ends its input Crashed, retried, and no other input is lost or run twice; a
+per-input timeout stops that input only; ``fail_fast`` stops the rest. Both submission paths where it applies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from prefect import flow, get_client
+from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterTaskRunId
+from prefect.states import Cancelling
+from test_lifecycle import STOP_WITHIN_SECONDS, _as_from_a_terminal, alive, route, wait_for
+from test_spine import job_runs
+
+from kinetic_prefect import kinetic_task
+
+__all__ = ["route"]  # the fixture: both submission paths
+
+SLOT_TAG = "kinetic-slot"
+
+
+def slot_task(name: str, pool: str, submission: str, **options):
+    @kinetic_task(name=name, work_pool=pool, submission=submission, job_variables={"keep_warm_seconds": 20}, **options)
+    def probe(i: int, marker_dir: str, sleep: float = 0.0) -> tuple[int, int]:
+        import os as _os
+        import pathlib
+        import time as _time
+
+        folder = pathlib.Path(marker_dir)
+        print(f"slot input {i} in {_os.getpid()}", flush=True)
+        (folder / f"ran-{i}-{_time.time_ns()}").write_text(str(_os.getpid()))
+        if sleep and _os.environ.get("KINETIC_SWEEP_ID"):  # the first input a slot runs sleeps; the others do not
+            try:
+                fd = _os.open(folder / "first", _os.O_CREAT | _os.O_EXCL | _os.O_WRONLY)
+            except FileExistsError:
+                pass
+            else:
+                _os.write(fd, json.dumps([i, _os.getpid(), _os.environ["KINETIC_FLOW_RUN_ID"]]).encode())
+                _os.close(fd)
+                _time.sleep(sleep)
+        return i, _os.getpid()
+
+    return probe
+
+
+def ran(marker_dir: Path) -> dict[int, int]:
+    """How often each input's body ran."""
+    counts: dict[int, int] = {}
+    for path in marker_dir.glob("ran-*"):
+        i = int(path.name.split("-")[1])
+        counts[i] = counts.get(i, 0) + 1
+    return counts
+
+
+def slot_runs(name: str) -> list:
+    return [run for run in job_runs(name) if SLOT_TAG in (run.tags or [])]
+
+
+def task_logs(task_run_id) -> list[str]:
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=[task_run_id])))
+    return [log.message for log in logs]
+
+
+def run_logs(flow_run_id) -> list[str]:
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+    return [log.message for log in logs]
+
+
+def sweep_flow(task, n: int, marker_dir: Path, sleep: float = 0.0):
+    @flow
+    def sweep():
+        futures = task.map(range(n), marker_dir=str(marker_dir), sleep=sleep)
+        futures.wait()
+        return [(f.task_run_id, f.state.name, f.result(raise_on_failure=False)) for f in futures]
+
+    return sweep
+
+
+# --------------------------------------------------------------------------- the hand-over, no server
+
+
+@pytest.mark.no_server
+def test_two_slots_claiming_at_once_never_take_the_same_input_and_a_forged_record_is_refused(tmp_path, monkeypatch):
+    from kinetic_prefect import signing
+    from kinetic_prefect.contract import SweepKeys
+    from kinetic_prefect.pod import slot_runner
+    from kinetic_prefect.storage import LocalStore
+
+    store, keys = LocalStore(tmp_path), SweepKeys("s1")
+    for seq in range(200):  # signed, as on a signed store: a signature object lies beside each record
+        blob = json.dumps({"run_id": f"run{seq}-x", "env": {}}).encode()
+        signing.put(store, keys.queued(seq, f"run{seq}-x"), blob, b"k" * 32)
+    store.put_bytes(keys.claim("run7-x"), SweepKeys.WITHDRAWN, if_absent=True)  # a caller took its input back
+    taken: dict[str, list[str]] = {"a": [], "b": []}
+
+    def slot(slot_id: str) -> None:
+        seen: set[str] = set()
+        while (queued := slot_runner._claim_next(store, keys, slot_id, seen)) is not None:
+            taken[slot_id].append(SweepKeys.run_id_of(queued))
+
+    threads = [threading.Thread(target=slot, args=(s,)) for s in taken]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    everything = taken["a"] + taken["b"]
+    assert sorted(everything) == sorted(f"run{i}-x" for i in range(200) if i != 7)  # each once, the withdrawn never
+    assert SweepKeys.run_id_of(keys.queued(12, "abc-def")) == "abc-def"
+    monkeypatch.setenv("KINETIC_SIGNING_KEY", "another key")  # a record the slot's key does not sign is refused
+    with pytest.raises(signing.KeyMismatch):
+        slot_runner._read_item(store, keys.queued(3, "run3-x"))
+    assert keys.prefix == "sweeps/s1" and keys.done("r").startswith(keys.done_prefix)
+
+
+@pytest.mark.no_server
+def test_a_queued_input_sets_only_per_call_variables_of_the_slot():
+    from kinetic_prefect.pod import slot_runner
+
+    base = {"KINETIC_STORE": "/s", "PATH": "/bin", "KINETIC_OWNER_PID": "1", "KINETIC_RUN_ID": "slot"}
+    item = {"env": {"KINETIC_RUN_ID": "input", "PATH": "/evil", "LD_PRELOAD": "x.so", "KINETIC_PAYLOAD_SHA256": "ab"}}
+    env = slot_runner._input_env(base, item)
+    assert env == {"KINETIC_STORE": "/s", "PATH": "/bin", "KINETIC_RUN_ID": "input", "KINETIC_PAYLOAD_SHA256": "ab"}
+
+
+# --------------------------------------------------------------------------- a sweep in slots
+
+
+@pytest.mark.slow
+def test_a_map_on_a_warm_pool_runs_in_slots_and_every_input_keeps_its_task_run_and_logs(route, tmp_path, monkeypatch):
+    monkeypatch.setenv("KINETIC_SWEEP_SLOTS", "2")
+    pool, submission = route
+    name = f"slots-{uuid.uuid4().hex[:6]}"
+    results = sweep_flow(slot_task(name, pool, submission), 8, tmp_path)()
+    assert [value for _, _, value in results] == [(i, value[1]) for i, (_, _, value) in enumerate(results)], results
+    assert {state for _, state, _ in results} == {"Completed"}
+    assert ran(tmp_path) == dict.fromkeys(range(8), 1)
+    runs = wait_for(lambda: (rs := job_runs(name)) and all(r.state.is_final() for r in rs) and rs, 60, "final runs")
+    slots = [run for run in runs if SLOT_TAG in (run.tags or [])]
+    # at most 2 slots, and one job run of its own for a call that started before any sibling: not one per input
+    assert 1 <= len(slots) <= 2 and len(runs) - len(slots) <= 1, [(r.name, r.tags) for r in runs]
+    assert all(run.state.is_completed() for run in runs), [(r.name, r.state.name) for r in runs]
+    served = [
+        line
+        for run in slots
+        for message in run_logs(run.id)
+        for line in message.splitlines()
+        if line.startswith("kinetic slot: input ")
+    ]
+    assert len(served) == 8 - (len(runs) - len(slots)), served  # each slot's run names the inputs it served
+    for task_run_id, _, (i, _) in results:  # each input's own output reached its own task run, and only its own
+        mine = [line for line in task_logs(task_run_id) if line.startswith("slot input")]
+        assert len(mine) == 1 and mine[0].startswith(f"slot input {i} "), (i, mine)
+
+
+@pytest.mark.slow
+def test_a_single_call_on_a_warm_pool_keeps_its_own_job_run(tmp_path):
+    name = f"slots-one-{uuid.uuid4().hex[:6]}"
+    from worker_fixture import new_pool
+
+    probe = slot_task(name, new_pool("slots"), "in-process")
+
+    @flow
+    def one():
+        return probe(3, str(tmp_path))
+
+    assert one()[0] == 3
+    [run] = job_runs(name)
+    assert SLOT_TAG not in (run.tags or [])
+
+
+@pytest.mark.slow
+def test_cancelling_a_slot_ends_its_input_cancelled_and_its_queued_inputs_go_to_a_new_slot(
+    route, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("KINETIC_SWEEP_SLOTS", "1")
+    pool, submission = route
+    name = f"slots-cancel-{uuid.uuid4().hex[:6]}"
+    sweep = sweep_flow(slot_task(name, pool, submission, retries=1), 4, tmp_path, sleep=60)
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.update(value=sweep(return_state=True)), daemon=True)
+    thread.start()
+    first = wait_for(lambda: (tmp_path / "first").exists() and (tmp_path / "first").read_text(), 120, "a slot input")
+    sleeper, _, slot_run = json.loads(first)
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(uuid.UUID(slot_run), Cancelling(message="cancel this slot"), force=True)
+    thread.join(90)
+    assert not thread.is_alive(), "the sweep did not end after its slot was cancelled"
+    results = box["value"].result(raise_on_failure=False)
+    states = {i: state for i, (_, state, _) in enumerate(results)}
+    assert states[sleeper] == "Cancelled", states  # not retried, whatever retries= says
+    assert all(state == "Completed" for i, state in states.items() if i != sleeper), states
+    assert ran(tmp_path) == dict.fromkeys(range(4), 1)  # the queued inputs ran once each, on a new slot
+    cancelled = [run for run in slot_runs(name) if str(run.id) == slot_run]
+    assert cancelled and cancelled[0].state.is_cancelled(), cancelled
+    assert len(slot_runs(name)) >= 2  # a new slot took the queued inputs
+
+
+@pytest.mark.slow
+def test_a_killed_slot_ends_its_input_crashed_and_retried_and_no_other_input_is_lost_or_run_twice(
+    tmp_path, monkeypatch
+):
+    from worker_fixture import new_pool
+
+    monkeypatch.setenv("KINETIC_SWEEP_SLOTS", "2")
+    name = f"slots-kill-{uuid.uuid4().hex[:6]}"
+    sweep = sweep_flow(slot_task(name, new_pool("slots"), "in-process", retries=1), 6, tmp_path, sleep=60)
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.update(value=sweep()), daemon=True)
+    thread.start()
+    first = wait_for(lambda: (tmp_path / "first").exists() and (tmp_path / "first").read_text(), 120, "a slot input")
+    victim, pid, slot_run = json.loads(first)
+    os.kill(pid, signal.SIGKILL)
+    thread.join(90)
+    assert not thread.is_alive(), "the sweep did not end after its slot was killed"
+    results = box["value"]
+    assert [state for _, state, _ in results] == ["Completed"] * 6, results  # the killed input's retry completed
+    assert [value[0] for _, _, value in results] == list(range(6))
+    counts = ran(tmp_path)
+    assert counts == {i: 2 if i == victim else 1 for i in range(6)}, counts  # only the killed input ran again
+    killed = [run for run in slot_runs(name) if str(run.id) == slot_run]
+    assert killed and killed[0].state.name == "Crashed", [(r.name, r.state.name) for r in killed]
+
+
+@pytest.mark.slow
+def test_a_per_input_timeout_stops_that_input_only(tmp_path, monkeypatch):
+    from worker_fixture import new_pool
+
+    monkeypatch.setenv("KINETIC_SWEEP_SLOTS", "2")
+    name = f"slots-timeout-{uuid.uuid4().hex[:6]}"
+    probe = slot_task(name, new_pool("slots"), "in-process", timeout_seconds=15)
+    started = time.time()
+    results = sweep_flow(probe, 4, tmp_path, sleep=60)()
+    took = time.time() - started
+    sleeper, pid, _ = json.loads((tmp_path / "first").read_text())
+    states = {i: state for i, (_, state, _) in enumerate(results)}
+    assert states[sleeper] == "TimedOut", states
+    assert all(state == "Completed" for i, state in states.items() if i != sleeper), states
+    assert took < 45, f"the sweep took {took:.0f}s: the timed-out input was not stopped"
+    wait_for(lambda: not alive(pid) or None, STOP_WITHIN_SECONDS, "the timed-out input's slot to stop it")
+
+
+@pytest.mark.slow
+def test_fail_fast_stops_the_rest_of_a_sweep_in_slots(tmp_path, monkeypatch):
+    from worker_fixture import new_pool
+
+    from kinetic_prefect import fail_fast
+
+    monkeypatch.setenv("KINETIC_SWEEP_SLOTS", "4")
+    name = f"slots-fail-fast-{uuid.uuid4().hex[:6]}"
+
+    @kinetic_task(name=name, work_pool=new_pool("slots"), job_variables={"keep_warm_seconds": 20}, retries=1)
+    def trial(i: int, pid_dir: str) -> int:
+        import os as _os
+        import pathlib
+        import time as _time
+
+        folder = pathlib.Path(pid_dir)
+        if i == 0:
+            deadline = _time.time() + 60
+            while len(list(folder.glob("*.pid"))) < 2 and _time.time() < deadline:
+                _time.sleep(0.1)
+            raise ValueError("trial 0 diverged")
+        (folder / f"{i}.pid").write_text(str(_os.getpid()))
+        _time.sleep(120)
+        return i
+
+    @flow
+    def sweep():
+        return fail_fast(trial.map(range(4), pid_dir=str(tmp_path)))
+
+    started = time.time()
+    with pytest.raises(ValueError, match="trial 0 diverged"):
+        sweep()
+    assert time.time() - started < 100, "the rest of the sweep was not stopped (each sleeps 120 s)"
+    pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+    wait_for(lambda: not [p for p in pids if alive(p)] or None, STOP_WITHIN_SECONDS, "the rest's slots to stop")
+
+
+@pytest.mark.slow
+def test_cancelling_the_parent_flow_run_stops_every_slot_and_cancels_the_waiting_inputs(route, tmp_path, monkeypatch):
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+    monkeypatch.setenv("KINETIC_SWEEP_SLOTS", "2")
+    pool, submission = route
+    name = f"slots-parent-{uuid.uuid4().hex[:6]}"
+    probe = slot_task(name, pool, submission)
+
+    @flow(name=f"{name}-flow")
+    def sweep():
+        return [f.result() for f in probe.map(range(4), marker_dir=str(tmp_path), sleep=60)]
+
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.update(value=sweep(return_state=True)), daemon=True)
+    thread.start()
+    first = wait_for(lambda: (tmp_path / "first").exists() and (tmp_path / "first").read_text(), 120, "a slot input")
+    _, pid, _ = json.loads(first)
+    with get_client(sync_client=True) as client:
+        [parent] = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[f"{name}-flow"])))
+        cancelled_at = time.time()
+        client.set_flow_run_state(parent.id, Cancelling(message="whole pipeline"), force=True)
+    wait_for(lambda: not alive(pid) or None, STOP_WITHIN_SECONDS, "the slot to stop")
+    thread.join(60)
+    assert not thread.is_alive() and time.time() - cancelled_at < 60
+    assert "KineticJobCancelled" in str(box["value"].message), box["value"]  # `.result()` raises the cancel
+    runs = wait_for(lambda: (rs := slot_runs(name)) and all(r.state.is_final() for r in rs) and rs, 30, "final slots")
+    assert all(run.state.is_cancelled() for run in runs), [(r.name, r.state.name) for r in runs]
+
+
+SLOT_SWEEP_SCRIPT = textwrap.dedent("""
+    import pathlib, sys
+    from prefect import flow
+    from kinetic_prefect import kinetic_task
+
+    NAME, POOL, SUBMISSION, PID_DIR = sys.argv[1:5]
+
+    @kinetic_task(name=NAME, work_pool=POOL, submission=SUBMISSION, job_variables={"keep_warm_seconds": 20})
+    def sleepy(i: int) -> int:
+        import os, pathlib, time
+        (pathlib.Path(PID_DIR) / f"{i}.pid").write_text(str(os.getpid()))
+        time.sleep(60)
+        return i
+
+    @flow(name=NAME + "-flow")
+    def sweep():
+        return [f.result() for f in sleepy.map(range(4))]
+
+    if __name__ == "__main__":
+        print("VALUES", sweep(), flush=True)
+""")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+@pytest.mark.slow
+def test_stopping_the_calling_script_stops_every_slot(route, tmp_path, sig):
+    pool, submission = route
+    name = f"slots-stop-{uuid.uuid4().hex[:6]}"
+    script = tmp_path / "sweep.py"
+    script.write_text(SLOT_SWEEP_SCRIPT)
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, str(script), name, pool, submission, str(pid_dir)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_as_from_a_terminal,
+        env={**os.environ, "KINETIC_SWEEP_SLOTS": "2"},
+    )
+    try:
+        wait_for(lambda: len(list(pid_dir.glob("*.pid"))) >= 2 or None, 120, "two inputs to run")
+        wait_for(lambda: slot_runs(name) or None, 30, "a slot job run")
+        pids = {int(p.read_text()) for p in pid_dir.glob("*.pid")}
+        signalled = time.time()
+        proc.send_signal(sig)
+        while any(alive(pid) for pid in pids) and time.time() < signalled + STOP_WITHIN_SECONDS:
+            time.sleep(0.2)
+        left = [pid for pid in pids if alive(pid)]
+        took = time.time() - signalled
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = proc.stdout.read()
+    assert not left, f"{len(left)} slot processes still ran {took:.1f}s after the signal:\n{output[-3000:]}"
+    assert proc.returncode != 0, output[-3000:]
+    runs = wait_for(lambda: (rs := job_runs(name)) and all(r.state.is_final() for r in rs) and rs, 30, "final runs")
+    assert all(run.state.is_cancelled() for run in runs), [(run.name, run.state.name) for run in runs]
