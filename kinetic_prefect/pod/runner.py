@@ -32,7 +32,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kinetic_prefect import contract, signing
 from kinetic_prefect.contract import (
@@ -55,6 +55,9 @@ from kinetic_prefect.contract import (
 )
 from kinetic_prefect.errors import ResultNotPicklable
 from kinetic_prefect.pod import debugger, utilization
+
+if TYPE_CHECKING:
+    from kinetic_prefect.storage import Store
 
 
 class JobTerminated(BaseException):
@@ -451,92 +454,31 @@ def _run_id() -> str:
     return (_env(Env.RUN_PREFIX) or "").rstrip("/").rsplit("/", 1)[-1]
 
 
-def main() -> int:
-    global _GROUP_FAILED
-    started = time.perf_counter()
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    if os.environ.get(Env.OWNER_PID):
-        _watch_owner(int(os.environ[Env.OWNER_PID]))
-    phases = Phases()
-    outcome = Outcome(status=FAILED, pid=os.getpid(), hostname=socket.gethostname())
-    group = Group()
-    result_blob: bytes | None = None
-    store = None
-    layout: RunLayout | None = None
-    temporary_output_dir: Path | None = None
-    work_dir: Path | None = None
-    checkpoints = None
-    try:
-        try:
-            from kinetic_prefect.storage import open_store
+class _Job:
+    """One run of the runner, phase by phase: what the phases share, and what the last step removes from the node."""
 
-            group = phases.run(contract.PHASE_READ_ENV, Group.from_env)
-            outcome.host_index, outcome.num_hosts = group.index, group.size
-            store_url = phases.run(contract.PHASE_READ_ENV, _env, Env.STORE)
-            layout = RunLayout(_run_id())
-            store = phases.run(contract.PHASE_OPEN_STORE, open_store, store_url)
-            signing_key = phases.run(contract.PHASE_READ_ENV, _signing_key)
-            payload = phases.run(contract.PHASE_FETCH_PAYLOAD, _fetch, store, layout.payload)
-            phases.run(contract.PHASE_VERIFY_PAYLOAD, _verify, payload, _env(Env.PAYLOAD_SHA256), "payload")
-            phases.run(contract.PHASE_VERIFY_PAYLOAD, signing.verify, store, layout.payload, payload, signing_key)
-            code_key = os.environ.get(Env.CODE_KEY)
-            if code_key:
-                code_dir = phases.run(
-                    contract.PHASE_RESTORE_CODE, _restore_code, store, code_key, os.environ.get(Env.CODE_SHA256)
-                )
-                work_dir = phases.run(PHASE_WORKING_COPY, _private_working_copy, code_dir)
-                os.chdir(work_dir)
-                sys.path.insert(0, str(work_dir))
-            if os.environ.get(Env.OUTPUT_DIR):
-                output_dir = Path(os.environ[Env.OUTPUT_DIR])
-            else:
-                output_dir = temporary_output_dir = Path(
-                    tempfile.mkdtemp(prefix="kinetic-outputs-", dir=_scratch_root())
-                )
-            output_dir.mkdir(parents=True, exist_ok=True)
-            os.environ[Env.OUTPUT_DIR] = str(output_dir)
-            fn, args, kwargs = phases.run(contract.PHASE_UNPICKLE_CALL, _unpickle_call, payload)
-            args, kwargs = phases.run(contract.PHASE_FETCH_DATA, _localize_data, args, kwargs, store, signing_key)
-            if os.environ.get(Env.CHECKPOINT_KEY):
-                checkpoints = CheckpointSync(store, os.environ[Env.CHECKPOINT_KEY], upload=group.is_coordinator)
-                outcome.checkpoint_files_restored = phases.run(contract.PHASE_RESTORE_CHECKPOINTS, checkpoints.restore)
-                os.environ[Env.CHECKPOINT_DIR] = str(checkpoints.dir)
-                checkpoints.start()
-            if group.size > 1:
-                phases.run(contract.PHASE_JOIN_GROUP.format(size=group.size, index=group.index), _join_group, group)
-            if debugger.wanted(group.index):
-                phases.run(contract.PHASE_WAIT_DEBUGGER, debugger.wait_for_client, store, layout, work_dir, fn)
-            function_failure = None
-            usage = utilization.start()  # what the function uses, sampled beside it (no Prefect in the job)
-            try:
-                value = phases.run(PHASE_FUNCTION, _call, fn, args, kwargs)
-            except PhaseFailed as failed:
-                function_failure = failed
-            finally:
-                if usage is not None:
-                    usage.stop()
-            # Checkpoints and outputs are saved after a failure too: that is when they matter most.
-            if checkpoints is not None:
-                try:
-                    phases.run(contract.PHASE_SAVE_CHECKPOINTS, checkpoints.stop)
-                except PhaseFailed as failed:
-                    if function_failure is None:
-                        raise
-                    print(f"kinetic runner: also failed while saving checkpoints: {failed.error!r}", file=sys.stderr)
-            try:
-                outcome.outputs = phases.run(
-                    contract.PHASE_UPLOAD_OUTPUTS, _upload_outputs, store, layout, output_dir, group.index
-                )
-            except PhaseFailed as failed:
-                if function_failure is None:
-                    raise
-                print(f"kinetic runner: also failed while uploading outputs: {failed.error!r}", file=sys.stderr)
-            if function_failure is not None:
-                raise function_failure
-            result_blob = phases.run(PHASE_PICKLE_RESULT, _pickle_value, value)
-            outcome.status = COMPLETED
+    def __init__(self) -> None:
+        self.phases = Phases()
+        self.outcome = Outcome(status=FAILED, pid=os.getpid(), hostname=socket.gethostname())
+        self.group = Group()
+        self.store: Store | None = None
+        self.layout: RunLayout | None = None
+        self.output_dir: Path | None = None
+        self.temporary_output_dir: Path | None = None
+        self.work_dir: Path | None = None
+        self.checkpoints: CheckpointSync | None = None
+
+    def run(self) -> bytes | None:
+        """Every phase up to the pickled value; after a failed phase (named in the outcome), its pickled exception
+        (None when even that cannot be pickled)."""
+        try:
+            fn, args, kwargs = self._prepare()
+            value = self._run_function(fn, args, kwargs)
+            result_blob = self.phases.run(PHASE_PICKLE_RESULT, _pickle_value, value)
+            self.outcome.status = COMPLETED
+            return result_blob
         except PhaseFailed as failed:
-            _describe_failure(failed, outcome)
+            _describe_failure(failed, self.outcome)
             result_blob = _pickle_exception(failed.error)
             # Printed so the failure is in the job's log even if the outcome cannot be stored.
             print(
@@ -544,10 +486,128 @@ def main() -> int:
                 file=sys.stderr,
                 flush=True,
             )
-        if group.size > 1 and not outcome.completed:
-            _GROUP_FAILED = True
-        outcome.timings = phases.timings
-        outcome.duration_s = round(time.perf_counter() - started, 4)
+            return result_blob
+
+    def _prepare(self):
+        """The phases before the function: the call fetched and checked, the project, the outputs folder, the data
+        and the checkpoints in place, the group joined, and a debugger attached when one is asked for."""
+        payload, signing_key = self._fetch_payload()
+        self._restore_project()
+        self._make_output_dir()
+        fn, args, kwargs = self.phases.run(contract.PHASE_UNPICKLE_CALL, _unpickle_call, payload)
+        args, kwargs = self.phases.run(contract.PHASE_FETCH_DATA, _localize_data, args, kwargs, self.store, signing_key)
+        self._restore_checkpoints()
+        group = self.group
+        if group.size > 1:
+            self.phases.run(contract.PHASE_JOIN_GROUP.format(size=group.size, index=group.index), _join_group, group)
+        if debugger.wanted(group.index):
+            self.phases.run(
+                contract.PHASE_WAIT_DEBUGGER, debugger.wait_for_client, self.store, self.layout, self.work_dir, fn
+            )
+        return fn, args, kwargs
+
+    def _fetch_payload(self):
+        """Reading the environment, opening the store, fetching and verifying the payload: the pickled call, and the
+        key that signed it (its data is verified with it too)."""
+        from kinetic_prefect.storage import open_store
+
+        phases = self.phases
+        self.group = group = phases.run(contract.PHASE_READ_ENV, Group.from_env)
+        self.outcome.host_index, self.outcome.num_hosts = group.index, group.size
+        store_url = phases.run(contract.PHASE_READ_ENV, _env, Env.STORE)
+        self.layout = layout = RunLayout(_run_id())
+        self.store = store = phases.run(contract.PHASE_OPEN_STORE, open_store, store_url)
+        signing_key = phases.run(contract.PHASE_READ_ENV, _signing_key)
+        payload = phases.run(contract.PHASE_FETCH_PAYLOAD, _fetch, store, layout.payload)
+        phases.run(contract.PHASE_VERIFY_PAYLOAD, _verify, payload, _env(Env.PAYLOAD_SHA256), "payload")
+        phases.run(contract.PHASE_VERIFY_PAYLOAD, signing.verify, store, layout.payload, payload, signing_key)
+        return payload, signing_key
+
+    def _restore_project(self) -> None:
+        """The project's code, when the call ships it: restored once per node, copied for this job, which runs in
+        the copy with it first on sys.path."""
+        code_key = os.environ.get(Env.CODE_KEY)
+        if not code_key:
+            return
+        code_dir = self.phases.run(
+            contract.PHASE_RESTORE_CODE, _restore_code, self.store, code_key, os.environ.get(Env.CODE_SHA256)
+        )
+        self.work_dir = work_dir = self.phases.run(PHASE_WORKING_COPY, _private_working_copy, code_dir)
+        os.chdir(work_dir)
+        sys.path.insert(0, str(work_dir))
+
+    def _make_output_dir(self) -> None:
+        """``KINETIC_OUTPUT_DIR``: the one the job names, else a temporary folder removed at the end."""
+        if os.environ.get(Env.OUTPUT_DIR):
+            output_dir = Path(os.environ[Env.OUTPUT_DIR])
+        else:
+            output_dir = self.temporary_output_dir = Path(
+                tempfile.mkdtemp(prefix="kinetic-outputs-", dir=_scratch_root())
+            )
+        self.output_dir = output_dir
+        output_dir.mkdir(parents=True, exist_ok=True)
+        os.environ[Env.OUTPUT_DIR] = str(output_dir)
+
+    def _restore_checkpoints(self) -> None:
+        """``KINETIC_CHECKPOINT_DIR``, when the job names a checkpoint key: restored, then synced while it runs."""
+        if not os.environ.get(Env.CHECKPOINT_KEY):
+            return
+        checkpoints = CheckpointSync(self.store, os.environ[Env.CHECKPOINT_KEY], upload=self.group.is_coordinator)
+        self.checkpoints = checkpoints
+        self.outcome.checkpoint_files_restored = self.phases.run(
+            contract.PHASE_RESTORE_CHECKPOINTS, checkpoints.restore
+        )
+        os.environ[Env.CHECKPOINT_DIR] = str(checkpoints.dir)
+        checkpoints.start()
+
+    def _run_function(self, fn, args, kwargs):
+        """The function, what it uses sampled beside it, then its checkpoints and outputs saved: after a failure
+        too, which is when they matter most. The function's own failure is the one reported."""
+        function_failure: PhaseFailed | None = None
+        value = None
+        usage = utilization.start()  # what the function uses, sampled beside it (no Prefect in the job)
+        try:
+            value = self.phases.run(PHASE_FUNCTION, _call, fn, args, kwargs)
+        except PhaseFailed as failed:
+            function_failure = failed
+        finally:
+            if usage is not None:
+                usage.stop()
+        self._save_checkpoints(function_failure)
+        self._save_outputs(function_failure)
+        if function_failure is not None:
+            raise function_failure
+        return value
+
+    def _save_checkpoints(self, function_failure: PhaseFailed | None) -> None:
+        if self.checkpoints is None:
+            return
+        try:
+            self.phases.run(contract.PHASE_SAVE_CHECKPOINTS, self.checkpoints.stop)
+        except PhaseFailed as failed:
+            if function_failure is None:
+                raise
+            print(f"kinetic runner: also failed while saving checkpoints: {failed.error!r}", file=sys.stderr)
+
+    def _save_outputs(self, function_failure: PhaseFailed | None) -> None:
+        try:
+            self.outcome.outputs = self.phases.run(
+                contract.PHASE_UPLOAD_OUTPUTS,
+                _upload_outputs,
+                self.store,
+                self.layout,
+                self.output_dir,
+                self.group.index,
+            )
+        except PhaseFailed as failed:
+            if function_failure is None:
+                raise
+            print(f"kinetic runner: also failed while uploading outputs: {failed.error!r}", file=sys.stderr)
+
+    def record(self, result_blob: bytes | None) -> int:
+        """The value (or exception) and then the outcome written to the store; the exit status says whether the
+        outcome was recorded."""
+        store, layout, outcome = self.store, self.layout, self.outcome
         if store is None or layout is None:
             return EXIT_NO_OUTCOME
         if _OWNER_DIED:  # nobody will collect anything: leave nothing of the run in the store
@@ -558,34 +618,59 @@ def main() -> int:
             return EXIT_NO_OUTCOME
         try:
             key = signing.key_from_env()
-            if not group.is_coordinator:
+            if not self.group.is_coordinator:
                 # Only the coordinator's value comes back; another host records how it ended, and its failure
                 # fails the whole group (all or nothing: the task's retry starts a new group).
-                signing.put(store, layout.host_outcome(group.index), outcome.to_json(), key)
+                signing.put(store, layout.host_outcome(self.group.index), outcome.to_json(), key)
                 return EXIT_OUTCOME_RECORDED if outcome.completed else EXIT_HOST_FAILED
             if result_blob is not None:
-                try:
-                    signing.put(store, layout.result, result_blob, key)
-                except OSError as exc:
-                    if exc.errno not in _NO_ROOM:
-                        raise
-                    signing.delete(store, layout.result)  # a partial object frees its room for the outcome
-                    _store_full(outcome, store, layout.result, len(result_blob), exc)
+                _write_result(store, layout, result_blob, outcome, key)
             signing.put(store, layout.outcome, outcome.to_json(), key)  # the marker: written last
         except Exception as exc:
             print(f"kinetic runner: failed while writing the outcome: {type(exc).__name__}: {exc}", file=sys.stderr)
             return EXIT_NO_OUTCOME
         return EXIT_OUTCOME_RECORDED
-    finally:
-        # Nothing left behind on the node: the store has the outputs and checkpoints now.
-        if temporary_output_dir is not None:
-            shutil.rmtree(temporary_output_dir, ignore_errors=True)
-        if checkpoints is not None:
-            checkpoints.remove_local_copy()
-        if work_dir is not None:
-            shutil.rmtree(work_dir, ignore_errors=True)
+
+    def clean_up(self) -> None:
+        """Nothing left behind on the node: the store has the outputs and checkpoints now."""
+        if self.temporary_output_dir is not None:
+            shutil.rmtree(self.temporary_output_dir, ignore_errors=True)
+        if self.checkpoints is not None:
+            self.checkpoints.remove_local_copy()
+        if self.work_dir is not None:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
         if _OWNER_DIED and os.environ.get(Env.JOB_DIR):  # no worker is left to remove the job's folder
             shutil.rmtree(os.environ[Env.JOB_DIR], ignore_errors=True)
+
+
+def _write_result(store, layout: RunLayout, result_blob: bytes, outcome: Outcome, key: bytes | None) -> None:
+    """The pickled value or exception; one the store has no room for fails the outcome instead, naming the store."""
+    try:
+        signing.put(store, layout.result, result_blob, key)
+    except OSError as exc:
+        if exc.errno not in _NO_ROOM:
+            raise
+        signing.delete(store, layout.result)  # a partial object frees its room for the outcome
+        _store_full(outcome, store, layout.result, len(result_blob), exc)
+
+
+def main() -> int:
+    """Run the call the job's environment names; the exit status says whether its outcome was recorded."""
+    global _GROUP_FAILED
+    started = time.perf_counter()
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    if os.environ.get(Env.OWNER_PID):
+        _watch_owner(int(os.environ[Env.OWNER_PID]))
+    job = _Job()
+    try:
+        result_blob = job.run()
+        if job.group.size > 1 and not job.outcome.completed:
+            _GROUP_FAILED = True
+        job.outcome.timings = job.phases.timings
+        job.outcome.duration_s = round(time.perf_counter() - started, 4)
+        return job.record(result_blob)
+    finally:
+        job.clean_up()
 
 
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
