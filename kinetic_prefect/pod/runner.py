@@ -15,6 +15,7 @@ which step it was. The contract with the worker and the caller:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import inspect
@@ -353,10 +354,8 @@ class CheckpointSync:
         if self.direct is None:
             shutil.rmtree(self.dir, ignore_errors=True)
             return
-        try:
+        with contextlib.suppress(OSError):
             self.dir.rmdir()  # only when empty
-        except OSError:
-            pass
 
 
 def _localize_data(args, kwargs, store, key):
@@ -702,10 +701,8 @@ def _record_exit(code: int) -> None:
     if not job_dir or _OWNER_DIED:
         return
     name = WarmRunnerFiles.exit_status_name(int(os.environ.get(Env.HOST_INDEX) or 0))
-    try:
+    with contextlib.suppress(OSError):  # metering then falls back to when the worker saw the process gone
         Path(job_dir, name).write_text(str(code))
-    except OSError:
-        pass  # metering then falls back to when the worker saw the process gone
 
 
 def _leave_without_stray_threads(code: int, grace: float = STRAY_THREAD_GRACE_SECONDS) -> None:
@@ -735,11 +732,11 @@ def _exit(code: int) -> None:
     rest of the group (all or nothing). A host that completed exits normally: the barrier is where all meet,
     and exit handlers (a metrics logger's flush) run; threads the function left behind are not waited for."""
     _record_exit(code)
-    if code != EXIT_OUTCOME_RECORDED or _GROUP_FAILED:
-        if int(os.environ.get(Env.NUM_HOSTS) or 1) > 1:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+    failed = code != EXIT_OUTCOME_RECORDED or _GROUP_FAILED
+    if failed and int(os.environ.get(Env.NUM_HOSTS) or 1) > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     _leave_without_stray_threads(code)
     sys.exit(code)
 
