@@ -32,7 +32,9 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from kinetic_prefect import contract, signing
@@ -366,8 +368,38 @@ def _localize_data(args, kwargs, store, key):
     return data.transform(args, resolve, data.DataRef), data.transform(kwargs, resolve, data.DataRef)
 
 
-def _on_sigterm(signum, frame) -> None:
+SigtermHandler = Callable[[int, FrameType | None], None]
+
+
+def on_sigterm(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM in a job (a cancel, a deleted pod): unwind the function like Ctrl-C would."""
     raise JobTerminated(f"the job received signal {signum} (cancelled, or its pod was deleted)")
+
+
+# The SIGTERM handler main installs: on_sigterm, or what record_sigterm wraps it in. Under its private name because
+# pod/slot_runner still reads and replaces it there.
+_on_sigterm: SigtermHandler = on_sigterm
+
+
+def install_sigterm_handler() -> None:
+    """Install the SIGTERM handler main installs (again, where a call may have replaced it)."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def record_sigterm() -> list[int]:
+    """From now on, in this process and every call main runs in it, a SIGTERM is appended to the returned list
+    before it unwinds the call as in a cold job: a warm runner whose call was stopped stops too."""
+    global _on_sigterm
+    stopped: list[int] = []
+    unwind = _on_sigterm
+
+    def on_sigterm_recorded(signum: int, frame: FrameType | None) -> None:
+        stopped.append(signum)
+        unwind(signum, frame)
+
+    _on_sigterm = on_sigterm_recorded
+    install_sigterm_handler()
+    return stopped
 
 
 def _cancel_own_run(reason: str) -> None:
@@ -392,7 +424,7 @@ def _cancel_own_run(reason: str) -> None:
         print(f"kinetic runner: could not cancel run {run}: {exc!r}", file=sys.stderr, flush=True)
 
 
-def _watch_owner(owner_pid: int) -> None:
+def watch_owner(owner_pid: int) -> None:
     """In-process submission: the calling process is the only one that will collect the result.
     If it dies (kill -9, OOM), stop the job and cancel its run instead of running for nobody."""
 
@@ -418,6 +450,9 @@ def _watch_owner(owner_pid: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="kinetic-owner-watch", daemon=True).start()
+
+
+_watch_owner = watch_owner  # the name pod/slot_runner still calls
 
 
 def _describe_failure(failed: PhaseFailed, outcome: Outcome) -> None:
@@ -657,9 +692,9 @@ def main() -> int:
     """Run the call the job's environment names; the exit status says whether its outcome was recorded."""
     global _GROUP_FAILED
     started = time.perf_counter()
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    install_sigterm_handler()
     if os.environ.get(Env.OWNER_PID):
-        _watch_owner(int(os.environ[Env.OWNER_PID]))
+        watch_owner(int(os.environ[Env.OWNER_PID]))
     job = _Job()
     try:
         result_blob = job.run()
@@ -725,7 +760,7 @@ def _leave_without_stray_threads(code: int, grace: float = STRAY_THREAD_GRACE_SE
     threading.Thread(target=leave, name="kinetic-stray-thread-exit", daemon=True).start()
 
 
-def _exit(code: int) -> None:
+def exit_process(code: int) -> None:
     """A host of a group whose function failed leaves at once: JAX's exit handler (``jax.distributed.shutdown``)
     waits at a barrier for every host, and the others may be blocked in a collective waiting for this one, so
     a normal exit would hang until the coordination service times out (minutes). The worker then stops the
@@ -746,4 +781,4 @@ _GROUP_FAILED = False  # set by main() when this host's function (or a later ste
 
 
 if __name__ == "__main__":
-    _exit(main())
+    exit_process(main())
