@@ -35,7 +35,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kinetic_prefect import contract, signing
 from kinetic_prefect.contract import (
@@ -62,13 +62,16 @@ from kinetic_prefect.pod import debugger, utilization
 if TYPE_CHECKING:
     from kinetic_prefect.storage import Store
 
+T = TypeVar("T")
+Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]  # the function, its positional and keyword arguments
+
 
 class JobTerminated(BaseException):
     """Raised in the function's thread on SIGTERM: the job was cancelled or its pod deleted."""
 
 
 class PhaseFailed(Exception):
-    def __init__(self, phase: str, error: BaseException):
+    def __init__(self, phase: str, error: BaseException) -> None:
         super().__init__(phase)
         self.phase = phase
         self.error = error
@@ -80,7 +83,7 @@ class Phases:
     def __init__(self) -> None:
         self.timings: dict[str, float] = {}
 
-    def run(self, name: str, fn, *args):
+    def run(self, name: str, fn: Callable[..., T], *args: Any) -> T:
         start = time.perf_counter()
         try:
             return fn(*args)
@@ -105,7 +108,7 @@ def _node_cache() -> Path:
     return Path(base) / "kinetic-prefect" / "node"
 
 
-def _fetch(store, key: str) -> bytes:
+def _fetch(store: Store, key: str) -> bytes:
     return store.get_bytes(key)
 
 
@@ -133,7 +136,7 @@ def _safe_extract(tar: tarfile.TarFile, dest: Path) -> None:
         tar.extractall(dest, members=members)
 
 
-def _restore_code(store, key: str, sha: str | None) -> Path:
+def _restore_code(store: Store, key: str, sha: str | None) -> Path:
     """Extract the project archive once per node (content-addressed directory, renamed into place)."""
     target = _node_cache() / "code" / (sha or hashlib.sha256(key.encode()).hexdigest())
     if (target / ".kinetic-complete").exists():
@@ -182,7 +185,7 @@ def _private_working_copy(code_dir: Path) -> Path:
     return work
 
 
-def _unpickle_call(payload: bytes):
+def _unpickle_call(payload: bytes) -> Call:
     import cloudpickle
 
     envelope = pickle.loads(payload)
@@ -194,7 +197,7 @@ def _unpickle_call(payload: bytes):
     return fn, bound.args, bound.kwargs
 
 
-def _call(fn, args, kwargs):
+def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if inspect.iscoroutinefunction(fn):
         import asyncio
 
@@ -206,7 +209,8 @@ def _pickle_value(value: Any) -> bytes:
     import cloudpickle
 
     try:
-        return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        blob: bytes = cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        return blob
     except Exception as exc:
         kind = f"{type(value).__module__}.{type(value).__qualname__}"
         raise ResultNotPicklable(
@@ -230,7 +234,7 @@ def _pickle_exception(exc: BaseException) -> bytes | None:
     state = {k: v for k, v in vars(exc).items() if k != "__notes__"}
     for candidate in ((type(exc), exc.args, state), (type(exc), exc.args, {})):
         try:
-            blob = cloudpickle.dumps(("exception", *candidate), protocol=pickle.HIGHEST_PROTOCOL)
+            blob: bytes = cloudpickle.dumps(("exception", *candidate), protocol=pickle.HIGHEST_PROTOCOL)
             cloudpickle.loads(blob)
             return blob
         except Exception:
@@ -245,7 +249,7 @@ def _pickle_whole_exception(exc: BaseException) -> bytes | None:
     import cloudpickle
 
     try:
-        blob = cloudpickle.dumps(("exception-object", exc), protocol=pickle.HIGHEST_PROTOCOL)
+        blob: bytes = cloudpickle.dumps(("exception-object", exc), protocol=pickle.HIGHEST_PROTOCOL)
         _tag, copy = cloudpickle.loads(blob)
         same = type(copy).__qualname__ == type(exc).__qualname__ and str(copy) == str(exc)
         return blob if same else None
@@ -253,7 +257,7 @@ def _pickle_whole_exception(exc: BaseException) -> bytes | None:
         return None
 
 
-def _upload_outputs(store, layout: RunLayout, output_dir: Path, host: int = 0) -> list[str]:
+def _upload_outputs(store: Store, layout: RunLayout, output_dir: Path, host: int = 0) -> list[str]:
     files = [p for p in sorted(output_dir.rglob("*")) if p.is_file()]
     if not files:
         return []
@@ -274,7 +278,8 @@ def _join_group(group: Group) -> None:
         raise RuntimeError(f"a group of {group.size} hosts needs {Env.COORDINATOR_ADDRESS}")
     if os.environ.get("JAX_PLATFORMS", "").split(",")[0] in ("", "cpu"):
         # CPU devices of several processes talk through gloo; the default has no cross-process collectives.
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        # (jax's Config.update carries no annotations.)
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # type: ignore[no-untyped-call]
     jax.distributed.initialize(coordinator_address=group.coordinator, num_processes=group.size, process_id=group.index)
 
 
@@ -287,7 +292,7 @@ class CheckpointSync:
     ``KINETIC_CHECKPOINT_SYNC_SECONDS`` (default 30) and once more when the function ends.
     """
 
-    def __init__(self, store, key: str, upload: bool = True):
+    def __init__(self, store: Store, key: str, upload: bool = True) -> None:
         import threading
 
         self.store, self.key, self.upload = store, key.rstrip("/"), upload  # only a group's coordinator uploads
@@ -360,7 +365,9 @@ class CheckpointSync:
             self.dir.rmdir()  # only when empty
 
 
-def _localize_data(args, kwargs, store, key):
+def _localize_data(
+    args: tuple[Any, ...], kwargs: dict[str, Any], store: Store, key: bytes | None
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     from kinetic_prefect.pod import data
 
     node_cache = _node_cache()
@@ -513,24 +520,24 @@ class _Job:
             return result_blob
         except PhaseFailed as failed:
             _describe_failure(failed, self.outcome)
-            result_blob = _pickle_exception(failed.error)
+            exception_blob = _pickle_exception(failed.error)
             # Printed so the failure is in the job's log even if the outcome cannot be stored.
             print(
                 f"kinetic runner: failed while {failed.phase}: {type(failed.error).__name__}: {failed.error}",
                 file=sys.stderr,
                 flush=True,
             )
-            return result_blob
+            return exception_blob
 
-    def _prepare(self):
+    def _prepare(self) -> Call:
         """The phases before the function: the call fetched and checked, the project, the outputs folder, the data
         and the checkpoints in place, the group joined, and a debugger attached when one is asked for."""
-        payload, signing_key = self._fetch_payload()
-        self._restore_project()
+        store, payload, signing_key = self._fetch_payload()
+        self._restore_project(store)
         self._make_output_dir()
         fn, args, kwargs = self.phases.run(contract.PHASE_UNPICKLE_CALL, _unpickle_call, payload)
-        args, kwargs = self.phases.run(contract.PHASE_FETCH_DATA, _localize_data, args, kwargs, self.store, signing_key)
-        self._restore_checkpoints()
+        args, kwargs = self.phases.run(contract.PHASE_FETCH_DATA, _localize_data, args, kwargs, store, signing_key)
+        self._restore_checkpoints(store)
         group = self.group
         if group.size > 1:
             self.phases.run(contract.PHASE_JOIN_GROUP.format(size=group.size, index=group.index), _join_group, group)
@@ -540,9 +547,9 @@ class _Job:
             )
         return fn, args, kwargs
 
-    def _fetch_payload(self):
-        """Reading the environment, opening the store, fetching and verifying the payload: the pickled call, and the
-        key that signed it (its data is verified with it too)."""
+    def _fetch_payload(self) -> tuple[Store, bytes, bytes | None]:
+        """Reading the environment, opening the store, fetching and verifying the payload: the store, the pickled
+        call, and the key that signed it (its data is verified with it too)."""
         from kinetic_prefect.storage import open_store
 
         phases = self.phases
@@ -555,16 +562,16 @@ class _Job:
         payload = phases.run(contract.PHASE_FETCH_PAYLOAD, _fetch, store, layout.payload)
         phases.run(contract.PHASE_VERIFY_PAYLOAD, _verify, payload, _env(Env.PAYLOAD_SHA256), "payload")
         phases.run(contract.PHASE_VERIFY_PAYLOAD, signing.verify, store, layout.payload, payload, signing_key)
-        return payload, signing_key
+        return store, payload, signing_key
 
-    def _restore_project(self) -> None:
+    def _restore_project(self, store: Store) -> None:
         """The project's code, when the call ships it: restored once per node, copied for this job, which runs in
         the copy with it first on sys.path."""
         code_key = os.environ.get(Env.CODE_KEY)
         if not code_key:
             return
         code_dir = self.phases.run(
-            contract.PHASE_RESTORE_CODE, _restore_code, self.store, code_key, os.environ.get(Env.CODE_SHA256)
+            contract.PHASE_RESTORE_CODE, _restore_code, store, code_key, os.environ.get(Env.CODE_SHA256)
         )
         self.work_dir = work_dir = self.phases.run(PHASE_WORKING_COPY, _private_working_copy, code_dir)
         os.chdir(work_dir)
@@ -582,11 +589,11 @@ class _Job:
         output_dir.mkdir(parents=True, exist_ok=True)
         os.environ[Env.OUTPUT_DIR] = str(output_dir)
 
-    def _restore_checkpoints(self) -> None:
+    def _restore_checkpoints(self, store: Store) -> None:
         """``KINETIC_CHECKPOINT_DIR``, when the job names a checkpoint key: restored, then synced while it runs."""
         if not os.environ.get(Env.CHECKPOINT_KEY):
             return
-        checkpoints = CheckpointSync(self.store, os.environ[Env.CHECKPOINT_KEY], upload=self.group.is_coordinator)
+        checkpoints = CheckpointSync(store, os.environ[Env.CHECKPOINT_KEY], upload=self.group.is_coordinator)
         self.checkpoints = checkpoints
         self.outcome.checkpoint_files_restored = self.phases.run(
             contract.PHASE_RESTORE_CHECKPOINTS, checkpoints.restore
@@ -594,11 +601,11 @@ class _Job:
         os.environ[Env.CHECKPOINT_DIR] = str(checkpoints.dir)
         checkpoints.start()
 
-    def _run_function(self, fn, args, kwargs):
+    def _run_function(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The function, what it uses sampled beside it, then its checkpoints and outputs saved: after a failure
         too, which is when they matter most. The function's own failure is the one reported."""
         function_failure: PhaseFailed | None = None
-        value = None
+        value: Any = None
         usage = utilization.start()  # what the function uses, sampled beside it (no Prefect in the job)
         try:
             value = self.phases.run(PHASE_FUNCTION, _call, fn, args, kwargs)
@@ -677,7 +684,7 @@ class _Job:
             shutil.rmtree(os.environ[Env.JOB_DIR], ignore_errors=True)
 
 
-def _write_result(store, layout: RunLayout, result_blob: bytes, outcome: Outcome, key: bytes | None) -> None:
+def _write_result(store: Store, layout: RunLayout, result_blob: bytes, outcome: Outcome, key: bytes | None) -> None:
     """The pickled value or exception; one the store has no room for fails the outcome instead, naming the store."""
     try:
         signing.put(store, layout.result, result_blob, key)
@@ -710,7 +717,7 @@ def main() -> int:
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
 
 
-def _store_full(outcome: Outcome, store, object_key: str, size: int, exc: OSError) -> None:
+def _store_full(outcome: Outcome, store: Store, object_key: str, size: int, exc: OSError) -> None:
     """The outcome of a job whose result did not fit in the store: Failed (not Crashed), naming the store."""
     outcome.status, outcome.phase, outcome.error_type = FAILED, PHASE_WRITE_RESULT, STORE_FULL_ERROR
     outcome.user_error = False

@@ -71,7 +71,7 @@ def _next_call(control: Path, deadline: float | None, launcher_pid: int | None) 
     call_file = control / WarmRunnerFiles.CALL
     while True:
         if call_file.exists():
-            call = json.loads(call_file.read_text())
+            call: dict[str, Any] = json.loads(call_file.read_text())
             call_file.unlink()
             (control / WarmRunnerFiles.CLAIMED).unlink(missing_ok=True)
             return call
