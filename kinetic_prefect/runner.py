@@ -6,6 +6,6 @@ import sys
 from kinetic_prefect.pod import runner as _module
 
 if __name__ == "__main__":
-    _module._exit(_module.main())  # noqa: SLF001 - how the runner's own ``__main__`` ends (flushing, exit code)
+    _module.exit_process(_module.main())  # as the runner's own ``__main__`` ends (flushing, exit code)
 else:
     sys.modules[__name__] = _module

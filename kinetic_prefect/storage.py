@@ -304,8 +304,8 @@ def _widen_connection_pool(client) -> None:
 
     adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=_GCS_POOL_SIZE)
     # google-cloud-storage takes a session only at construction (its ``_http``), not the pool size of the one it makes
-    client._http.mount("https://", adapter)  # noqa: SLF001
-    client._http.mount("http://", adapter)  # noqa: SLF001
+    client._http.mount("https://", adapter)  # noqa: SLF001 - google-cloud-storage's session, no public pool setting
+    client._http.mount("http://", adapter)  # noqa: SLF001 - google-cloud-storage's session, no public pool setting
 
 
 def _gcs_client():

@@ -26,7 +26,6 @@ ALLOWED = {
     "kinetic_prefect/cli/doctor.py:check_gke",
     "kinetic_prefect/cli/doctor.py:check_image_settings",
     "kinetic_prefect/cli/doctor.py:check_pool",
-    "kinetic_prefect/pod/runner.py:main",
     "kinetic_prefect/shared/prefect_runs.py:wait_for_final_state",
     "kinetic_prefect/workers/gke/configuration.py:KineticGKEJobConfiguration.render_manifest",
     "kinetic_prefect/workers/gke/deploy.py:worker_manifests",

@@ -15,6 +15,7 @@ which step it was. The contract with the worker and the caller:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import inspect
@@ -31,8 +32,10 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kinetic_prefect import contract, signing
 from kinetic_prefect.contract import (
@@ -56,13 +59,19 @@ from kinetic_prefect.contract import (
 from kinetic_prefect.errors import ResultNotPicklable
 from kinetic_prefect.pod import debugger, utilization
 
+if TYPE_CHECKING:
+    from kinetic_prefect.storage import Store
+
+T = TypeVar("T")
+Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]  # the function, its positional and keyword arguments
+
 
 class JobTerminated(BaseException):
     """Raised in the function's thread on SIGTERM: the job was cancelled or its pod deleted."""
 
 
 class PhaseFailed(Exception):
-    def __init__(self, phase: str, error: BaseException):
+    def __init__(self, phase: str, error: BaseException) -> None:
         super().__init__(phase)
         self.phase = phase
         self.error = error
@@ -74,7 +83,7 @@ class Phases:
     def __init__(self) -> None:
         self.timings: dict[str, float] = {}
 
-    def run(self, name: str, fn, *args):
+    def run(self, name: str, fn: Callable[..., T], *args: Any) -> T:
         start = time.perf_counter()
         try:
             return fn(*args)
@@ -99,7 +108,7 @@ def _node_cache() -> Path:
     return Path(base) / "kinetic-prefect" / "node"
 
 
-def _fetch(store, key: str) -> bytes:
+def _fetch(store: Store, key: str) -> bytes:
     return store.get_bytes(key)
 
 
@@ -127,7 +136,7 @@ def _safe_extract(tar: tarfile.TarFile, dest: Path) -> None:
         tar.extractall(dest, members=members)
 
 
-def _restore_code(store, key: str, sha: str | None) -> Path:
+def _restore_code(store: Store, key: str, sha: str | None) -> Path:
     """Extract the project archive once per node (content-addressed directory, renamed into place)."""
     target = _node_cache() / "code" / (sha or hashlib.sha256(key.encode()).hexdigest())
     if (target / ".kinetic-complete").exists():
@@ -176,7 +185,7 @@ def _private_working_copy(code_dir: Path) -> Path:
     return work
 
 
-def _unpickle_call(payload: bytes):
+def _unpickle_call(payload: bytes) -> Call:
     import cloudpickle
 
     envelope = pickle.loads(payload)
@@ -188,7 +197,7 @@ def _unpickle_call(payload: bytes):
     return fn, bound.args, bound.kwargs
 
 
-def _call(fn, args, kwargs):
+def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if inspect.iscoroutinefunction(fn):
         import asyncio
 
@@ -200,7 +209,8 @@ def _pickle_value(value: Any) -> bytes:
     import cloudpickle
 
     try:
-        return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        blob: bytes = cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        return blob
     except Exception as exc:
         kind = f"{type(value).__module__}.{type(value).__qualname__}"
         raise ResultNotPicklable(
@@ -224,7 +234,7 @@ def _pickle_exception(exc: BaseException) -> bytes | None:
     state = {k: v for k, v in vars(exc).items() if k != "__notes__"}
     for candidate in ((type(exc), exc.args, state), (type(exc), exc.args, {})):
         try:
-            blob = cloudpickle.dumps(("exception", *candidate), protocol=pickle.HIGHEST_PROTOCOL)
+            blob: bytes = cloudpickle.dumps(("exception", *candidate), protocol=pickle.HIGHEST_PROTOCOL)
             cloudpickle.loads(blob)
             return blob
         except Exception:
@@ -239,7 +249,7 @@ def _pickle_whole_exception(exc: BaseException) -> bytes | None:
     import cloudpickle
 
     try:
-        blob = cloudpickle.dumps(("exception-object", exc), protocol=pickle.HIGHEST_PROTOCOL)
+        blob: bytes = cloudpickle.dumps(("exception-object", exc), protocol=pickle.HIGHEST_PROTOCOL)
         _tag, copy = cloudpickle.loads(blob)
         same = type(copy).__qualname__ == type(exc).__qualname__ and str(copy) == str(exc)
         return blob if same else None
@@ -247,7 +257,7 @@ def _pickle_whole_exception(exc: BaseException) -> bytes | None:
         return None
 
 
-def _upload_outputs(store, layout: RunLayout, output_dir: Path, host: int = 0) -> list[str]:
+def _upload_outputs(store: Store, layout: RunLayout, output_dir: Path, host: int = 0) -> list[str]:
     files = [p for p in sorted(output_dir.rglob("*")) if p.is_file()]
     if not files:
         return []
@@ -268,7 +278,8 @@ def _join_group(group: Group) -> None:
         raise RuntimeError(f"a group of {group.size} hosts needs {Env.COORDINATOR_ADDRESS}")
     if os.environ.get("JAX_PLATFORMS", "").split(",")[0] in ("", "cpu"):
         # CPU devices of several processes talk through gloo; the default has no cross-process collectives.
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        # (jax's Config.update carries no annotations.)
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # type: ignore[no-untyped-call]
     jax.distributed.initialize(coordinator_address=group.coordinator, num_processes=group.size, process_id=group.index)
 
 
@@ -281,7 +292,7 @@ class CheckpointSync:
     ``KINETIC_CHECKPOINT_SYNC_SECONDS`` (default 30) and once more when the function ends.
     """
 
-    def __init__(self, store, key: str, upload: bool = True):
+    def __init__(self, store: Store, key: str, upload: bool = True) -> None:
         import threading
 
         self.store, self.key, self.upload = store, key.rstrip("/"), upload  # only a group's coordinator uploads
@@ -350,13 +361,13 @@ class CheckpointSync:
         if self.direct is None:
             shutil.rmtree(self.dir, ignore_errors=True)
             return
-        try:
+        with contextlib.suppress(OSError):
             self.dir.rmdir()  # only when empty
-        except OSError:
-            pass
 
 
-def _localize_data(args, kwargs, store, key):
+def _localize_data(
+    args: tuple[Any, ...], kwargs: dict[str, Any], store: Store, key: bytes | None
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     from kinetic_prefect.pod import data
 
     node_cache = _node_cache()
@@ -364,8 +375,38 @@ def _localize_data(args, kwargs, store, key):
     return data.transform(args, resolve, data.DataRef), data.transform(kwargs, resolve, data.DataRef)
 
 
-def _on_sigterm(signum, frame) -> None:
+SigtermHandler = Callable[[int, FrameType | None], None]
+
+
+def on_sigterm(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM in a job (a cancel, a deleted pod): unwind the function like Ctrl-C would."""
     raise JobTerminated(f"the job received signal {signum} (cancelled, or its pod was deleted)")
+
+
+# The SIGTERM handler main installs: on_sigterm, or what record_sigterm wraps it in. Under its private name because
+# pod/slot_runner still reads and replaces it there.
+_on_sigterm: SigtermHandler = on_sigterm
+
+
+def install_sigterm_handler() -> None:
+    """Install the SIGTERM handler main installs (again, where a call may have replaced it)."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def record_sigterm() -> list[int]:
+    """From now on, in this process and every call main runs in it, a SIGTERM is appended to the returned list
+    before it unwinds the call as in a cold job: a warm runner whose call was stopped stops too."""
+    global _on_sigterm
+    stopped: list[int] = []
+    unwind = _on_sigterm
+
+    def on_sigterm_recorded(signum: int, frame: FrameType | None) -> None:
+        stopped.append(signum)
+        unwind(signum, frame)
+
+    _on_sigterm = on_sigterm_recorded
+    install_sigterm_handler()
+    return stopped
 
 
 def _cancel_own_run(reason: str) -> None:
@@ -390,7 +431,7 @@ def _cancel_own_run(reason: str) -> None:
         print(f"kinetic runner: could not cancel run {run}: {exc!r}", file=sys.stderr, flush=True)
 
 
-def _watch_owner(owner_pid: int) -> None:
+def watch_owner(owner_pid: int) -> None:
     """In-process submission: the calling process is the only one that will collect the result.
     If it dies (kill -9, OOM), stop the job and cancel its run instead of running for nobody."""
 
@@ -416,6 +457,9 @@ def _watch_owner(owner_pid: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="kinetic-owner-watch", daemon=True).start()
+
+
+_watch_owner = watch_owner  # the name pod/slot_runner still calls
 
 
 def _describe_failure(failed: PhaseFailed, outcome: Outcome) -> None:
@@ -451,103 +495,160 @@ def _run_id() -> str:
     return (_env(Env.RUN_PREFIX) or "").rstrip("/").rsplit("/", 1)[-1]
 
 
-def main() -> int:
-    global _GROUP_FAILED
-    started = time.perf_counter()
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    if os.environ.get(Env.OWNER_PID):
-        _watch_owner(int(os.environ[Env.OWNER_PID]))
-    phases = Phases()
-    outcome = Outcome(status=FAILED, pid=os.getpid(), hostname=socket.gethostname())
-    group = Group()
-    result_blob: bytes | None = None
-    store = None
-    layout: RunLayout | None = None
-    temporary_output_dir: Path | None = None
-    work_dir: Path | None = None
-    checkpoints = None
-    try:
-        try:
-            from kinetic_prefect.storage import open_store
+class _Job:
+    """One run of the runner, phase by phase: what the phases share, and what the last step removes from the node."""
 
-            group = phases.run(contract.PHASE_READ_ENV, Group.from_env)
-            outcome.host_index, outcome.num_hosts = group.index, group.size
-            store_url = phases.run(contract.PHASE_READ_ENV, _env, Env.STORE)
-            layout = RunLayout(_run_id())
-            store = phases.run(contract.PHASE_OPEN_STORE, open_store, store_url)
-            signing_key = phases.run(contract.PHASE_READ_ENV, _signing_key)
-            payload = phases.run(contract.PHASE_FETCH_PAYLOAD, _fetch, store, layout.payload)
-            phases.run(contract.PHASE_VERIFY_PAYLOAD, _verify, payload, _env(Env.PAYLOAD_SHA256), "payload")
-            phases.run(contract.PHASE_VERIFY_PAYLOAD, signing.verify, store, layout.payload, payload, signing_key)
-            code_key = os.environ.get(Env.CODE_KEY)
-            if code_key:
-                code_dir = phases.run(
-                    contract.PHASE_RESTORE_CODE, _restore_code, store, code_key, os.environ.get(Env.CODE_SHA256)
-                )
-                work_dir = phases.run(PHASE_WORKING_COPY, _private_working_copy, code_dir)
-                os.chdir(work_dir)
-                sys.path.insert(0, str(work_dir))
-            if os.environ.get(Env.OUTPUT_DIR):
-                output_dir = Path(os.environ[Env.OUTPUT_DIR])
-            else:
-                output_dir = temporary_output_dir = Path(
-                    tempfile.mkdtemp(prefix="kinetic-outputs-", dir=_scratch_root())
-                )
-            output_dir.mkdir(parents=True, exist_ok=True)
-            os.environ[Env.OUTPUT_DIR] = str(output_dir)
-            fn, args, kwargs = phases.run(contract.PHASE_UNPICKLE_CALL, _unpickle_call, payload)
-            args, kwargs = phases.run(contract.PHASE_FETCH_DATA, _localize_data, args, kwargs, store, signing_key)
-            if os.environ.get(Env.CHECKPOINT_KEY):
-                checkpoints = CheckpointSync(store, os.environ[Env.CHECKPOINT_KEY], upload=group.is_coordinator)
-                outcome.checkpoint_files_restored = phases.run(contract.PHASE_RESTORE_CHECKPOINTS, checkpoints.restore)
-                os.environ[Env.CHECKPOINT_DIR] = str(checkpoints.dir)
-                checkpoints.start()
-            if group.size > 1:
-                phases.run(contract.PHASE_JOIN_GROUP.format(size=group.size, index=group.index), _join_group, group)
-            if debugger.wanted(group.index):
-                phases.run(contract.PHASE_WAIT_DEBUGGER, debugger.wait_for_client, store, layout, work_dir, fn)
-            function_failure = None
-            usage = utilization.start()  # what the function uses, sampled beside it (no Prefect in the job)
-            try:
-                value = phases.run(PHASE_FUNCTION, _call, fn, args, kwargs)
-            except PhaseFailed as failed:
-                function_failure = failed
-            finally:
-                if usage is not None:
-                    usage.stop()
-            # Checkpoints and outputs are saved after a failure too: that is when they matter most.
-            if checkpoints is not None:
-                try:
-                    phases.run(contract.PHASE_SAVE_CHECKPOINTS, checkpoints.stop)
-                except PhaseFailed as failed:
-                    if function_failure is None:
-                        raise
-                    print(f"kinetic runner: also failed while saving checkpoints: {failed.error!r}", file=sys.stderr)
-            try:
-                outcome.outputs = phases.run(
-                    contract.PHASE_UPLOAD_OUTPUTS, _upload_outputs, store, layout, output_dir, group.index
-                )
-            except PhaseFailed as failed:
-                if function_failure is None:
-                    raise
-                print(f"kinetic runner: also failed while uploading outputs: {failed.error!r}", file=sys.stderr)
-            if function_failure is not None:
-                raise function_failure
-            result_blob = phases.run(PHASE_PICKLE_RESULT, _pickle_value, value)
-            outcome.status = COMPLETED
+    def __init__(self) -> None:
+        self.phases = Phases()
+        self.outcome = Outcome(status=FAILED, pid=os.getpid(), hostname=socket.gethostname())
+        self.group = Group()
+        self.store: Store | None = None
+        self.layout: RunLayout | None = None
+        self.output_dir: Path | None = None
+        self.temporary_output_dir: Path | None = None
+        self.work_dir: Path | None = None
+        self.checkpoints: CheckpointSync | None = None
+
+    def run(self) -> bytes | None:
+        """Every phase up to the pickled value; after a failed phase (named in the outcome), its pickled exception
+        (None when even that cannot be pickled)."""
+        try:
+            fn, args, kwargs = self._prepare()
+            value = self._run_function(fn, args, kwargs)
+            result_blob = self.phases.run(PHASE_PICKLE_RESULT, _pickle_value, value)
+            self.outcome.status = COMPLETED
+            return result_blob
         except PhaseFailed as failed:
-            _describe_failure(failed, outcome)
-            result_blob = _pickle_exception(failed.error)
+            _describe_failure(failed, self.outcome)
+            exception_blob = _pickle_exception(failed.error)
             # Printed so the failure is in the job's log even if the outcome cannot be stored.
             print(
                 f"kinetic runner: failed while {failed.phase}: {type(failed.error).__name__}: {failed.error}",
                 file=sys.stderr,
                 flush=True,
             )
-        if group.size > 1 and not outcome.completed:
-            _GROUP_FAILED = True
-        outcome.timings = phases.timings
-        outcome.duration_s = round(time.perf_counter() - started, 4)
+            return exception_blob
+
+    def _prepare(self) -> Call:
+        """The phases before the function: the call fetched and checked, the project, the outputs folder, the data
+        and the checkpoints in place, the group joined, and a debugger attached when one is asked for."""
+        store, payload, signing_key = self._fetch_payload()
+        self._restore_project(store)
+        self._make_output_dir()
+        fn, args, kwargs = self.phases.run(contract.PHASE_UNPICKLE_CALL, _unpickle_call, payload)
+        args, kwargs = self.phases.run(contract.PHASE_FETCH_DATA, _localize_data, args, kwargs, store, signing_key)
+        self._restore_checkpoints(store)
+        group = self.group
+        if group.size > 1:
+            self.phases.run(contract.PHASE_JOIN_GROUP.format(size=group.size, index=group.index), _join_group, group)
+        if debugger.wanted(group.index):
+            self.phases.run(
+                contract.PHASE_WAIT_DEBUGGER, debugger.wait_for_client, self.store, self.layout, self.work_dir, fn
+            )
+        return fn, args, kwargs
+
+    def _fetch_payload(self) -> tuple[Store, bytes, bytes | None]:
+        """Reading the environment, opening the store, fetching and verifying the payload: the store, the pickled
+        call, and the key that signed it (its data is verified with it too)."""
+        from kinetic_prefect.storage import open_store
+
+        phases = self.phases
+        self.group = group = phases.run(contract.PHASE_READ_ENV, Group.from_env)
+        self.outcome.host_index, self.outcome.num_hosts = group.index, group.size
+        store_url = phases.run(contract.PHASE_READ_ENV, _env, Env.STORE)
+        self.layout = layout = RunLayout(_run_id())
+        self.store = store = phases.run(contract.PHASE_OPEN_STORE, open_store, store_url)
+        signing_key = phases.run(contract.PHASE_READ_ENV, _signing_key)
+        payload = phases.run(contract.PHASE_FETCH_PAYLOAD, _fetch, store, layout.payload)
+        phases.run(contract.PHASE_VERIFY_PAYLOAD, _verify, payload, _env(Env.PAYLOAD_SHA256), "payload")
+        phases.run(contract.PHASE_VERIFY_PAYLOAD, signing.verify, store, layout.payload, payload, signing_key)
+        return store, payload, signing_key
+
+    def _restore_project(self, store: Store) -> None:
+        """The project's code, when the call ships it: restored once per node, copied for this job, which runs in
+        the copy with it first on sys.path."""
+        code_key = os.environ.get(Env.CODE_KEY)
+        if not code_key:
+            return
+        code_dir = self.phases.run(
+            contract.PHASE_RESTORE_CODE, _restore_code, store, code_key, os.environ.get(Env.CODE_SHA256)
+        )
+        self.work_dir = work_dir = self.phases.run(PHASE_WORKING_COPY, _private_working_copy, code_dir)
+        os.chdir(work_dir)
+        sys.path.insert(0, str(work_dir))
+
+    def _make_output_dir(self) -> None:
+        """``KINETIC_OUTPUT_DIR``: the one the job names, else a temporary folder removed at the end."""
+        if os.environ.get(Env.OUTPUT_DIR):
+            output_dir = Path(os.environ[Env.OUTPUT_DIR])
+        else:
+            output_dir = self.temporary_output_dir = Path(
+                tempfile.mkdtemp(prefix="kinetic-outputs-", dir=_scratch_root())
+            )
+        self.output_dir = output_dir
+        output_dir.mkdir(parents=True, exist_ok=True)
+        os.environ[Env.OUTPUT_DIR] = str(output_dir)
+
+    def _restore_checkpoints(self, store: Store) -> None:
+        """``KINETIC_CHECKPOINT_DIR``, when the job names a checkpoint key: restored, then synced while it runs."""
+        if not os.environ.get(Env.CHECKPOINT_KEY):
+            return
+        checkpoints = CheckpointSync(store, os.environ[Env.CHECKPOINT_KEY], upload=self.group.is_coordinator)
+        self.checkpoints = checkpoints
+        self.outcome.checkpoint_files_restored = self.phases.run(
+            contract.PHASE_RESTORE_CHECKPOINTS, checkpoints.restore
+        )
+        os.environ[Env.CHECKPOINT_DIR] = str(checkpoints.dir)
+        checkpoints.start()
+
+    def _run_function(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The function, what it uses sampled beside it, then its checkpoints and outputs saved: after a failure
+        too, which is when they matter most. The function's own failure is the one reported."""
+        function_failure: PhaseFailed | None = None
+        value: Any = None
+        usage = utilization.start()  # what the function uses, sampled beside it (no Prefect in the job)
+        try:
+            value = self.phases.run(PHASE_FUNCTION, _call, fn, args, kwargs)
+        except PhaseFailed as failed:
+            function_failure = failed
+        finally:
+            if usage is not None:
+                usage.stop()
+        self._save_checkpoints(function_failure)
+        self._save_outputs(function_failure)
+        if function_failure is not None:
+            raise function_failure
+        return value
+
+    def _save_checkpoints(self, function_failure: PhaseFailed | None) -> None:
+        if self.checkpoints is None:
+            return
+        try:
+            self.phases.run(contract.PHASE_SAVE_CHECKPOINTS, self.checkpoints.stop)
+        except PhaseFailed as failed:
+            if function_failure is None:
+                raise
+            print(f"kinetic runner: also failed while saving checkpoints: {failed.error!r}", file=sys.stderr)
+
+    def _save_outputs(self, function_failure: PhaseFailed | None) -> None:
+        try:
+            self.outcome.outputs = self.phases.run(
+                contract.PHASE_UPLOAD_OUTPUTS,
+                _upload_outputs,
+                self.store,
+                self.layout,
+                self.output_dir,
+                self.group.index,
+            )
+        except PhaseFailed as failed:
+            if function_failure is None:
+                raise
+            print(f"kinetic runner: also failed while uploading outputs: {failed.error!r}", file=sys.stderr)
+
+    def record(self, result_blob: bytes | None) -> int:
+        """The value (or exception) and then the outcome written to the store; the exit status says whether the
+        outcome was recorded."""
+        store, layout, outcome = self.store, self.layout, self.outcome
         if store is None or layout is None:
             return EXIT_NO_OUTCOME
         if _OWNER_DIED:  # nobody will collect anything: leave nothing of the run in the store
@@ -558,40 +659,65 @@ def main() -> int:
             return EXIT_NO_OUTCOME
         try:
             key = signing.key_from_env()
-            if not group.is_coordinator:
+            if not self.group.is_coordinator:
                 # Only the coordinator's value comes back; another host records how it ended, and its failure
                 # fails the whole group (all or nothing: the task's retry starts a new group).
-                signing.put(store, layout.host_outcome(group.index), outcome.to_json(), key)
+                signing.put(store, layout.host_outcome(self.group.index), outcome.to_json(), key)
                 return EXIT_OUTCOME_RECORDED if outcome.completed else EXIT_HOST_FAILED
             if result_blob is not None:
-                try:
-                    signing.put(store, layout.result, result_blob, key)
-                except OSError as exc:
-                    if exc.errno not in _NO_ROOM:
-                        raise
-                    signing.delete(store, layout.result)  # a partial object frees its room for the outcome
-                    _store_full(outcome, store, layout.result, len(result_blob), exc)
+                _write_result(store, layout, result_blob, outcome, key)
             signing.put(store, layout.outcome, outcome.to_json(), key)  # the marker: written last
         except Exception as exc:
             print(f"kinetic runner: failed while writing the outcome: {type(exc).__name__}: {exc}", file=sys.stderr)
             return EXIT_NO_OUTCOME
         return EXIT_OUTCOME_RECORDED
-    finally:
-        # Nothing left behind on the node: the store has the outputs and checkpoints now.
-        if temporary_output_dir is not None:
-            shutil.rmtree(temporary_output_dir, ignore_errors=True)
-        if checkpoints is not None:
-            checkpoints.remove_local_copy()
-        if work_dir is not None:
-            shutil.rmtree(work_dir, ignore_errors=True)
+
+    def clean_up(self) -> None:
+        """Nothing left behind on the node: the store has the outputs and checkpoints now."""
+        if self.temporary_output_dir is not None:
+            shutil.rmtree(self.temporary_output_dir, ignore_errors=True)
+        if self.checkpoints is not None:
+            self.checkpoints.remove_local_copy()
+        if self.work_dir is not None:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
         if _OWNER_DIED and os.environ.get(Env.JOB_DIR):  # no worker is left to remove the job's folder
             shutil.rmtree(os.environ[Env.JOB_DIR], ignore_errors=True)
+
+
+def _write_result(store: Store, layout: RunLayout, result_blob: bytes, outcome: Outcome, key: bytes | None) -> None:
+    """The pickled value or exception; one the store has no room for fails the outcome instead, naming the store."""
+    try:
+        signing.put(store, layout.result, result_blob, key)
+    except OSError as exc:
+        if exc.errno not in _NO_ROOM:
+            raise
+        signing.delete(store, layout.result)  # a partial object frees its room for the outcome
+        _store_full(outcome, store, layout.result, len(result_blob), exc)
+
+
+def main() -> int:
+    """Run the call the job's environment names; the exit status says whether its outcome was recorded."""
+    global _GROUP_FAILED
+    started = time.perf_counter()
+    install_sigterm_handler()
+    if os.environ.get(Env.OWNER_PID):
+        watch_owner(int(os.environ[Env.OWNER_PID]))
+    job = _Job()
+    try:
+        result_blob = job.run()
+        if job.group.size > 1 and not job.outcome.completed:
+            _GROUP_FAILED = True
+        job.outcome.timings = job.phases.timings
+        job.outcome.duration_s = round(time.perf_counter() - started, 4)
+        return job.record(result_blob)
+    finally:
+        job.clean_up()
 
 
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
 
 
-def _store_full(outcome: Outcome, store, object_key: str, size: int, exc: OSError) -> None:
+def _store_full(outcome: Outcome, store: Store, object_key: str, size: int, exc: OSError) -> None:
     """The outcome of a job whose result did not fit in the store: Failed (not Crashed), naming the store."""
     outcome.status, outcome.phase, outcome.error_type = FAILED, PHASE_WRITE_RESULT, STORE_FULL_ERROR
     outcome.user_error = False
@@ -617,10 +743,8 @@ def _record_exit(code: int) -> None:
     if not job_dir or _OWNER_DIED:
         return
     name = WarmRunnerFiles.exit_status_name(int(os.environ.get(Env.HOST_INDEX) or 0))
-    try:
+    with contextlib.suppress(OSError):  # metering then falls back to when the worker saw the process gone
         Path(job_dir, name).write_text(str(code))
-    except OSError:
-        pass  # metering then falls back to when the worker saw the process gone
 
 
 def _leave_without_stray_threads(code: int, grace: float = STRAY_THREAD_GRACE_SECONDS) -> None:
@@ -643,18 +767,18 @@ def _leave_without_stray_threads(code: int, grace: float = STRAY_THREAD_GRACE_SE
     threading.Thread(target=leave, name="kinetic-stray-thread-exit", daemon=True).start()
 
 
-def _exit(code: int) -> None:
+def exit_process(code: int) -> None:
     """A host of a group whose function failed leaves at once: JAX's exit handler (``jax.distributed.shutdown``)
     waits at a barrier for every host, and the others may be blocked in a collective waiting for this one, so
     a normal exit would hang until the coordination service times out (minutes). The worker then stops the
     rest of the group (all or nothing). A host that completed exits normally: the barrier is where all meet,
     and exit handlers (a metrics logger's flush) run; threads the function left behind are not waited for."""
     _record_exit(code)
-    if code != EXIT_OUTCOME_RECORDED or _GROUP_FAILED:
-        if int(os.environ.get(Env.NUM_HOSTS) or 1) > 1:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+    failed = code != EXIT_OUTCOME_RECORDED or _GROUP_FAILED
+    if failed and int(os.environ.get(Env.NUM_HOSTS) or 1) > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     _leave_without_stray_threads(code)
     sys.exit(code)
 
@@ -664,4 +788,4 @@ _GROUP_FAILED = False  # set by main() when this host's function (or a later ste
 
 
 if __name__ == "__main__":
-    _exit(main())
+    exit_process(main())

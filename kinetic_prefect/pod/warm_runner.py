@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import tempfile
 import threading
@@ -72,7 +71,7 @@ def _next_call(control: Path, deadline: float | None, launcher_pid: int | None) 
     call_file = control / WarmRunnerFiles.CALL
     while True:
         if call_file.exists():
-            call = json.loads(call_file.read_text())
+            call: dict[str, Any] = json.loads(call_file.read_text())
             call_file.unlink()
             (control / WarmRunnerFiles.CLAIMED).unlink(missing_ok=True)
             return call
@@ -183,36 +182,20 @@ def _remove_tree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _stoppable() -> list[int]:
-    """Install the SIGTERM handler that unwinds a call as in a cold job; the list records that one came."""
-    from kinetic_prefect.pod import runner
-
-    stopped: list[int] = []
-    unwind = runner._on_sigterm  # noqa: SLF001
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        stopped.append(signum)
-        unwind(signum, frame)
-
-    runner._on_sigterm = on_sigterm  # noqa: SLF001 - what runner.main installs for each call
-    signal.signal(signal.SIGTERM, on_sigterm)
-    return stopped
-
-
 def main(control_dir: str) -> int:
     from kinetic_prefect.pod import runner
 
     control = Path(control_dir)
     base_environ = dict(os.environ)
     launcher_pid = int(base_environ[Env.WARM_LAUNCHER_PID]) if base_environ.get(Env.WARM_LAUNCHER_PID) else None
-    stopped = _stoppable()
+    stopped = runner.record_sigterm()
     if os.environ.get(Env.OWNER_PID):
-        runner._watch_owner(int(os.environ[Env.OWNER_PID]))  # noqa: SLF001
+        runner.watch_owner(int(os.environ[Env.OWNER_PID]))
     deadline: float | None = None
     served = 0
     try:
         while True:
-            signal.signal(signal.SIGTERM, runner._on_sigterm)  # noqa: SLF001 - runner.main installs its own per call
+            runner.install_sigterm_handler()  # a call may have installed its own
             call = _next_call(control, deadline, launcher_pid)
             if call is None:
                 print(f"kinetic warm runner: leaving after {served} call(s)", flush=True)
@@ -265,11 +248,11 @@ def pod_main() -> int:
     shared = {k: v for k, v in base_environ.items() if not WarmRunnerFiles.is_per_call(k)}
     call_env = {k: v for k, v in base_environ.items() if WarmRunnerFiles.is_per_call(k)}
     store = open_store(base_environ[Env.STORE])
-    stopped = _stoppable()
+    stopped = runner.record_sigterm()
     served = 0
     try:
         while True:
-            signal.signal(signal.SIGTERM, runner._on_sigterm)  # noqa: SLF001
+            runner.install_sigterm_handler()
             run_id = call_env.get(Env.RUN_ID, "")
             started = time.time()
             print(CALL_BEGIN_MARKER + run_id, flush=True)

@@ -49,7 +49,7 @@ _snapshot: tuple[float, bool] = (0.0, False)  # (monotonic time of the reading, 
 def _main_thread_interrupted() -> bool:
     main = threading.main_thread()
     # CPython's view of each thread's exception being handled (an exc_info tuple before 3.12, the exception after).
-    handled = sys._current_exceptions().get(main.ident or 0)  # noqa: SLF001
+    handled = sys._current_exceptions().get(main.ident or 0)  # noqa: SLF001 - CPython's, no public equivalent
     exc = handled[1] if isinstance(handled, tuple) else handled
     return isinstance(exc, _interrupts())
 
