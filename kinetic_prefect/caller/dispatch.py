@@ -8,6 +8,7 @@ retry, which calls it again and launches a new job.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -170,10 +171,8 @@ def _forget_broken_code(store: Any, call: PreparedCall, outcome: Outcome) -> Non
     if call.code_archive is None or outcome.user_error or outcome.phase != PHASE_RESTORE_CODE:
         return
     _verified_objects.discard((store.url_for(call.code_archive.key), call.code_archive.key))
-    try:
+    with contextlib.suppress(Exception):
         store.delete(call.code_archive.key)
-    except Exception:
-        pass
 
 
 class UploadProgress:
@@ -665,17 +664,13 @@ def _discard_run(store: Any, call: PreparedCall, entirely: bool = False) -> None
         signing.delete(store, object_key)  # never raises: cleanup must not turn a result into a failure
     if not entirely:
         return
-    try:
+    with contextlib.suppress(Exception):
         store.delete_prefix(call.layout.prefix + "/")
-    except Exception:
-        pass
     # A job stopped while it started may not have removed its checkpoint folder; an empty one is only clutter.
     checkpoint_dir = store.local_path(checkpoints_key(call.task_run_id or call.layout.run_id))
     if checkpoint_dir is not None:
-        try:
-            checkpoint_dir.rmdir()  # only when empty: what a job saved is kept for the retry
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):  # only when empty: what a job saved is kept for the retry
+            checkpoint_dir.rmdir()
 
 
 async def _cancel_if_not_final(client: Any, flow_run_id: Any) -> None:
@@ -701,15 +696,13 @@ async def _cancel_queued(client: Any, flow_run_id: Any) -> None:
     import anyio
     from prefect.states import Cancelled
 
-    with anyio.CancelScope(shield=True):
-        try:
-            await client.set_flow_run_state(
-                flow_run_id,
-                Cancelled(message="The calling task stopped waiting before its job started (timeout, interrupt)"),
-                force=True,
-            )
-        except Exception:  # best effort while the caller is already failing
-            pass
+    # best effort while the caller is already failing
+    with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+        await client.set_flow_run_state(
+            flow_run_id,
+            Cancelled(message="The calling task stopped waiting before its job started (timeout, interrupt)"),
+            force=True,
+        )
 
 
 async def _discard_interrupted_run(store: Any, call: PreparedCall) -> None:

@@ -14,6 +14,7 @@ fails, says how to fix it. The checks, in order:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -271,10 +272,8 @@ def check_store(report: Report, url: str) -> None:
         return
     finally:
         if isinstance(store, LocalStore):
-            try:
+            with contextlib.suppress(OSError):
                 os.rmdir(store.root / "doctor")
-            except OSError:
-                pass
     report.add("Store", OK, f"{url}: wrote, read back and deleted a test object")
 
 

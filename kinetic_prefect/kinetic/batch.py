@@ -131,6 +131,15 @@ class BatchHandle:
         """Children whose result was already collected (and deleted) by an earlier ``results()``."""
         return dict(self._unavailable)
 
+    def expect_children_until(self, deadline: float) -> None:
+        """An attached batch whose submitter is still at work: its missing children are looked for again at each
+        poll until ``deadline`` (``time.monotonic()``)."""
+        self._refresh_until = deadline
+
+    def submission_ended(self) -> None:
+        """Every input has a job (or a submission error): waiting now waits for the jobs alone."""
+        self._submission_complete.set()
+
     def _settled(self) -> bool:
         if self._refresh_until is not None:
             if time.monotonic() < self._refresh_until and None in self.jobs:
@@ -389,9 +398,9 @@ def attach_batch(group_id: str, poll_interval: float = 10.0, poll_timeout: float
             f"batch {group_id}: {batch.jobs.count(None)} of {total} inputs have no job yet; looking again "
             f"until {poll_timeout} s from now"
         )
-        batch._refresh_until = time.monotonic() + (poll_timeout if poll_timeout is not None else float("inf"))
+        batch.expect_children_until(time.monotonic() + (poll_timeout if poll_timeout is not None else float("inf")))
     else:
-        batch._submission_complete.set()
+        batch.submission_ended()
     del poll_interval  # the handle looks again at every poll of wait()/results()
     return batch
 

@@ -17,6 +17,7 @@ someone to launch it:
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import warnings
@@ -97,6 +98,15 @@ class JobHandle:
     _fn: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
 
     # ------------------------------------------------------------------ building
+    def keep_source(self, fn: Callable[..., Any] | None) -> None:
+        """The submitter's function: a remote traceback's frames get their file names and source lines back."""
+        self._fn = fn
+
+    def run_in_this_process(self, runner: threading.Thread) -> None:
+        """Start the thread that runs this job inside the submitting process; Python waits for it at exit."""
+        self._runner = runner
+        start_waited_for_at_exit(runner)
+
     @classmethod
     async def from_flow_run(cls, client: Any, flow_run: Any) -> JobHandle:
         from prefect.exceptions import ObjectNotFound
@@ -114,10 +124,8 @@ class JobHandle:
             func_name = flow_run.name
         pool_type = ""
         if flow_run.work_pool_name:
-            try:
+            with contextlib.suppress(ObjectNotFound):
                 pool_type = (await client.read_work_pool(flow_run.work_pool_name)).type
-            except ObjectNotFound:
-                pass
         index = _tag_value(flow_run.tags, GROUP_INDEX_TAG_PREFIX)
         return cls(
             job_id=str(flow_run.id),
@@ -446,7 +454,7 @@ class Detach:
 
         async with get_client() as client:
             handle = await JobHandle.from_flow_run(client, flow_run)
-        handle._fn = self.fn
+        handle.keep_source(self.fn)
         if not polling:
             if pool.name not in _warned_in_process:
                 _warned_in_process.add(pool.name)
@@ -457,10 +465,11 @@ class Detach:
                     "(with a Prefect server that outlives the script too: `prefect server start`).",
                     stacklevel=2,
                 )
-            handle._runner = threading.Thread(
-                target=_run_in_process_thread, args=(pool, flow_run, call.env), name=f"kinetic-job-{flow_run.id}"
+            handle.run_in_this_process(
+                threading.Thread(
+                    target=_run_in_process_thread, args=(pool, flow_run, call.env), name=f"kinetic-job-{flow_run.id}"
+                )
             )
-            start_waited_for_at_exit(handle._runner)
         return handle
 
 

@@ -190,13 +190,11 @@ async def _create_job_flow_run(
 
 
 async def _end_tracker(client: PrefectClient, tracker_id: UUID) -> None:
-    with anyio.CancelScope(shield=True):
-        try:
-            await client.set_task_run_state(
-                tracker_id, Cancelled(message="its job's flow run could not be created"), force=True
-            )
-        except Exception:  # best effort: the API is what failed
-            pass
+    # best effort: the API is what failed
+    with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+        await client.set_task_run_state(
+            tracker_id, Cancelled(message="its job's flow run could not be created"), force=True
+        )
 
 
 _owner_labels: tuple[int, dict[str, str]] | None = None  # (pid, labels): read once per process, not per call

@@ -26,13 +26,15 @@ Who stops a job, on every way out:
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
 import anyio
-from prefect.client.schemas.objects import FlowRun
+from prefect.client.orchestration import PrefectClient
+from prefect.client.schemas.objects import FlowRun, WorkPool
 from prefect.exceptions import Abort, ObjectNotFound
 from prefect.states import Cancelled, Completed, Crashed, Failed, Running, State
 from prefect.utilities.engine import propose_state
@@ -96,10 +98,9 @@ class ProgressArtifact:
                     f"progress {record['percent']:.0f}%" + (f": {record['message']}" if record["message"] else "")
                 )
                 if self.publish_from_threads:
-                    try:
+                    # RuntimeError: on the event loop's own thread, published after the step
+                    with contextlib.suppress(RuntimeError):
                         anyio.from_thread.run(self.publish)
-                    except RuntimeError:  # on the event loop's own thread: published after the step
-                        pass
             emit("\n".join(kept))
 
         return filtered
@@ -161,6 +162,12 @@ class KineticWorker:
         outlive the call. ``api_env`` lets a launcher's job reach Prefect if the caller dies."""
         self.owner_is_caller = True
 
+    def use_for_one_call(self, client: PrefectClient, pool: WorkPool) -> None:
+        """In-process submission: give this worker the caller's client and its pool instead of ``setup()``
+        (heartbeats, websockets), which one call's job does not need."""
+        self._client = client
+        self._work_pool = pool
+
     @classmethod
     def check_pool_settings(cls, pool_name: str, defaults: dict[str, Any], job_variables: dict[str, Any]) -> None:
         """Raise before anything is uploaded or built if the pool's settings cannot work, naming the fix."""
@@ -168,13 +175,12 @@ class KineticWorker:
     # ------------------------------------------------------------------ states (the only place)
     async def _propose(self, flow_run: FlowRun, state: Any) -> None:
         outage = Outage(f"the worker following {flow_run.name}", self.get_flow_run_logger(flow_run).warning)
-        try:
+        # Abort: already final (e.g. Cancelled by someone else), the first word stands
+        with contextlib.suppress(Abort):
             await outage.call(
                 lambda: propose_state(self.client, state.model_copy(), flow_run_id=flow_run.id),
                 f"setting the job's run {state.name}",
             )
-        except Abort:  # already final (e.g. Cancelled by someone else): the first word stands
-            pass
 
     async def mark_running(self, flow_run: FlowRun, message: str) -> None:
         await self._propose(flow_run, Running(message=message))
@@ -532,9 +538,13 @@ class KineticWorker:
                 await anyio.sleep(2**attempt)
         hosts = outcome.num_hosts if outcome is not None else int(getattr(configuration, "host_count", 1) or 1)
         coordinator_failed = outcome is None or not outcome.completed
-        if hosts > 1 and coordinator_failed and (status.failed_host or outcome is None or _stopped(outcome)):
-            if await self._report_group_failure(flow_run, identifier, status, store, layout, key, hosts):
-                return
+        if (
+            hosts > 1
+            and coordinator_failed
+            and (status.failed_host or outcome is None or _stopped(outcome))
+            and await self._report_group_failure(flow_run, identifier, status, store, layout, key, hosts)
+        ):
+            return
         if outcome is None:
             code = status.exit_code
             await self.mark_crashed(

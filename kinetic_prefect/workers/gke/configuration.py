@@ -83,6 +83,13 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
     _template_manifest: dict[str, Any] | None = PrivateAttr(default=None)  # before rendering: each attempt's base
     _image_given: bool | None = PrivateAttr(default=None)  # image= (kept for every attempt), not built per family
 
+    def image_given(self) -> bool:
+        """Whether ``image`` was given (kept for every attempt) rather than built per accelerator family: read
+        at the first attempt, before the launcher sets ``image``, and the same answer at every later one."""
+        if self._image_given is None:
+            self._image_given = bool(self.image)
+        return self._image_given
+
     @property
     def host_count(self) -> int:
         """Pods in the group: the slice's hosts for a multi-host TPU, else ``hosts`` (1 by default)."""

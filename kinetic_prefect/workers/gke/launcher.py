@@ -78,8 +78,7 @@ class GKEJobLauncher(JobLauncher):
     async def submit(
         self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration, log: Callable[[str], None]
     ) -> str:
-        if configuration._image_given is None:
-            configuration._image_given = bool(configuration.image)
+        configuration.image_given()  # decided before the image is set below
         image = await anyio.to_thread.run_sync(self.ensure_image, configuration, log)
         configuration.image = image
         configuration.job_manifest["spec"]["template"]["spec"]["containers"][0]["image"] = image
@@ -289,7 +288,7 @@ class GKEJobLauncher(JobLauncher):
         as_dict = ApiClient().sanitize_for_serialization(pod)
         events = await anyio.to_thread.run_sync(follower.pod_events, pod.metadata.name)
         placing = gke_capacity.pending_capacity(as_dict, events)
-        if placing == capacity.AWAITING_AUTOSCALER and len(configuration._accelerator_choices) > 1:
+        if placing == capacity.AWAITING_AUTOSCALER and len(configuration.accelerator_choices) > 1:
             present = await self._autoscaler_present(follower, configuration)
             placing = gke_capacity.pending_capacity(as_dict, events, present)
         return placing
@@ -398,7 +397,7 @@ class GKEJobLauncher(JobLauncher):
         await self.cancel(identifier, configuration, 0)
         await self.cleanup(identifier, configuration)
         configuration.accelerator, configuration.spot = capacity.label(spec.with_spot(False)), spec.spot
-        if not configuration._image_given:
+        if not configuration.image_given():
             configuration.image = None  # built (or found) again for this accelerator's family
         configuration.labels["kinetic.prefect.io/accelerator"] = configuration.labels["kinetic.accelerator"] = spec.name
         configuration.job_manifest = configuration.render_manifest(spec, flow_run, attempt)
