@@ -169,7 +169,7 @@ async def _create_job_flow_run(
     # picked up twice; Scheduled runs are what a polling worker claims.
     state: State[Any] = Scheduled() if for_polling_worker else Pending()
     try:
-        return await with_retries(
+        flow_run: FlowRun = await with_retries(
             lambda: _create_flow_run(
                 client,
                 flow,
@@ -183,6 +183,7 @@ async def _create_job_flow_run(
             ),
             what="creating the job's flow run",
         )
+        return flow_run
     except BaseException:
         if tracker_id is not None:  # no job run will ever end it: a tracking task run must not stay Pending
             await _end_tracker(client, tracker_id)
@@ -311,7 +312,8 @@ async def calling_task_run_id(client: PrefectClient, job: FlowRun) -> UUID | Non
     except ObjectNotFound:
         return None
     parents = tracker.task_inputs.get("__parents__") or []
-    return getattr(parents[0], "id", None) if parents else None
+    parent_id: UUID | None = getattr(parents[0], "id", None) if parents else None
+    return parent_id
 
 
 async def read_task_run_or_none(client: PrefectClient, task_run_id: UUID) -> TaskRun | None:
@@ -355,7 +357,7 @@ class FlowRunReader:
     GATHER_SECONDS = 0.05
     PAGE = 200
 
-    def __init__(self, client: PrefectClient):
+    def __init__(self, client: PrefectClient) -> None:
         self.client = client
         self._asked: dict[UUID, list[asyncio.Future[FlowRun]]] = {}
         self._task: asyncio.Task[None] | None = None
