@@ -394,19 +394,8 @@ async def _submit_and_wait(
     task_run = ctx.task_run if ctx else None
     logger = get_run_logger() if ctx else None
     async with _prefect.shared_client() as client:
-        pool_name = options.work_pool or config.default_work_pool()
-        pool = await _prefect.ensure_work_pool(client, pool_name)
-        try:
-            budget = await _check_against_pool(client, options, pool)
-        except (ValueError, LookupError):  # an error that names a pool change is not answered from a stale copy
-            pool = await _prefect.ensure_work_pool(client, pool_name, fresh=True)
-            budget = await _check_against_pool(client, options, pool)
+        pool, budget = await _checked_pool(client, options)
         pool_variables = set(pool.base_job_template["variables"]["properties"])
-        if options.image and "image" not in pool_variables:
-            raise ValueError(
-                f"image={options.image!r} needs a pool that runs container images (kinetic-gke); "
-                f"pool {pool.name!r} is of type {pool.type!r}."
-            )
         store_url = gcp.store_url(pool)
         store = call.store = gcp.open_store(store_url, await gcp.pool_credentials(pool))  # bad gcp_credentials: here
         key = await _prefect.signing_key()
@@ -449,45 +438,77 @@ async def _submit_and_wait(
                 f"[{'polling worker' if polling else 'in-process'}], accelerator "
                 f"{capacity.join([options.accelerator, *options.fallbacks])}"
             )
-        slot_taken = False
-        try:
-            if polling and options.submission == "auto" and await _taken_back_from_a_dead_pool(client, pool, flow_run):
-                polling = False  # no worker is left to claim it: this process runs it, as with no worker at all
-                if logger:
-                    logger.warning(
-                        f"Job {run_name}: no worker of pool {pool.name!r} is online any more (Prefect shows it "
-                        "offline) and none claimed the job, so it runs in this process (submission='auto')"
-                    )
-            if polling:
-                state = await _prefect.wait_for_final_state(
-                    client, flow_run.id, on_log=lambda text: _print_job_output(run_name, text)
-                )
-            else:
-                async with _prefect.in_process_slots():
-                    slot_taken = True
-                    await _prefect.run_in_process(client, pool, flow_run, secret_env=call.env)
-                state = (
-                    await Outage(f"the caller of {run_name}").call(
-                        lambda: _prefect.read_flow_run_batched(client, flow_run.id), "reading the job's final state"
-                    )
-                ).state
-        except BaseException:
-            if not polling and not slot_taken:  # still queued for a slot: its run is Pending, and nobody's
-                await _cancel_queued(client, flow_run.id)
-            elif polling:  # the worker stops the job; shielded: this task is being cancelled itself
-                await _prefect.cancel_flow_run(
-                    client,
-                    flow_run.id,
-                    "The calling task stopped waiting (timeout, interrupt or error in the caller)",
-                    wait_seconds=20,
-                )
-            else:  # stopped before the in-process worker followed the job: its run must not stay Pending
-                await _cancel_if_not_final(client, flow_run.id)
-            raise
+        state = await _wait_for_job(client, pool, flow_run, call, run_name, polling, options, logger)
         if state is not None and state.is_cancelled():
             await to_thread.run_sync(_discard_run, store, call, True)
             return await _cancelled_result(client, task_run, run_name, state)
     return await _collect(store, call, key, state, run_name, fn, logger, task_run)
+
+
+async def _checked_pool(client: Any, options: KineticOptions) -> tuple[Any, float | None]:
+    """The call's pool, checked against the call's options before anything is uploaded, and the call's budget."""
+    pool_name = options.work_pool or config.default_work_pool()
+    pool = await _prefect.ensure_work_pool(client, pool_name)
+    try:
+        budget = await _check_against_pool(client, options, pool)
+    except (ValueError, LookupError):  # an error that names a pool change is not answered from a stale copy
+        pool = await _prefect.ensure_work_pool(client, pool_name, fresh=True)
+        budget = await _check_against_pool(client, options, pool)
+    if options.image and "image" not in pool.base_job_template["variables"]["properties"]:
+        raise ValueError(
+            f"image={options.image!r} needs a pool that runs container images (kinetic-gke); "
+            f"pool {pool.name!r} is of type {pool.type!r}."
+        )
+    return pool, budget
+
+
+async def _wait_for_job(
+    client: Any,
+    pool: Any,
+    flow_run: Any,
+    call: PreparedCall,
+    run_name: str,
+    polling: bool,
+    options: KineticOptions,
+    logger: Any,
+) -> Any:
+    """The job run's final state: followed while a polling worker runs it, or run here by the pool's worker.
+    A caller that stops waiting (timeout, interrupt, error) stops the job, or cancels its run if it never
+    started."""
+    slot_taken = False
+    try:
+        if polling and options.submission == "auto" and await _taken_back_from_a_dead_pool(client, pool, flow_run):
+            polling = False  # no worker is left to claim it: this process runs it, as with no worker at all
+            if logger:
+                logger.warning(
+                    f"Job {run_name}: no worker of pool {pool.name!r} is online any more (Prefect shows it "
+                    "offline) and none claimed the job, so it runs in this process (submission='auto')"
+                )
+        if polling:
+            return await _prefect.wait_for_final_state(
+                client, flow_run.id, on_log=lambda text: _print_job_output(run_name, text)
+            )
+        async with _prefect.in_process_slots():
+            slot_taken = True
+            await _prefect.run_in_process(client, pool, flow_run, secret_env=call.env)
+        return (
+            await Outage(f"the caller of {run_name}").call(
+                lambda: _prefect.read_flow_run_batched(client, flow_run.id), "reading the job's final state"
+            )
+        ).state
+    except BaseException:
+        if not polling and not slot_taken:  # still queued for a slot: its run is Pending, and nobody's
+            await _cancel_queued(client, flow_run.id)
+        elif polling:  # the worker stops the job; shielded: this task is being cancelled itself
+            await _prefect.cancel_flow_run(
+                client,
+                flow_run.id,
+                "The calling task stopped waiting (timeout, interrupt or error in the caller)",
+                wait_seconds=20,
+            )
+        else:  # stopped before the in-process worker followed the job: its run must not stay Pending
+            await _cancel_if_not_final(client, flow_run.id)
+        raise
 
 
 async def _collect(

@@ -141,6 +141,17 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
                 {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
             )
         pod["tolerations"] = tolerations or None
+        self._render_container(pod, spec)
+        gke_fuse.render(manifest, self.gcs_fuse_mounts)
+        if self.host_count > 1:
+            self._render_group(manifest, spec)
+        gke_capacity.render(manifest, self, spec, attempt)
+        gke_debug.render(manifest)  # a debug job: the debugpy port, and no deadline while it waits (gke/debug.py)
+        return prune(manifest)
+
+    def _render_container(self, pod: dict[str, Any], spec: accelerators.AcceleratorSpec) -> None:
+        """The job's container in ``pod``: the image, the runner's command, the environment (secret values moved
+        out of the manifest into the secret environment), the resources and a /dev/shm of ``shm_size``."""
         containers = pod.setdefault("containers", [{}])
         container = containers[0]
         container.setdefault("name", CONTAINER)
@@ -181,12 +192,6 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
                 *(container.get("volumeMounts") or []),
                 {"name": "dshm", "mountPath": "/dev/shm"},
             ]
-        gke_fuse.render(manifest, self.gcs_fuse_mounts)
-        if self.host_count > 1:
-            self._render_group(manifest, spec)
-        gke_capacity.render(manifest, self, spec, attempt)
-        gke_debug.render(manifest)  # a debug job: the debugpy port, and no deadline while it waits (gke/debug.py)
-        return prune(manifest)
 
     def _render_group(self, manifest: dict[str, Any], spec: accelerators.AcceleratorSpec) -> None:
         """One Indexed Job for the group: pod i is host i, reachable as ``<job>-<i>.<job>`` through the headless
