@@ -5,7 +5,7 @@ A job is a kinetic job's Prefect flow run, and ``job_id`` is that flow run's id:
 logs, job variables: the store and the run's id in it) and from the store (outcome, signed result), so any
 process or machine that reaches the same Prefect API and store can attach to a job, whoever submitted it.
 
-A detached job is submitted by the one code path every call takes (``dispatch.call_remotely``) but is
+A detached job is submitted by the one code path every call takes (``caller.submission.call_remotely``) but is
 nobody's subflow: no task run waits for it, so a worker never stops it because its submitter ended. It needs
 someone to launch it:
 
@@ -245,7 +245,7 @@ class JobHandle:
         import cloudpickle
 
         from kinetic_prefect import signing
-        from kinetic_prefect.caller import dispatch
+        from kinetic_prefect.caller.outcomes import read_signed
         from kinetic_prefect.caller.remote_errors import raise_remote
         from kinetic_prefect.errors import KineticJobCancelled, KineticJobCrashed
         from kinetic_prefect.storage import ObjectNotFound
@@ -257,19 +257,19 @@ class JobHandle:
                 f"job {self.job_id} ({self.display_name}) was cancelled: {state.message or 'on request'}"
             )
         try:
-            outcome = Outcome.from_json(dispatch._read_signed(store, layout.outcome, key))  # noqa: SLF001
+            outcome = Outcome.from_json(read_signed(store, layout.outcome, key))
         except ObjectNotFound:
             raise KineticJobCrashed(
                 f"job {self.job_id} ({self.display_name}) ended without an outcome ({state.name}: {state.message})"
             ) from None
         if not outcome.completed:
             try:
-                blob = dispatch._read_signed(store, layout.result, key)  # noqa: SLF001
+                blob = read_signed(store, layout.result, key)
             except ObjectNotFound:
                 blob = None
             raise_remote(outcome, blob, self.display_name, self._fn)  # type: ignore[arg-type]
         try:
-            value = cloudpickle.loads(dispatch._read_signed(store, layout.result, key))  # noqa: SLF001
+            value = cloudpickle.loads(read_signed(store, layout.result, key))
         except ObjectNotFound:
             raise ResultAlreadyCollected(
                 f"job {self.job_id} ({self.display_name}) succeeded, but its result was "
@@ -443,8 +443,8 @@ _warned_in_process: set[str] = set()
 
 @dataclass
 class Detach:
-    """What ``dispatch`` does once a detached job's run exists (``detach.submitted``): return a handle, and when no
-    worker polls the pool, run the job in this process, in a background thread."""
+    """What ``caller.submission`` does once a detached job's run exists (``detach.submitted``): return a handle,
+    and when no worker polls the pool, run the job in this process, in a background thread."""
 
     tags: tuple[str, ...] = (DETACHED_TAG,)
     fn: Callable[..., Any] | None = None
@@ -529,11 +529,11 @@ def submit_detached(
     tags: tuple[str, ...] = (),
     source_fn: Callable[..., Any] | None = None,
 ) -> JobHandle:
-    """Submit one call as a detached job through the same path as every call (``dispatch.call_remotely``)."""
-    from kinetic_prefect.caller import dispatch
+    """Submit one call as a detached job through the same path as every call (``caller.submission.call_remotely``)."""
+    from kinetic_prefect.caller.submission import call_remotely
 
     detach = Detach(tags=(DETACHED_TAG, *tags), fn=source_fn or fn)
-    return dispatch.call_remotely(options, fn, args, kwargs, task_name, detach=detach)
+    return call_remotely(options, fn, args, kwargs, task_name, detach=detach)
 
 
 __all__ = ["JobHandle", "JobStatus", "ResultAlreadyCollected", "attach", "list_jobs", "submit_detached"]
