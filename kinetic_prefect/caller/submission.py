@@ -109,7 +109,7 @@ def call_remotely(
     detach: Any = None,
 ) -> Any:
     """Package, submit, wait, and return the job's value (or raise its exception). With ``detach`` (see
-    kinetic_prefect.kinetic.jobs), return what ``detach.submitted`` makes of the job's run once it exists."""
+    kinetic_prefect.kinetic.detached), return what ``detach.submitted`` makes of the job's run once it exists."""
     call = prepare(options, fn, args, kwargs)  # PayloadError etc. before anything is stored
     return _prefect.run_interruptibly(submit_and_collect(options, call, task_name, fn, detach))
 

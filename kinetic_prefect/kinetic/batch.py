@@ -20,15 +20,9 @@ from typing import Any
 from uuid import UUID
 
 from kinetic_prefect.contract import GROUP_INDEX_TAG_PREFIX, GROUP_TAG_PREFIX, Env
-from kinetic_prefect.kinetic.jobs import (
-    PAGE,
-    TERMINAL,
-    JobHandle,
-    JobStatus,
-    ResultAlreadyCollected,
-    start_waited_for_at_exit,
-    status_of,
-)
+from kinetic_prefect.kinetic.job_lookup import PAGE
+from kinetic_prefect.kinetic.jobs import TERMINAL, JobHandle, JobStatus, ResultAlreadyCollected, status_of
+from kinetic_prefect.kinetic.threads_at_exit import start_waited_for_at_exit
 
 logger = logging.getLogger("kinetic_prefect.kinetic")
 DEFAULT_MAX_CONCURRENT = 64
@@ -367,9 +361,10 @@ def run_async_map(
 
 def _children(group_id: str) -> tuple[int, dict[int, JobHandle]]:
     """``(inputs, newest job per input index)`` of a batch, from the tags of its jobs' runs."""
-    from kinetic_prefect.kinetic.jobs import _list_jobs, _sync
+    from kinetic_prefect.kinetic.job_lookup import find_jobs
+    from kinetic_prefect.kinetic.jobs import run_sync
 
-    handles = _sync(_list_jobs(True, 10_000, None, extra_tags=(f"{GROUP_TAG_PREFIX}{group_id}",)))
+    handles = run_sync(find_jobs(True, 10_000, None, extra_tags=(f"{GROUP_TAG_PREFIX}{group_id}",)))
     total, newest = 0, {}
     for handle in sorted(handles, key=lambda h: h.created_at):
         if handle.group_index is None:
