@@ -134,6 +134,26 @@ class BatchHandle:
         """Every input has a job (or a submission error): waiting now waits for the jobs alone."""
         self._submission_complete.set()
 
+    # ------------------------------------------------------------------ what its submitter records
+    def submitted(self, index: int, job: JobHandle) -> None:
+        with self._lock:
+            self.jobs[index] = job
+
+    def submission_failed(self, index: int, exc: BaseException) -> None:
+        """A packaging or validation error: the same on every attempt, never retried."""
+        self._submission_errors[index] = exc
+
+    def failed_for_good(self, index: int) -> None:
+        """The input's job failed after every attempt."""
+        self._failed_indices.add(index)
+
+    def was_cancelled(self, index: int) -> bool:
+        return index in self._cancelled_indices
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self._cancel_requested.is_set()
+
     def _settled(self) -> bool:
         if self._refresh_until is not None:
             if time.monotonic() < self._refresh_until and None in self.jobs:
@@ -273,14 +293,13 @@ class _Submission:
         tags = (f"{GROUP_TAG_PREFIX}{self.batch.group_id}", f"{GROUP_INDEX_TAG_PREFIX}{index}/{total}")
         self.attempts[index] += 1
         try:
-            job = self.remote._submit_tagged(args, kwargs, tags)  # noqa: SLF001
+            job = self.remote.submit_tagged(args, kwargs, tags)
         except Exception as exc:  # a packaging or validation error: the same on every attempt, never retried
-            self.batch._submission_errors[index] = exc  # noqa: SLF001
+            self.batch.submission_failed(index, exc)
             if self.fail_fast:
                 self.stop()
             return
-        with self.batch._lock:  # noqa: SLF001
-            self.batch.jobs[index] = job
+        self.batch.submitted(index, job)
         self.active.add(index)
 
     def stop(self) -> None:
@@ -289,7 +308,7 @@ class _Submission:
             self.batch.cancel()
 
     def fill(self) -> None:
-        while self.queue and not self.stopped and not self.batch._cancel_requested.is_set():  # noqa: SLF001
+        while self.queue and not self.stopped and not self.batch.cancel_requested:
             if self.max_concurrent is not None and len(self.active) >= self.max_concurrent:
                 return
             self.submit(self.queue.pop(0))
@@ -299,12 +318,12 @@ class _Submission:
             self.fill()
             while self.watches_jobs and self.active:
                 time.sleep(POLL_SECONDS)
-                states = self.batch._states()  # noqa: SLF001
+                states = dict(self.batch.statuses())
                 for index in [i for i in self.active if states.get(i) in TERMINAL]:
                     self.active.discard(index)
-                    if states[index] is JobStatus.SUCCEEDED or index in self.batch._cancelled_indices:  # noqa: SLF001
+                    if states[index] is JobStatus.SUCCEEDED or self.batch.was_cancelled(index):
                         continue
-                    cancelled = self.batch._cancel_requested.is_set()  # noqa: SLF001
+                    cancelled = self.batch.cancel_requested
                     if self.attempts[index] <= self.retries and not cancelled:
                         logger.warning(
                             f"batch {self.batch.group_id}: input {index} failed "
@@ -312,12 +331,12 @@ class _Submission:
                         )
                         self.submit(index)
                     else:
-                        self.batch._failed_indices.add(index)  # noqa: SLF001
+                        self.batch.failed_for_good(index)
                         if self.fail_fast and not self.stopped:
                             self.stop()
                 self.fill()
         finally:
-            self.batch._submission_complete.set()  # noqa: SLF001
+            self.batch.submission_ended()
 
 
 def run_async_map(

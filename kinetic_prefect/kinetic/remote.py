@@ -168,7 +168,8 @@ class RemoteCallable:
         call_args, call_kwargs = self._call_args(args, kwargs)
         return submit_detached(self.task.kinetic, self._body, call_args, call_kwargs, self.task.name, source_fn=self.fn)
 
-    def _submit_tagged(self, args: tuple, kwargs: dict[str, Any], tags: tuple[str, ...]) -> Any:
+    def submit_tagged(self, args: tuple, kwargs: dict[str, Any], tags: tuple[str, ...]) -> Any:
+        """``run_async`` of one input of a batch: its job run carries the batch's tags (``run_async_map``)."""
         from kinetic_prefect.kinetic.detached import submit_detached
 
         call_args, call_kwargs = self._call_args(args, kwargs)
