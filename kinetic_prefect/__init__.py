@@ -19,7 +19,7 @@ _LAZY = {
     "ImageSpec": "kinetic_prefect.shared.image",
     "Data": "kinetic_prefect.pod.data",
     "JobOutputs": "kinetic_prefect.pod.outputs",
-    "attach": "kinetic_prefect.kinetic.jobs",
+    "attach": "kinetic_prefect.kinetic.job_lookup",
     "fail_fast": "kinetic_prefect.shared.sweeps",
 }
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from kinetic_prefect.caller.decorator import kinetic_task as kinetic_task
     from kinetic_prefect.errors import KineticJobCrashed as KineticJobCrashed
     from kinetic_prefect.errors import RemoteTraceback as RemoteTraceback
-    from kinetic_prefect.kinetic.jobs import attach as attach
+    from kinetic_prefect.kinetic.job_lookup import attach as attach
     from kinetic_prefect.pod.data import Data as Data
     from kinetic_prefect.pod.outputs import JobOutputs as JobOutputs
     from kinetic_prefect.shared.image import ImageSpec as ImageSpec

@@ -20,7 +20,7 @@ ROOM_NAMES = {
     "leaves": "storage, signing, errors, accelerators, config",
     "pod": "pod/: what runs in a job (the runner, Data, outputs, progress)",
     "shared": "shared/: runs, outages, sweeps, capacity, cost, images",
-    "caller": "caller/: the decorator, dispatch, the payload",
+    "caller": "caller/: the decorator, a call prepared, submitted, waited for and collected, the payload",
     "kinetic": "kinetic/: the Kinetic-compatible API",
     "worker": "workers/: the lifecycle and kinetic-local",
     "gke": "workers/gke/: kinetic-gke, against a real control plane or its manifests",

@@ -59,12 +59,13 @@ def test_with_options_takes_a_list_and_keeps_the_capacity_options():
 
 
 def test_job_variables_carry_the_list_and_the_budget():
-    from kinetic_prefect.caller.dispatch import PreparedCall, _job_variables
+    from kinetic_prefect.caller.calls import PreparedCall
+    from kinetic_prefect.caller.job_settings import build_job_variables
     from kinetic_prefect.contract import RunLayout
 
     task = kinetic_task(_noop, accelerator=["a100x4", "l4x4:spot"], preemption_retries=2)
     call = PreparedCall(RunLayout("r"), b"", "0" * 64, None, {}, [])
-    variables = _job_variables(task.kinetic, call, "/tmp/store", {"preemption_retries", "spot_fallback"})
+    variables = build_job_variables(task.kinetic, call, "/tmp/store", {"preemption_retries", "spot_fallback"})
     assert variables["accelerator"] == "a100x4,l4x4:spot" and variables["preemption_retries"] == 2
     assert "spot_fallback" not in variables  # not set: the pool's own default stands
 

@@ -112,7 +112,7 @@ class DapClient:
 
 
 def _job_of(task_name: str, timeout: float = 60) -> Any:
-    from kinetic_prefect.kinetic.jobs import list_jobs
+    from kinetic_prefect.kinetic.job_lookup import list_jobs
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from kinetic_prefect import accelerators
-from kinetic_prefect.caller.dispatch import KineticOptions, PreparedCall, _job_variables
+from kinetic_prefect.caller.calls import KineticOptions, PreparedCall
+from kinetic_prefect.caller.job_settings import build_job_variables
 from kinetic_prefect.config import work_pools_dir
 from kinetic_prefect.contract import RunLayout
 from kinetic_prefect.contract.job_variables import OPTIONAL_CALL_VARIABLES, CallVariables, KineticLocalVariables
@@ -75,7 +76,7 @@ def _sent(accelerator: str, pool_variables: set[str], **options: Any) -> dict[st
     call = PreparedCall(
         layout=RunLayout("run-1"), payload=b"", payload_sha256="0" * 64, code_archive=None, env={}, data=[]
     )
-    return _job_variables(kinetic, call, "gs://bucket/prefix", pool_variables)
+    return build_job_variables(kinetic, call, "gs://bucket/prefix", pool_variables)
 
 
 @pytest.mark.parametrize(

@@ -59,16 +59,16 @@ def test_a_forged_result_never_runs_code_in_the_caller(store_dir, tmp_path, monk
         return slow_value()
 
     # Deterministic instead of racing: forge the result between the job's write and the caller's read.
-    import kinetic_prefect.caller.dispatch as dispatch
+    import kinetic_prefect.caller.outcomes as outcomes
 
-    real = dispatch._read_signed
+    real = outcomes.read_signed
 
     def forge_then_read(store, object_key, key):
         if object_key.endswith("result.pkl"):
             (store_dir / object_key).write_bytes(pickle.dumps(_Boom(str(proof))))
         return real(store, object_key, key)
 
-    monkeypatch.setattr(dispatch, "_read_signed", forge_then_read)
+    monkeypatch.setattr(outcomes, "read_signed", forge_then_read)
     if signed:
         with pytest.raises(StoreTampered, match="does not match its signature"):
             pipeline()
@@ -114,7 +114,7 @@ def test_a_forged_payload_is_refused_by_the_job(store_dir, monkeypatch):
     from kinetic_prefect.errors import KineticJobSetupError
 
     monkeypatch.setenv("KINETIC_SIGNING_KEY", "payload-key")
-    import kinetic_prefect.caller.dispatch as dispatch
+    import kinetic_prefect.caller.uploads as uploads
 
     real_put = signing.put
 
@@ -123,7 +123,7 @@ def test_a_forged_payload_is_refused_by_the_job(store_dir, monkeypatch):
         if object_key.endswith("payload.pkl"):
             store.delete(object_key + signing.SUFFIX)  # as if someone wrote the payload without the key
 
-    monkeypatch.setattr(dispatch.signing, "put", put_then_drop_signature)
+    monkeypatch.setattr(uploads.signing, "put", put_then_drop_signature)
 
     @kinetic_task(name=f"payload-{uuid.uuid4().hex[:6]}")
     def one() -> int:

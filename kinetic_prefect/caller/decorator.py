@@ -12,7 +12,8 @@ from prefect import Task
 from kinetic_prefect import accelerator_names as names
 from kinetic_prefect import accelerators
 from kinetic_prefect.caller import _prefect
-from kinetic_prefect.caller.dispatch import KineticOptions, call_remotely, call_remotely_async
+from kinetic_prefect.caller.calls import KineticOptions
+from kinetic_prefect.caller.submission import call_remotely, call_remotely_async
 from kinetic_prefect.caller.task_calls import checked_call, remote_body
 from kinetic_prefect.shared import capacity
 from kinetic_prefect.shared.image import ImageSpec

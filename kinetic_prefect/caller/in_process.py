@@ -38,8 +38,7 @@ async def run_in_process(
     worker = worker_cls(
         work_pool_name=pool.name, name=f"in-process@{socket.gethostname()}", create_pool_if_not_found=False
     )
-    worker._client = client  # noqa: SLF001 - one-shot use, see the module docstring
-    worker._work_pool = pool  # noqa: SLF001
+    worker.use_for_one_call(client, pool)
     configuration = await worker_cls.job_configuration.resolve_for_flow_run(
         flow_run, client=client, work_pool=pool, worker_name=worker.name
     )

@@ -14,6 +14,7 @@ fails, says how to fix it. The checks, in order:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -21,6 +22,7 @@ import shlex
 import shutil
 import socket
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -28,6 +30,7 @@ from kinetic_prefect import accelerators, config
 from kinetic_prefect.contract import GKE_WORKER_TYPE, LOCAL_WORKER_TYPE, WORKER_TYPES, Env
 
 OK, FAIL, WARN, SKIP = "ok", "fail", "warn", "skip"
+Problem = tuple[str, str, str]  # (status, detail, fix)
 KINETIC_TYPES = WORKER_TYPES
 CLOUD_BUILD_SETTINGS = {
     "gcp_project": "YOUR_PROJECT",
@@ -121,7 +124,6 @@ def check_api(report: Report, client) -> bool:
 
 def check_pool(report: Report, client):
     """The pool (or None when it is missing and cannot be created on first use)."""
-    from prefect.client.schemas.objects import WorkerStatus
     from prefect.exceptions import ObjectNotFound
     from prefect.workers.base import BaseWorker
 
@@ -129,22 +131,7 @@ def check_pool(report: Report, client):
     try:
         pool = client.read_work_pool(name)
     except ObjectNotFound:
-        if name == config.DEFAULT_WORK_POOL:
-            report.pool_type = LOCAL_WORKER_TYPE
-            report.add(
-                "Work pool",
-                OK,
-                f"{name!r} does not exist yet; kinetic-prefect creates it (type kinetic-local) on first use",
-            )
-            return None
-        report.add(
-            "Work pool",
-            FAIL,
-            f"{name!r} does not exist on this Prefect server",
-            f"create it: `prefect work-pool create {_q(name)} --type kinetic-local` (jobs as local processes) "
-            f"or `--type kinetic-gke` (Kubernetes Jobs on GKE); or point {Env.WORK_POOL} / --pool at an "
-            "existing kinetic pool",
-        )
+        _check_missing_pool(report, name)
         return None
     report.pool_type = pool.type
     if pool.type not in KINETIC_TYPES:
@@ -173,16 +160,40 @@ def check_pool(report: Report, client):
             f"`prefect work-pool resume {_q(name)}`",
         )
         return pool
+    report.add("Work pool", OK, f"{name!r} is of type {pool.type}; {_workers_online(client, name)}")
+    return pool
+
+
+def _check_missing_pool(report: Report, name: str) -> None:
+    """The default pool is created on first use; any other missing pool is a failure naming how to create it."""
+    if name == config.DEFAULT_WORK_POOL:
+        report.pool_type = LOCAL_WORKER_TYPE
+        report.add(
+            "Work pool",
+            OK,
+            f"{name!r} does not exist yet; kinetic-prefect creates it (type kinetic-local) on first use",
+        )
+        return
+    report.add(
+        "Work pool",
+        FAIL,
+        f"{name!r} does not exist on this Prefect server",
+        f"create it: `prefect work-pool create {_q(name)} --type kinetic-local` (jobs as local processes) "
+        f"or `--type kinetic-gke` (Kubernetes Jobs on GKE); or point {Env.WORK_POOL} / --pool at an "
+        "existing kinetic pool",
+    )
+
+
+def _workers_online(client: Any, name: str) -> str:
+    from prefect.client.schemas.objects import WorkerStatus
+
     try:
         online = [w.name for w in client.read_workers_for_work_pool(name) if w.status == WorkerStatus.ONLINE]
     except Exception:  # noqa: BLE001 - informative only
         online = []
     if online:
-        workers = f"{len(online)} worker(s) online ({', '.join(online[:3])})"
-    else:
-        workers = "no worker online: each call runs the pool's worker in-process"
-    report.add("Work pool", OK, f"{name!r} is of type {pool.type}; {workers}")
-    return pool
+        return f"{len(online)} worker(s) online ({', '.join(online[:3])})"
+    return "no worker online: each call runs the pool's worker in-process"
 
 
 def _variable(pool, name: str) -> Any:
@@ -271,10 +282,8 @@ def check_store(report: Report, url: str) -> None:
         return
     finally:
         if isinstance(store, LocalStore):
-            try:
+            with contextlib.suppress(OSError):
                 os.rmdir(store.root / "doctor")
-            except OSError:
-                pass
     report.add("Store", OK, f"{url}: wrote, read back and deleted a test object")
 
 
@@ -563,12 +572,7 @@ def check_gke(report: Report, client, pool, extra_accelerators: list[str]) -> No
             _pool_set(report.pool, store="gs://YOUR_BUCKET/kinetic"),
         )
     check_image_settings(report, pool)
-
-    wanted: dict[str, list[str]] = {}
-    for name in extra_accelerators:
-        wanted.setdefault(name, []).append("--accelerator")
-    for name, sources in deployment_accelerators(client, report.pool).items():
-        wanted.setdefault(name, []).extend(sources)
+    wanted = _wanted_accelerators(client, report.pool, extra_accelerators)
     report.accelerators = sorted(wanted)
 
     try:
@@ -597,25 +601,7 @@ def check_gke(report: Report, client, pool, extra_accelerators: list[str]) -> No
         context_name = cluster_config.context_name if cluster_config else context or _current_context(kubeconfig)
         nodes = k8s.CoreV1Api(api).list_node(_request_timeout=15).items
     except Exception as exc:  # noqa: BLE001
-        status = getattr(exc, "status", None)
-        if status == 403:
-            report.add(
-                "Kubernetes",
-                WARN,
-                f"{where}: connected, but this identity may not list nodes, so node pools were not checked",
-                "run doctor with an identity that can `kubectl get nodes`",
-            )
-            return
-        unchecked = f"; node pools for {', '.join(sorted(wanted))} not checked" if wanted else ""
-        report.add(
-            "Kubernetes",
-            FAIL,
-            f"{where}: cannot reach the cluster: {_error(exc)}{unchecked}",
-            "`gcloud container clusters get-credentials CLUSTER --location LOCATION`, save it as a "
-            "KubernetesClusterConfig block (prefect-kubernetes) and pick it as the pool's cluster_config in the "
-            "UI, or set the pool's kubeconfig_path / kube_context: "
-            + _pool_set(report.pool, kubeconfig_path="/path/kubeconfig", kube_context="CONTEXT"),
-        )
+        _check_unreachable_cluster(report, exc, where, wanted)
         return
     report.add("Kubernetes", OK, f"{where}: {len(nodes)} node(s)")
     check_gcs_fuse(report, api, pool)
@@ -628,6 +614,38 @@ def check_gke(report: Report, client, pool, extra_accelerators: list[str]) -> No
         )
         return
     check_node_pools(report, api, nodes, wanted, context_name)
+
+
+def _wanted_accelerators(client: Any, pool_name: str, extra_accelerators: list[str]) -> dict[str, list[str]]:
+    """Accelerator name -> where it is asked for (--accelerator, the deployments sending tasks to the pool)."""
+    wanted: dict[str, list[str]] = {}
+    for name in extra_accelerators:
+        wanted.setdefault(name, []).append("--accelerator")
+    for name, sources in deployment_accelerators(client, pool_name).items():
+        wanted.setdefault(name, []).extend(sources)
+    return wanted
+
+
+def _check_unreachable_cluster(report: Report, exc: Exception, where: str, wanted: dict[str, list[str]]) -> None:
+    """The cluster's nodes could not be listed: a 403 is a warning (connected), anything else a failure."""
+    if getattr(exc, "status", None) == 403:
+        report.add(
+            "Kubernetes",
+            WARN,
+            f"{where}: connected, but this identity may not list nodes, so node pools were not checked",
+            "run doctor with an identity that can `kubectl get nodes`",
+        )
+        return
+    unchecked = f"; node pools for {', '.join(sorted(wanted))} not checked" if wanted else ""
+    report.add(
+        "Kubernetes",
+        FAIL,
+        f"{where}: cannot reach the cluster: {_error(exc)}{unchecked}",
+        "`gcloud container clusters get-credentials CLUSTER --location LOCATION`, save it as a "
+        "KubernetesClusterConfig block (prefect-kubernetes) and pick it as the pool's cluster_config in the "
+        "UI, or set the pool's kubeconfig_path / kube_context: "
+        + _pool_set(report.pool, kubeconfig_path="/path/kubeconfig", kube_context="CONTEXT"),
+    )
 
 
 def check_gcs_fuse(report: Report, api, pool) -> None:
@@ -680,56 +698,64 @@ def check_image_settings(report: Report, pool) -> None:
         )
         return
     if builder == "docker":
-        problems = []
-        if not _variable(pool, "image_repository"):
-            problems.append(("image_repository", "REGISTRY/PATH"))
-        for setting, example in problems:
-            report.add(
-                f"Docker builder: {setting}",
-                FAIL,
-                f"image_builder=docker needs {setting}",
-                _pool_set(name, **{setting: example}),
-            )
-        if shutil.which("docker") is None:
-            report.add(
-                "Docker builder",
-                FAIL,
-                "no `docker` command on this machine's PATH (the worker builds here)",
-                "install Docker Engine where the kinetic-gke worker runs, or use image_builder=cloud-build",
-            )
-        elif not problems:
-            report.add("Job image", OK, f"built with Docker and pushed to {_variable(pool, 'image_repository')}")
+        _check_docker_builder(report, pool)
         return
     if builder == "cloud-build":
-        missing = [s for s in CLOUD_BUILD_SETTINGS if not _variable(pool, s)]
-        for setting in missing:
-            report.add(
-                f"Cloud Build: {setting}",
-                FAIL,
-                f"image_builder=cloud-build needs the pool's {setting} variable",
-                _pool_set(name, **{setting: CLOUD_BUILD_SETTINGS[setting]}),
-            )
-        try:
-            import google.cloud.artifactregistry_v1  # noqa: F401
-            import google.cloud.devtools.cloudbuild_v1  # noqa: F401
-        except ImportError:
-            report.add(
-                "Cloud Build",
-                FAIL,
-                "the Cloud Build / Artifact Registry clients are not installed",
-                "install the gcp extra: `pip install 'kinetic-prefect[gcp]'`",
-            )
-            return
-        if not missing:
-            report.add(
-                "Job image",
-                OK,
-                "built with Cloud Build in project "
-                f"{_variable(pool, 'gcp_project')} ({_variable(pool, 'gcp_region')}), pushed "
-                f"to {_variable(pool, 'image_repository')}",
-            )
+        _check_cloud_build(report, pool)
         return
     report.add("Job image", FAIL, f"unknown image_builder {builder!r}", _pool_set(name, image_builder="cloud-build"))
+
+
+def _check_docker_builder(report: Report, pool: Any) -> None:
+    problems = []
+    if not _variable(pool, "image_repository"):
+        problems.append(("image_repository", "REGISTRY/PATH"))
+    for setting, example in problems:
+        report.add(
+            f"Docker builder: {setting}",
+            FAIL,
+            f"image_builder=docker needs {setting}",
+            _pool_set(report.pool, **{setting: example}),
+        )
+    if shutil.which("docker") is None:
+        report.add(
+            "Docker builder",
+            FAIL,
+            "no `docker` command on this machine's PATH (the worker builds here)",
+            "install Docker Engine where the kinetic-gke worker runs, or use image_builder=cloud-build",
+        )
+    elif not problems:
+        report.add("Job image", OK, f"built with Docker and pushed to {_variable(pool, 'image_repository')}")
+
+
+def _check_cloud_build(report: Report, pool: Any) -> None:
+    missing = [s for s in CLOUD_BUILD_SETTINGS if not _variable(pool, s)]
+    for setting in missing:
+        report.add(
+            f"Cloud Build: {setting}",
+            FAIL,
+            f"image_builder=cloud-build needs the pool's {setting} variable",
+            _pool_set(report.pool, **{setting: CLOUD_BUILD_SETTINGS[setting]}),
+        )
+    try:
+        import google.cloud.artifactregistry_v1  # noqa: F401
+        import google.cloud.devtools.cloudbuild_v1  # noqa: F401
+    except ImportError:
+        report.add(
+            "Cloud Build",
+            FAIL,
+            "the Cloud Build / Artifact Registry clients are not installed",
+            "install the gcp extra: `pip install 'kinetic-prefect[gcp]'`",
+        )
+        return
+    if not missing:
+        report.add(
+            "Job image",
+            OK,
+            "built with Cloud Build in project "
+            f"{_variable(pool, 'gcp_project')} ({_variable(pool, 'gcp_region')}), pushed "
+            f"to {_variable(pool, 'image_repository')}",
+        )
 
 
 # --------------------------------------------------------------------------------------------- deployments
@@ -768,48 +794,8 @@ def check_deployments(report: Report, client) -> None:
                 flows[deployment.flow_id] = "?"
         title = f"Deployment {flows[deployment.flow_id]}/{deployment.name}"
         flows_pool = deployment.work_pool_name
-        problems: list[tuple[str, str, str]] = []  # (status, detail, fix)
-        if not flows_pool:
-            problems.append((FAIL, "has an active schedule but no work pool", "redeploy it with a work pool"))
-        else:
-            found, online = pool_state(flows_pool)
-            if found is None:
-                problems.append(
-                    (
-                        FAIL,
-                        f"its flows' pool {flows_pool!r} does not exist: scheduled runs never start",
-                        f"`prefect work-pool create {_q(flows_pool)} --type process`",
-                    )
-                )
-            elif not online:
-                problems.append(
-                    (
-                        WARN,
-                        f"no worker polls its flows' pool {flows_pool!r}: scheduled runs will be Late",
-                        f"`prefect worker start --pool {_q(flows_pool)}` where {Env.PROJECT_DIR} names "
-                        "a checkout (see prefect.yaml)",
-                    )
-                )
         kinetic_pool = ((deployment.job_variables or {}).get("env") or {}).get(Env.WORK_POOL)
-        if kinetic_pool:
-            found, _online = pool_state(kinetic_pool)
-            if found is None:
-                problems.append(
-                    (
-                        FAIL,
-                        f"its kinetic tasks go to pool {kinetic_pool!r}, which does not exist",
-                        f"`prefect work-pool create {_q(kinetic_pool)} --type kinetic-gke` (or "
-                        "kinetic-local), then `kinetic-prefect doctor --pool " + _q(kinetic_pool) + "`",
-                    )
-                )
-            elif found.type not in KINETIC_TYPES:
-                problems.append(
-                    (
-                        FAIL,
-                        f"its kinetic tasks go to pool {kinetic_pool!r} of type {found.type!r}",
-                        f"{Env.WORK_POOL} must name a kinetic-local or kinetic-gke pool",
-                    )
-                )
+        problems = _flows_pool_problems(flows_pool, pool_state) + _kinetic_pool_problems(kinetic_pool, pool_state)
         accelerator = (deployment.parameters or {}).get("accelerator")
         if isinstance(accelerator, str) and accelerator:
             try:
@@ -827,6 +813,56 @@ def check_deployments(report: Report, client) -> None:
             report.add(title, status, detail, fix)
     if not scheduled:
         report.add("Deployments", SKIP, "no deployment has an active schedule (`prefect deploy --all` creates them)")
+
+
+def _flows_pool_problems(flows_pool: str | None, pool_state: Callable[[str], tuple[Any, int]]) -> list[Problem]:
+    """Why a scheduled deployment's runs would not start: no pool, a missing pool, no worker polling it."""
+    if not flows_pool:
+        return [(FAIL, "has an active schedule but no work pool", "redeploy it with a work pool")]
+    found, online = pool_state(flows_pool)
+    if found is None:
+        return [
+            (
+                FAIL,
+                f"its flows' pool {flows_pool!r} does not exist: scheduled runs never start",
+                f"`prefect work-pool create {_q(flows_pool)} --type process`",
+            )
+        ]
+    if not online:
+        return [
+            (
+                WARN,
+                f"no worker polls its flows' pool {flows_pool!r}: scheduled runs will be Late",
+                f"`prefect worker start --pool {_q(flows_pool)}` where {Env.PROJECT_DIR} names "
+                "a checkout (see prefect.yaml)",
+            )
+        ]
+    return []
+
+
+def _kinetic_pool_problems(kinetic_pool: str | None, pool_state: Callable[[str], tuple[Any, int]]) -> list[Problem]:
+    """Why the kinetic pool a deployment names (``job_variables.env.KINETIC_WORK_POOL``) cannot take its tasks."""
+    if not kinetic_pool:
+        return []
+    found, _online = pool_state(kinetic_pool)
+    if found is None:
+        return [
+            (
+                FAIL,
+                f"its kinetic tasks go to pool {kinetic_pool!r}, which does not exist",
+                f"`prefect work-pool create {_q(kinetic_pool)} --type kinetic-gke` (or "
+                "kinetic-local), then `kinetic-prefect doctor --pool " + _q(kinetic_pool) + "`",
+            )
+        ]
+    if found.type not in KINETIC_TYPES:
+        return [
+            (
+                FAIL,
+                f"its kinetic tasks go to pool {kinetic_pool!r} of type {found.type!r}",
+                f"{Env.WORK_POOL} must name a kinetic-local or kinetic-gke pool",
+            )
+        ]
+    return []
 
 
 # --------------------------------------------------------------------------------------------- all

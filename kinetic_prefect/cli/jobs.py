@@ -21,7 +21,7 @@ jobs_app = typer.Typer(
 
 
 def _handle(job_id: str):  # noqa: ANN202 - JobHandle, imported lazily (the CLI starts without Prefect)
-    from kinetic_prefect.kinetic.jobs import attach
+    from kinetic_prefect.kinetic.job_lookup import attach
 
     try:
         return attach(job_id)
@@ -37,7 +37,7 @@ def list_command(
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
 ) -> None:
     """The jobs whose runs have not ended: id, function, accelerator, pool, status, created."""
-    from kinetic_prefect.kinetic.jobs import list_jobs
+    from kinetic_prefect.kinetic.job_lookup import list_jobs
 
     jobs = list_jobs(include_finished=include_finished, limit=limit, work_pool=pool)
     rows = [{**job.to_dict(), "status": job.status().value} for job in jobs]

@@ -3,7 +3,7 @@
 The ``variables`` of ``work_pools/<type>.json`` are generated from these models (pydantic's JSON schema, as
 prefect-kubernetes does with its ``BaseVariables``), and the ``job_configuration`` from the worker's job
 configuration: ``python -m kinetic_prefect.workers.templates`` writes them, a test checks the committed files.
-``CallVariables`` names what ``@kinetic_task`` sends with every call (dispatch builds exactly these keys).
+``CallVariables`` names what ``@kinetic_task`` sends with every call (caller/job_settings.py builds exactly these keys).
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ _LAZY = {
     "JobHandle": "kinetic_prefect.kinetic.jobs",
     "JobStatus": "kinetic_prefect.kinetic.jobs",
     "ResultAlreadyCollected": "kinetic_prefect.kinetic.jobs",
-    "attach": "kinetic_prefect.kinetic.jobs",
-    "list_jobs": "kinetic_prefect.kinetic.jobs",
+    "attach": "kinetic_prefect.kinetic.job_lookup",
+    "list_jobs": "kinetic_prefect.kinetic.job_lookup",
     "BatchHandle": "kinetic_prefect.kinetic.batch",
     "BatchError": "kinetic_prefect.kinetic.batch",
     "attach_batch": "kinetic_prefect.kinetic.batch",
@@ -28,11 +28,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from kinetic_prefect.kinetic.batch import BatchError as BatchError
     from kinetic_prefect.kinetic.batch import BatchHandle as BatchHandle
     from kinetic_prefect.kinetic.batch import attach_batch as attach_batch
+    from kinetic_prefect.kinetic.job_lookup import attach as attach
+    from kinetic_prefect.kinetic.job_lookup import list_jobs as list_jobs
     from kinetic_prefect.kinetic.jobs import JobHandle as JobHandle
     from kinetic_prefect.kinetic.jobs import JobStatus as JobStatus
     from kinetic_prefect.kinetic.jobs import ResultAlreadyCollected as ResultAlreadyCollected
-    from kinetic_prefect.kinetic.jobs import attach as attach
-    from kinetic_prefect.kinetic.jobs import list_jobs as list_jobs
     from kinetic_prefect.kinetic.remote import RemoteCallable as RemoteCallable
     from kinetic_prefect.kinetic.remote import run as run
     from kinetic_prefect.pod.data import Data as Data

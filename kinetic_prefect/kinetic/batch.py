@@ -20,15 +20,9 @@ from typing import Any
 from uuid import UUID
 
 from kinetic_prefect.contract import GROUP_INDEX_TAG_PREFIX, GROUP_TAG_PREFIX, Env
-from kinetic_prefect.kinetic.jobs import (
-    PAGE,
-    TERMINAL,
-    JobHandle,
-    JobStatus,
-    ResultAlreadyCollected,
-    start_waited_for_at_exit,
-    status_of,
-)
+from kinetic_prefect.kinetic.job_lookup import PAGE
+from kinetic_prefect.kinetic.jobs import TERMINAL, JobHandle, JobStatus, ResultAlreadyCollected, status_of
+from kinetic_prefect.kinetic.threads_at_exit import start_waited_for_at_exit
 
 logger = logging.getLogger("kinetic_prefect.kinetic")
 DEFAULT_MAX_CONCURRENT = 64
@@ -130,6 +124,35 @@ class BatchHandle:
     def unavailable_children(self) -> dict[int, str]:
         """Children whose result was already collected (and deleted) by an earlier ``results()``."""
         return dict(self._unavailable)
+
+    def expect_children_until(self, deadline: float) -> None:
+        """An attached batch whose submitter is still at work: its missing children are looked for again at each
+        poll until ``deadline`` (``time.monotonic()``)."""
+        self._refresh_until = deadline
+
+    def submission_ended(self) -> None:
+        """Every input has a job (or a submission error): waiting now waits for the jobs alone."""
+        self._submission_complete.set()
+
+    # ------------------------------------------------------------------ what its submitter records
+    def submitted(self, index: int, job: JobHandle) -> None:
+        with self._lock:
+            self.jobs[index] = job
+
+    def submission_failed(self, index: int, exc: BaseException) -> None:
+        """A packaging or validation error: the same on every attempt, never retried."""
+        self._submission_errors[index] = exc
+
+    def failed_for_good(self, index: int) -> None:
+        """The input's job failed after every attempt."""
+        self._failed_indices.add(index)
+
+    def was_cancelled(self, index: int) -> bool:
+        return index in self._cancelled_indices
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self._cancel_requested.is_set()
 
     def _settled(self) -> bool:
         if self._refresh_until is not None:
@@ -270,14 +293,13 @@ class _Submission:
         tags = (f"{GROUP_TAG_PREFIX}{self.batch.group_id}", f"{GROUP_INDEX_TAG_PREFIX}{index}/{total}")
         self.attempts[index] += 1
         try:
-            job = self.remote._submit_tagged(args, kwargs, tags)  # noqa: SLF001
+            job = self.remote.submit_tagged(args, kwargs, tags)
         except Exception as exc:  # a packaging or validation error: the same on every attempt, never retried
-            self.batch._submission_errors[index] = exc  # noqa: SLF001
+            self.batch.submission_failed(index, exc)
             if self.fail_fast:
                 self.stop()
             return
-        with self.batch._lock:  # noqa: SLF001
-            self.batch.jobs[index] = job
+        self.batch.submitted(index, job)
         self.active.add(index)
 
     def stop(self) -> None:
@@ -286,7 +308,7 @@ class _Submission:
             self.batch.cancel()
 
     def fill(self) -> None:
-        while self.queue and not self.stopped and not self.batch._cancel_requested.is_set():  # noqa: SLF001
+        while self.queue and not self.stopped and not self.batch.cancel_requested:
             if self.max_concurrent is not None and len(self.active) >= self.max_concurrent:
                 return
             self.submit(self.queue.pop(0))
@@ -296,12 +318,12 @@ class _Submission:
             self.fill()
             while self.watches_jobs and self.active:
                 time.sleep(POLL_SECONDS)
-                states = self.batch._states()  # noqa: SLF001
+                states = dict(self.batch.statuses())
                 for index in [i for i in self.active if states.get(i) in TERMINAL]:
                     self.active.discard(index)
-                    if states[index] is JobStatus.SUCCEEDED or index in self.batch._cancelled_indices:  # noqa: SLF001
+                    if states[index] is JobStatus.SUCCEEDED or self.batch.was_cancelled(index):
                         continue
-                    cancelled = self.batch._cancel_requested.is_set()  # noqa: SLF001
+                    cancelled = self.batch.cancel_requested
                     if self.attempts[index] <= self.retries and not cancelled:
                         logger.warning(
                             f"batch {self.batch.group_id}: input {index} failed "
@@ -309,12 +331,12 @@ class _Submission:
                         )
                         self.submit(index)
                     else:
-                        self.batch._failed_indices.add(index)  # noqa: SLF001
+                        self.batch.failed_for_good(index)
                         if self.fail_fast and not self.stopped:
                             self.stop()
                 self.fill()
         finally:
-            self.batch._submission_complete.set()  # noqa: SLF001
+            self.batch.submission_ended()
 
 
 def run_async_map(
@@ -358,9 +380,10 @@ def run_async_map(
 
 def _children(group_id: str) -> tuple[int, dict[int, JobHandle]]:
     """``(inputs, newest job per input index)`` of a batch, from the tags of its jobs' runs."""
-    from kinetic_prefect.kinetic.jobs import _list_jobs, _sync
+    from kinetic_prefect.kinetic.job_lookup import find_jobs
+    from kinetic_prefect.kinetic.jobs import run_sync
 
-    handles = _sync(_list_jobs(True, 10_000, None, extra_tags=(f"{GROUP_TAG_PREFIX}{group_id}",)))
+    handles = run_sync(find_jobs(True, 10_000, None, extra_tags=(f"{GROUP_TAG_PREFIX}{group_id}",)))
     total, newest = 0, {}
     for handle in sorted(handles, key=lambda h: h.created_at):
         if handle.group_index is None:
@@ -389,9 +412,9 @@ def attach_batch(group_id: str, poll_interval: float = 10.0, poll_timeout: float
             f"batch {group_id}: {batch.jobs.count(None)} of {total} inputs have no job yet; looking again "
             f"until {poll_timeout} s from now"
         )
-        batch._refresh_until = time.monotonic() + (poll_timeout if poll_timeout is not None else float("inf"))
+        batch.expect_children_until(time.monotonic() + (poll_timeout if poll_timeout is not None else float("inf")))
     else:
-        batch._submission_complete.set()
+        batch.submission_ended()
     del poll_interval  # the handle looks again at every poll of wait()/results()
     return batch
 

@@ -66,10 +66,10 @@ def read_record(job: Any, wait_seconds: float, say: Callable[[str], None] = prin
     """The job's debugger record, waited for while the job starts (its environment, its pod); fails at once for a
     job without debug mode and when the job ends first."""
     from kinetic_prefect import signing
-    from kinetic_prefect.kinetic.jobs import _sync
+    from kinetic_prefect.kinetic.jobs import run_sync
     from kinetic_prefect.storage import ObjectNotFound
 
-    flow_run, store, key = _sync(_flow_run_and_store(job.job_id))
+    flow_run, store, key = run_sync(_flow_run_and_store(job.job_id))
     env = (flow_run.job_variables or {}).get("env") or {}
     if env.get(Env.DEBUG) != "1":
         raise NotADebugJob(
@@ -147,7 +147,7 @@ def pool_kube_client(job: Any) -> Any:
     from prefect import get_client
     from prefect.utilities.templating import resolve_block_document_references
 
-    from kinetic_prefect.kinetic.jobs import _sync
+    from kinetic_prefect.kinetic.jobs import run_sync
 
     async def settings() -> dict[str, Any]:
         async with get_client() as prefect:
@@ -158,7 +158,7 @@ def pool_kube_client(job: Any) -> Any:
             # a block given as {"$ref": {"block_document_id": ...}} becomes the block's fields, as for the worker
             return await resolve_block_document_references(values, client=prefect)
 
-    values = _sync(settings())
+    values = run_sync(settings())
     cluster = values.get("cluster_config")
     if isinstance(cluster, dict) and cluster.get("config"):
         return config.new_client_from_config_dict(cluster["config"], context=cluster.get("context_name"))
@@ -238,7 +238,7 @@ def _job_of_call(func_name: str, since: Any, stop: threading.Event) -> Any:
     """The job a call of ``func_name`` made from ``since`` (an aware datetime) on, once its run exists."""
     import datetime
 
-    from kinetic_prefect.kinetic.jobs import list_jobs
+    from kinetic_prefect.kinetic.job_lookup import list_jobs
 
     def made_since(job: Any) -> bool:
         return bool(job.created_at) and datetime.datetime.fromisoformat(job.created_at) >= since

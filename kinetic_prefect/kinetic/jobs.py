@@ -1,25 +1,17 @@
-"""Detached jobs: ``JobHandle``, ``attach``, ``list_jobs``, and the submission behind ``.run_async()``.
+"""Detached jobs: ``JobHandle`` (``status()``, ``logs()``, ``result()``, ``cancel()``, ``cleanup()``) and ``JobStatus``.
 
 A job is a kinetic job's Prefect flow run, and ``job_id`` is that flow run's id: what the UI shows, what
 ``prefect flow-run inspect`` takes. Everything a handle knows comes from Prefect's record of the run (state,
 logs, job variables: the store and the run's id in it) and from the store (outcome, signed result), so any
-process or machine that reaches the same Prefect API and store can attach to a job, whoever submitted it.
-
-A detached job is submitted by the one code path every call takes (``dispatch.call_remotely``) but is
-nobody's subflow: no task run waits for it, so a worker never stops it because its submitter ended. It needs
-someone to launch it:
-
-* a **polling worker** online for the pool (``prefect worker start --type kinetic-local --pool NAME``): the job
-  outlives the script that submitted it;
-* otherwise the submitting process runs it itself, in a background thread (in-process submission), and says
-  so once: the job is then bound to that process (Python waits for it at exit; killed, the job stops itself).
+process or machine that reaches the same Prefect API and store can attach to a job (``job_lookup.attach``),
+whoever submitted it (``detached.submit_detached``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -35,6 +27,7 @@ from kinetic_prefect.contract import (
     Outcome,
     RunLayout,
 )
+from kinetic_prefect.kinetic.threads_at_exit import start_waited_for_at_exit
 
 
 class JobStatus(Enum):
@@ -68,7 +61,7 @@ def status_of(state: Any) -> JobStatus:
     return JobStatus.PENDING  # Scheduled, Late, Pending
 
 
-def _sync(coro: Any) -> Any:
+def run_sync(coro: Any) -> Any:
     from prefect.utilities.asyncutils import run_coro_as_sync
 
     return run_coro_as_sync(coro)
@@ -97,6 +90,15 @@ class JobHandle:
     _fn: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
 
     # ------------------------------------------------------------------ building
+    def keep_source(self, fn: Callable[..., Any] | None) -> None:
+        """The submitter's function: a remote traceback's frames get their file names and source lines back."""
+        self._fn = fn
+
+    def run_in_this_process(self, runner: threading.Thread) -> None:
+        """Start the thread that runs this job inside the submitting process; Python waits for it at exit."""
+        self._runner = runner
+        start_waited_for_at_exit(runner)
+
     @classmethod
     async def from_flow_run(cls, client: Any, flow_run: Any) -> JobHandle:
         from prefect.exceptions import ObjectNotFound
@@ -114,10 +116,8 @@ class JobHandle:
             func_name = flow_run.name
         pool_type = ""
         if flow_run.work_pool_name:
-            try:
+            with contextlib.suppress(ObjectNotFound):
                 pool_type = (await client.read_work_pool(flow_run.work_pool_name)).type
-            except ObjectNotFound:
-                pass
         index = _tag_value(flow_run.tags, GROUP_INDEX_TAG_PREFIX)
         return cls(
             job_id=str(flow_run.id),
@@ -173,7 +173,7 @@ class JobHandle:
                         client, UUID(self.job_id), on_log=lambda text: print(text, flush=True)
                     )
 
-            _sync(follow_logs())
+            run_sync(follow_logs())
             return None
         return "\n".join(self._log_lines())
 
@@ -206,7 +206,7 @@ class JobHandle:
         value, or raise its exception with the remote traceback. The result is read from the store and checked
         against its signature before it is unpickled; once a value is collected its payload and pickled result
         are deleted (``cleanup=False`` keeps them). A failed job keeps them, so it raises the same way again."""
-        return _sync(self._result(timeout, cleanup, stream_logs))
+        return run_sync(self._result(timeout, cleanup, stream_logs))
 
     async def _result(self, timeout: float | None, cleanup: bool, stream_logs: bool) -> Any:
         import anyio
@@ -237,7 +237,7 @@ class JobHandle:
         import cloudpickle
 
         from kinetic_prefect import signing
-        from kinetic_prefect.caller import dispatch
+        from kinetic_prefect.caller.outcomes import read_signed
         from kinetic_prefect.caller.remote_errors import raise_remote
         from kinetic_prefect.errors import KineticJobCancelled, KineticJobCrashed
         from kinetic_prefect.storage import ObjectNotFound
@@ -249,19 +249,19 @@ class JobHandle:
                 f"job {self.job_id} ({self.display_name}) was cancelled: {state.message or 'on request'}"
             )
         try:
-            outcome = Outcome.from_json(dispatch._read_signed(store, layout.outcome, key))  # noqa: SLF001
+            outcome = Outcome.from_json(read_signed(store, layout.outcome, key))
         except ObjectNotFound:
             raise KineticJobCrashed(
                 f"job {self.job_id} ({self.display_name}) ended without an outcome ({state.name}: {state.message})"
             ) from None
         if not outcome.completed:
             try:
-                blob = dispatch._read_signed(store, layout.result, key)  # noqa: SLF001
+                blob = read_signed(store, layout.result, key)
             except ObjectNotFound:
                 blob = None
             raise_remote(outcome, blob, self.display_name, self._fn)  # type: ignore[arg-type]
         try:
-            value = cloudpickle.loads(dispatch._read_signed(store, layout.result, key))  # noqa: SLF001
+            value = cloudpickle.loads(read_signed(store, layout.result, key))
         except ObjectNotFound:
             raise ResultAlreadyCollected(
                 f"job {self.job_id} ({self.display_name}) succeeded, but its result was "
@@ -277,8 +277,8 @@ class JobHandle:
     def cancel(self, wait_seconds: float = 30) -> None:
         """Stop the job (its run ends Cancelled). Its payload and any pickled result are deleted, since nobody will
         collect them; its outputs and the outcome record stay."""
-        _sync(_cancel(UUID(self.job_id), "Cancelled through the kinetic API (JobHandle.cancel)", wait_seconds))
-        _sync(_delete_run_objects(UUID(self.job_id), keep_outcome=True))
+        run_sync(_cancel(UUID(self.job_id), "Cancelled through the kinetic API (JobHandle.cancel)", wait_seconds))
+        run_sync(_delete_run_objects(UUID(self.job_id), keep_outcome=True))
 
     def cleanup(self, k8s: bool = True, gcs: bool = True) -> None:
         """``k8s``: stop the job if it still runs. ``gcs``: delete its objects in the store (payload, result, outcome;
@@ -286,7 +286,7 @@ class JobHandle:
         if k8s and self.status() not in TERMINAL:
             self.cancel()
         if gcs:
-            _sync(_delete_run_objects(UUID(self.job_id)))
+            run_sync(_delete_run_objects(UUID(self.job_id)))
 
     def wait(self, timeout: float | None = None) -> JobStatus:
         from prefect import get_client
@@ -300,7 +300,7 @@ class JobHandle:
                 with anyio.fail_after(timeout):
                     await _prefect.wait_for_final_state(client, UUID(self.job_id), poll_seconds=0.5)
 
-        _sync(until_final())
+        run_sync(until_final())
         return self.status()
 
 
@@ -350,181 +350,4 @@ async def _delete_run_objects(flow_run_id: UUID, keep_outcome: bool = False) -> 
         await to_thread.run_sync(signing.delete, store, object_key)
 
 
-# ---------------------------------------------------------------------- finding jobs
-PAGE = 200
-
-
-def attach(job_id: str | UUID) -> JobHandle:
-    """The handle of a job from its id (its run's id), from any process that reaches the same Prefect API.
-
-    Also takes the job run of a ``@kinetic_task`` call (``kinetic_prefect.attach(flow_run_id)``): a caller that
-    was killed left its result in the store, and this collects it.
-    """
-    from prefect import get_client
-    from prefect.exceptions import ObjectNotFound
-
-    try:
-        run_id = UUID(str(job_id))
-    except ValueError:
-        raise ValueError(
-            f"job id {job_id!r} is not a job's run id (a UUID such as the one `kinetic-prefect jobs list` prints)"
-        ) from None
-
-    async def read() -> JobHandle:
-        async with get_client() as client:
-            try:
-                flow_run = await client.read_flow_run(run_id)
-            except ObjectNotFound:
-                raise LookupError(
-                    f"no job {job_id} on {client.api_url}: is PREFECT_API_URL the server it was "
-                    "submitted to? (`kinetic-prefect jobs list` lists the jobs there)"
-                ) from None
-            return await JobHandle.from_flow_run(client, flow_run)
-
-    return _sync(read())
-
-
-def list_jobs(include_finished: bool = False, limit: int = 200, work_pool: str | None = None) -> list[JobHandle]:
-    """Kinetic jobs whose runs are not final (``include_finished``: the latest ``limit`` of every state)."""
-    return _sync(_list_jobs(include_finished, limit, work_pool))
-
-
-async def _list_jobs(
-    include_finished: bool, limit: int, work_pool: str | None, extra_tags: tuple[str, ...] = ()
-) -> list[JobHandle]:
-    from prefect import get_client
-    from prefect.client.schemas.filters import (
-        FlowRunFilter,
-        FlowRunFilterState,
-        FlowRunFilterStateType,
-        FlowRunFilterTags,
-        WorkPoolFilter,
-        WorkPoolFilterName,
-    )
-    from prefect.client.schemas.objects import StateType
-    from prefect.client.schemas.sorting import FlowRunSort
-
-    flow_filter = FlowRunFilter(tags=FlowRunFilterTags(all_=["kinetic", *extra_tags]))
-    if not include_finished:
-        live = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.CANCELLING, StateType.PAUSED]
-        flow_filter.state = FlowRunFilterState(type=FlowRunFilterStateType(any_=live))
-    pool_filter = WorkPoolFilter(name=WorkPoolFilterName(any_=[work_pool])) if work_pool else None
-    async with get_client() as client:
-        runs: list[Any] = []
-        while len(runs) < limit:  # in pages: the server caps one read at PREFECT_API_DEFAULT_LIMIT (200)
-            page = await client.read_flow_runs(
-                flow_run_filter=flow_filter,
-                work_pool_filter=pool_filter,
-                limit=min(PAGE, limit - len(runs)),
-                offset=len(runs),
-                sort=FlowRunSort.EXPECTED_START_TIME_DESC,
-            )
-            runs.extend(page)
-            if len(page) < PAGE:
-                break
-        handles = []
-        for flow_run in runs:
-            if (flow_run.job_variables or {}).get("env", {}).get(Env.RUN_ID):
-                handles.append(await JobHandle.from_flow_run(client, flow_run))
-        return handles
-
-
-# ---------------------------------------------------------------------- detached submission
-_warned_in_process: set[str] = set()
-
-
-@dataclass
-class Detach:
-    """What ``dispatch`` does once a detached job's run exists (``detach.submitted``): return a handle, and when no
-    worker polls the pool, run the job in this process, in a background thread."""
-
-    tags: tuple[str, ...] = (DETACHED_TAG,)
-    fn: Callable[..., Any] | None = None
-
-    async def submitted(self, pool: Any, flow_run: Any, polling: bool, call: Any) -> JobHandle:
-        from prefect import get_client
-
-        async with get_client() as client:
-            handle = await JobHandle.from_flow_run(client, flow_run)
-        handle._fn = self.fn
-        if not polling:
-            if pool.name not in _warned_in_process:
-                _warned_in_process.add(pool.name)
-                warnings.warn(
-                    f"kinetic-prefect: no worker polls pool {pool.name!r}, so detached jobs run inside this process: "
-                    "Python waits for them at exit, and a job whose process is killed stops itself. For jobs that "
-                    f"outlive their script, start one: `prefect worker start --type {pool.type} --pool {pool.name}` "
-                    "(with a Prefect server that outlives the script too: `prefect server start`).",
-                    stacklevel=2,
-                )
-            handle._runner = threading.Thread(
-                target=_run_in_process_thread, args=(pool, flow_run, call.env), name=f"kinetic-job-{flow_run.id}"
-            )
-            start_waited_for_at_exit(handle._runner)
-        return handle
-
-
-_waited_for_at_exit: list[threading.Thread] = []
-
-
-def _join_at_exit() -> None:
-    import logging
-
-    # Prefect's events client cannot start during shutdown and logs each failed emit as an error; the job's
-    # events are a nicety for automations, its states and logs still reach the API.
-    logging.getLogger("prefect.events.utilities").setLevel(logging.CRITICAL)
-    for thread in list(_waited_for_at_exit):
-        thread.join()
-
-
-def start_waited_for_at_exit(thread: threading.Thread) -> None:
-    """Start ``thread`` and have the interpreter wait for it when the main thread ends, *before* it shuts down the
-    thread pools of concurrent.futures (threading's own exit hooks run last-registered first): a plain non-daemon
-    thread is joined only after that, when the job's worker can no longer start a thread ("cannot schedule new
-    futures after interpreter shutdown")."""
-    if not _waited_for_at_exit:
-        # Prefect's log sender registers its own exit hook when it first starts; started during shutdown (the job's
-        # last log lines) it cannot, and each line printed a "Logging error" traceback. Started now, its hook is
-        # registered before this one, so it runs after this join and sends those lines.
-        from prefect.logging.handlers import APILogWorker
-
-        APILogWorker.instance()
-        threading._register_atexit(_join_at_exit)  # type: ignore[attr-defined]  # noqa: SLF001 - the hook that runs before the pools' shutdown
-    _waited_for_at_exit.append(thread)
-    thread.start()
-
-
-def _run_in_process_thread(pool: Any, flow_run: Any, secret_env: dict[str, str]) -> None:
-    import asyncio
-
-    from prefect import get_client
-
-    from kinetic_prefect.caller import _prefect
-
-    async def run() -> None:
-        async with get_client() as client:
-            await _prefect.run_in_process(client, pool, flow_run, secret_env=secret_env)
-
-    try:
-        asyncio.run(run())
-    except BaseException as exc:  # the run's state says what happened; this only keeps the thread quiet
-        print(f"kinetic-prefect: in-process job {flow_run.id} stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
-
-
-def submit_detached(
-    options: Any,
-    fn: Callable[..., Any],
-    args: tuple,
-    kwargs: dict[str, Any],
-    task_name: str,
-    tags: tuple[str, ...] = (),
-    source_fn: Callable[..., Any] | None = None,
-) -> JobHandle:
-    """Submit one call as a detached job through the same path as every call (``dispatch.call_remotely``)."""
-    from kinetic_prefect.caller import dispatch
-
-    detach = Detach(tags=(DETACHED_TAG, *tags), fn=source_fn or fn)
-    return dispatch.call_remotely(options, fn, args, kwargs, task_name, detach=detach)
-
-
-__all__ = ["JobHandle", "JobStatus", "ResultAlreadyCollected", "attach", "list_jobs", "submit_detached"]
+__all__ = ["JobHandle", "JobStatus", "ResultAlreadyCollected"]

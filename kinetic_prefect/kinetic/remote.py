@@ -2,7 +2,7 @@
 
 A blocking call is the kinetic task's call: inside a flow it is a task run of that flow (retries, caching,
 the UI), outside one it runs in a flow made for it. ``run_async`` submits the same call as a detached job
-(kinetic_prefect.kinetic.jobs); ``run_async_map`` submits a batch of them (kinetic_prefect.kinetic.batch).
+(kinetic_prefect.kinetic.jobs, .detached); ``run_async_map`` submits a batch of them (kinetic_prefect.kinetic.batch).
 """
 
 from __future__ import annotations
@@ -163,13 +163,14 @@ class RemoteCallable:
 
     def run_async(self, *args: Any, **kwargs: Any) -> Any:
         """Submit the call as a detached job and return its ``JobHandle`` at once."""
-        from kinetic_prefect.kinetic.jobs import submit_detached
+        from kinetic_prefect.kinetic.detached import submit_detached
 
         call_args, call_kwargs = self._call_args(args, kwargs)
         return submit_detached(self.task.kinetic, self._body, call_args, call_kwargs, self.task.name, source_fn=self.fn)
 
-    def _submit_tagged(self, args: tuple, kwargs: dict[str, Any], tags: tuple[str, ...]) -> Any:
-        from kinetic_prefect.kinetic.jobs import submit_detached
+    def submit_tagged(self, args: tuple, kwargs: dict[str, Any], tags: tuple[str, ...]) -> Any:
+        """``run_async`` of one input of a batch: its job run carries the batch's tags (``run_async_map``)."""
+        from kinetic_prefect.kinetic.detached import submit_detached
 
         call_args, call_kwargs = self._call_args(args, kwargs)
         return submit_detached(

@@ -33,7 +33,7 @@ from prefect.client.schemas.filters import (
     LogFilterFlowRunId,
     LogFilterTimestamp,
 )
-from prefect.client.schemas.objects import FlowRun, TaskRun, TaskRunResult, WorkPool
+from prefect.client.schemas.objects import FlowRun, Log, TaskRun, TaskRunResult, WorkPool
 from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 from prefect.states import Cancelled, Cancelling, Pending, Scheduled, State
 
@@ -169,7 +169,7 @@ async def _create_job_flow_run(
     # picked up twice; Scheduled runs are what a polling worker claims.
     state: State[Any] = Scheduled() if for_polling_worker else Pending()
     try:
-        return await with_retries(
+        flow_run: FlowRun = await with_retries(
             lambda: _create_flow_run(
                 client,
                 flow,
@@ -183,6 +183,7 @@ async def _create_job_flow_run(
             ),
             what="creating the job's flow run",
         )
+        return flow_run
     except BaseException:
         if tracker_id is not None:  # no job run will ever end it: a tracking task run must not stay Pending
             await _end_tracker(client, tracker_id)
@@ -190,13 +191,11 @@ async def _create_job_flow_run(
 
 
 async def _end_tracker(client: PrefectClient, tracker_id: UUID) -> None:
-    with anyio.CancelScope(shield=True):
-        try:
-            await client.set_task_run_state(
-                tracker_id, Cancelled(message="its job's flow run could not be created"), force=True
-            )
-        except Exception:  # best effort: the API is what failed
-            pass
+    # best effort: the API is what failed
+    with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+        await client.set_task_run_state(
+            tracker_id, Cancelled(message="its job's flow run could not be created"), force=True
+        )
 
 
 _owner_labels: tuple[int, dict[str, str]] | None = None  # (pid, labels): read once per process, not per call
@@ -313,7 +312,8 @@ async def calling_task_run_id(client: PrefectClient, job: FlowRun) -> UUID | Non
     except ObjectNotFound:
         return None
     parents = tracker.task_inputs.get("__parents__") or []
-    return getattr(parents[0], "id", None) if parents else None
+    parent_id: UUID | None = getattr(parents[0], "id", None) if parents else None
+    return parent_id
 
 
 async def read_task_run_or_none(client: PrefectClient, task_run_id: UUID) -> TaskRun | None:
@@ -357,7 +357,7 @@ class FlowRunReader:
     GATHER_SECONDS = 0.05
     PAGE = 200
 
-    def __init__(self, client: PrefectClient):
+    def __init__(self, client: PrefectClient) -> None:
         self.client = client
         self._asked: dict[UUID, list[asyncio.Future[FlowRun]]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -452,8 +452,7 @@ async def wait_for_final_state(
     stay the same is asked about less often, up to ``max_poll_seconds``.
     """
     outage = outage or Outage("the caller waiting for its job")
-    since: datetime.datetime | None = None  # the newest job-output record read: every later one is after it
-    seen: dict[UUID, datetime.datetime] = {}  # records read at or after `since` (several can share a timestamp)
+    output = JobOutputReader(client, flow_run_id, outage, on_log) if on_log is not None else None
     ended_at: float | None = None
     final: State | None = None
     claimed = False
@@ -469,51 +468,75 @@ async def wait_for_final_state(
             claimed = claimed or (state is not None and not state.is_scheduled())
             key = (state.type, state.name) if state is not None else None
             changed, last_state = key != last_state, key
-        if on_log is None:
+        if output is None:
             if final is not None:
                 return final
             interval = poll_seconds if changed else min(max_poll_seconds, interval * 1.5)
             await asyncio.sleep(interval)
             continue
-        marker_seen = False
-        shown = 0
-        # Every poll reads again from `since`, paging on past the worker's own notices (stored late, and out
-        # of order, by Prefect's background log sender): the job's output is stored in order, so no output
-        # line is behind `since`, while a notice may be and is then not shown (it stays in the run's logs).
-        page_since = since
-        while claimed:
-            log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
-            if page_since is not None:
-                after = page_since - datetime.timedelta(microseconds=1)
-                log_filter.timestamp = LogFilterTimestamp(after_=after)  # type: ignore[arg-type]  # a datetime is fine
-            logs = await outage.call(
-                lambda: client.read_logs(log_filter=log_filter, limit=LOG_PAGE),  # noqa: B023 - awaited here; oldest first
-                "reading the job's output",
-            )
-            for log in logs:
-                if log.id in seen or (since is not None and log.timestamp < since):
-                    continue
-                seen[log.id] = log.timestamp
-                shown += 1
-                if log.message == LOG_END_MARKER:
-                    marker_seen = True
-                else:
-                    on_log(log.message)
-            output = [log.timestamp for log in logs if log.name == JOB_OUTPUT_LOGGER]
-            if output and (since is None or max(output) > since):
-                since = max(output)
-            newest = max((log.timestamp for log in logs), default=page_since)
-            if len(logs) < LOG_PAGE or newest == page_since:
-                break
-            page_since = newest
-        if since is not None:
-            seen = {log_id: stamp for log_id, stamp in seen.items() if stamp >= since}
+        shown, marker_seen = await output.read_new() if claimed else (0, False)
         if final is not None and (marker_seen or time.monotonic() - (ended_at or 0) > log_drain_seconds):
             return final
         # the drain after the final state keeps the caller's pace: the end marker is due any moment
         steady = not changed and not shown and final is None
         interval = min(max_poll_seconds, interval * 1.5) if steady else poll_seconds
         await asyncio.sleep(interval)
+
+
+class JobOutputReader:
+    """A job run's logs, forwarded in order across polls (``wait_for_final_state``).
+
+    Every read starts again from ``since`` (the newest job-output record read), paging on past the worker's
+    own notices (stored late, and out of order, by Prefect's background log sender): the job's output is
+    stored in order, so no output line is behind ``since``, while a notice may be and is then not shown (it
+    stays in the run's logs). ``seen`` holds the records read at or after ``since`` (several can share a
+    timestamp).
+    """
+
+    def __init__(self, client: PrefectClient, flow_run_id: UUID, outage: Any, on_log: Callable[[str], None]) -> None:
+        self.client, self.flow_run_id, self.outage, self.on_log = client, flow_run_id, outage, on_log
+        self.since: datetime.datetime | None = None
+        self.seen: dict[UUID, datetime.datetime] = {}
+
+    async def read_new(self) -> tuple[int, bool]:
+        """Forward the lines not yet forwarded; returns how many records were new and whether the worker's end
+        marker was among them."""
+        marker_seen = False
+        shown = 0
+        page_since = self.since
+        while True:
+            logs = await self._page(page_since)
+            for log in logs:
+                if log.id in self.seen or (self.since is not None and log.timestamp < self.since):
+                    continue
+                self.seen[log.id] = log.timestamp
+                shown += 1
+                if log.message == LOG_END_MARKER:
+                    marker_seen = True
+                else:
+                    self.on_log(log.message)
+            output = [log.timestamp for log in logs if log.name == JOB_OUTPUT_LOGGER]
+            if output and (self.since is None or max(output) > self.since):
+                self.since = max(output)
+            newest = max((log.timestamp for log in logs), default=page_since)
+            if len(logs) < LOG_PAGE or newest == page_since:
+                break
+            page_since = newest
+        if self.since is not None:
+            since = self.since
+            self.seen = {log_id: stamp for log_id, stamp in self.seen.items() if stamp >= since}
+        return shown, marker_seen
+
+    async def _page(self, page_since: datetime.datetime | None) -> list[Log]:
+        """Up to ``LOG_PAGE`` records of the run from ``page_since`` on, oldest first."""
+        log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[self.flow_run_id]))
+        if page_since is not None:
+            after = page_since - datetime.timedelta(microseconds=1)
+            log_filter.timestamp = LogFilterTimestamp(after_=after)  # type: ignore[arg-type]  # a datetime is fine
+        logs: list[Log] = await self.outage.call(
+            lambda: self.client.read_logs(log_filter=log_filter, limit=LOG_PAGE), "reading the job's output"
+        )
+        return logs
 
 
 LOG_PAGE = 200

@@ -26,13 +26,16 @@ Who stops a job, on every way out:
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
 import anyio
-from prefect.client.schemas.objects import FlowRun
+from prefect.client.orchestration import PrefectClient
+from prefect.client.schemas.objects import FlowRun, WorkPool
 from prefect.exceptions import Abort, ObjectNotFound
 from prefect.states import Cancelled, Completed, Crashed, Failed, Running, State
 from prefect.utilities.engine import propose_state
@@ -96,10 +99,9 @@ class ProgressArtifact:
                     f"progress {record['percent']:.0f}%" + (f": {record['message']}" if record["message"] else "")
                 )
                 if self.publish_from_threads:
-                    try:
+                    # RuntimeError: on the event loop's own thread, published after the step
+                    with contextlib.suppress(RuntimeError):
                         anyio.from_thread.run(self.publish)
-                    except RuntimeError:  # on the event loop's own thread: published after the step
-                        pass
             emit("\n".join(kept))
 
         return filtered
@@ -138,6 +140,42 @@ class BudgetReached(CancelRequested):
     """The job's metered cost reached its ``max_cost_usd``: stopped like a cancel, but its run ends Failed."""
 
 
+# What one look at a followed job leads to (KineticWorker._on_status).
+_FOLLOWED = "followed"  # the run's final state is set
+_MOVED = "moved"  # the job moved to a new attempt, looked at at once
+
+
+@dataclass
+class FollowedJob:
+    """One job as ``KineticWorker.follow`` follows it: what each look reads and moves on."""
+
+    flow_run: FlowRun
+    configuration: Any
+    identifier: str  # the current attempt's job (a retry or a fallback moves it)
+    logger: Any
+    plan: Any  # shared.capacity.CapacityPlan (attempts.plan_for)
+    pending_since: float
+    progress: ProgressArtifact
+    outage: Outage
+    output: Any  # log_forwarding.JobLogForwarder
+    emit: Callable[[str], None]
+    meter: Any  # metering.JobMeter
+    usage: Any  # usage_report.UsageReport
+    poll: float
+    last_parent_check: float
+    last_run_check: float
+    first_error_at: float | None = None
+    marked_running: bool = False
+    last_phase: str | None = None
+    last_diagnosis: str | None = None
+
+    def moved_to(self, identifier: str) -> None:
+        """A new attempt: its own time pending and its own phases; metered from the last attempt's end."""
+        self.identifier, self.pending_since = identifier, time.monotonic()
+        self.last_phase = self.last_diagnosis = None
+        self.meter.relaunched(identifier, self.plan.attempts[-2].ended)
+
+
 class KineticWorker:
     """The lifecycle, mixed into each launcher's BaseWorker subclass.
 
@@ -161,6 +199,12 @@ class KineticWorker:
         outlive the call. ``api_env`` lets a launcher's job reach Prefect if the caller dies."""
         self.owner_is_caller = True
 
+    def use_for_one_call(self, client: PrefectClient, pool: WorkPool) -> None:
+        """In-process submission: give this worker the caller's client and its pool instead of ``setup()``
+        (heartbeats, websockets), which one call's job does not need."""
+        self._client = client
+        self._work_pool = pool
+
     @classmethod
     def check_pool_settings(cls, pool_name: str, defaults: dict[str, Any], job_variables: dict[str, Any]) -> None:
         """Raise before anything is uploaded or built if the pool's settings cannot work, naming the fix."""
@@ -168,13 +212,12 @@ class KineticWorker:
     # ------------------------------------------------------------------ states (the only place)
     async def _propose(self, flow_run: FlowRun, state: Any) -> None:
         outage = Outage(f"the worker following {flow_run.name}", self.get_flow_run_logger(flow_run).warning)
-        try:
+        # Abort: already final (e.g. Cancelled by someone else), the first word stands
+        with contextlib.suppress(Abort):
             await outage.call(
                 lambda: propose_state(self.client, state.model_copy(), flow_run_id=flow_run.id),
                 f"setting the job's run {state.name}",
             )
-        except Abort:  # already final (e.g. Cancelled by someone else): the first word stands
-            pass
 
     async def mark_running(self, flow_run: FlowRun, message: str) -> None:
         await self._propose(flow_run, Running(message=message))
@@ -327,7 +370,30 @@ class KineticWorker:
 
     async def follow(self, flow_run: FlowRun, configuration: Any, identifier: str) -> KineticWorkerResult:
         """Follow one job to its end and set the run's final state."""
-        from kinetic_prefect.workers import attempts
+        job = self._start_following(flow_run, configuration, identifier)
+        result = KineticWorkerResult(identifier=identifier, status_code=0)
+        try:
+            while True:
+                status = await self._look(job)
+                if status is None:  # a read failed: looked again at once, after its own wait
+                    continue
+                step = await self._on_status(job, status)
+                if step == _FOLLOWED:
+                    return result
+                if step != _MOVED:  # a retry placed anew is looked at at once
+                    await anyio.sleep(job.poll)
+        except CancelRequested as request:
+            await self._stop_requested(job, request)
+            return result
+        except BaseException as exc:
+            if await self._follow_stopped(job, exc):
+                return result
+            raise
+        finally:
+            await self._after_following(job)
+
+    def _start_following(self, flow_run: FlowRun, configuration: Any, identifier: str) -> FollowedJob:
+        from kinetic_prefect.workers import attempts, metering, usage_report
         from kinetic_prefect.workers.log_forwarding import JobLogForwarder
 
         logger = self.get_flow_run_logger(flow_run)
@@ -337,162 +403,210 @@ class KineticWorker:
         outage = Outage(f"the worker following {flow_run.name}", logger.warning)
         output = JobLogForwarder(self.client, flow_run.id, logger, outage)
         emit = progress.wrap(output.emit if getattr(configuration, "stream_output", True) else (lambda text: None))
-        from kinetic_prefect.workers import metering, usage_report
-
         meter = metering.JobMeter(self.launcher, identifier, configuration)
         usage = usage_report.UsageReport(self.client, flow_run, meter.spec)
-        emit = usage.wrap(emit)
-        poll = float(getattr(configuration, "poll_seconds", 0.5) or 0.5)
         # In-process, the caller created this run a moment ago: the first look for a cancel waits one interval
         # (4 requests a call fewer; a sub-second job then ends before it).
-        last_parent_check = last_run_check = time.monotonic() if self.owner_is_caller else 0.0
-        first_error_at: float | None = None
-        marked_running = False
-        last_phase: str | None = None
-        last_diagnosis: str | None = None
-        result = KineticWorkerResult(identifier=identifier, status_code=0)
+        last_check = time.monotonic() if self.owner_is_caller else 0.0
+        return FollowedJob(
+            flow_run=flow_run,
+            configuration=configuration,
+            identifier=identifier,
+            logger=logger,
+            plan=plan,
+            pending_since=pending_since,
+            progress=progress,
+            outage=outage,
+            output=output,
+            emit=usage.wrap(emit),
+            meter=meter,
+            usage=usage,
+            poll=float(getattr(configuration, "poll_seconds", 0.5) or 0.5),
+            last_parent_check=last_check,
+            last_run_check=last_check,
+        )
+
+    async def _look(self, job: FollowedJob) -> JobStatus | None:
+        """The job's status, once its new output and progress are forwarded and its run was checked for a stop;
+        None after a read that failed (transient until it lasts longer than an outage is waited out)."""
         try:
-            while True:
-                try:
-                    await self.launcher.forward_logs(identifier, configuration, emit)
-                    await self._store_output(output, identifier)
-                    await progress.publish()
-                    now = time.monotonic()
-                    if now - last_run_check >= RUN_CHECK_SECONDS:
-                        check_parents = now - last_parent_check >= PARENT_CHECK_SECONDS
-                        reason = await self.stop_reason(flow_run, check_parents)
-                        last_run_check = now
-                        if check_parents:
-                            last_parent_check = now
-                        if reason:
-                            raise CancelRequested(reason)
-                    status = await self.launcher.status(identifier, configuration)
-                    first_error_at = None
-                except CancelRequested:
-                    raise
-                except Exception as exc:  # transient until proven otherwise
-                    first_error_at = first_error_at or time.monotonic()
-                    if time.monotonic() - first_error_at > outage.horizon:
-                        raise
-                    logger.warning(f"Could not read the job's state ({type(exc).__name__}: {exc}); retrying")
-                    await anyio.sleep(min(30.0, poll * 4))
-                    continue
-                await meter.observe()
-                # A job that has ended is never stopped for its budget: its value is kept (it is billed to its
-                # own end, which an API outage that delayed this look does not move).
-                if status.phase != "exited" and (budget_reached := meter.over_budget()):
-                    raise BudgetReached(budget_reached)
-                if status.diagnosis and status.diagnosis.get("category") != last_diagnosis:
-                    # as soon as the cluster says why (not only at the timeout): an automation can page now
-                    last_diagnosis = status.diagnosis.get("category")
-                    logger.warning(
-                        f"{status.diagnosis.get('summary')}: {status.diagnosis.get('detail')} "
-                        f"({status.diagnosis.get('resolution')})"
-                    )
-                    self.emit_job_event(
-                        flow_run,
-                        EVENT_DIAGNOSIS,
-                        configuration,
-                        identifier=identifier,
-                        labels={"kubernetes.diagnosis": last_diagnosis or ""},
-                        **status.diagnosis,
-                    )
-                if status.phase != last_phase and status.phase in ("pending", "running"):
-                    last_phase = status.phase
-                    self.emit_job_event(
-                        flow_run, status.phase, configuration, identifier=identifier, detail=status.detail
-                    )
-                if status.phase == "running":
-                    plan.started = True  # again after a preemption's retry is placed
-                if status.phase == "running" and not marked_running:
-                    marked_running = True
-                    await self.mark_running(flow_run, (status.detail or "Job running") + attempts.final_note(plan))
-                elif status.phase == "pending" and (
-                    moved := await attempts.on_pending(
-                        self, flow_run, configuration, identifier, status, plan, time.monotonic() - pending_since
-                    )
-                ):
-                    identifier, last_phase, last_diagnosis, pending_since = moved, None, None, time.monotonic()
-                    meter.relaunched(moved, plan.attempts[-2].ended)
-                    continue
-                elif status.phase == "pending" and status.fatal:
-                    self.emit_job_event(
-                        flow_run,
-                        EVENT_UNSCHEDULABLE,
-                        configuration,
-                        identifier=identifier,
-                        diagnosis=status.detail,
-                        labels={"kubernetes.diagnosis": (status.diagnosis or {}).get("category", "")},
-                    )
-                    await self.launcher.cancel(identifier, configuration, 0)
-                    await self.mark_crashed(flow_run, f"Job {identifier} cannot start: {status.detail}")
-                    return result
-                elif status.phase == "exited":
-                    await self.launcher.forward_logs(identifier, configuration, emit, final=True)
-                    await progress.publish()
-                    await self._end_of_output(output, identifier)
-                    self.emit_job_event(
-                        flow_run,
-                        EVENT_EXITED,
-                        configuration,
-                        identifier=identifier,
-                        exit_code=status.exit_code,
-                        detail=status.detail,
-                    )
-                    moved = await attempts.on_exit(
-                        self, flow_run, configuration, identifier, status, plan, progress.latest
-                    )
-                    if moved == attempts.HANDLED:
-                        return result
-                    if moved:
-                        # the retry is placed anew: its own time pending counts toward its capacity wait
-                        identifier, last_phase, last_diagnosis, pending_since = moved, None, None, time.monotonic()
-                        meter.relaunched(moved, plan.attempts[-2].ended)
-                        continue
-                    await self.finish(flow_run, configuration, identifier, status, note=attempts.final_note(plan))
-                    return result
-                elif status.phase == "gone":
-                    await self.mark_crashed(
-                        flow_run, f"Job {identifier} disappeared before it finished ({status.detail or 'deleted'})"
-                    )
-                    return result
-                await anyio.sleep(poll)
-        except CancelRequested as request:
-            with anyio.CancelScope(shield=True):
-                await self.launcher.cancel(identifier, configuration, CANCEL_GRACE_SECONDS)
-                await self.launcher.forward_logs(identifier, configuration, emit, final=True)
-                await self._end_of_output(output, identifier)
-                if isinstance(request, BudgetReached):
-                    await metering.record_budget_outcome(self, flow_run, configuration, request.reason)
-                    await self._propose(flow_run, Failed(message=request.reason))
-                else:
-                    await self.mark_cancelled(flow_run, request.reason)
-            logger.info(f"Stopped job {identifier}: {request.reason}")
-            return result
-        except BaseException as exc:
-            # The follow loop itself was stopped: the caller's task timed out or was interrupted
-            # (in-process), or the worker is shutting down.
-            if self.owner_is_caller:
-                with anyio.CancelScope(shield=True):
-                    reason = "The calling task stopped waiting (timeout, interrupt or error in the caller)"
-                    await self.launcher.cancel(identifier, configuration, CANCEL_GRACE_SECONDS)
-                    await self.mark_cancelled(flow_run, reason)
-            elif not isinstance(exc, Exception):
-                logger.warning(f"Worker stopping: job {identifier} keeps running; a restarted worker reattaches")
-            else:
-                with anyio.CancelScope(shield=True):
-                    await self.launcher.cancel(identifier, configuration, CANCEL_GRACE_SECONDS)
-                    await self.mark_crashed(flow_run, f"The worker lost the job: {type(exc).__name__}: {exc}")
-                return result
+            await self.launcher.forward_logs(job.identifier, job.configuration, job.emit)
+            await self._store_output(job.output, job.identifier)
+            await job.progress.publish()
+            await self._check_for_stop(job)
+            status = await self.launcher.status(job.identifier, job.configuration)
+            job.first_error_at = None
+            return status
+        except CancelRequested:
             raise
-        finally:
-            self._calling_task_ids.pop(flow_run.id, None)
+        except Exception as exc:  # transient until proven otherwise
+            job.first_error_at = job.first_error_at or time.monotonic()
+            if time.monotonic() - job.first_error_at > job.outage.horizon:
+                raise
+            job.logger.warning(f"Could not read the job's state ({type(exc).__name__}: {exc}); retrying")
+            await anyio.sleep(min(30.0, job.poll * 4))
+            return None
+
+    async def _check_for_stop(self, job: FollowedJob) -> None:
+        """Raise CancelRequested when the run (every RUN_CHECK_SECONDS) or its parents (less often) say stop."""
+        now = time.monotonic()
+        if now - job.last_run_check < RUN_CHECK_SECONDS:
+            return
+        check_parents = now - job.last_parent_check >= PARENT_CHECK_SECONDS
+        reason = await self.stop_reason(job.flow_run, check_parents)
+        job.last_run_check = now
+        if check_parents:
+            job.last_parent_check = now
+        if reason:
+            raise CancelRequested(reason)
+
+    async def _on_status(self, job: FollowedJob, status: JobStatus) -> str | None:
+        """Act on one look at the job: _FOLLOWED when the run's final state is set, _MOVED when the job moved to
+        a new attempt (preemption, fallback), else None (look again after a poll)."""
+        from kinetic_prefect.workers import attempts
+
+        await job.meter.observe()
+        # A job that has ended is never stopped for its budget: its value is kept (it is billed to its
+        # own end, which an API outage that delayed this look does not move).
+        if status.phase != "exited" and (budget_reached := job.meter.over_budget()):
+            raise BudgetReached(budget_reached)
+        self._announce(job, status)
+        if status.phase == "running":
+            job.plan.started = True  # again after a preemption's retry is placed
+        if status.phase == "running" and not job.marked_running:
+            job.marked_running = True
+            await self.mark_running(job.flow_run, (status.detail or "Job running") + attempts.final_note(job.plan))
+        elif status.phase == "pending" and (
+            moved := await attempts.on_pending(
+                self,
+                job.flow_run,
+                job.configuration,
+                job.identifier,
+                status,
+                job.plan,
+                time.monotonic() - job.pending_since,
+            )
+        ):
+            job.moved_to(moved)
+            return _MOVED
+        elif status.phase == "pending" and status.fatal:
+            await self._unschedulable(job, status)
+            return _FOLLOWED
+        elif status.phase == "exited":
+            return await self._exited(job, status)
+        elif status.phase == "gone":
+            await self.mark_crashed(
+                job.flow_run, f"Job {job.identifier} disappeared before it finished ({status.detail or 'deleted'})"
+            )
+            return _FOLLOWED
+        return None
+
+    def _announce(self, job: FollowedJob, status: JobStatus) -> None:
+        """Events (and a log line) for a new diagnosis and for a new phase of the job."""
+        if status.diagnosis and status.diagnosis.get("category") != job.last_diagnosis:
+            # as soon as the cluster says why (not only at the timeout): an automation can page now
+            job.last_diagnosis = status.diagnosis.get("category")
+            job.logger.warning(
+                f"{status.diagnosis.get('summary')}: {status.diagnosis.get('detail')} "
+                f"({status.diagnosis.get('resolution')})"
+            )
+            self.emit_job_event(
+                job.flow_run,
+                EVENT_DIAGNOSIS,
+                job.configuration,
+                identifier=job.identifier,
+                labels={"kubernetes.diagnosis": job.last_diagnosis or ""},
+                **status.diagnosis,
+            )
+        if status.phase != job.last_phase and status.phase in ("pending", "running"):
+            job.last_phase = status.phase
+            self.emit_job_event(
+                job.flow_run, status.phase, job.configuration, identifier=job.identifier, detail=status.detail
+            )
+
+    async def _unschedulable(self, job: FollowedJob, status: JobStatus) -> None:
+        """A job that cannot start: its event, the job stopped and the run Crashed."""
+        self.emit_job_event(
+            job.flow_run,
+            EVENT_UNSCHEDULABLE,
+            job.configuration,
+            identifier=job.identifier,
+            diagnosis=status.detail,
+            labels={"kubernetes.diagnosis": (status.diagnosis or {}).get("category", "")},
+        )
+        await self.launcher.cancel(job.identifier, job.configuration, 0)
+        await self.mark_crashed(job.flow_run, f"Job {job.identifier} cannot start: {status.detail}")
+
+    async def _exited(self, job: FollowedJob, status: JobStatus) -> str:
+        """The job's process ended: its last output forwarded, then a retry placed (_MOVED) or the run finished."""
+        from kinetic_prefect.workers import attempts
+
+        await self.launcher.forward_logs(job.identifier, job.configuration, job.emit, final=True)
+        await job.progress.publish()
+        await self._end_of_output(job.output, job.identifier)
+        self.emit_job_event(
+            job.flow_run,
+            EVENT_EXITED,
+            job.configuration,
+            identifier=job.identifier,
+            exit_code=status.exit_code,
+            detail=status.detail,
+        )
+        moved = await attempts.on_exit(
+            self, job.flow_run, job.configuration, job.identifier, status, job.plan, job.progress.latest
+        )
+        if moved == attempts.HANDLED:
+            return _FOLLOWED
+        if moved:
+            # the retry is placed anew: its own time pending counts toward its capacity wait
+            job.moved_to(moved)
+            return _MOVED
+        await self.finish(job.flow_run, job.configuration, job.identifier, status, note=attempts.final_note(job.plan))
+        return _FOLLOWED
+
+    async def _stop_requested(self, job: FollowedJob, request: CancelRequested) -> None:
+        """A cancel of the run (or its parent) or a reached budget: the job stopped, its run ends accordingly."""
+        from kinetic_prefect.workers import metering
+
+        with anyio.CancelScope(shield=True):
+            await self.launcher.cancel(job.identifier, job.configuration, CANCEL_GRACE_SECONDS)
+            await self.launcher.forward_logs(job.identifier, job.configuration, job.emit, final=True)
+            await self._end_of_output(job.output, job.identifier)
+            if isinstance(request, BudgetReached):
+                await metering.record_budget_outcome(self, job.flow_run, job.configuration, request.reason)
+                await self._propose(job.flow_run, Failed(message=request.reason))
+            else:
+                await self.mark_cancelled(job.flow_run, request.reason)
+        job.logger.info(f"Stopped job {job.identifier}: {request.reason}")
+
+    async def _follow_stopped(self, job: FollowedJob, exc: BaseException) -> bool:
+        """The follow loop itself was stopped: the caller's task timed out or was interrupted (in-process), or the
+        worker is shutting down, or it failed. True when the run was ended Crashed and ``exc`` is handled."""
+        if self.owner_is_caller:
             with anyio.CancelScope(shield=True):
-                current = await _read_state(self.client, flow_run)
-                if current is not None and current.is_final():
-                    await metering.publish_job_cost(self, flow_run, meter)
-                    await usage.publish(self.get_flow_run_logger(flow_run))
-                    await self.launcher.cleanup(identifier, configuration)
+                reason = "The calling task stopped waiting (timeout, interrupt or error in the caller)"
+                await self.launcher.cancel(job.identifier, job.configuration, CANCEL_GRACE_SECONDS)
+                await self.mark_cancelled(job.flow_run, reason)
+        elif not isinstance(exc, Exception):
+            job.logger.warning(f"Worker stopping: job {job.identifier} keeps running; a restarted worker reattaches")
+        else:
+            with anyio.CancelScope(shield=True):
+                await self.launcher.cancel(job.identifier, job.configuration, CANCEL_GRACE_SECONDS)
+                await self.mark_crashed(job.flow_run, f"The worker lost the job: {type(exc).__name__}: {exc}")
+            return True
+        return False
+
+    async def _after_following(self, job: FollowedJob) -> None:
+        """Once the run is final: the job's cost and usage published, its resources cleaned up."""
+        from kinetic_prefect.workers import metering
+
+        self._calling_task_ids.pop(job.flow_run.id, None)
+        with anyio.CancelScope(shield=True):
+            current = await _read_state(self.client, job.flow_run)
+            if current is not None and current.is_final():
+                await metering.publish_job_cost(self, job.flow_run, job.meter)
+                await job.usage.publish(self.get_flow_run_logger(job.flow_run))
+                await self.launcher.cleanup(job.identifier, job.configuration)
 
     async def _store_output(self, output: Any, identifier: str) -> None:
         if await output.flush():
@@ -532,9 +646,13 @@ class KineticWorker:
                 await anyio.sleep(2**attempt)
         hosts = outcome.num_hosts if outcome is not None else int(getattr(configuration, "host_count", 1) or 1)
         coordinator_failed = outcome is None or not outcome.completed
-        if hosts > 1 and coordinator_failed and (status.failed_host or outcome is None or _stopped(outcome)):
-            if await self._report_group_failure(flow_run, identifier, status, store, layout, key, hosts):
-                return
+        if (
+            hosts > 1
+            and coordinator_failed
+            and (status.failed_host or outcome is None or _stopped(outcome))
+            and await self._report_group_failure(flow_run, identifier, status, store, layout, key, hosts)
+        ):
+            return
         if outcome is None:
             code = status.exit_code
             await self.mark_crashed(

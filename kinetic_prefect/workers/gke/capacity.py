@@ -83,7 +83,8 @@ def render(manifest: dict[str, Any], configuration: Any, spec: AcceleratorSpec, 
     selector = pod.setdefault("nodeSelector", {})
     tolerations = list(pod.get("tolerations") or [])
     # A reservation holds one machine shape: it is for the first accelerator of a fallback list (and its retries).
-    first = not configuration._accelerator_choices or spec.name == configuration._accelerator_choices[0].split(":")[0]
+    choices = configuration.accelerator_choices
+    first = not choices or spec.name == choices[0].split(":")[0]
     if configuration.reservation and first and not spec.spot:
         selector[RESERVATION_NAME_LABEL] = configuration.reservation
         selector[RESERVATION_AFFINITY_LABEL] = "specific"

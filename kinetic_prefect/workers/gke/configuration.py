@@ -83,6 +83,13 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
     _template_manifest: dict[str, Any] | None = PrivateAttr(default=None)  # before rendering: each attempt's base
     _image_given: bool | None = PrivateAttr(default=None)  # image= (kept for every attempt), not built per family
 
+    def image_given(self) -> bool:
+        """Whether ``image`` was given (kept for every attempt) rather than built per accelerator family: read
+        at the first attempt, before the launcher sets ``image``, and the same answer at every later one."""
+        if self._image_given is None:
+            self._image_given = bool(self.image)
+        return self._image_given
+
     @property
     def host_count(self) -> int:
         """Pods in the group: the slice's hosts for a multi-host TPU, else ``hosts`` (1 by default)."""
@@ -134,6 +141,17 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
                 {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
             )
         pod["tolerations"] = tolerations or None
+        self._render_container(pod, spec)
+        gke_fuse.render(manifest, self.gcs_fuse_mounts)
+        if self.host_count > 1:
+            self._render_group(manifest, spec)
+        gke_capacity.render(manifest, self, spec, attempt)
+        gke_debug.render(manifest)  # a debug job: the debugpy port, and no deadline while it waits (gke/debug.py)
+        return prune(manifest)
+
+    def _render_container(self, pod: dict[str, Any], spec: accelerators.AcceleratorSpec) -> None:
+        """The job's container in ``pod``: the image, the runner's command, the environment (secret values moved
+        out of the manifest into the secret environment), the resources and a /dev/shm of ``shm_size``."""
         containers = pod.setdefault("containers", [{}])
         container = containers[0]
         container.setdefault("name", CONTAINER)
@@ -174,12 +192,6 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
                 *(container.get("volumeMounts") or []),
                 {"name": "dshm", "mountPath": "/dev/shm"},
             ]
-        gke_fuse.render(manifest, self.gcs_fuse_mounts)
-        if self.host_count > 1:
-            self._render_group(manifest, spec)
-        gke_capacity.render(manifest, self, spec, attempt)
-        gke_debug.render(manifest)  # a debug job: the debugpy port, and no deadline while it waits (gke/debug.py)
-        return prune(manifest)
 
     def _render_group(self, manifest: dict[str, Any], spec: accelerators.AcceleratorSpec) -> None:
         """One Indexed Job for the group: pod i is host i, reachable as ``<job>-<i>.<job>`` through the headless

@@ -40,13 +40,6 @@ def worker_manifests(
     """
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "kinetic-prefect"}
     meta = {"name": name, "namespace": namespace, "labels": labels}
-    secret_env = [
-        {"name": "PREFECT_API_URL", "valueFrom": {"secretKeyRef": {"name": api_secret, "key": "url"}}},
-        {
-            "name": "PREFECT_API_KEY",
-            "valueFrom": {"secretKeyRef": {"name": api_secret, "key": "key", "optional": True}},
-        },
-    ]
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta, "rules": JOB_RULES},
@@ -66,36 +59,27 @@ def worker_manifests(
                 "selector": {"matchLabels": labels},
                 "template": {
                     "metadata": {"labels": labels},
-                    "spec": {
-                        "serviceAccountName": name,
-                        "containers": [
-                            {
-                                "name": "worker",
-                                "image": image,
-                                "args": [
-                                    "prefect",
-                                    "worker",
-                                    "start",
-                                    "--type",
-                                    GKE_WORKER_TYPE,
-                                    "--pool",
-                                    pool,
-                                    "--with-healthcheck",
-                                ],
-                                "env": [*secret_env, {"name": "PREFECT_WORKER_WEBSERVER_PORT", "value": "8080"}],
-                                "resources": {
-                                    "requests": {"cpu": "250m", "memory": "512Mi"},
-                                    "limits": {"memory": "1Gi"},
-                                },
-                                "livenessProbe": {
-                                    "httpGet": {"path": "/health", "port": 8080},
-                                    "initialDelaySeconds": 30,
-                                    "periodSeconds": 30,
-                                },
-                            }
-                        ],
-                    },
+                    "spec": {"serviceAccountName": name, "containers": [_worker_container(pool, image, api_secret)]},
                 },
             },
         },
     ]
+
+
+def _worker_container(pool: str, image: str, api_secret: str) -> dict[str, Any]:
+    """``prefect worker start`` on the pool with its health check, the API's URL and key read from ``api_secret``."""
+    secret_env = [
+        {"name": "PREFECT_API_URL", "valueFrom": {"secretKeyRef": {"name": api_secret, "key": "url"}}},
+        {
+            "name": "PREFECT_API_KEY",
+            "valueFrom": {"secretKeyRef": {"name": api_secret, "key": "key", "optional": True}},
+        },
+    ]
+    return {
+        "name": "worker",
+        "image": image,
+        "args": ["prefect", "worker", "start", "--type", GKE_WORKER_TYPE, "--pool", pool, "--with-healthcheck"],
+        "env": [*secret_env, {"name": "PREFECT_WORKER_WEBSERVER_PORT", "value": "8080"}],
+        "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
+        "livenessProbe": {"httpGet": {"path": "/health", "port": 8080}, "initialDelaySeconds": 30, "periodSeconds": 30},
+    }

@@ -28,6 +28,11 @@ class JobFollower:
         self.gone_at: float | None = None  # when the Job was first seen deleted
         self.last_job: Any = None  # the Job as last read (its conditions outlive a pod the pod GC deleted)
 
+    @property
+    def log_failed(self) -> bool:
+        """Whether the last log stream broke (``stream_logs(again=True)`` then opens a new one)."""
+        return self._log_failed
+
     def _job_pods(self) -> list[Any]:
         """The Job's pods, oldest first; JobGone when the Job itself was deleted."""
         from kubernetes.client.exceptions import ApiException

@@ -78,8 +78,7 @@ class GKEJobLauncher(JobLauncher):
     async def submit(
         self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration, log: Callable[[str], None]
     ) -> str:
-        if configuration._image_given is None:
-            configuration._image_given = bool(configuration.image)
+        configuration.image_given()  # decided before the image is set below
         image = await anyio.to_thread.run_sync(self.ensure_image, configuration, log)
         configuration.image = image
         configuration.job_manifest["spec"]["template"]["spec"]["containers"][0]["image"] = image
@@ -142,55 +141,69 @@ class GKEJobLauncher(JobLauncher):
             finished = True
         if failed or finished:
             await self._drain_logs(identifier, pods, configuration)
-            if failed:
-                pod = pods[failed[0]]
-                code, reason = pod_exit(pod)
-                follower = self.follower(identifier, configuration)
-                disrupted = [
-                    found for i in failed if (found := await anyio.to_thread.run_sync(follower.disruption, pods[i]))
-                ]
-                return JobStatus(
-                    "exited",
-                    exit_code=code or 1,
-                    diagnosis=self.diagnose(pod, configuration),
-                    failed_host=failed[0] or None,
-                    preempted=disrupted[0] if disrupted else None,
-                    detail=f"host {failed[0]} of {hosts} (pod {pod.metadata.name}) failed: {reason}; "
-                    "the group fails with it",
-                )
-            code, reason = pod_exit(pods[0])
-            return JobStatus("exited", exit_code=code, detail=f"all {hosts} hosts finished (host 0: {reason})")
+            return await self._group_exited(identifier, pods, failed, configuration)
         waiting = [i for i in range(hosts) if phases.get(i) in (None, "Pending")]
         if waiting:
-            pod = pods.get(waiting[0])
-            diagnosis = self.diagnose(pod, configuration)
-            since = self._pending_since.setdefault(identifier, time.monotonic())
-            problem = JobFollower.pending_problem(pod) if pod is not None else None
+            return await self._group_pending(identifier, pods, waiting, configuration)
+        nodes = ", ".join(sorted({pod.spec.node_name or "?" for pod in pods.values()}))
+        return JobStatus("running", detail=f"{hosts} hosts running on {nodes}")
+
+    async def _group_exited(
+        self, identifier: str, pods: dict[int, Any], failed: list[int], configuration: KineticGKEJobConfiguration
+    ) -> JobStatus:
+        """The group's end: the first failed host's exit (and whether a disruption stopped one), else host 0's."""
+        hosts = configuration.host_count
+        if failed:
+            pod = pods[failed[0]]
+            code, reason = pod_exit(pod)
             follower = self.follower(identifier, configuration)
-            placing = await self._pending_capacity(follower, pod, configuration)
-            if problem:
-                return JobStatus("pending", detail=f"host {waiting[0]}: {problem}", fatal=True, diagnosis=diagnosis)
-            waited = time.monotonic() - since
-            scaling = self._scaling_clock(identifier, placing == capacity.SCALING_UP)
-            if overdue := self._overdue(configuration, waited, scaling):
-                text = await anyio.to_thread.run_sync(follower.diagnose_pending, pod, placing)
-                return JobStatus(
-                    "pending",
-                    fatal=True,
-                    diagnosis=diagnosis,
-                    capacity=placing,
-                    scaling_up_seconds=scaling,
-                    detail=f"host {waiting[0]} of {hosts} {overdue}: {text}",
-                )
+            disrupted = [
+                found for i in failed if (found := await anyio.to_thread.run_sync(follower.disruption, pods[i]))
+            ]
+            return JobStatus(
+                "exited",
+                exit_code=code or 1,
+                diagnosis=self.diagnose(pod, configuration),
+                failed_host=failed[0] or None,
+                preempted=disrupted[0] if disrupted else None,
+                detail=f"host {failed[0]} of {hosts} (pod {pod.metadata.name}) failed: {reason}; "
+                "the group fails with it",
+            )
+        code, reason = pod_exit(pods[0])
+        return JobStatus("exited", exit_code=code, detail=f"all {hosts} hosts finished (host 0: {reason})")
+
+    async def _group_pending(
+        self, identifier: str, pods: dict[int, Any], waiting: list[int], configuration: KineticGKEJobConfiguration
+    ) -> JobStatus:
+        """Hosts still unscheduled: the first one's problem or capacity, fatal once it waited too long."""
+        hosts = configuration.host_count
+        pod = pods.get(waiting[0])
+        diagnosis = self.diagnose(pod, configuration)
+        since = self._pending_since.setdefault(identifier, time.monotonic())
+        problem = JobFollower.pending_problem(pod) if pod is not None else None
+        follower = self.follower(identifier, configuration)
+        placing = await self._pending_capacity(follower, pod, configuration)
+        if problem:
+            return JobStatus("pending", detail=f"host {waiting[0]}: {problem}", fatal=True, diagnosis=diagnosis)
+        waited = time.monotonic() - since
+        scaling = self._scaling_clock(identifier, placing == capacity.SCALING_UP)
+        if overdue := self._overdue(configuration, waited, scaling):
+            text = await anyio.to_thread.run_sync(follower.diagnose_pending, pod, placing)
             return JobStatus(
                 "pending",
+                fatal=True,
                 diagnosis=diagnosis,
                 capacity=placing,
                 scaling_up_seconds=scaling,
-                detail=f"{hosts - len(waiting)} of {hosts} hosts scheduled",
+                detail=f"host {waiting[0]} of {hosts} {overdue}: {text}",
             )
-        nodes = ", ".join(sorted({pod.spec.node_name or "?" for pod in pods.values()}))
-        return JobStatus("running", detail=f"{hosts} hosts running on {nodes}")
+        return JobStatus(
+            "pending",
+            diagnosis=diagnosis,
+            capacity=placing,
+            scaling_up_seconds=scaling,
+            detail=f"{hosts - len(waiting)} of {hosts} hosts scheduled",
+        )
 
     async def _drain_logs(self, identifier: str, pods: dict[int, Any], configuration) -> None:
         """Every host's last lines, the hosts side by side (one after another costs a round trip per host)."""
@@ -289,7 +302,7 @@ class GKEJobLauncher(JobLauncher):
         as_dict = ApiClient().sanitize_for_serialization(pod)
         events = await anyio.to_thread.run_sync(follower.pod_events, pod.metadata.name)
         placing = gke_capacity.pending_capacity(as_dict, events)
-        if placing == capacity.AWAITING_AUTOSCALER and len(configuration._accelerator_choices) > 1:
+        if placing == capacity.AWAITING_AUTOSCALER and len(configuration.accelerator_choices) > 1:
             present = await self._autoscaler_present(follower, configuration)
             placing = gke_capacity.pending_capacity(as_dict, events, present)
         return placing
@@ -398,7 +411,7 @@ class GKEJobLauncher(JobLauncher):
         await self.cancel(identifier, configuration, 0)
         await self.cleanup(identifier, configuration)
         configuration.accelerator, configuration.spot = capacity.label(spec.with_spot(False)), spec.spot
-        if not configuration._image_given:
+        if not configuration.image_given():
             configuration.image = None  # built (or found) again for this accelerator's family
         configuration.labels["kinetic.prefect.io/accelerator"] = configuration.labels["kinetic.accelerator"] = spec.name
         configuration.job_manifest = configuration.render_manifest(spec, flow_run, attempt)
@@ -517,24 +530,7 @@ class GKEJobLauncher(JobLauncher):
         core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
         namespace = configuration.namespace
         if configuration.secret_env:
-            body = {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "type": "Opaque",
-                "metadata": {
-                    "name": secret_name,
-                    "namespace": namespace,
-                    "labels": {"app.kubernetes.io/managed-by": "kinetic-prefect"},
-                },
-                "stringData": configuration.secret_env,
-            }
-            try:
-                kube_retry(core.create_namespaced_secret)(namespace, body)
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-                # the worker may write Secrets but never read them (its Role): overwrite what is there
-                kube_retry(core.patch_namespaced_secret)(secret_name, namespace, {"stringData": body["stringData"]})
+            _write_env_secret(core, namespace, secret_name, configuration.secret_env)
             container = manifest["spec"]["template"]["spec"]["containers"][0]
             container["envFrom"] = [*(container.get("envFrom") or []), {"secretRef": {"name": secret_name}}]
         try:
@@ -556,21 +552,50 @@ class GKEJobLauncher(JobLauncher):
                 if exc.status != 409:  # 409: an earlier attempt made it
                     raise
         if configuration.secret_env:
-            kube_retry(core.patch_namespaced_secret)(
-                secret_name,
-                namespace,
-                {
-                    "metadata": {
-                        "ownerReferences": [
-                            {
-                                "apiVersion": "batch/v1",
-                                "kind": "Job",
-                                "name": created.metadata.name,
-                                "uid": created.metadata.uid or "",
-                                "blockOwnerDeletion": False,
-                            }
-                        ]
-                    }
-                },
-            )
+            _owned_by_job(core, namespace, secret_name, created)
         return created.metadata.name
+
+
+def _write_env_secret(core: Any, namespace: str, secret_name: str, secret_env: dict[str, str]) -> None:
+    """The Secret holding a job's secret environment values (created, or overwritten if an earlier try made it)."""
+    from kubernetes.client.exceptions import ApiException
+
+    body = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": secret_name,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/managed-by": "kinetic-prefect"},
+        },
+        "stringData": secret_env,
+    }
+    try:
+        kube_retry(core.create_namespaced_secret)(namespace, body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        # the worker may write Secrets but never read them (its Role): overwrite what is there
+        kube_retry(core.patch_namespaced_secret)(secret_name, namespace, {"stringData": body["stringData"]})
+
+
+def _owned_by_job(core: Any, namespace: str, secret_name: str, job: Any) -> None:
+    """The Secret is deleted with its Job (an owner reference; the Job's deletion does not wait for it)."""
+    kube_retry(core.patch_namespaced_secret)(
+        secret_name,
+        namespace,
+        {
+            "metadata": {
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": job.metadata.name,
+                        "uid": job.metadata.uid or "",
+                        "blockOwnerDeletion": False,
+                    }
+                ]
+            }
+        },
+    )

@@ -20,6 +20,7 @@ that serves many calls); each call keeps its task's own timeout.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -65,7 +66,7 @@ def wanted(configuration: KineticGKEJobConfiguration) -> bool:
     return (
         configuration.keep_warm_seconds > 0
         and configuration.host_count == 1
-        and len(configuration._accelerator_choices) <= 1  # noqa: SLF001 - set by the shared configuration
+        and len(configuration.accelerator_choices) <= 1
         and not configuration.spot_fallback
     )
 
@@ -335,7 +336,7 @@ class WarmPods:
                 return
             if pod is None:
                 return
-            follower.stream_logs(pod.metadata.name, again=follower._log_failed)  # noqa: SLF001 - a broken stream
+            follower.stream_logs(pod.metadata.name, again=follower.log_failed)  # a broken stream
             await anyio.sleep(0.2)
 
     def forward_logs(self, identifier: str, emit: Callable[[str], None]) -> None:
@@ -354,10 +355,8 @@ class WarmPods:
         for table in (self._followers, self._lines, self._emitters, self._handed_at):
             table.pop(identifier, None)
         store = await self._store(configuration)
-        try:
+        with contextlib.suppress(ObjectNotFound):
             await anyio.to_thread.run_sync(store.delete, WarmPodKeys.run(_parts(identifier)[2]))
-        except ObjectNotFound:
-            pass
 
     async def host_spans(self, identifier: str, configuration: KineticGKEJobConfiguration) -> list[Any]:
         """The call's own time on its pod (metering): a warm pod is billed to the calls it runs, not between them."""

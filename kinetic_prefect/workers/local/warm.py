@@ -17,6 +17,7 @@ its text how many calls it served), so ``kinetic-prefect warm list|down`` see an
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -254,10 +255,8 @@ def stop_idle(info: RunnerInfo) -> bool:
         os.rename(info.control / WarmRunnerFiles.IDLE, info.control / WarmRunnerFiles.LEAVING)
     except FileNotFoundError:
         return False
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(info.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
     return True
 
 

@@ -1,0 +1,117 @@
+"""Caller side, a call made ready: its options (``KineticOptions``) and what is computed before Prefect or the
+store is contacted (``prepare``: the pickled payload, the project archive, the forwarded environment, each Data
+argument hashed and put by reference). Failing here stores nothing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefect.context import TaskRunContext
+
+from kinetic_prefect import accelerators
+from kinetic_prefect.caller import data_mounts
+from kinetic_prefect.caller.env_capture import check_entries, forwarded_environment
+from kinetic_prefect.caller.payload import build_call_payload
+from kinetic_prefect.caller.project_archive import cached_project_archive, find_project_dir, sha256_hex
+from kinetic_prefect.contract import RunLayout
+from kinetic_prefect.pod import data
+from kinetic_prefect.shared.image import ImageSpec
+
+SUBMISSION_MODES = ("auto", "in-process", "worker")
+
+
+@dataclass(frozen=True)
+class KineticOptions:
+    """Where and how a kinetic task's body runs (everything that is not a Prefect task option)."""
+
+    accelerator: accelerators.AcceleratorSpec
+    image_spec: ImageSpec
+    image: str | None = None
+    work_pool: str | None = None
+    env: tuple[str, ...] = ()
+    env_missing: str = "error"  # an unset exact name in `env`: "error" fails the call, "warn" leaves it out
+    submission: str = "auto"
+    project_dir: Path | None = None
+    ship_project: bool = True
+    job_variables: dict[str, Any] = field(default_factory=dict)
+    hosts: int | None = None  # a group of N hosts (one jax.distributed group); None: the accelerator's own
+    max_cost_usd: float | None = None  # the worker stops the job when its metered cost reaches it
+    fallbacks: tuple[accelerators.AcceleratorSpec, ...] = ()  # tried in order after `accelerator` (capacity.py)
+    preemption_retries: int | None = None  # None: the pool's
+    spot_fallback: bool | None = None  # None: the pool's
+    debug: bool = False  # the job waits for a debugger before the function runs (caller/debugging.py)
+
+    def __post_init__(self) -> None:
+        if self.preemption_retries is not None and (
+            isinstance(self.preemption_retries, bool)
+            or not isinstance(self.preemption_retries, int)
+            or self.preemption_retries < 0
+        ):
+            raise ValueError(
+                f"preemption_retries={self.preemption_retries!r}: give a whole number >= 0 (0: a "
+                "preemption crashes the run and the task's `retries` decide)"
+            )
+        check_entries(self.env, self.env_missing)
+        if self.submission not in SUBMISSION_MODES:
+            raise ValueError(f"submission={self.submission!r} is not one of {', '.join(SUBMISSION_MODES)}")
+        if self.project_dir is not None and not Path(self.project_dir).is_dir():
+            raise ValueError(f"project_dir={str(self.project_dir)!r} is not a directory")
+
+
+@dataclass
+class PreparedCall:
+    """Everything computed before contacting Prefect or storage; failing here stores nothing."""
+
+    layout: RunLayout
+    payload: bytes
+    payload_sha256: str
+    code_archive: Any | None
+    env: dict[str, str]
+    data: list[Any]  # data.Manifest of each local Data argument, uploaded at submission
+    task_run_id: str | None = None
+    store: Any = None  # once opened: where a call that ends without an outcome removes its run's objects
+    outcome_read: bool = False  # the job's outcome was read: its record stays as the run's receipt
+    project_dir: Path | None = None  # the shipped project's root on this machine (a debugger maps it)
+    fuse: list[Any] = field(default_factory=list)  # the Data(..., fuse=True) of the call (caller/data_mounts.py)
+
+
+def _swap_data(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any], list[Any]]:
+    """Hash every Data argument (wherever it is nested) and put a DataRef in its place."""
+    manifests: dict[str, Any] = {}
+
+    def to_ref(item: data.Data) -> data.DataRef:
+        manifest = None if item.is_remote or item.fuse else data.hash_local(item)
+        if manifest is not None:
+            manifests[manifest.sha256] = manifest
+        return data.to_ref(item, manifest)
+
+    new_args = data.transform(args, to_ref, data.Data)
+    new_kwargs = data.transform(kwargs, to_ref, data.Data)
+    return new_args, new_kwargs, list(manifests.values())
+
+
+def prepare(options: KineticOptions, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> PreparedCall:
+    project_dir = Path(options.project_dir).resolve() if options.project_dir else find_project_dir(fn)
+    data_paths = [d.local_path for d in data.find((args, kwargs), data.Data) if d.local_path is not None]
+    fuse = data_mounts.fuse_data(args, kwargs)
+    args, kwargs, manifests = _swap_data(args, kwargs)
+    payload = build_call_payload(fn, args, kwargs, project_dir)
+    # Data passed as Data travels by its own content-addressed route, never inside the code archive.
+    archive = cached_project_archive(project_dir, exclude=data_paths) if options.ship_project else None
+    env = forwarded_environment(options.env, options.env_missing)
+    return PreparedCall(
+        layout=RunLayout(str(uuid.uuid4())),
+        payload=payload,
+        payload_sha256=sha256_hex(payload),
+        project_dir=project_dir,
+        code_archive=archive,
+        env=env,
+        data=manifests,
+        task_run_id=str(ctx.task_run.id) if (ctx := TaskRunContext.get()) else None,
+        fuse=fuse,
+    )

@@ -1,0 +1,103 @@
+"""Caller side, a call that joins a sweep (caller/slots.py): which calls a slot can carry, and one input's wait
+for its outcome in a slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from anyio import to_thread
+
+from kinetic_prefect import accelerators
+from kinetic_prefect.caller import _prefect, data_mounts, slots
+from kinetic_prefect.caller.calls import KineticOptions, PreparedCall
+from kinetic_prefect.caller.outcomes import cancelled_result, collect, discard_run
+from kinetic_prefect.errors import KineticJobCrashed
+
+
+def sweep_of(
+    options: KineticOptions,
+    call: PreparedCall,
+    client: Any,
+    store: Any,
+    pool: Any,
+    polling: bool,
+    job_variables: dict[str, Any],
+    task_run: Any,
+    task_name: str,
+    detach: Any,
+    signing_key: bytes | None,
+) -> Any:
+    """The sweep this call's input joins (caller/slots.py), or None for a job run of its own: a call with no
+    concurrent sibling, or one a slot cannot carry (a group, a fallback list, a budget, debug, FUSE mounts, secret
+    env values, another loop than the shared one)."""
+    from prefect._internal.concurrency.threads import get_run_sync_loop
+
+    from kinetic_prefect.contract import LOCAL_WORKER_TYPE
+
+    keep_warm = float(job_variables.get("keep_warm_seconds", _prefect.pool_default(pool, "keep_warm_seconds")) or 0)
+    carried = (
+        detach is None
+        and task_run is not None
+        and pool.type == LOCAL_WORKER_TYPE
+        and keep_warm > 0
+        and not options.fallbacks
+        and not options.debug
+        and not call.env
+        and accelerators.host_count(options.accelerator, job_variables.get("hosts", options.hosts)) == 1
+        and "max_cost_usd" not in job_variables
+        and data_mounts.FUSE_VARIABLE not in job_variables
+        and getattr(get_run_sync_loop(), "_loop", None) is asyncio.get_running_loop()
+    )
+    if not carried or not slots.slot_count() or not slots.has_siblings((task_run.flow_run_id, task_name)):
+        return None
+    shared, _ = slots.split_variables(job_variables)
+    key = (task_run.flow_run_id, task_name, pool.name, polling, json.dumps(shared, sort_keys=True, default=str))
+    return slots.sweep_for(
+        key,
+        lambda: slots.Sweep(
+            key, client, store, pool, polling, shared, task_name, idle_seconds=keep_warm, signing_key=signing_key
+        ),
+    )
+
+
+async def wait_in_sweep(
+    sweep: Any,
+    client: Any,
+    call: PreparedCall,
+    job_variables: dict[str, Any],
+    key: bytes | None,
+    run_name: str,
+    fn: Any,
+    logger: Any,
+    task_run: Any,
+) -> Any:
+    """One input of a sweep: queued, taken by a slot, and its outcome read as a single call's is. Its slot's run
+    cancelled: Cancelled (not retried); its slot gone without its outcome (killed, failed): a crash, retried."""
+    from prefect.states import Cancelled
+
+    _, per_call = slots.split_variables(job_variables)
+    if logger:
+        logger.info(f"Input {run_name} queued in sweep {sweep.keys.sweep_id} (slot jobs of {sweep.task_name!r})")
+    how, detail = await sweep.run_input(call.layout.run_id, per_call, task_run, run_name)
+    slot = detail.get("slot") if isinstance(detail, dict) else None
+    if how == "done" and detail.get("refused"):
+        from kinetic_prefect.errors import StoreTampered
+
+        raise StoreTampered(f"slot job of input {run_name} refused its queued record: {detail['refused']}")
+    if how == "done":
+        await sweep.forward_log(call.layout.run_id, logger)
+        if not detail.get("stopped"):
+            return await collect(call.store, call, key, None, run_name, fn, logger, task_run)
+        state = await sweep.slot_final(slot)
+        slot = sweep.every_slot[slot].name if slot in sweep.every_slot else slot
+    else:  # withdrawn if no slot took it, else stopped where it runs: never run by a slot and by a retry
+        await sweep.stop_input(call.layout.run_id)
+        state = Cancelled(message=str(detail)) if how == "cancelled" else detail["state"]
+    if state is not None and state.is_cancelled():
+        await to_thread.run_sync(discard_run, call.store, call, True)
+        return await cancelled_result(client, task_run, run_name, state)
+    what = f"{state.name}: {state.message}" if state is not None else "no final state"
+    raise KineticJobCrashed(f"slot job {slot} ended ({what}) before input {run_name} had an outcome")
