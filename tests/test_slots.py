@@ -4,7 +4,9 @@ Each input stays its own Prefect task run (value, exception, logs, retries, time
 tagged ``kinetic-slot`` whose logs name the inputs they served. The stop rows: a Ctrl-C or SIGTERM of the calling
 script stops every slot within 10 s; a cancelled slot ends its input Cancelled (not retried) and its queued inputs go
 to a new slot; a slot killed with SIGKILL ends its input Crashed, retried, and no other input is lost or run twice; a
-per-input timeout stops that input only; ``fail_fast`` stops the rest. Both submission paths where it applies.
+per-input timeout stops that input only; ``fail_fast`` stops the rest. Both submission paths where it applies. Each
+slot's run carries a table (a markdown artifact) of the inputs it served; an input's lines reach its task run while
+it runs; the claim protocol and the queued records' signatures hold on a local store and on GCS (fake-gcs-server).
 """
 
 from __future__ import annotations
@@ -22,7 +24,15 @@ from pathlib import Path
 
 import pytest
 from prefect import flow, get_client
-from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterTaskRunId
+from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterFlowRunId,
+    ArtifactFilterKey,
+    LogFilter,
+    LogFilterFlowRunId,
+    LogFilterTaskRunId,
+    LogFilterTextSearch,
+)
 from prefect.states import Cancelling
 from test_lifecycle import STOP_WITHIN_SECONDS, _as_from_a_terminal, alive, route, wait_for
 from test_spine import job_runs
@@ -83,6 +93,30 @@ def run_logs(flow_run_id) -> list[str]:
     return [log.message for log in logs]
 
 
+def logs_with(text: str) -> list:
+    with get_client(sync_client=True) as client:
+        return client.read_logs(log_filter=LogFilter(text=LogFilterTextSearch(query=text)))
+
+
+def slot_table(flow_run_id) -> list[dict[str, str]] | None:
+    """The rows of a slot job run's table of the inputs it served (its markdown artifact), None before it exists."""
+    from kinetic_prefect.contract import SLOT_INPUTS_ARTIFACT_KEY
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]),
+                key=ArtifactFilterKey(any_=[SLOT_INPUTS_ARTIFACT_KEY]),
+            )
+        )
+    if not found:
+        return None
+    assert len(found) == 1, found
+    header, _, *rows = [line for line in found[0].data.splitlines() if line.startswith("|")]
+    names = [cell.strip() for cell in header.strip("|").split("|")]
+    return [dict(zip(names, (cell.strip() for cell in row.strip("|").split("|")), strict=True)) for row in rows]
+
+
 def sweep_flow(task, n: int, marker_dir: Path, sleep: float = 0.0):
     @flow
     def sweep():
@@ -96,22 +130,35 @@ def sweep_flow(task, n: int, marker_dir: Path, sleep: float = 0.0):
 # --------------------------------------------------------------------------- the hand-over, no server
 
 
+def _store_of(kind: str, tmp_path, request):
+    from kinetic_prefect.storage import LocalStore, open_store
+
+    if kind == "local":
+        return LocalStore(tmp_path)
+    return open_store(f"{request.getfixturevalue('gcs_bucket')}/kinetic")  # fake-gcs-server: ifGenerationMatch=0
+
+
 @pytest.mark.no_server
-def test_two_slots_claiming_at_once_never_take_the_same_input_and_a_forged_record_is_refused(tmp_path, monkeypatch):
+@pytest.mark.parametrize("kind", ["local", "gcs"])
+def test_two_slots_claiming_at_once_never_take_the_same_input_and_a_forged_record_is_refused(
+    kind, tmp_path, monkeypatch, request
+):
     from kinetic_prefect import signing
     from kinetic_prefect.contract import SweepKeys
     from kinetic_prefect.pod import slot_runner
-    from kinetic_prefect.storage import LocalStore
 
-    store, keys = LocalStore(tmp_path), SweepKeys("s1")
-    for seq in range(200):  # signed, as on a signed store: a signature object lies beside each record
+    store, keys = _store_of(kind, tmp_path, request), SweepKeys("s1")
+    count = 200 if kind == "local" else 60  # on the emulator every claim is an HTTP request and every look a listing
+    for seq in range(count):  # signed, as on a signed store: a signature object lies beside each record
         blob = json.dumps({"run_id": f"run{seq}-x", "env": {}}).encode()
         signing.put(store, keys.queued(seq, f"run{seq}-x"), blob, b"k" * 32)
     store.put_bytes(keys.claim("run7-x"), SweepKeys.WITHDRAWN, if_absent=True)  # a caller took its input back
     taken: dict[str, list[str]] = {"a": [], "b": []}
+    go = threading.Barrier(2)
 
     def slot(slot_id: str) -> None:
         seen: set[str] = set()
+        go.wait()  # both claim at once
         while (queued := slot_runner._claim_next(store, keys, slot_id, seen)) is not None:
             taken[slot_id].append(SweepKeys.run_id_of(queued))
 
@@ -121,8 +168,18 @@ def test_two_slots_claiming_at_once_never_take_the_same_input_and_a_forged_recor
     for thread in threads:
         thread.join()
     everything = taken["a"] + taken["b"]
-    assert sorted(everything) == sorted(f"run{i}-x" for i in range(200) if i != 7)  # each once, the withdrawn never
+    assert sorted(everything) == sorted(f"run{i}-x" for i in range(count) if i != 7)  # each once, the withdrawn never
+    assert taken["a"] and taken["b"], taken  # both slots took inputs: they did race
+    assert {store.get_bytes(keys.claim(r)).decode() for r in taken["a"]} == {"a"}  # the claim names its slot
     assert SweepKeys.run_id_of(keys.queued(12, "abc-def")) == "abc-def"
+    monkeypatch.setenv("KINETIC_SIGNING_KEY", "k" * 32)  # the slot's key: a signed record reads
+    assert slot_runner._read_item(store, keys.queued(3, "run3-x"))["run_id"] == "run3-x"
+    store.put_bytes(keys.queued(4, "run4-x"), json.dumps({"run_id": "run4-x", "env": {"PATH": "/x"}}).encode())
+    with pytest.raises(signing.TamperedObject, match="does not match its signature"):  # changed after it was signed
+        slot_runner._read_item(store, keys.queued(4, "run4-x"))
+    store.put_bytes(keys.queued(999, "forged-x"), b'{"run_id": "forged-x", "env": {}}')
+    with pytest.raises(signing.TamperedObject, match="has no signature"):  # written without the key
+        slot_runner._read_item(store, keys.queued(999, "forged-x"))
     monkeypatch.setenv("KINETIC_SIGNING_KEY", "another key")  # a record the slot's key does not sign is refused
     with pytest.raises(signing.KeyMismatch):
         slot_runner._read_item(store, keys.queued(3, "run3-x"))
@@ -137,6 +194,51 @@ def test_a_queued_input_sets_only_per_call_variables_of_the_slot():
     item = {"env": {"KINETIC_RUN_ID": "input", "PATH": "/evil", "LD_PRELOAD": "x.so", "KINETIC_PAYLOAD_SHA256": "ab"}}
     env = slot_runner._input_env(base, item)
     assert env == {"KINETIC_STORE": "/s", "PATH": "/bin", "KINETIC_RUN_ID": "input", "KINETIC_PAYLOAD_SHA256": "ab"}
+
+
+@pytest.mark.no_server
+def test_an_inputs_output_is_shipped_in_whole_lines_and_forwarded_once_each_in_order(tmp_path):
+    import asyncio
+
+    from kinetic_prefect.caller import slots
+    from kinetic_prefect.contract import USAGE_PREFIX, SweepKeys
+    from kinetic_prefect.pod import slot_runner
+    from kinetic_prefect.storage import LocalStore
+
+    store, keys, log_path = LocalStore(tmp_path / "store"), SweepKeys("s2"), tmp_path / "input.log"
+    shipper = slot_runner._LogShipper(store, keys, "r1", log_path)
+    forwarded: list[str] = []
+
+    class TaskRunLogger:
+        def info(self, line: str) -> None:
+            forwarded.append(line)
+
+    def write(data: bytes) -> None:
+        with open(log_path, "ab") as log:
+            log.write(data)
+
+    async def sweep_side() -> None:
+        sweep = slots.Sweep(("flow run", "task"), None, store, None, False, {"env": {}}, "task", 0.0, keys=keys)
+        sweep.waiting["r1"] = (None, asyncio.get_running_loop().create_future())
+        sweep.loggers["r1"] = TaskRunLogger()
+        shipper.ship()  # nothing written yet: no chunk
+        write(b"one\ntw")
+        shipper.ship()  # "tw" is a line still being written: it waits
+        await sweep._stream_logs()
+        assert forwarded == ["one"]
+        write(f"o\n{USAGE_PREFIX}cpu 3%\nthree".encode())
+        shipper.ship()
+        await sweep._stream_logs()
+        await sweep._stream_logs()  # a listing that finds nothing new forwards nothing
+        assert forwarded == ["one", "two"]
+        shipper.ship(final=True)  # the input ended: the rest, also without a newline
+        await sweep.forward_log("r1", TaskRunLogger())
+        await sweep._stream_logs()  # the watcher's listing after the last forward
+        assert forwarded == ["one", "two", "three"]  # the usage sampler's line is not the body's
+
+    asyncio.run(sweep_side())
+    chunks = [store.get_bytes(k) for k in store.list(keys.log_prefix("r1"))]
+    assert chunks == [b"one\n", f"two\n{USAGE_PREFIX}cpu 3%\n".encode(), b"three"]
 
 
 # --------------------------------------------------------------------------- a sweep in slots
@@ -164,6 +266,17 @@ def test_a_map_on_a_warm_pool_runs_in_slots_and_every_input_keeps_its_task_run_a
         if line.startswith("kinetic slot: input ")
     ]
     assert len(served) == 8 - (len(runs) - len(slots)), served  # each slot's run names the inputs it served
+    names = {str(task_run_id) for task_run_id, _, _ in results}
+    for run in slots:  # and its table (an artifact) has a row per input it served: the same inputs, Completed
+        rows = wait_for(lambda run=run: (table := slot_table(run.id)) is not None and [table], 30, run.name)[0]
+        logged = {
+            line.rsplit("(task run ", 1)[1].rstrip(")")
+            for message in run_logs(run.id)
+            for line in message.splitlines()
+            if line.startswith("kinetic slot: input ")
+        }
+        assert {row["task run id"] for row in rows} == logged and logged <= names, (rows, logged)
+        assert all(row["outcome"] == "Completed" and float(row["seconds"]) >= 0 for row in rows), rows
     for task_run_id, _, (i, _) in results:  # each input's own output reached its own task run, and only its own
         mine = [line for line in task_logs(task_run_id) if line.startswith("slot input")]
         assert len(mine) == 1 and mine[0].startswith(f"slot input {i} "), (i, mine)
@@ -383,3 +496,52 @@ def test_stopping_the_calling_script_stops_every_slot(route, tmp_path, sig):
     assert proc.returncode != 0, output[-3000:]
     runs = wait_for(lambda: (rs := job_runs(name)) and all(r.state.is_final() for r in rs) and rs, 30, "final runs")
     assert all(run.state.is_cancelled() for run in runs), [(run.name, run.state.name) for run in runs]
+
+
+@pytest.mark.slow
+def test_an_inputs_log_lines_reach_its_task_run_while_it_runs(tmp_path, monkeypatch):
+    """The line is in the input's task run (through the API) before the input ends: the body waits for the test to
+    have seen it (40 s at most, then it returns False: the lines came only at the end)."""
+    from worker_fixture import new_pool
+
+    monkeypatch.setenv("KINETIC_SWEEP_SLOTS", "2")
+    name = f"slots-stream-{uuid.uuid4().hex[:6]}"
+    token = f"streamed-{uuid.uuid4().hex}"
+
+    @kinetic_task(name=name, work_pool=new_pool("slots"), job_variables={"keep_warm_seconds": 20})
+    def talk(i: int, folder: str, token: str) -> str:
+        import os as _os
+        import pathlib
+        import time as _time
+
+        if not _os.environ.get("KINETIC_SWEEP_ID"):
+            return "own job"  # a call that started before any sibling: not in a slot
+        try:
+            _os.close(_os.open(pathlib.Path(folder) / "first", _os.O_CREAT | _os.O_EXCL | _os.O_WRONLY))
+        except FileExistsError:
+            return "another input"
+        print(f"{token} from a running input", flush=True)
+        deadline = _time.time() + 40
+        while _time.time() < deadline:
+            if (pathlib.Path(folder) / "seen").exists():
+                return "seen while running"
+            _time.sleep(0.1)
+        return "not seen while running"
+
+    @flow
+    def sweep():
+        futures = talk.map(range(3), folder=str(tmp_path), token=token)
+        return [(f.task_run_id, f.result()) for f in futures]
+
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.update(value=sweep()), daemon=True)
+    thread.start()
+    found = wait_for(lambda: logs_with(token) or None, 60, "the running input's line in the API")
+    (tmp_path / "seen").write_text("")
+    thread.join(60)
+    assert not thread.is_alive()
+    [talker] = [task_run_id for task_run_id, value in box["value"] if value.endswith("while running")]
+    assert dict(box["value"])[talker] == "seen while running", box["value"]
+    assert [log.task_run_id for log in found] == [talker]  # its own task run's
+    time.sleep(3)  # the API log handler's batch interval: a line forwarded again at the end would be there now
+    assert len(logs_with(token)) == 1  # forwarded once

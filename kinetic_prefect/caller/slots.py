@@ -36,6 +36,8 @@ from anyio import to_thread
 
 from kinetic_prefect import signing
 from kinetic_prefect.contract import (
+    COMPLETED,
+    SLOT_INPUTS_ARTIFACT_KEY,
     SLOT_TAG,
     SWEEP_TAG_PREFIX,
     USAGE_PREFIX,
@@ -51,6 +53,7 @@ from kinetic_prefect.shared import sweeps as sweep_stops
 logger = logging.getLogger("kinetic_prefect.slots")
 
 POLL_SECONDS = 0.1  # how often a sweep lists its done records (one listing answers all its waiting calls)
+LOG_POLL_SECONDS = 0.5  # how often it lists its inputs' log chunks (one listing streams every running input's)
 CLOSE_GRACE_SECONDS = 0.5  # a sweep with no waiting call closes after this (a retry or the next call rejoins it)
 EXIT_WAIT_SECONDS = 10.0  # at the script's exit, how long its in-process slots get to end their runs
 PARENT_CHECK_SECONDS = 1.0  # how often a sweep reads its calling flow run's state (for a cancel)
@@ -136,6 +139,13 @@ class Sweep:
     signing_key: bytes | None = None  # the queued records are signed with it, as payloads are
     keys: SweepKeys = field(default_factory=lambda: SweepKeys(uuid.uuid4().hex[:16]))
     waiting: dict[str, tuple[str | None, asyncio.Future]] = field(default_factory=dict)  # run id: (task run, done)
+    inputs: dict[str, tuple[int, str, str | None]] = field(default_factory=dict)  # run id: (n-th queued, name, tr)
+    loggers: dict[str, Any] = field(default_factory=dict)  # run id: its task run's logger, while it waits
+    log_chunks: dict[str, int] = field(default_factory=dict)  # run id: its next log chunk to forward
+    log_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    logs_forwarded: set[str] = field(default_factory=set)  # run ids whose every line went to their task run
+    served: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # slot id: a row per input it served
+    recorded: set[str] = field(default_factory=set)  # the run ids whose done record is in a slot's rows
     slots: dict[str, _Slot] = field(default_factory=dict)  # launched, not ended
     every_slot: dict[str, _Slot] = field(default_factory=dict)
     closed: bool = False
@@ -164,6 +174,8 @@ class Sweep:
             self._close_timer.cancel()
             self._close_timer = None
         self.seq += 1
+        self.inputs[run_id] = (self.seq, name, task_run_id)
+        self.loggers[run_id] = _task_run_logger()
         item = {"run_id": run_id, "env": per_call_env, "task_run_id": task_run_id, "name": name}
         try:
             blob = json.dumps(item).encode()
@@ -180,6 +192,7 @@ class Sweep:
             raise
         finally:
             self.waiting.pop(run_id, None)
+            self.loggers.pop(run_id, None)
             if not self.waiting and not self.closed:
                 self._close_timer = self.loop.call_later(CLOSE_GRACE_SECONDS, lambda: self._spawn(self.close()))
 
@@ -210,16 +223,42 @@ class Sweep:
         return await slot.final if slot is not None else None
 
     async def forward_log(self, run_id: str, run_logger: Any) -> None:
-        """The input's own output, as its task run's log lines."""
-        from kinetic_prefect.storage import ObjectNotFound
+        """The input's output not yet forwarded while it ran, as its task run's log lines (called once the input
+        is done: its last chunk is in the store before its done record)."""
+        chunks = await to_thread.run_sync(self.store.list, self.keys.log_prefix(run_id))
+        await self._forward_chunks(run_id, chunks, run_logger, last=True)
 
-        try:
-            text = (await to_thread.run_sync(self.store.get_bytes, self.keys.log(run_id))).decode(errors="replace")
-        except ObjectNotFound:
-            return
-        for line in text.splitlines():
-            if run_logger is not None and not line.startswith(USAGE_PREFIX):  # the usage sampler's, not the body's
-                run_logger.info(line)
+    async def _forward_chunks(self, run_id: str, chunk_keys: list[str], run_logger: Any, last: bool = False) -> None:
+        """Forward the chunks of ``chunk_keys`` from the input's next one on, in order, each once; ``last``: no
+        chunk of the input comes after these (its done record was read)."""
+        lock = self.log_locks.setdefault(run_id, asyncio.Lock())
+        async with lock:
+            if run_id in self.logs_forwarded:  # the watcher's listing came in after the last forward
+                return
+            following = self.log_chunks.get(run_id, 0)
+            for chunk_key in sorted(chunk_keys):
+                if SweepKeys.log_chunk_of(chunk_key)[1] != following:  # forwarded already, or one still to come
+                    continue
+                text = (await to_thread.run_sync(self.store.get_bytes, chunk_key)).decode(errors="replace")
+                for line in text.splitlines():
+                    if run_logger is not None and not line.startswith(USAGE_PREFIX):  # the sampler's, not the body's
+                        run_logger.info(line)
+                following += 1
+                self.log_chunks[run_id] = following
+            if last:
+                self.logs_forwarded.add(run_id)
+                self.log_chunks.pop(run_id, None)
+                self.log_locks.pop(run_id, None)
+
+    async def _stream_logs(self) -> None:
+        """One listing of the sweep's log chunks: each running input's new lines go to its task run now."""
+        by_input: dict[str, list[str]] = {}
+        for chunk_key in await to_thread.run_sync(self.store.list, self.keys.logs):
+            by_input.setdefault(SweepKeys.log_chunk_of(chunk_key)[0], []).append(chunk_key)
+        for run_id, chunk_keys in by_input.items():
+            run_logger = self.loggers.get(run_id)
+            if run_logger is not None and run_id in self.waiting:
+                await self._forward_chunks(run_id, chunk_keys, run_logger)
 
     # ----------------------------------------------------------------- slots
 
@@ -281,6 +320,7 @@ class Sweep:
             if not slot.final.done():
                 slot.final.set_result(state)
             await self._slot_ended(slot, state)
+            await self._publish_inputs(slot)
 
     def _claimed_by(self, slot_id: str) -> list[str]:
         """The waiting inputs ``slot_id`` took and did not finish."""
@@ -301,6 +341,7 @@ class Sweep:
         with anyio.CancelScope(shield=True):
             try:
                 for run_id in await to_thread.run_sync(self._claimed_by, slot.run_id):
+                    self._add_row(slot.run_id, run_id, "ended with its slot (no outcome)", None)
                     entry = self.waiting.get(run_id)
                     if entry is not None and not entry[1].done():
                         entry[1].set_result(("slot-ended", {"slot": slot.name, "state": state}))
@@ -310,23 +351,62 @@ class Sweep:
         self._ensure_slots()  # its unclaimed inputs go to the other slots, or to a new one
 
     async def _watch(self) -> None:
-        """Deliver every done record to its waiting call: one listing of the sweep per POLL_SECONDS."""
-        parent_read = 0.0
+        """Deliver every done record to its waiting call: one listing of the sweep per POLL_SECONDS; stream the
+        running inputs' new log lines to their task runs every LOG_POLL_SECONDS."""
+        parent_read = logs_read = 0.0
         while self.waiting:  # checked and left in one step: a call queued later starts a new watch
             if self.loop.time() - parent_read > PARENT_CHECK_SECONDS:
                 parent_read = self.loop.time()
                 await self._stop_if_parent_cancelled()
             try:
-                found = await to_thread.run_sync(self.store.list, self.keys.done_prefix)
-                for done_key in found:
-                    entry = self.waiting.get(done_key.rsplit("/", 1)[-1])
-                    if entry is not None and not entry[1].done():
-                        record = json.loads(await to_thread.run_sync(self.store.get_bytes, done_key))
-                        entry[1].set_result(("done", record))
+                if self.loop.time() - logs_read > LOG_POLL_SECONDS:
+                    logs_read = self.loop.time()
+                    await self._stream_logs()
+                await self._deliver_done()
             except Exception as exc:  # a store hiccup: list again
                 logger.debug("listing sweep %s: %r", self.keys.sweep_id, exc)
             await asyncio.sleep(POLL_SECONDS)
         self._watching = False
+
+    async def _deliver_done(self) -> None:
+        """Each new done record: a row of its slot's table, and the answer of its waiting call."""
+        for done_key in await to_thread.run_sync(self.store.list, self.keys.done_prefix):
+            run_id = done_key.rsplit("/", 1)[-1]
+            entry = self.waiting.get(run_id)
+            if run_id in self.recorded and (entry is None or entry[1].done()):
+                continue
+            record = json.loads(await to_thread.run_sync(self.store.get_bytes, done_key))
+            if run_id not in self.recorded:
+                self.recorded.add(run_id)
+                self._add_row(str(record.get("slot")), run_id, _outcome_text(record), record.get("seconds"))
+            if entry is not None and not entry[1].done():
+                entry[1].set_result(("done", record))
+
+    def _add_row(self, slot_id: str, run_id: str, outcome: str, seconds: Any) -> None:
+        n, name, task_run_id = self.inputs.get(run_id, (0, run_id, None))
+        row = {"n": n, "name": name, "task_run_id": task_run_id, "outcome": outcome, "seconds": seconds}
+        self.served.setdefault(slot_id, []).append(row)
+
+    async def _publish_inputs(self, slot: _Slot) -> None:
+        """The slot's job run gets the table of the inputs it served (its log lines name them too)."""
+        if slot.flow_run is None:
+            return
+        from prefect.client.schemas.actions import ArtifactCreate
+
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._deliver_done()  # a done record written just before the slot's run ended
+                rows = sorted(self.served.pop(slot.run_id, []), key=lambda row: row["n"])
+                artifact = ArtifactCreate(
+                    key=SLOT_INPUTS_ARTIFACT_KEY,
+                    type="markdown",
+                    data=inputs_table(slot.name, self.keys.sweep_id, rows),
+                    description=f"the {len(rows)} input(s) slot job {slot.name} served",
+                    flow_run_id=slot.flow_run.id,
+                )
+                await self.client.create_artifact(artifact=artifact)
+            except Exception as exc:  # the rows are in the slot's log lines as well
+                logger.debug("the table of slot %s: %r", slot.name, exc)
 
     async def _stop_if_parent_cancelled(self) -> None:
         """A cancel of the calling flow run: every slot stopped, every waiting input Cancelled (the calls raise
@@ -375,6 +455,41 @@ class Sweep:
         if self in _open:
             _open.discard(self)
             await to_thread.run_sync(self.store.delete_prefix, self.keys.prefix + "/")
+
+
+def _task_run_logger() -> Any:
+    """The calling task run's logger (None outside one): a waiting input's streamed lines go to it."""
+    from prefect.context import TaskRunContext
+    from prefect.logging import get_run_logger
+
+    return get_run_logger() if TaskRunContext.get() else None
+
+
+def _outcome_text(record: dict[str, Any]) -> str:
+    """An input's outcome, as its slot's table shows it, from its done record."""
+    if record.get("refused"):
+        return "refused (its queued record failed its signature)"
+    if record.get("stopped"):
+        return "stopped"
+    if record.get("status") == COMPLETED:
+        return "Completed"
+    if record.get("status"):
+        return f"Failed ({record.get('error_type') or record['status']})"
+    return f"no outcome (exit code {record.get('exit_code')})"
+
+
+def inputs_table(slot_name: str, sweep_id: str, rows: list[dict[str, Any]]) -> str:
+    """The markdown of a slot's artifact: one row per input it served, in the order they were queued."""
+    lines = [
+        f"### Inputs served by slot job {slot_name} (sweep {sweep_id})",
+        "",
+        "| queued # | input (task run) | task run id | outcome | seconds |",
+        "|---:|---|---|---|---:|",
+    ]
+    for row in rows:
+        seconds = "" if row["seconds"] is None else f"{row['seconds']:.3f}"
+        lines.append(f"| {row['n']} | {row['name']} | {row['task_run_id']} | {row['outcome']} | {seconds} |")
+    return "\n".join(lines) + "\n"
 
 
 def stop_task_runs(task_run_ids: set[str], reason: str) -> None:

@@ -65,6 +65,8 @@ USAGE_PREFIX = "[kinetic:usage] "
 JOB_COST_ARTIFACT_KEY = "kinetic-job-cost"
 FLOW_COST_ARTIFACT_KEY = "kinetic-flow-cost"
 USAGE_ARTIFACT_KEY = "kinetic-job-usage"
+# A slot job's run of a sweep carries a table of the inputs it served (caller/slots.py publishes it).
+SLOT_INPUTS_ARTIFACT_KEY = "kinetic-slot-inputs"
 # Prefect events: a job's are JOB_EVENT_PREFIX + its phase (pending, running, cancelled, crashed: the launcher's
 # JobStatus phases; and the EVENT_* below) on the job's run; automations match on these names.
 JOB_EVENT_PREFIX = "kinetic.job."
@@ -276,8 +278,10 @@ class SweepKeys:
     * a slot takes an input by creating ``claims/<run id>`` (create-if-absent: a rename-free create on a local
       store, ``ifGenerationMatch=0`` on GCS), so no input runs twice; a caller that stops waiting before any slot
       took its input withdraws it the same way (content WITHDRAWN);
-    * the slot runs the input with the input's own ``RunLayout`` (payload, result, outcome), writes its output
-      to ``logs/<run id>.log``, then ``done/<run id>`` ({"exit_code", "slot", "stopped"}) last;
+    * the slot runs the input with the input's own ``RunLayout`` (payload, result, outcome); while it runs, the
+      input's output goes to ``logs/<run id>/<n>`` in chunks of whole lines (n = 0, 1, ...: the caller forwards
+      each new chunk to the input's task run as it appears), and ``done/<run id>`` ({"exit_code", "slot",
+      "stopped", "status", "error_type", "seconds"}) is written last, after the last chunk;
     * ``stop/<run id>``: the caller stopped waiting for that input (timeout, interrupt, fail_fast): its slot
       stops it; ``closed``: no input is left to come, idle slots leave.
     """
@@ -320,8 +324,21 @@ class SweepKeys:
     def stop(self, run_id: str) -> str:
         return f"{self.prefix}/stop/{run_id}"
 
-    def log(self, run_id: str) -> str:
-        return f"{self.prefix}/logs/{run_id}.log"
+    @property
+    def logs(self) -> str:
+        return f"{self.prefix}/logs/"
+
+    def log_prefix(self, run_id: str) -> str:
+        return f"{self.logs}{run_id}/"
+
+    def log_chunk(self, run_id: str, n: int) -> str:
+        return f"{self.log_prefix(run_id)}{n:06d}"
+
+    @staticmethod
+    def log_chunk_of(chunk_key: str) -> tuple[str, int]:
+        """(run id, n) of a ``log_chunk`` key."""
+        run_id, n = chunk_key.rstrip("/").rsplit("/", 2)[-2:]
+        return run_id, int(n)
 
     @property
     def closed(self) -> str:

@@ -3,9 +3,11 @@
 ``python -m kinetic_prefect.pod.slot_runner`` runs where the one-call runner would (kinetic-local swaps the module
 when a job's environment names a sweep, ``Env.SWEEP_ID``). It claims the oldest input of the sweep's queue that
 nobody has claimed (create-if-absent of ``claims/<run id>``: of two slots, one wins), runs ``runner.main`` for it in
-this process with the input's own per-call variables (its ``RunLayout``: payload, result, outcome), and writes the
-input's log and then its ``done`` record. Then the next, until the queue has been empty for the slot's idle time or
-the caller closed the sweep. It prints one line per input it serves: the slot's own job run lists what it served.
+this process with the input's own per-call variables (its ``RunLayout``: payload, result, outcome), ships the
+input's output in chunks of whole lines while it runs (the caller forwards them to the input's task run as they
+come), and writes its ``done`` record (outcome, seconds) after the last chunk. Then the next, until the queue has
+been empty for the slot's idle time or the caller closed the sweep. It prints one line per input it serves, and
+the caller publishes the table of them (``SLOT_INPUTS_ARTIFACT_KEY``) on the slot's own job run.
 
 Stopping: a ``stop/<run id>`` record for the input it runs (the caller stopped waiting for it: a timeout, an
 interrupt, ``fail_fast``) or a SIGTERM (the slot's job run cancelled) stops the input as a cold job is stopped, and
@@ -41,6 +43,9 @@ from kinetic_prefect.pod import warm_runner
 
 POLL_SECONDS = 0.1  # how often an idle slot looks for the next input
 STOP_POLL_SECONDS = 0.25  # how often a busy slot looks for its input's stop record
+LOG_CHUNK_SECONDS = 0.5  # how often a busy slot ships its input's new output lines
+LOG_CHUNK_MAX_BYTES = 4 * 1024 * 1024  # at most this much output in one chunk
+WATCH_JOIN_SECONDS = 5.0  # a watcher caught in a slow store write: the last chunk and the done record go on
 
 
 def _claim_next(store: Any, keys: SweepKeys, slot_id: str, seen: set[str]) -> str | None:
@@ -63,22 +68,54 @@ def _read_item(store: Any, queued: str) -> dict[str, Any]:
     return record
 
 
-def _watch_for_stop(store: Any, keys: SweepKeys, run_id: str, asked: list[str]) -> threading.Event:
-    """SIGTERM this process (the runner unwinds the input as a cold job) once the caller asks to stop the input."""
-    served = threading.Event()
+class _LogShipper:
+    """The input's output, to ``logs/<run id>/<n>`` in chunks of whole lines while it runs (the caller forwards
+    each chunk to the input's task run as it appears), and the rest once it has ended."""
+
+    def __init__(self, store: Any, keys: SweepKeys, run_id: str, log_path: Path) -> None:
+        self.store, self.keys, self.run_id, self.log_path = store, keys, run_id, log_path
+        self.offset = self.chunks = 0
+        self.lock = threading.Lock()
+        self.served = threading.Event()  # set once the input has ended: the watcher stops
+
+    def ship(self, final: bool = False) -> None:
+        with self.lock:
+            try:
+                with open(self.log_path, "rb") as log:
+                    log.seek(self.offset)
+                    data = log.read(LOG_CHUNK_MAX_BYTES if not final else -1)
+            except FileNotFoundError:
+                return
+            if not final:
+                data = data[: data.rfind(b"\n") + 1]  # whole lines only; a line still being written waits
+            if data:
+                self.store.put_bytes(self.keys.log_chunk(self.run_id, self.chunks), data)
+                self.offset += len(data)
+                self.chunks += 1
+
+
+def _watch_input(store: Any, keys: SweepKeys, run_id: str, asked: list[str], log: _LogShipper) -> threading.Thread:
+    """While the input runs: ship its new output every LOG_CHUNK_SECONDS, and SIGTERM this process (the runner
+    unwinds the input as a cold job) once the caller asks to stop the input. Ends when ``log.served`` is set."""
+    ticks_per_chunk = max(1, round(LOG_CHUNK_SECONDS / STOP_POLL_SECONDS))
 
     def watch() -> None:
-        while not served.wait(STOP_POLL_SECONDS):
+        tick = 0
+        while not log.served.wait(STOP_POLL_SECONDS):
+            tick += 1
             try:
                 if store.exists(keys.stop(run_id)):
                     asked.append(run_id)
                     os.kill(os.getpid(), signal.SIGTERM)
                     return
+                if tick % ticks_per_chunk == 0:
+                    log.ship()
             except Exception:  # a store hiccup: look again
                 pass
 
-    threading.Thread(target=watch, name="kinetic-slot-stop-watch", daemon=True).start()
-    return served
+    thread = threading.Thread(target=watch, name="kinetic-slot-input-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def _input_env(base_environ: dict[str, str], item: dict[str, Any]) -> dict[str, str]:
@@ -97,27 +134,37 @@ def _refuse(store: Any, keys: SweepKeys, slot_id: str, queued: str, exc: Excepti
     store.put_bytes(keys.done(SweepKeys.run_id_of(queued)), json.dumps(record).encode())
 
 
+def _outcome_of(store: Any, run_id: str) -> dict[str, Any]:
+    """The input's outcome as the slot's table shows it (read back unverified: this process just wrote it)."""
+    try:
+        outcome = Outcome.from_json(store.get_bytes(RunLayout(run_id).outcome))
+    except Exception:  # no outcome: the done record's exit code says why
+        return {}
+    return {"status": outcome.status, "error_type": outcome.error_type}
+
+
 def _serve(store: Any, keys: SweepKeys, slot_id: str, item: dict[str, Any], base_environ: dict[str, str]) -> bool:
     """Run one input; its log and done record written whatever way it ends. True: the input was stopped."""
     run_id = item["run_id"]
     print(f"kinetic slot: input {item.get('name') or run_id} (task run {item.get('task_run_id')})", flush=True)
     log_dir = tempfile.mkdtemp(prefix="kinetic-slot-")
-    log_path = Path(log_dir) / "input.log"
+    log = _LogShipper(store, keys, run_id, Path(log_dir) / "input.log")
     asked: list[str] = []
-    served = _watch_for_stop(store, keys, run_id, asked)
-    code, stopped = EXIT_NO_OUTCOME, False
+    watcher = _watch_input(store, keys, run_id, asked, log)
+    code, stopped, started = EXIT_NO_OUTCOME, False, time.perf_counter()
     try:
-        code = warm_runner._run_in_place(_input_env(base_environ, item), base_environ, log_path)  # noqa: SLF001
+        code = warm_runner._run_in_place(_input_env(base_environ, item), base_environ, log.log_path)  # noqa: SLF001
     except BaseException:  # noqa: BLE001 - JobTerminated: the input was stopped (recorded below)
         stopped = True
     finally:
-        served.set()
+        log.served.set()
         signal.signal(signal.SIGTERM, lambda signum, frame: _STOPPED.append(signum))  # the records come first
         stopped = stopped or bool(asked) or bool(_STOPPED)
         try:
-            if log_path.exists():
-                store.put_file(keys.log(run_id), log_path)
-            record = {"exit_code": code, "slot": slot_id, "stopped": stopped}
+            watcher.join(WATCH_JOIN_SECONDS)
+            log.ship(final=True)  # the last chunk before the done record: the caller forwards every line first
+            record = {"exit_code": code, "slot": slot_id, "stopped": stopped, **_outcome_of(store, run_id)}
+            record["seconds"] = round(time.perf_counter() - started, 3)
             store.put_bytes(keys.done(run_id), json.dumps(record).encode())
         finally:
             warm_runner._remove_tree(log_dir)  # noqa: SLF001
