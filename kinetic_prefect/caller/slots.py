@@ -10,7 +10,7 @@ more than the calls waiting at once (which a tag concurrency limit bounds). Each
 answers every waiting call), forwards the input's log to its task run and reads the outcome and result as a single
 call does. A call with no concurrent sibling keeps the one-job path.
 
-What ends an input other than its own outcome, decided here and in ``dispatch._wait_in_sweep``:
+What ends an input other than its own outcome, decided here and in ``sweep_calls.wait_in_sweep``:
 * its slot's run ends (cancelled: the input ends Cancelled, not retried; killed or failed: Crashed, retried per
   ``retries=``); its queued siblings go to the other slots, or to a new slot;
 * the call stops waiting (its timeout, an interrupt, ``fail_fast``): the input is withdrawn if no slot took it,
