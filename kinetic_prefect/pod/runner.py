@@ -459,9 +459,6 @@ def watch_owner(owner_pid: int) -> None:
     threading.Thread(target=watch, name="kinetic-owner-watch", daemon=True).start()
 
 
-_watch_owner = watch_owner  # the name pod/slot_runner still calls
-
-
 def _describe_failure(failed: PhaseFailed, outcome: Outcome) -> None:
     exc = failed.error
     outcome.status = FAILED

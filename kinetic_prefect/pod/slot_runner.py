@@ -153,7 +153,7 @@ def _serve(store: Any, keys: SweepKeys, slot_id: str, item: dict[str, Any], base
     watcher = _watch_input(store, keys, run_id, asked, log)
     code, stopped, started = EXIT_NO_OUTCOME, False, time.perf_counter()
     try:
-        code = warm_runner._run_in_place(_input_env(base_environ, item), base_environ, log.log_path)  # noqa: SLF001
+        code = warm_runner.run_in_place(_input_env(base_environ, item), base_environ, log.log_path)
     except BaseException:  # noqa: BLE001 - JobTerminated: the input was stopped (recorded below)
         stopped = True
     finally:
@@ -167,7 +167,7 @@ def _serve(store: Any, keys: SweepKeys, slot_id: str, item: dict[str, Any], base
             record["seconds"] = round(time.perf_counter() - started, 3)
             store.put_bytes(keys.done(run_id), json.dumps(record).encode())
         finally:
-            warm_runner._remove_tree(log_dir)  # noqa: SLF001
+            warm_runner.remove_tree(log_dir)
     return stopped
 
 
@@ -191,7 +191,7 @@ def _take_inputs(store: Any, keys: SweepKeys, slot_id: str, base_environ: dict[s
     served = 0
     deadline = time.monotonic() + idle_seconds
     while not _STOPPED:
-        signal.signal(signal.SIGTERM, runner._on_sigterm)  # noqa: SLF001 - runner.main installs its own per input
+        runner.install_sigterm_handler()  # runner.main installs its own per input
         queued = _claim_next(store, keys, slot_id, seen)
         if queued is None:
             if time.monotonic() > deadline or store.exists(keys.closed):
@@ -204,7 +204,7 @@ def _take_inputs(store: Any, keys: SweepKeys, slot_id: str, base_environ: dict[s
             _refuse(store, keys, slot_id, queued, exc)
             continue
         served += 1
-        if _serve(store, keys, slot_id, item, base_environ) or warm_runner._STRAY_THREADS:  # noqa: SLF001
+        if _serve(store, keys, slot_id, item, base_environ) or warm_runner.stray_threads():
             break  # a stopped input, or threads an input left behind, end the slot: the next slot is fresh
         deadline = time.monotonic() + idle_seconds
     return served
@@ -219,15 +219,10 @@ def main() -> int:
     keys = SweepKeys(base_environ[Env.SWEEP_ID])
     slot_id = base_environ[Env.RUN_ID]
     store = open_store(base_environ[Env.STORE])
-    unwind = runner._on_sigterm  # noqa: SLF001
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        _STOPPED.append(signum)
-        unwind(signum, frame)
-
-    runner._on_sigterm = on_sigterm  # noqa: SLF001 - what runner.main installs for each input
+    global _STOPPED
+    _STOPPED = runner.record_sigterm()  # and what runner.main installs for each input records it too
     if base_environ.get(Env.OWNER_PID):
-        runner._watch_owner(int(base_environ[Env.OWNER_PID]))  # noqa: SLF001
+        runner.watch_owner(int(base_environ[Env.OWNER_PID]))
     served = 0
     with contextlib.suppress(runner.JobTerminated):
         served = _take_inputs(store, keys, slot_id, base_environ)

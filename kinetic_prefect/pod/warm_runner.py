@@ -99,10 +99,10 @@ def _project_modules(code_dirs: set[str]) -> list[str]:
 def _run_call(call: dict[str, Any], base_environ: dict[str, str]) -> int:
     job_dir = Path(call["job_dir"])
     env = {k: v for k, v in call["env"].items() if k != Env.OWNER_PID}  # watched once, by this process
-    return _run_in_place(env, base_environ, job_dir / call["log"])
+    return run_in_place(env, base_environ, job_dir / call["log"])
 
 
-def _run_in_place(env: dict[str, str], base_environ: dict[str, str], log_path: Path | None) -> int:
+def run_in_place(env: dict[str, str], base_environ: dict[str, str], log_path: Path | None) -> int:
     """``runner.main`` once, in this process, with exactly ``env``; its output goes to ``log_path`` (None: this
     process's own stdout and stderr, a pod's log); the user's project modules are dropped afterwards."""
     from kinetic_prefect.pod import runner
@@ -141,7 +141,7 @@ def _run_in_place(env: dict[str, str], base_environ: dict[str, str], log_path: P
             del sys.modules[name]  # the next call imports the user's project modules afresh
         sys.path[:] = path_before
         os.chdir(base_environ.get("HOME") or "/")
-        _remove_tree(workdir)
+        remove_tree(workdir)
         os.environ.clear()
         os.environ.update(base_environ)
         sys.setrecursionlimit(recursion_limit)
@@ -163,6 +163,11 @@ def _threads_left(before: set[threading.Thread], grace: float = 1.0) -> list[thr
 _STRAY_THREADS: list[str] = []
 
 
+def stray_threads() -> list[str]:
+    """The names of the threads the last call left running (empty when it left none)."""
+    return list(_STRAY_THREADS)
+
+
 def _leave_if_threads_left(served: int) -> None:
     """End this runner at once (without waiting for the threads) if the last call left threads running."""
     if not _STRAY_THREADS:
@@ -176,7 +181,7 @@ def _leave_if_threads_left(served: int) -> None:
     os._exit(0)
 
 
-def _remove_tree(path: str) -> None:
+def remove_tree(path: str) -> None:
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)
@@ -256,7 +261,7 @@ def pod_main() -> int:
             run_id = call_env.get(Env.RUN_ID, "")
             started = time.time()
             print(CALL_BEGIN_MARKER + run_id, flush=True)
-            code = _run_in_place({**shared, **call_env}, base_environ, None)
+            code = run_in_place({**shared, **call_env}, base_environ, None)
             print(CALL_END_MARKER + run_id, flush=True)
             served += 1
             record = {"exit_code": code, "started": started, "ended": time.time()}

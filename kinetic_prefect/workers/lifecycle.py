@@ -20,7 +20,7 @@ Who stops a job, on every way out:
   cancelled and stops the job itself; with a polling worker the caller asks for cancellation and
   the worker does the rest;
 * the calling process dies (in-process on kinetic-local): the job notices its owner is gone,
-  cancels its own run and stops (runner ``_watch_owner``);
+  cancels its own run and stops (runner ``watch_owner``);
 * the polling worker dies: the job goes on; a restarted worker reattaches (``reattach``).
 """
 
