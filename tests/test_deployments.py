@@ -188,6 +188,7 @@ def test_prefect_deploy_creates_every_pipeline_deployment(operator, tmp_path):
     assert [s.active for s in gke.schedules] == [False], "ships paused until the GKE pool passes doctor"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not SAMPLE_ZIP.is_file(), reason=f"{SAMPLE_ZIP} is absent (it ships with the CI machine only)")
 @pytest.mark.timeout(1200)  # its own waits (smoke, schedule, scheduled run, training) decide, not the default 300 s
 def test_deployments_run_through_the_workers_and_on_their_schedule(operator, tmp_path):

@@ -333,6 +333,7 @@ def _test_split_folder(cache_dir: Path, folder: Path) -> dict[str, int]:
     return truth
 
 
+@pytest.mark.slow
 def test_predict_reproduces_the_published_accuracy(first_run, cache_dir, tmp_path):
     """One scoring path: `predict` on the test split gives exactly the accuracy the flow published, with the
     model's own scoring (8-way TTA here) by default, and the published single-view figure with tta=False."""
@@ -392,6 +393,7 @@ def test_learning_rate_schedule_adapts_to_the_number_of_epochs():
     assert lr_at(cfg, schedule_progress(cfg, 10, steps, elapsed_s=600)) == cfg.min_learning_rate
 
 
+@pytest.mark.slow
 def test_only_the_schedule_sets_the_learning_rate(cache_dir, tmp_path):
     """Every epoch's rate is the documented warm-up + cosine, even while validation loss stalls. With a
     ReduceLROnPlateau (patience 4) multiplied into it, a 60-minute run had its rate halved 5 times, 32x below the
@@ -457,6 +459,7 @@ def test_auto_picks_the_larger_preset_and_mixed_precision_on_an_accelerator():
     assert model.output.dtype == "float32"
 
 
+@pytest.mark.slow
 def test_predict_classifies_a_folder(first_run, tmp_path):
     model_path = first_run[1]["model_path"]
     folder = tmp_path / "images"
