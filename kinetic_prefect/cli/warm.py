@@ -156,6 +156,16 @@ def _rows(pool: str | None, problems: list[str]) -> list[tuple[Row, cost.JobCost
     return [(info, idle_cost(info, _pool_prices(info.pool, cache)[1], now)) for info in runners]
 
 
+def _rows_or_say_none(pool: str | None) -> list[tuple[Row, cost.JobCost]]:
+    """The warm runners and floor pods, after printing what could not be read; says so when there are none."""
+    problems: list[str] = []
+    rows = _rows(pool, problems)
+    _say_problems(problems)
+    if not rows:
+        print("No warm runners.")
+    return rows
+
+
 def _say_problems(problems: list[str]) -> None:
     for problem in problems:
         print(problem)
@@ -165,11 +175,8 @@ def _say_problems(problems: list[str]) -> None:
 def list_command(pool: str | None = typer.Option(None, "--pool", help="only this work pool's runners")) -> None:
     """Each warm runner on this machine and each floor pod of the kinetic-gke pools: pool, accelerator, runner (pid
     or namespace/Job), since, idle for, calls served, floor, idle cost."""
-    problems: list[str] = []
-    rows = _rows(pool, problems)
-    _say_problems(problems)
+    rows = _rows_or_say_none(pool)
     if not rows:
-        print("No warm runners.")
         return
     now = time.time()
     width = max(7, *(len(info.runner) for info, _ in rows))
@@ -228,11 +235,8 @@ def down_command(
 ) -> None:
     """End the idle warm runners and floor pods (busy ones finish their call). The pool is not changed: with
     min_warm its next call starts the floor again; `kinetic-prefect pool-set P min_warm=0` keeps it down."""
-    problems: list[str] = []
-    rows = _rows(pool, problems)
-    _say_problems(problems)
+    rows = _rows_or_say_none(pool)
     if not rows:
-        print("No warm runners.")
         return
     if not yes and not typer.confirm(f"End {len(rows)} warm runner(s)?"):
         raise typer.Exit(1)
