@@ -2,14 +2,20 @@
 
     uv run python bench/bench_sweeps.py [--databases sqlite postgresql] [--repeats 3] [--modes warm cold]
 
-For each database (a dedicated Prefect server on SQLite, then on a throw-away PostgreSQL cluster) and each mode
-(``cold``: a process per call, ``warm``: warm runners, keep_warm_seconds=60), in-process submission:
+For each database (a dedicated Prefect server on SQLite, then on a throw-away PostgreSQL cluster) and each mode,
+in-process submission:
+
+- ``default``: a newcomer's pool, nothing set (a fan-out rides in the default number of slots);
+- ``warm``: warm runners (keep_warm_seconds=60), the default number of slots;
+- ``cold``: the path before slots: a process and a job run per call (KINETIC_SWEEP_SLOTS=0);
+
+and in each mode:
 
 - pairs, interleaved in each repeat: one no-op call, ``.map()`` over 64 no-op inputs, 64 sequential calls
   (goals: map ≤ 4× one call, ≥ 4× faster than the loop);
 - scaling: ``.map()`` over 16 / 64 / 256 inputs; added wall time per input against one call (goal ≤ 5 %), and
   nothing lost: every value returned, every job run final;
-- ``.map()`` over 16 five-second sleeps with 16 slots against one such call (goal ≤ 2×).
+- ``.map()`` over 16 five-second sleeps with 16 slots against one such call (goal ≤ 1.5×).
 
 Medians of ``--repeats``; results in ``bench/results/sweeps.json`` (no machine paths).
 """
@@ -34,7 +40,18 @@ os.environ["KINETIC_IN_PROCESS_CONCURRENCY"] = "16"  # 16 slots (the sleep bench
 
 from bench.server import prefect_server  # noqa: E402
 
-KEEP_WARM = {"cold": 0, "warm": 60}
+MODES = {  # the task's job variables, the slot count (None: the default)
+    "default": ({}, None),
+    "warm": ({"keep_warm_seconds": 60}, None),
+    "cold": ({"keep_warm_seconds": 0}, "0"),
+}
+
+
+def use_slots(count: str | None) -> None:
+    if count is None:
+        os.environ.pop("KINETIC_SWEEP_SLOTS", None)
+    else:
+        os.environ["KINETIC_SWEEP_SLOTS"] = count
 
 
 def timed(fn) -> float:
@@ -88,7 +105,8 @@ def run_mode(mode: str, repeats: int, sizes: list[int]) -> dict:
     from kinetic_prefect import kinetic_task
 
     tag = uuid.uuid4().hex[:6]
-    variables = {"keep_warm_seconds": KEEP_WARM[mode]}
+    variables, slots = MODES[mode]
+    use_slots(slots)
 
     @kinetic_task(name=f"noop-{mode}-{tag}", submission="in-process", job_variables=variables)
     def noop(i: int) -> int:
@@ -129,7 +147,10 @@ def run_mode(mode: str, repeats: int, sizes: list[int]) -> dict:
         samples["sequential_64"].append(attempt(f"{mode} sequential 64", lambda: loop(64)))
         print(mode, {k: v[-1] and round(v[-1], 2) for k, v in samples.items()}, flush=True)
     medians = {k: median(v) for k, v in samples.items()}
+    from kinetic_prefect.caller import slots as sweep_slots
+
     report: dict = {
+        "slots_per_sweep": sweep_slots.slot_count(),
         "samples_s": {k: [x and round(x, 3) for x in v] for k, v in samples.items()},
         "median_s": {k: v and round(v, 3) for k, v in medians.items()},
         "map_64_over_one_call": ratio(medians["map_64"], medians["one_call"]),
@@ -154,7 +175,9 @@ def run_mode(mode: str, repeats: int, sizes: list[int]) -> dict:
     report["job_runs_made"], report["job_runs_final"] = made, final
 
     one_sleep_s = attempt(f"{mode} one sleep", one_sleep)
+    use_slots(slots or "16")
     sixteen_s = attempt(f"{mode} 16 sleeps", lambda: sleeps(16))
+    use_slots(slots)
     report["sleep_5s"] = {
         "one_call_s": one_sleep_s and round(one_sleep_s, 3),
         "map_16_s": sixteen_s and round(sixteen_s, 3),
@@ -172,7 +195,7 @@ def run_mode(mode: str, repeats: int, sizes: list[int]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--databases", nargs="+", default=["postgresql", "sqlite"])
-    parser.add_argument("--modes", nargs="+", default=["warm", "cold"])
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=["default", "warm", "cold"])
     parser.add_argument(
         "--cold-pairs-only",
         action="store_true",

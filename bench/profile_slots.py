@@ -44,9 +44,9 @@ def now() -> float:
 
 
 def install_stamps() -> None:
-    from kinetic_prefect.caller import dispatch, slots
+    from kinetic_prefect.caller import slots, submission, sweep_calls
 
-    upload, collect, run_input = dispatch._upload_inputs, dispatch._collect, slots.Sweep.run_input  # noqa: SLF001
+    upload, collect, run_input = submission.upload_inputs, sweep_calls.collect, slots.Sweep.run_input
 
     def stamped_upload(store, call, *args, **kwargs):
         mine = stamps.setdefault(call.layout.run_id, {})
@@ -73,8 +73,8 @@ def install_stamps() -> None:
             mine["in_slot"] = float(detail["seconds"])
         return how, detail
 
-    dispatch._upload_inputs = stamped_upload  # noqa: SLF001 - stamps in this process only
-    dispatch._collect = stamped_collect  # noqa: SLF001
+    submission.upload_inputs = stamped_upload  # stamps in this process only
+    sweep_calls.collect = stamped_collect
     slots.Sweep.run_input = stamped_run_input
 
 

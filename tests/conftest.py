@@ -48,19 +48,13 @@ os.environ.pop("KINETIC_WORK_POOL", None)
 
 
 SLOW_TIER = bool(os.environ.get("KINETIC_SLOW_TESTS"))
-SCALE_GOALS = bool(os.environ.get("KINETIC_SCALE_GOALS"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``slow_tier`` run only with ``KINETIC_SLOW_TESTS=1``; tests marked ``scale_goal`` (an open
-    issue's target, not yet met by the product) only with ``KINETIC_SCALE_GOALS=1`` (CONTRIBUTING says which)."""
+    """Tests marked ``slow_tier`` run only with ``KINETIC_SLOW_TESTS=1`` (CONTRIBUTING lists them)."""
     skip_slow = pytest.mark.skip(reason="slow tier: set KINETIC_SLOW_TESTS=1 (CONTRIBUTING lists what it adds)")
-    skip_goal = pytest.mark.skip(reason="an open issue's scale goal: set KINETIC_SCALE_GOALS=1 (CONTRIBUTING)")
     for item in items:
-        if item.get_closest_marker("scale_goal") is not None:
-            if not SCALE_GOALS:
-                item.add_marker(skip_goal)
-        elif item.get_closest_marker("slow_tier") is not None and not SLOW_TIER:
+        if item.get_closest_marker("slow_tier") is not None and not SLOW_TIER:
             item.add_marker(skip_slow)
 
 

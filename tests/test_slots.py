@@ -44,8 +44,10 @@ __all__ = ["route"]  # the fixture: both submission paths
 SLOT_TAG = "kinetic-slot"
 
 
-def slot_task(name: str, pool: str, submission: str, **options):
-    @kinetic_task(name=name, work_pool=pool, submission=submission, job_variables={"keep_warm_seconds": 20}, **options)
+def slot_task(name: str, pool: str, submission: str, keep_warm: bool = True, **options):
+    variables = {"keep_warm_seconds": 20} if keep_warm else {}
+
+    @kinetic_task(name=name, work_pool=pool, submission=submission, job_variables=variables, **options)
     def probe(i: int, marker_dir: str, sleep: float = 0.0) -> tuple[int, int]:
         import os as _os
         import pathlib
@@ -267,6 +269,7 @@ def test_a_map_on_a_warm_pool_runs_in_slots_and_every_input_keeps_its_task_run_a
     ]
     assert len(served) == 8 - (len(runs) - len(slots)), served  # each slot's run names the inputs it served
     names = {str(task_run_id) for task_run_id, _, _ in results}
+    in_slots: set[str] = set()
     for run in slots:  # and its table (an artifact) has a row per input it served: the same inputs, Completed
         rows = wait_for(lambda run=run: (table := slot_table(run.id)) is not None and [table], 30, run.name)[0]
         logged = {
@@ -277,9 +280,48 @@ def test_a_map_on_a_warm_pool_runs_in_slots_and_every_input_keeps_its_task_run_a
         }
         assert {row["task run id"] for row in rows} == logged and logged <= names, (rows, logged)
         assert all(row["outcome"] == "Completed" and float(row["seconds"]) >= 0 for row in rows), rows
+        in_slots |= logged
     for task_run_id, _, (i, _) in results:  # each input's own output reached its own task run, and only its own
+        if str(task_run_id) not in in_slots:  # the call that started before any sibling: its job run's log
+            continue
         mine = [line for line in task_logs(task_run_id) if line.startswith("slot input")]
         assert len(mine) == 1 and mine[0].startswith(f"slot input {i} "), (i, mine)
+
+
+@pytest.mark.slow
+def test_a_map_on_a_pool_with_nothing_set_runs_in_slots(tmp_path):
+    """A newcomer's pool (no warm runners, no setting): the map's 6 inputs ride in slots, each slot a process
+    that takes inputs until the sweep has none; before, each input paid a job run and a process."""
+    from worker_fixture import new_pool
+
+    name = f"slots-default-{uuid.uuid4().hex[:6]}"
+    results = sweep_flow(slot_task(name, new_pool("slots"), "in-process", keep_warm=False), 6, tmp_path)()
+    assert [value[0] for _, _, value in results] == list(range(6)), results
+    runs = wait_for(lambda: (rs := job_runs(name)) and all(r.state.is_final() for r in rs) and rs, 60, "final runs")
+    slots = [run for run in runs if SLOT_TAG in (run.tags or [])]
+    assert slots and len(runs) - len(slots) <= 1, [(r.name, r.tags) for r in runs]
+    assert all(run.state.is_completed() for run in runs), [(r.name, r.state.name) for r in runs]
+    assert len({pid for _, _, (_, pid) in results}) <= len(runs)  # a process per job run, not per input
+
+
+@pytest.mark.no_server
+def test_a_pool_running_its_own_command_keeps_a_job_run_per_call():
+    """A slot swaps the runner's module for the slot runner's: a pool whose ``command`` is not the runner's cannot
+    carry slots, so its fan-outs keep a job run per call instead of failing at launch."""
+    from types import SimpleNamespace
+
+    from kinetic_prefect.caller.sweep_calls import pool_carries_slots
+    from kinetic_prefect.contract import LOCAL_WORKER_TYPE, RUNNER_COMMAND
+
+    def pool(command: str | None) -> SimpleNamespace:
+        template = {"variables": {"properties": {"command": {"default": command}}}}
+        return SimpleNamespace(type=LOCAL_WORKER_TYPE, base_job_template=template)
+
+    assert pool_carries_slots(pool(None), {}, 0)
+    assert pool_carries_slots(pool(RUNNER_COMMAND), {}, 0)
+    assert not pool_carries_slots(pool("bash -c 'my-launcher'"), {}, 0)
+    assert not pool_carries_slots(pool(None), {"command": "my-launcher --job"}, 0)
+    assert not pool_carries_slots(SimpleNamespace(type="process", base_job_template={}), {}, 60)
 
 
 @pytest.mark.slow

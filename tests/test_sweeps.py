@@ -1,7 +1,11 @@
-"""Sweeps: stopping a whole ``.map()`` / ``.submit()`` fan-out from the calling script, and fail-fast.
+"""Sweeps with a job run per call: stopping a whole ``.map()`` / ``.submit()`` fan-out from the calling script, and
+fail-fast.
 
 Each stop test runs a real calling script (its own process, a terminal's Ctrl-C or a SIGTERM), on both submission
 paths, and asserts that every job's process is gone within 10 s of the signal and every job's run ends Cancelled.
+These are the rows of a fan-out that slots do not carry (``KINETIC_SWEEP_SLOTS=0``, a pool with its own command, a
+fallback list, a budget …): slots are off in this module, except where a test says so. The same rows in slots are
+in ``test_slots.py``.
 """
 
 from __future__ import annotations
@@ -33,6 +37,13 @@ from kinetic_prefect import kinetic_task
 __all__ = ["route"]  # the fixture: both submission paths
 
 JOBS = 4
+
+
+@pytest.fixture(autouse=True)
+def a_job_run_per_call(monkeypatch):
+    """Slots off: the calling scripts inherit it."""
+    monkeypatch.setenv("KINETIC_SWEEP_SLOTS", "0")
+
 
 SWEEP_SCRIPT = textwrap.dedent("""
     import pathlib, sys
@@ -167,15 +178,18 @@ def test_fail_fast_stops_the_rest_of_the_sweep_after_the_first_failure(route, tm
 
 
 @pytest.mark.slow
-def test_job_runs_a_killed_in_process_sweep_never_started_can_be_cancelled(tmp_path, capsys):
+@pytest.mark.parametrize("slots", ["0", "2"], ids=["a-job-run-per-call", "in-slots"])
+def test_job_runs_a_killed_in_process_sweep_never_started_can_be_cancelled(tmp_path, capsys, monkeypatch, slots):
     """`kill -9` of an in-process sweep: the job that ran cancels its own run (its owner died), but the runs still
     queued for an in-process slot stay Pending, and `jobs cancel` left them Cancelling for good (no worker would
     ever act). Their flow runs carry their owner (Prefect labels), so `jobs cancel` sees it gone and ends them.
-    ≈ 18 s: a sweep script's start and the owner watch of the job that ran (its run must end first)."""
+    In slots the same holds for the slot jobs: a running one cancels its own run, one never started, if any, is
+    cancelled by `jobs cancel`. ≈ 18 s each: a sweep script's start and the owner watch of the job that ran."""
     from worker_fixture import new_pool
 
     from kinetic_prefect.cli import main as cli
 
+    monkeypatch.setenv("KINETIC_SWEEP_SLOTS", slots)
     pool, name = new_pool("inproc"), f"sweep-kill-{uuid.uuid4().hex[:6]}"
     script = tmp_path / "sweep.py"
     script.write_text(SWEEP_SCRIPT)
@@ -196,10 +210,12 @@ def test_job_runs_a_killed_in_process_sweep_never_started_can_be_cancelled(tmp_p
         proc.kill()
         proc.wait(30)
     runs = wait_for(
-        lambda: (rs := job_runs(name)) and sum(r.state.is_cancelled() for r in rs) >= 1 and rs, 30, "the owner watch"
+        lambda: (rs := job_runs(name)) and not any(r.state.is_running() for r in rs) and rs, 30, "the owner watch"
     )
+    assert any(run.state.is_cancelled() for run in runs), [(r.name, r.state.name) for r in runs]
     stranded = [run for run in runs if not run.state.is_final()]
-    assert stranded and all(run.state.is_pending() for run in stranded), [(r.name, r.state.name) for r in runs]
+    assert all(run.state.is_pending() for run in stranded), [(r.name, r.state.name) for r in runs]
+    assert stranded or slots != "0"  # a job run per call: the queued ones are left Pending by the kill
     for run in stranded:
         assert cli(["jobs", "cancel", str(run.id)]) == 0
     capsys.readouterr()

@@ -16,6 +16,21 @@ from kinetic_prefect.caller.calls import KineticOptions, PreparedCall
 from kinetic_prefect.caller.outcomes import cancelled_result, collect, discard_run
 from kinetic_prefect.errors import KineticJobCrashed
 
+SLOT_IDLE_SECONDS = 5.0  # a slot with nothing to take waits this long (or keep_warm_seconds) for a retry to rejoin
+
+
+def pool_carries_slots(pool: Any, job_variables: dict[str, Any], keep_warm: float) -> bool:
+    """Whether this pool's jobs can be a sweep's slots. kinetic-local: always, unless the pool runs its own
+    command in the runner's place (a slot swaps the runner module for the slot runner's); a slot is a process that
+    lives as long as its sweep has inputs, so it needs no warm runners (``keep_warm_seconds``), which stay opt-in
+    for single calls."""
+    from kinetic_prefect.contract import LOCAL_WORKER_TYPE, RUNNER_MODULE
+
+    if pool.type == LOCAL_WORKER_TYPE:
+        command = job_variables.get("command", _prefect.pool_default(pool, "command"))
+        return not command or RUNNER_MODULE in str(command)
+    return False
+
 
 def sweep_of(
     options: KineticOptions,
@@ -31,18 +46,15 @@ def sweep_of(
     signing_key: bytes | None,
 ) -> Any:
     """The sweep this call's input joins (caller/slots.py), or None for a job run of its own: a call with no
-    concurrent sibling, or one a slot cannot carry (a group, a fallback list, a budget, debug, FUSE mounts, secret
-    env values, another loop than the shared one)."""
+    concurrent sibling, or one a slot cannot carry (a pool that cannot, a group, a fallback list, a budget, debug,
+    FUSE mounts, secret env values, another loop than the shared one)."""
     from prefect._internal.concurrency.threads import get_run_sync_loop
-
-    from kinetic_prefect.contract import LOCAL_WORKER_TYPE
 
     keep_warm = float(job_variables.get("keep_warm_seconds", _prefect.pool_default(pool, "keep_warm_seconds")) or 0)
     carried = (
         detach is None
         and task_run is not None
-        and pool.type == LOCAL_WORKER_TYPE
-        and keep_warm > 0
+        and pool_carries_slots(pool, job_variables, keep_warm)
         and not options.fallbacks
         and not options.debug
         and not call.env
@@ -58,7 +70,15 @@ def sweep_of(
     return slots.sweep_for(
         key,
         lambda: slots.Sweep(
-            key, client, store, pool, polling, shared, task_name, idle_seconds=keep_warm, signing_key=signing_key
+            key,
+            client,
+            store,
+            pool,
+            polling,
+            shared,
+            task_name,
+            idle_seconds=max(keep_warm, SLOT_IDLE_SECONDS),
+            signing_key=signing_key,
         ),
     )
 
