@@ -479,11 +479,12 @@ def test_cancelling_the_parent_flow_run_stops_every_slot_and_cancels_the_waiting
 
 
 SLOT_SWEEP_SCRIPT = textwrap.dedent("""
-    import pathlib, sys
+    import faulthandler, pathlib, signal, sys
+    faulthandler.register(signal.SIGUSR1)  # a script that does not end: the test asks for its threads' stacks
     from prefect import flow
     from kinetic_prefect import kinetic_task
 
-    NAME, POOL, SUBMISSION, PID_DIR = sys.argv[1:5]
+    NAME, POOL, SUBMISSION, PID_DIR, INPUTS = sys.argv[1:6]
 
     @kinetic_task(name=NAME, work_pool=POOL, submission=SUBMISSION, job_variables={"keep_warm_seconds": 20})
     def sleepy(i: int) -> int:
@@ -494,7 +495,7 @@ SLOT_SWEEP_SCRIPT = textwrap.dedent("""
 
     @flow(name=NAME + "-flow")
     def sweep():
-        return [f.result() for f in sleepy.map(range(4))]
+        return [f.result() for f in sleepy.map(range(int(INPUTS)))]
 
     if __name__ == "__main__":
         print("VALUES", sweep(), flush=True)
@@ -505,13 +506,31 @@ SLOT_SWEEP_SCRIPT = textwrap.dedent("""
 @pytest.mark.slow
 def test_stopping_the_calling_script_stops_every_slot(route, tmp_path, sig):
     pool, submission = route
+    _stop_a_sweep_script(pool, submission, tmp_path, sig, inputs=4)
+
+
+@pytest.mark.slow_tier  # ≈ 2 min: 1,000 task runs made before the signal
+@pytest.mark.timeout(900)
+def test_ctrl_c_stops_a_1000_input_sweep_in_slots_within_10_s(tmp_path):
+    """Issue 33: the caller's cost stays O(inputs) with 1,000 task threads waiting, so a Ctrl-C still stops every
+    slot within 10 s, and the script ends."""
+    from worker_fixture import new_pool
+
+    took, ended = _stop_a_sweep_script(new_pool("slots"), "in-process", tmp_path, signal.SIGINT, inputs=1000)
+    print(f"1,000 inputs: slots gone {took:.1f} s after Ctrl-C, the script ended after {ended:.1f} s")
+
+
+def _stop_a_sweep_script(pool: str, submission: str, tmp_path: Path, sig: int, inputs: int) -> tuple[float, float]:
+    """Run SLOT_SWEEP_SCRIPT over ``inputs`` sleeps on 2 slots, signal it once both slots run an input (a large
+    sweep: 20 s later, its calls waiting in their threads); every slot process gone within STOP_WITHIN_SECONDS,
+    every job run Cancelled. Returns the seconds until the slots were gone and until the script ended."""
     name = f"slots-stop-{uuid.uuid4().hex[:6]}"
     script = tmp_path / "sweep.py"
     script.write_text(SLOT_SWEEP_SCRIPT)
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
     proc = subprocess.Popen(
-        [sys.executable, str(script), name, pool, submission, str(pid_dir)],
+        [sys.executable, str(script), name, pool, submission, str(pid_dir), str(inputs)],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -520,8 +539,10 @@ def test_stopping_the_calling_script_stops_every_slot(route, tmp_path, sig):
         env={**os.environ, "KINETIC_SWEEP_SLOTS": "2"},
     )
     try:
-        wait_for(lambda: len(list(pid_dir.glob("*.pid"))) >= 2 or None, 120, "two inputs to run")
+        wait_for(lambda: len(list(pid_dir.glob("*.pid"))) >= 2 or None, 120 + inputs / 5, "two inputs to run")
         wait_for(lambda: slot_runs(name) or None, 30, "a slot job run")
+        if inputs > 100:
+            time.sleep(20)
         pids = {int(p.read_text()) for p in pid_dir.glob("*.pid")}
         signalled = time.time()
         proc.send_signal(sig)
@@ -529,15 +550,25 @@ def test_stopping_the_calling_script_stops_every_slot(route, tmp_path, sig):
             time.sleep(0.2)
         left = [pid for pid in pids if alive(pid)]
         took = time.time() - signalled
-        proc.wait(60)
+        try:
+            proc.wait(60 if inputs <= 100 else 120)  # 1,000 task runs to end (9 s on a quiet machine)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(3)
+        ended = time.time() - signalled
     finally:
         if proc.poll() is None:
             proc.kill()
     output = proc.stdout.read()
+    assert proc.returncode is not None, f"the script still ran {ended:.0f} s after the signal:\n{output[-20000:]}"
     assert not left, f"{len(left)} slot processes still ran {took:.1f}s after the signal:\n{output[-3000:]}"
     assert proc.returncode != 0, output[-3000:]
-    runs = wait_for(lambda: (rs := job_runs(name)) and all(r.state.is_final() for r in rs) and rs, 30, "final runs")
+    deadline = time.time() + 30
+    while not all(run.state.is_final() for run in job_runs(name)) and time.time() < deadline:
+        time.sleep(0.5)
+    runs = job_runs(name)
     assert all(run.state.is_cancelled() for run in runs), [(run.name, run.state.name) for run in runs]
+    return took, ended
 
 
 @pytest.mark.slow
