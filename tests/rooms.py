@@ -62,6 +62,7 @@ ROOMS = {
     "test_gke_autoscaling.py": "gke",
     "test_gke_capacity.py": "gke",
     "test_gke_cluster.py": "gke",
+    "test_gke_kueue.py": "gke",
     "test_gke_manifests.py": "gke",
     "test_gke_settings.py": "gke",
     "test_groups_local.py": "worker",

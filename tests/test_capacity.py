@@ -315,3 +315,28 @@ def test_capacity_settings_that_cannot_work_are_refused_before_upload(settings, 
 
     with pytest.raises(ValueError, match=culprit):
         KineticGKEWorker.check_pool_settings("gke", {"image": "x"}, settings)
+
+
+def test_a_queued_job_is_described_from_its_kueue_workload():
+    workload = {
+        "metadata": {"name": "job-train-a1-3f2c1"},
+        "status": {
+            "conditions": [
+                {
+                    "type": "QuotaReserved",
+                    "status": "False",
+                    "reason": "Pending",
+                    "message": "couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu "
+                    "in flavor nvidia-l4, 1 more needed",
+                }
+            ]
+        },
+    }
+    said = gke_capacity.kueue_queued("dws-local-queue", workload, "dws-cluster-queue")
+    assert said == (
+        "queued in Kueue ClusterQueue dws-cluster-queue (Workload job-train-a1-3f2c1: Pending: couldn't assign "
+        "flavors to pod set main: insufficient unused quota for nvidia.com/gpu in flavor nvidia-l4, 1 more needed)"
+    )
+    assert gke_capacity.kueue_queued("dws-local-queue", None, None) == (
+        "queued in Kueue LocalQueue dws-local-queue (Kueue has not made its Workload yet)"
+    )

@@ -67,6 +67,15 @@ def test_doctor_names_the_fix_for_a_missing_pool(capsys):
     assert "1 check(s) failed." in out
 
 
+def test_doctor_refuses_a_malformed_gke_cluster_before_checking_anything(capsys):
+    code = main(["doctor", "--pool", "no-such-pool", "--gke-cluster", "my-project/us-central1/my-cluster"])
+    captured = capsys.readouterr()
+    assert code != 0 and "Work pool" not in captured.out, "nothing was checked"
+    said = " ".join((captured.out + captured.err).split())
+    assert "--gke-cluster 'my-project/us-central1/my-cluster'" in said
+    assert "projects/PROJECT/locations/LOCATION/clusters/CLUSTER" in said
+
+
 @pytest.mark.slow
 def test_doctor_rejects_a_pool_that_is_not_a_kinetic_type(capsys):
     pool = _pool("process")

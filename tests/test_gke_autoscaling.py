@@ -317,3 +317,32 @@ def test_doctor_reads_node_pools_as_gke_has_them(kube, gcs_bucket, gke_autoscale
     )
     assert checks["Node pool for l4"]["status"] == "ok"
     assert checks["Node pool for l4"]["detail"].startswith("node pool l4-pool: 1 node(s) up"), checks
+
+
+def test_doctor_reads_node_pools_of_the_gke_cluster_it_is_given_whatever_the_context_is_named(
+    kube, gcs_bucket, gke_autoscaler, monkeypatch, capsys
+):
+    """A kube context not named gke_P_L_C (a renamed context, a kubeconfig of one's own): `--gke-cluster
+    projects/P/locations/L/clusters/C` says which cluster's node pools the GKE API is asked for, so a pool at zero
+    nodes that scales from zero passes instead of reading as missing."""
+    from prefect_kubernetes.credentials import KubernetesClusterConfig
+
+    from kinetic_prefect.cli import doctor, main
+
+    model = gke_autoscaler([NodePool("t4-pool", "t4")])
+    gke = FakeGKEApi([p.gke_node_pool() for p in model.pools])
+    monkeypatch.setattr(doctor, "gke_node_pools_client", gke.client)
+    block = KubernetesClusterConfig(config=kube.plane.kubeconfig_dict(), context_name="kinetic-test")
+    pool = _make_pool(
+        str(block.save(f"kube-{uuid.uuid4().hex[:8]}")), f"{gcs_bucket}/gke", "registry.invalid", image="job:1"
+    )
+    path = "projects/kinetic-test/locations/us-central1-a/clusters/kinetic-cluster"
+    capsys.readouterr()
+    try:
+        main(["doctor", "--json", "--pool", pool, "-a", "t4", "--gke-cluster", path])
+    finally:
+        gke.close()
+    report = json.loads(capsys.readouterr().out)
+    t4 = {c["name"]: c for c in report["checks"]}["Node pool for t4"]
+    assert gke.paths == [f"/v1/{path}/nodePools"]
+    assert t4["status"] == "ok" and "t4-pool is at 0 nodes and scales from zero" in t4["detail"], t4

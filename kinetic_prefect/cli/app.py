@@ -1,6 +1,7 @@
 """``kinetic-prefect``: helper commands (the work itself goes through Prefect's own CLI).
 
-    kinetic-prefect doctor [--pool NAME] [--accelerator NAME ...] [--store URL] [--deployments] [--json]
+    kinetic-prefect doctor [--pool NAME] [--accelerator NAME ...] [--store URL] [--deployments] [--gke-cluster PATH]
+                           [--json]
     kinetic-prefect accelerators [--family gpu|tpu|cpu] [--json]
     kinetic-prefect catalog [--write-readme README.md]
     kinetic-prefect pool-set POOL KEY=VALUE ...
@@ -137,14 +138,27 @@ def doctor_command(
         "--deployments",
         help="also check every deployment with an active schedule: its pools exist, a worker polls them",
     ),
+    gke_cluster: str | None = typer.Option(
+        None,
+        "--gke-cluster",
+        metavar="projects/P/locations/L/clusters/C",
+        help="read node pools from this GKE cluster when the kube context is not named gke_P_L_C",
+    ),
     as_json: bool = typer.Option(False, "--json", help="print the checks as JSON"),
 ) -> None:
     """Check that kinetic jobs can run here: Prefect API, work pool, store, and for GKE the cluster and images.
 
     Exits 1 when any check fails; each failure prints its fix."""
-    from kinetic_prefect.cli.doctor import run_checks
+    from kinetic_prefect.cli.doctor import GKECluster, run_checks
 
-    report = run_checks(pool=pool, accelerator=list(accelerator or []), store=store, deployments=deployments)
+    try:
+        if gke_cluster:
+            GKECluster.from_path(gke_cluster)
+    except ValueError as exc:
+        raise ClickException(str(exc)) from None
+    report = run_checks(
+        pool=pool, accelerator=list(accelerator or []), store=store, deployments=deployments, gke_cluster=gke_cluster
+    )
     if as_json:
         sys.stdout.write(json.dumps(report.as_dict(), indent=2) + "\n")
     else:

@@ -339,7 +339,8 @@ def _node_pool_fix(spec: accelerators.AcceleratorSpec, where: GKECluster | None 
         fix += (
             ". Read from the nodes, a node pool scaled to zero looks missing: doctor reads node pools through the "
             "GKE API when the kube context is the one `gcloud container clusters get-credentials` writes "
-            "(gke_PROJECT_LOCATION_CLUSTER)"
+            "(gke_PROJECT_LOCATION_CLUSTER), or with `kinetic-prefect doctor --gke-cluster "
+            "projects/PROJECT/locations/LOCATION/clusters/CLUSTER`"
         )
     return fix
 
@@ -353,6 +354,8 @@ _GKE_CONTEXT = re.compile(
     r"gke_(?P<project>[a-z][-a-z0-9:.]*)_(?P<location>[a-z]+-[a-z]+[0-9]+(?:-[a-z])?)_(?P<cluster>.+)"
 )
 
+_GKE_PATH = re.compile(r"projects/(?P<project>[^/\s]+)/locations/(?P<location>[^/\s]+)/clusters/(?P<cluster>[^/\s]+)")
+
 
 @dataclass(frozen=True)
 class GKECluster:
@@ -363,6 +366,18 @@ class GKECluster:
     @property
     def path(self) -> str:
         return f"projects/{self.project}/locations/{self.location}/clusters/{self.cluster}"
+
+    @classmethod
+    def from_path(cls, path: str) -> GKECluster:
+        """``projects/P/locations/L/clusters/C`` (doctor's ``--gke-cluster``), for a kube context not named
+        gke_P_L_C; ValueError naming the form when it is not that."""
+        found = _GKE_PATH.fullmatch(path.strip())
+        if found is None:
+            raise ValueError(
+                f"--gke-cluster {path!r}: give the cluster as projects/PROJECT/locations/LOCATION/clusters/CLUSTER, "
+                "e.g. projects/my-project/locations/us-central1/clusters/my-cluster (LOCATION: its region or zone)"
+            )
+        return cls(found["project"], found["location"], found["cluster"])
 
     @classmethod
     def from_context(cls, context: str | None) -> GKECluster | None:
@@ -426,10 +441,17 @@ def _serves(node_pool: Any, spec: accelerators.AcceleratorSpec) -> bool:
     return config.machine_type == spec.machine_type and topology in ("", spec.tpu_topology)
 
 
-def check_node_pools(report: Report, api: Any, nodes: list[Any], wanted: dict[str, list[str]], context: str | None):
-    """A check per accelerator: through the GKE API when the cluster is known by its context's name, else from
-    the nodes' labels (which cannot see a pool at zero nodes)."""
-    where = GKECluster.from_context(context)
+def check_node_pools(
+    report: Report,
+    api: Any,
+    nodes: list[Any],
+    wanted: dict[str, list[str]],
+    context: str | None,
+    cluster: GKECluster | None = None,
+):
+    """A check per accelerator: through the GKE API when the cluster is known (``--gke-cluster``, else its
+    context's name), else from the nodes' labels (which cannot see a pool at zero nodes)."""
+    where = cluster or GKECluster.from_context(context)
     node_pools = None
     if where is not None:
         try:
@@ -562,7 +584,7 @@ def _range(bottom: int, top: int) -> str:
     return f" (autoscaling {bottom}-{top} nodes)" if top else ""
 
 
-def check_gke(report: Report, client, pool, extra_accelerators: list[str]) -> None:
+def check_gke(report: Report, client, pool, extra_accelerators: list[str], cluster: GKECluster | None = None) -> None:
     store = report.store or ""
     if not store.startswith("gs://"):
         report.add(
@@ -613,7 +635,7 @@ def check_gke(report: Report, client, pool, extra_accelerators: list[str]) -> No
             f"({Env.WORK_POOL} in its job variables); name some with --accelerator",
         )
         return
-    check_node_pools(report, api, nodes, wanted, context_name)
+    check_node_pools(report, api, nodes, wanted, context_name, cluster)
 
 
 def _wanted_accelerators(client: Any, pool_name: str, extra_accelerators: list[str]) -> dict[str, list[str]]:
@@ -869,13 +891,20 @@ def _kinetic_pool_problems(kinetic_pool: str | None, pool_state: Callable[[str],
 
 
 def run_checks(
-    pool: str | None = None, accelerator: list[str] | None = None, store: str | None = None, deployments: bool = False
+    pool: str | None = None,
+    accelerator: list[str] | None = None,
+    store: str | None = None,
+    deployments: bool = False,
+    gke_cluster: str | None = None,
 ) -> Report:
+    """Every check; ``gke_cluster`` (projects/P/locations/L/clusters/C) names the GKE cluster whose node pools are
+    read when the kube context's name does not say it (ValueError when malformed, before anything is checked)."""
     import contextlib
 
     from prefect import get_client
     from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
+    cluster = GKECluster.from_path(gke_cluster) if gke_cluster else None
     report = Report(pool=pool or config.default_work_pool())
     with contextlib.ExitStack() as stack:
         stack.enter_context(temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0}))
@@ -897,7 +926,7 @@ def run_checks(
         report.store = store or _variable(pool_obj, "store") or config.default_store_url()
         check_store(report, report.store)
         if report.pool_type == GKE_WORKER_TYPE:
-            check_gke(report, client, pool_obj, list(accelerator or []))
+            check_gke(report, client, pool_obj, list(accelerator or []), cluster)
         elif accelerator:
             for name in accelerator:
                 try:

@@ -168,11 +168,13 @@ class FollowedJob:
     marked_running: bool = False
     last_phase: str | None = None
     last_diagnosis: str | None = None
+    last_pending_detail: str = ""
 
     def moved_to(self, identifier: str) -> None:
         """A new attempt: its own time pending and its own phases; metered from the last attempt's end."""
         self.identifier, self.pending_since = identifier, time.monotonic()
         self.last_phase = self.last_diagnosis = None
+        self.last_pending_detail = ""
         self.meter.relaunched(identifier, self.plan.attempts[-2].ended)
 
 
@@ -518,6 +520,9 @@ class KineticWorker:
                 labels={"kubernetes.diagnosis": job.last_diagnosis or ""},
                 **status.diagnosis,
             )
+        if status.phase == "pending" and not status.fatal and status.detail not in ("", job.last_pending_detail):
+            job.last_pending_detail = status.detail  # e.g. where a queued Job waits and why: said once, not per look
+            job.logger.info(f"Job {job.identifier} waits: {status.detail}")
         if status.phase != job.last_phase and status.phase in ("pending", "running"):
             job.last_phase = status.phase
             self.emit_job_event(

@@ -23,6 +23,12 @@ RESERVATION_PROJECT_LABEL = "cloud.google.com/reservation-project"
 FLEX_START_LABEL = "cloud.google.com/gke-flex-start"
 QUEUED_TAINT = "cloud.google.com/gke-queued"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# Kueue's Workload for a Job: labelled with the Job's uid (Kueue's controller constants, JobUIDLabel); its conditions
+# say why it is not admitted (QuotaReserved False, "couldn't assign flavors to pod set main: insufficient unused
+# quota for nvidia.com/gpu in flavor l4, 1 more needed"). v1beta2 from Kueue 0.15 on, v1beta1 before.
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSIONS = ("v1beta2", "v1beta1")
+KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 ATTEMPT_LABEL = "kinetic.prefect.io/attempt"
 
 # The Job fails at once when its pod is disrupted, and says so in its own Failed condition (reason
@@ -134,6 +140,19 @@ def pending_capacity(
     if "affinity/selector" in message or "node selector" in message or "taint" in message:
         return capacity.NO_NODE_POOL if autoscaler is False else capacity.AWAITING_AUTOSCALER
     return None
+
+
+def kueue_queued(queue: str, workload: dict[str, Any] | None, cluster_queue: str | None) -> str:
+    """What a suspended Job waits for, said from its Kueue Workload: the ClusterQueue it queues in (the Workload's
+    admission, else its LocalQueue's ``spec.clusterQueue``) and the Workload's latest word on why it waits."""
+    where = f"Kueue ClusterQueue {cluster_queue}" if cluster_queue else f"Kueue LocalQueue {queue}"
+    if workload is None:
+        return f"queued in {where} (Kueue has not made its Workload yet)"
+    conditions = (workload.get("status") or {}).get("conditions") or []
+    by_type = {c.get("type"): c for c in conditions}
+    said = by_type.get("QuotaReserved") or (conditions[-1] if conditions else None)
+    why = f"{said.get('reason')}: {said.get('message')}" if said else "no word from Kueue yet"
+    return f"queued in {where} (Workload {workload['metadata']['name']}: {why})"
 
 
 def pending_hint(placing: str | None, text: str) -> str | None:

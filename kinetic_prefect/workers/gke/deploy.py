@@ -1,7 +1,8 @@
 """Worker side: manifests that run a long-lived ``kinetic-gke`` worker inside the cluster.
 
-Least privilege: the worker's ServiceAccount may manage Jobs, read Pods and their logs, read Events,
-and create (never read) the per-Job Secrets that carry forwarded env values, in its own namespace only.
+Least privilege: the worker's ServiceAccount may manage Jobs, read Pods and their logs, read Events, read Kueue's
+Workloads and LocalQueues (why a queued Job waits), and create (never read) the per-Job Secrets that carry forwarded
+env values, in its own namespace only.
 The Prefect API URL and key come from a Secret the user creates
 (`kubectl create secret generic prefect-api --from-literal=url=... --from-literal=key=...`).
 """
@@ -21,6 +22,8 @@ JOB_RULES = [
     {"apiGroups": [""], "resources": ["services"], "verbs": ["create"]},
     # Forwarded env values travel in a per-Job Secret: the worker writes them, never reads any secret.
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "patch"]},
+    # A Job queued in Kueue (queued_provisioning): its Workload and LocalQueue say where and why it waits.
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads", "localqueues"], "verbs": ["get", "list"]},
 ]
 
 

@@ -8,7 +8,15 @@ from collections.abc import Callable
 from typing import Any
 
 from kinetic_prefect import accelerators
-from kinetic_prefect.workers.gke.capacity import AUTOSCALER_STATUS_CONFIGMAP, pending_hint
+from kinetic_prefect.workers.gke.capacity import (
+    AUTOSCALER_STATUS_CONFIGMAP,
+    KUEUE_GROUP,
+    KUEUE_JOB_UID_LABEL,
+    KUEUE_QUEUE_LABEL,
+    KUEUE_VERSIONS,
+    kueue_queued,
+    pending_hint,
+)
 from kinetic_prefect.workers.gke.kube import CONFIG_ERRORS, IMAGE_PULL_ERRORS, INDEX_ANNOTATION, JobGone, kube_retry
 from kinetic_prefect.workers.gke.variables import CONTAINER
 
@@ -80,6 +88,47 @@ class JobFollower:
         worker's namespaced Role may not read kube-system)."""
         namespace, name = AUTOSCALER_STATUS_CONFIGMAP
         return _exists(self.core.read_namespaced_config_map, name, namespace)
+
+    def kueue_queued(self) -> str | None:
+        """Where the suspended Job waits in Kueue (capacity.kueue_queued); None when the worker may not read
+        Kueue's objects (its Role predates them); a warning when the cluster serves no Kueue API at all."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        job = self.last_job
+        queue = (job.metadata.labels or {}).get(KUEUE_QUEUE_LABEL, "")
+        custom = client.CustomObjectsApi(self.batch.api_client)
+        for version in KUEUE_VERSIONS:
+            try:
+                found: Any = custom.list_namespaced_custom_object(
+                    KUEUE_GROUP,
+                    version,
+                    self.namespace,
+                    "workloads",
+                    label_selector=f"{KUEUE_JOB_UID_LABEL}={job.metadata.uid}",
+                )
+                workload = next(iter(found.get("items") or []), None)
+            except ApiException as exc:
+                if exc.status == 404:
+                    continue  # this Kueue API version is not served
+                return None
+            admission = ((workload or {}).get("status") or {}).get("admission") or {}
+            cluster_queue = admission.get("clusterQueue") or (queue and self._cluster_queue(custom, version, queue))
+            return kueue_queued(queue, workload, cluster_queue or None)
+        return (
+            f"queued for Kueue, but the cluster serves no {KUEUE_GROUP} API: the Job stays suspended until Kueue "
+            "is installed (or the pool's queued_provisioning is cleared)"
+        )
+
+    def _cluster_queue(self, custom, version: str, queue: str) -> str | None:
+        """The ClusterQueue behind a LocalQueue; None when it is missing (its Workload then says so) or unreadable."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            local = custom.get_namespaced_custom_object(KUEUE_GROUP, version, self.namespace, "localqueues", queue)
+        except ApiException:
+            return None
+        return (local.get("spec") or {}).get("clusterQueue")
 
     def node_exists(self, name: str) -> bool | None:
         """None: not known (the worker's namespaced Role may not read nodes, which are cluster-wide)."""

@@ -277,7 +277,10 @@ class GKEJobLauncher(JobLauncher):
             return None
         if job.spec.suspend:
             self._pending_since[identifier] = time.monotonic()  # waiting in a queue is not a stuck pod
-            return JobStatus("pending", detail="queued: waiting for its capacity (Kueue / queued provisioning)")
+            queued = await anyio.to_thread.run_sync(follower.kueue_queued)
+            return JobStatus(
+                "pending", detail=queued or "queued: waiting for its capacity (Kueue / queued provisioning)"
+            )
         conditions = {c.type: c for c in (job.status.conditions or []) if c.status == "True"} if job.status else {}
         failed = conditions.get("Failed") or conditions.get("FailureTarget")
         if failed is None:
