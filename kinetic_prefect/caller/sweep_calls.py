@@ -17,6 +17,14 @@ from kinetic_prefect.caller.outcomes import cancelled_result, collect, discard_r
 from kinetic_prefect.errors import KineticJobCrashed
 
 
+def pool_carries_slots(pool_type: str, keep_warm_seconds: float) -> bool:
+    """Whether a pool's calls can ride in slot jobs: kinetic-local with warm runners, kinetic-gke with warm pods (a
+    slot is a process, or a pod, that takes a sweep's inputs one after another)."""
+    from kinetic_prefect.contract import GKE_WORKER_TYPE, LOCAL_WORKER_TYPE
+
+    return pool_type in (LOCAL_WORKER_TYPE, GKE_WORKER_TYPE) and keep_warm_seconds > 0
+
+
 def sweep_of(
     options: KineticOptions,
     call: PreparedCall,
@@ -35,14 +43,11 @@ def sweep_of(
     env values, another loop than the shared one)."""
     from prefect._internal.concurrency.threads import get_run_sync_loop
 
-    from kinetic_prefect.contract import LOCAL_WORKER_TYPE
-
     keep_warm = float(job_variables.get("keep_warm_seconds", _prefect.pool_default(pool, "keep_warm_seconds")) or 0)
     carried = (
         detach is None
         and task_run is not None
-        and pool.type == LOCAL_WORKER_TYPE
-        and keep_warm > 0
+        and pool_carries_slots(pool.type, keep_warm)
         and not options.fallbacks
         and not options.debug
         and not call.env
@@ -51,7 +56,7 @@ def sweep_of(
         and data_mounts.FUSE_VARIABLE not in job_variables
         and getattr(get_run_sync_loop(), "_loop", None) is asyncio.get_running_loop()
     )
-    if not carried or not slots.slot_count() or not slots.has_siblings((task_run.flow_run_id, task_name)):
+    if not carried or not slots.slot_count(pool) or not slots.has_siblings((task_run.flow_run_id, task_name)):
         return None
     shared, _ = slots.split_variables(job_variables)
     key = (task_run.flow_run_id, task_name, pool.name, polling, json.dumps(shared, sort_keys=True, default=str))
