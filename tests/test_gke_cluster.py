@@ -11,10 +11,12 @@ serves their logs through the API server's pods/log proxy.  The pool is configur
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from datetime import UTC, datetime
@@ -28,7 +30,13 @@ from fault_proxy import FaultProxy
 from kubernetes import client as k8s
 from prefect import flow, get_client
 from prefect.client.schemas.actions import WorkPoolCreate
-from prefect.client.schemas.filters import FlowFilter, FlowFilterName, LogFilter, LogFilterFlowRunId
+from prefect.client.schemas.filters import (
+    FlowFilter,
+    FlowFilterName,
+    LogFilter,
+    LogFilterFlowRunId,
+    LogFilterTaskRunId,
+)
 from prefect.states import Cancelling
 from prefect_kubernetes.credentials import KubernetesClusterConfig
 from worker_fixture import stop_worker_process
@@ -648,52 +656,162 @@ def _warm_jobs(kube, pool: str):
     ]
 
 
-def test_a_sweep_on_warm_pods_starts_a_pod_per_slot_not_per_input(
-    kube, gcs_bucket, local_registry, job_image, python_base_image
-):
-    """keep_warm_seconds on a kinetic-gke pool: 9 inputs on 3 slots (a tag concurrency limit) run on at most 3
-    pods, counted through the API; every input keeps its own job run and its own log lines; idle pods end on
-    their own once their keep-warm time is over, and leave nothing in the store's hand-over prefix."""
-    pool = _make_pool(_cluster_block(kube), f"{gcs_bucket}/gke-warm", local_registry, keep_warm_seconds=15)
-    name, tag = f"warm-{uuid.uuid4().hex[:6]}", f"slots-{uuid.uuid4().hex[:6]}"
+SLOT_TAG = "kinetic-slot"
+
+
+def _slot_pool(kube, store: str, registry: str, slots: int) -> str:
+    """A kinetic-gke pool with warm pods whose concurrency limit is ``slots``: a sweep's slot count on kinetic-gke
+    when KINETIC_SWEEP_SLOTS is not set."""
+    from prefect.client.schemas.actions import WorkPoolUpdate
+
+    pool = _make_pool(_cluster_block(kube), store, registry, keep_warm_seconds=15)
     with get_client(sync_client=True) as client:
-        client.create_concurrency_limit(tag=tag, concurrency_limit=3)
+        client.update_work_pool(pool, WorkPoolUpdate(concurrency_limit=slots))
+    return pool
 
-    @_gke_task(name, pool, python_base_image, accelerator="cpu", tags=[tag])
-    def square(x: int) -> dict:
-        print(f"squaring {x}")
-        return {"value": x * x, "pod": os.environ.get("KINETIC_WARM_CONTROL", "")}  # names the pod's Job
 
+def _slot_task(name, pool, base_image, **options):
+    """A task whose calls slots can carry: the emulator's address as a plain job variable (a forwarded ``env=``
+    value is a secret, which keeps a call out of slots)."""
+    env = {"env": {"STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"]}}
+    return kinetic_task(name=name, work_pool=pool, base_image=base_image, job_variables=env, **options)
+
+
+def _slot_jobs(kube, pool: str) -> list:
+    return [j for j in _jobs(kube) if (j.metadata.labels or {}).get("kinetic.prefect.io/work-pool") == pool]
+
+
+def _map_flow(task, n: int, **kwargs):
     @flow
     def sweep():
-        return square.map(range(9)).result()
+        futures = task.map(range(n), **kwargs)
+        futures.wait()
+        return [(f.task_run_id, f.state.name, f.result(raise_on_failure=False)) for f in futures]
+
+    return sweep
+
+
+def test_a_map_on_warm_pods_rides_in_slot_pods_a_job_run_per_slot_not_per_input(
+    kube, gcs_bucket, local_registry, job_image, python_base_image
+):
+    """16 inputs on a pool with warm pods and a concurrency limit of 4 (the slot count): exactly 4 slot Jobs, 4 pods
+    and 4 job runs (tagged kinetic-slot), none per input; every value right, each input's line in its own task
+    run; the idle slot pods end after keep_warm_seconds and the sweep leaves nothing in the store."""
+    store_url = f"{gcs_bucket}/gke-slots"
+    pool = _slot_pool(kube, store_url, local_registry, slots=4)
+    name = f"slots-{uuid.uuid4().hex[:6]}"
+
+    @_slot_task(name, pool, python_base_image, accelerator="cpu")
+    def square(x: int) -> dict:
+        print(f"squaring {x}", flush=True)
+        return {"value": x * x, "slot": os.environ.get("KINETIC_FLOW_RUN_ID", "")}
 
     started = time.time()
-    results = sweep()
-    print(f"warm sweep of 9 on 3 slots: {time.time() - started:.1f} s")
-    assert [r["value"] for r in results] == [x * x for x in range(9)]
-    jobs = _warm_jobs(kube, pool)
-    pods = {r["pod"] for r in results}
-    assert 1 <= len(jobs) <= 3, f"{len(jobs)} warm pods for 9 inputs on 3 slots"
-    assert len(pods) == len(jobs), (pods, [j.metadata.name for j in jobs])
-    runs = _job_runs(name)
-    assert len(runs) == 9 and all(r.state.is_completed() for r in runs), [r.state.type for r in runs]
-    for run in runs:
-        text = _run_logs(run.id, "squaring")
-        lines = [line for line in text.splitlines() if line.startswith("squaring ")]
-        assert len(lines) == 1, f"run {run.name} got {lines}: each call's lines reach its own run only"
-        assert "[kinetic:call]" not in text
-    # Idle pods leave after keep_warm_seconds: their Jobs complete, the hand-over objects are gone.
+    results = _map_flow(square, 16)()
+    print(f"a map of 16 on 4 slot pods: {time.time() - started:.1f} s")
+    assert [value["value"] for _, _, value in results] == [x * x for x in range(16)], results
+    runs = _wait(lambda: (rs := _job_runs(name)) and all(r.state.is_final() for r in rs) and rs, 60, "final runs")
+    assert len(runs) == 4 and all(SLOT_TAG in (r.tags or []) for r in runs), [(r.name, r.tags) for r in runs]
+    assert all(r.state.is_completed() for r in runs), [(r.name, r.state.name) for r in runs]
+    assert {value["slot"] for _, _, value in results} <= {str(r.id) for r in runs}
+    jobs = _slot_jobs(kube, pool)
+    pods = [p for j in jobs for p in _pods_of(kube, j.metadata.name)]
+    assert len(jobs) == 4 and len(pods) == 4, ([j.metadata.name for j in jobs], [p.metadata.name for p in pods])
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=[t for t, _, _ in results])))
+    lines = {(str(log.task_run_id), log.message) for log in logs if log.message.startswith("squaring ")}
+    assert lines == {(str(t), f"squaring {i}") for i, (t, _, _) in enumerate(results)}, sorted(lines)
     _wait(
-        lambda: all((j.status.succeeded or 0) == 1 for j in _warm_jobs(kube, pool)),
+        lambda: all((j.status.succeeded or 0) == 1 for j in _slot_jobs(kube, pool)),
         90,
-        "the idle warm pods did not end after their keep-warm time",
+        "the idle slot pods did not end after their keep-warm time",
     )
     from kinetic_prefect.storage import open_store
 
-    store = open_store(f"{gcs_bucket}/gke-warm")
-    assert [k for k in store.list("warm/") if not k.startswith("warm/runs/")] == []
-    assert store.list("warm/runs/") == [], "the run records are removed once each run is final"
+    assert open_store(store_url).list("sweeps/") == [], "the sweep's records are removed once it is over"
+
+
+def _pods_of(kube, job_name: str) -> list:
+    return k8s.CoreV1Api(kube.api()).list_namespaced_pod("default", label_selector=f"job-name={job_name}").items
+
+
+def _stoppable_sweep(kube, gcs_bucket, local_registry, python_base_image, prefix: str, n: int):
+    """A sweep of ``n`` inputs on 2 slot pods, retries=1, run in a thread: the first input a slot runs sleeps 60 s,
+    the others return at once. Every body run is marked in the store; returns once the sleeper runs, with the
+    sleeper's input and slot job run."""
+    store_url = f"{gcs_bucket}/{prefix}-{uuid.uuid4().hex[:6]}"
+    marks = "test-marks"
+    pool = _slot_pool(kube, store_url, local_registry, slots=2)
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+    @_slot_task(name, pool, python_base_image, accelerator="cpu", retries=1)
+    def probe(i: int) -> int:
+        import json as _json
+        import os as _os
+        import time as _time
+
+        from kinetic_prefect.storage import open_store as _open
+
+        store, slot = _open(_os.environ["KINETIC_STORE"]), _os.environ["KINETIC_FLOW_RUN_ID"]
+        store.put_bytes(f"{marks}/ran-{i}-{_time.time_ns()}", slot.encode())
+        if store.put_bytes(f"{marks}/first", _json.dumps([i, slot]).encode(), if_absent=True):
+            _time.sleep(60)
+        return i
+
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.update(value=_map_flow(probe, n)()), daemon=True)
+    thread.start()
+    from kinetic_prefect.storage import open_store
+
+    store = open_store(store_url)
+    first = _wait(lambda: store.exists(f"{marks}/first") and store.get_bytes(f"{marks}/first"), 180, "no sleeper")
+    sleeper, slot_run = json.loads(first)
+
+    def ran() -> dict[int, int]:
+        counts: dict[int, int] = {}
+        for key in store.list(f"{marks}/"):
+            if key.rsplit("/", 1)[1].startswith("ran-"):
+                i = int(key.rsplit("/", 1)[1].split("-")[1])
+                counts[i] = counts.get(i, 0) + 1
+        return counts
+
+    [job] = _job_for(kube, slot_run)
+    return SimpleNamespace(name=name, thread=thread, box=box, sleeper=sleeper, slot_run=slot_run, job=job, ran=ran)
+
+
+def test_cancelling_a_slot_pods_run_deletes_its_job_and_ends_its_input_cancelled_the_rest_run_elsewhere(
+    kube, gcs_bucket, local_registry, job_image, python_base_image
+):
+    sweep = _stoppable_sweep(kube, gcs_bucket, local_registry, python_base_image, "slot-cancel", 4)
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(uuid.UUID(sweep.slot_run), Cancelling(message="cancel this slot"), force=True)
+    sweep.thread.join(120)
+    assert not sweep.thread.is_alive(), "the sweep did not end after its slot was cancelled"
+    states = {i: state for i, (_, state, _) in enumerate(sweep.box["value"])}
+    assert states[sweep.sleeper] == "Cancelled", states  # not retried, whatever retries= says
+    assert all(state == "Completed" for i, state in states.items() if i != sweep.sleeper), states
+    assert sweep.ran() == dict.fromkeys(range(4), 1)  # the queued inputs ran once each, on the other slots
+    _wait(lambda: not _job_for(kube, sweep.slot_run), 30, "the cancelled slot's Job was not deleted")
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(uuid.UUID(sweep.slot_run)).state.is_cancelled()
+
+
+def test_a_slot_pod_deleted_ends_its_input_crashed_and_retried_and_no_other_input_is_lost_or_run_twice(
+    kube, gcs_bucket, local_registry, job_image, python_base_image
+):
+    """A slot pod deleted mid-input (a node lost, a preemption), as the warm pod test deletes one: its input's
+    call raises KineticJobCrashed and its retry completes; every other input ran exactly once."""
+    sweep = _stoppable_sweep(kube, gcs_bucket, local_registry, python_base_image, "slot-death", 6)
+    [pod] = _pods_of(kube, sweep.job.metadata.name)
+    k8s.CoreV1Api(kube.api()).delete_namespaced_pod(pod.metadata.name, "default", grace_period_seconds=0)
+    sweep.thread.join(180)
+    assert not sweep.thread.is_alive(), "the sweep did not end after its slot pod was deleted"
+    results = sweep.box["value"]
+    assert [(state, value) for _, state, value in results] == [("Completed", i) for i in range(6)], results
+    assert sweep.ran() == {i: 2 if i == sweep.sleeper else 1 for i in range(6)}  # only the lost input ran again
+    with get_client(sync_client=True) as client:
+        dead = client.read_flow_run(uuid.UUID(sweep.slot_run))
+    assert dead.state.is_crashed() or dead.state.is_failed(), dead.state
 
 
 def _one_warm_call(pool: str, base_image: str) -> int:

@@ -1,4 +1,4 @@
-"""Sweeps in slots: the calls of a fan-out on a pool with warm runners share a few slot jobs, not a job run each.
+"""Sweeps in slots: the calls of a fan-out on kinetic-local share a few slot jobs, not a job run each.
 
 Each input stays its own Prefect task run (value, exception, logs, retries, timeout); the slot jobs are job runs
 tagged ``kinetic-slot`` whose logs name the inputs they served. The stop rows: a Ctrl-C or SIGTERM of the calling
@@ -311,7 +311,7 @@ def test_a_pool_running_its_own_command_keeps_a_job_run_per_call():
     from types import SimpleNamespace
 
     from kinetic_prefect.caller.sweep_calls import pool_carries_slots
-    from kinetic_prefect.contract import LOCAL_WORKER_TYPE, RUNNER_COMMAND
+    from kinetic_prefect.contract import GKE_WORKER_TYPE, LOCAL_WORKER_TYPE, RUNNER_COMMAND
 
     def pool(command: str | None) -> SimpleNamespace:
         template = {"variables": {"properties": {"command": {"default": command}}}}
@@ -322,6 +322,8 @@ def test_a_pool_running_its_own_command_keeps_a_job_run_per_call():
     assert not pool_carries_slots(pool("bash -c 'my-launcher'"), {}, 0)
     assert not pool_carries_slots(pool(None), {"command": "my-launcher --job"}, 0)
     assert not pool_carries_slots(SimpleNamespace(type="process", base_job_template={}), {}, 60)
+    gke = SimpleNamespace(type=GKE_WORKER_TYPE, base_job_template={})
+    assert pool_carries_slots(gke, {}, 60) and not pool_carries_slots(gke, {}, 0)  # warm pods only
 
 
 @pytest.mark.slow

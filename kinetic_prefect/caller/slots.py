@@ -37,6 +37,7 @@ from anyio import to_thread
 from kinetic_prefect import signing
 from kinetic_prefect.contract import (
     COMPLETED,
+    GKE_WORKER_TYPE,
     SLOT_INPUTS_ARTIFACT_KEY,
     SLOT_TAG,
     SWEEP_TAG_PREFIX,
@@ -85,10 +86,19 @@ def has_siblings(key: tuple[Any, ...]) -> bool:
         return _in_flight.get(key, 0) > 1
 
 
-def slot_count() -> int:
-    """At most this many slot jobs per sweep; 0: no sweeps, every call a job run of its own."""
+GKE_DEFAULT_SLOTS = 8  # a kinetic-gke sweep's slot pods when neither KINETIC_SWEEP_SLOTS nor the pool says
+
+
+def slot_count(pool: Any = None) -> int:
+    """At most this many slot jobs per sweep; 0: no sweeps, every call a job run of its own. ``KINETIC_SWEEP_SLOTS``
+    if set; else on kinetic-gke the work pool's concurrency limit, or GKE_DEFAULT_SLOTS (a slot is a pod holding an
+    accelerator: the caller's CPUs say nothing about it); else twice the caller's CPUs, at least 4."""
     count = settings.SWEEP_SLOTS.value()
-    return max(4, 2 * (os.cpu_count() or 1)) if count is None else count
+    if count is not None:
+        return count
+    if pool is not None and pool.type == GKE_WORKER_TYPE:
+        return pool.concurrency_limit or GKE_DEFAULT_SLOTS
+    return max(4, 2 * (os.cpu_count() or 1))
 
 
 def split_variables(job_variables: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -157,7 +167,7 @@ class Sweep:
 
     def __post_init__(self) -> None:
         self.loop = asyncio.get_running_loop()
-        self.cap = slot_count()
+        self.cap = slot_count(self.pool)
 
     def _spawn(self, coro: Any) -> None:
         task = self.loop.create_task(coro)

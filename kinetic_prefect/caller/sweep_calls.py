@@ -23,13 +23,14 @@ def pool_carries_slots(pool: Any, job_variables: dict[str, Any], keep_warm: floa
     """Whether this pool's jobs can be a sweep's slots. kinetic-local: always, unless the pool runs its own
     command in the runner's place (a slot swaps the runner module for the slot runner's); a slot is a process that
     lives as long as its sweep has inputs, so it needs no warm runners (``keep_warm_seconds``), which stay opt-in
-    for single calls."""
-    from kinetic_prefect.contract import LOCAL_WORKER_TYPE, RUNNER_MODULE
+    for single calls. kinetic-gke: with warm pods (``keep_warm_seconds > 0``), a slot being a pod that takes the
+    sweep's inputs one after another."""
+    from kinetic_prefect.contract import GKE_WORKER_TYPE, LOCAL_WORKER_TYPE, RUNNER_MODULE
 
     if pool.type == LOCAL_WORKER_TYPE:
         command = job_variables.get("command", _prefect.pool_default(pool, "command"))
         return not command or RUNNER_MODULE in str(command)
-    return False
+    return pool.type == GKE_WORKER_TYPE and keep_warm > 0
 
 
 def sweep_of(
@@ -63,7 +64,7 @@ def sweep_of(
         and data_mounts.FUSE_VARIABLE not in job_variables
         and getattr(get_run_sync_loop(), "_loop", None) is asyncio.get_running_loop()
     )
-    if not carried or not slots.slot_count() or not slots.has_siblings((task_run.flow_run_id, task_name)):
+    if not carried or not slots.slot_count(pool) or not slots.has_siblings((task_run.flow_run_id, task_name)):
         return None
     shared, _ = slots.split_variables(job_variables)
     key = (task_run.flow_run_id, task_name, pool.name, polling, json.dumps(shared, sort_keys=True, default=str))

@@ -10,10 +10,18 @@ from prefect.workers.base import BaseJobConfiguration
 from pydantic import Field, PrivateAttr
 
 from kinetic_prefect import accelerators, config
-from kinetic_prefect.contract import RUNNER_COMMAND, Env, RunLayout
+from kinetic_prefect.contract import RUNNER_COMMAND, RUNNER_MODULE, SLOT_RUNNER_MODULE, Env, RunLayout
 from kinetic_prefect.shared.image import ImageSpec
 
 ENV_BLOCK_VARIABLE = Env.ENV_BLOCK
+
+
+def slot_argv(argv: list[str]) -> list[str]:
+    """A slot job's command (a sweep's inputs one after another, on kinetic-local and kinetic-gke alike): the slot
+    runner's module in the runner's place."""
+    if RUNNER_MODULE not in argv:
+        raise ValueError(f"sweeps in slots need the standard runner command; this pool runs {' '.join(argv)!r}")
+    return [SLOT_RUNNER_MODULE if part == RUNNER_MODULE else part for part in argv]
 
 
 def load_template(worker_type: str) -> dict[str, Any]:

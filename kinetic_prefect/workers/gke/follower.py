@@ -227,6 +227,17 @@ class JobFollower:
                 raise
 
 
+# A pod being deleted whose process wrote no outcome this long after its grace period ran out: the process is gone
+# (killed before it could write, or its node lost) even if no kubelet ever reports the pod's end.
+DELETED_POD_MARGIN_SECONDS = 15.0
+
+
+def deleted_for(pod: Any) -> float | None:
+    """Seconds since a pod being deleted ran out of its grace period (negative while within it); None: not deleted."""
+    when = pod.metadata.deletion_timestamp if pod.metadata is not None else None
+    return None if when is None else time.time() - when.timestamp()
+
+
 def pod_exit(pod: Any) -> tuple[int, str]:
     """A finished pod's container exit code and reason (the phase's, when no container recorded one)."""
     for status in pod.status.container_statuses or []:

@@ -22,7 +22,13 @@ from kinetic_prefect.shared import capacity
 from kinetic_prefect.workers.gke import capacity as gke_capacity
 from kinetic_prefect.workers.gke import warm
 from kinetic_prefect.workers.gke.configuration import KineticGKEJobConfiguration
-from kinetic_prefect.workers.gke.follower import JobFollower, pod_exit, pod_span
+from kinetic_prefect.workers.gke.follower import (
+    DELETED_POD_MARGIN_SECONDS,
+    JobFollower,
+    deleted_for,
+    pod_exit,
+    pod_span,
+)
 from kinetic_prefect.workers.gke.kube import (
     FLOW_RUN_LABEL,
     GROUP_STOP_SECONDS,
@@ -83,14 +89,16 @@ class GKEJobLauncher(JobLauncher):
         configuration.image = image
         configuration.job_manifest["spec"]["template"]["spec"]["containers"][0]["image"] = image
         api = await anyio.to_thread.run_sync(self.api, configuration)
-        if warm.wanted(configuration):
+        if warm.is_slot(configuration):
+            warm.prepare_slot_pod(configuration)
+        elif warm.wanted(configuration):
             handed, floor_pods = await self.warm.hand_over(flow_run, configuration, log)
             if handed is not None:
                 return handed
             identifier = self.warm.prepare_new_pod(flow_run, configuration, floor_pods < configuration.min_warm)
             await self.warm.record_new_pod(flow_run, configuration, identifier)
         job_name = await anyio.to_thread.run_sync(self._create_job, api, configuration)
-        kind = "warm pod Job" if warm.wanted(configuration) else "Job"
+        kind = "slot Job" if warm.is_slot(configuration) else "warm pod Job" if warm.wanted(configuration) else "Job"
         log(f"Created {kind} {configuration.namespace}/{job_name} for accelerator {configuration.accelerator}")
         return f"{configuration.namespace}:{job_name}" + (f"@{flow_run.id}" if warm.wanted(configuration) else "")
 
@@ -252,13 +260,16 @@ class GKEJobLauncher(JobLauncher):
                     scaling_up_seconds=scaling,
                 )
             return JobStatus("pending", diagnosis=diagnosis, capacity=placing, scaling_up_seconds=scaling)
-        if phase == "Running":
+        gone = phase == "Running" and (deleted_for(pod) or 0.0) > DELETED_POD_MARGIN_SECONDS
+        if phase == "Running" and not gone:
             follower.stream_logs(pod.metadata.name)
             return JobStatus("running", detail=f"Pod {pod.metadata.name} running on {pod.spec.node_name or '?'}")
         follower.stream_logs(pod.metadata.name)
         await anyio.to_thread.run_sync(follower.finish_logs)
         follower.stream_logs(pod.metadata.name, again=True)  # whatever a broken stream missed
         await anyio.to_thread.run_sync(follower.finish_logs)
+        if gone:  # deleted, and no kubelet reported its end (a lost node, a forced delete): its process is gone
+            return JobStatus("exited", exit_code=137, detail=f"pod {pod.metadata.name} was deleted while it ran")
         exit_code, reason = pod_exit(pod)
         preempted = await anyio.to_thread.run_sync(follower.disruption, pod) if phase == "Failed" else None
         return JobStatus(

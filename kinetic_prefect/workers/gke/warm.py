@@ -44,9 +44,9 @@ from kinetic_prefect.contract import (
     WarmPodKeys,
     WarmRunnerFiles,
 )
-from kinetic_prefect.workers.base import open_job_store
+from kinetic_prefect.workers.base import open_job_store, slot_argv
 from kinetic_prefect.workers.gke.configuration import KineticGKEJobConfiguration
-from kinetic_prefect.workers.gke.follower import JobFollower, pod_exit
+from kinetic_prefect.workers.gke.follower import DELETED_POD_MARGIN_SECONDS, JobFollower, deleted_for, pod_exit
 from kinetic_prefect.workers.gke.kube import FLOW_RUN_LABEL, POOL_LABEL, JobGone, label_value
 from kinetic_prefect.workers.lifecycle import JobStatus
 
@@ -55,20 +55,34 @@ FLOOR_LABEL = "kinetic.prefect.io/warm-floor"  # one of the pool's min_warm pods
 ACCELERATOR_LABEL = "kinetic.prefect.io/accelerator"  # set on every Job by the configuration
 FIRST_RUN_LABEL = "kinetic.prefect.io/first-flow-run-id"  # not FLOW_RUN_LABEL: the Job is not that run's alone
 END_WAIT_SECONDS = 10.0  # how long an ended call waits for its last log lines (its end marker)
-# A pod being deleted whose runner wrote no exit record this long after its grace period ran out: the runner is
-# gone (killed before it could write, or its node lost) even if no kubelet ever reports the pod's end.
-DELETED_POD_MARGIN_SECONDS = 15.0
 
 
 def wanted(configuration: KineticGKEJobConfiguration) -> bool:
     """Whether a call goes to a warm pod: the pool keeps pods warm, one host, a single accelerator (a fallback
-    list or a spot fallback moves a call between Jobs, which a shared pod cannot follow)."""
+    list or a spot fallback moves a call between Jobs, which a shared pod cannot follow). A sweep's slot job is not
+    one: its pod takes the sweep's inputs, and is never handed a call."""
     return (
         configuration.keep_warm_seconds > 0
+        and not is_slot(configuration)
         and configuration.host_count == 1
         and len(configuration.accelerator_choices) <= 1
         and not configuration.spot_fallback
     )
+
+
+def is_slot(configuration: KineticGKEJobConfiguration) -> bool:
+    """A sweep's slot job (caller/slots.py): one pod that takes the sweep's inputs one after another."""
+    return bool(configuration.env.get(Env.SWEEP_ID))
+
+
+def prepare_slot_pod(configuration: KineticGKEJobConfiguration) -> None:
+    """Turn the rendered Job into a slot's: the slot runner in the runner's place (as on kinetic-local), and no
+    ``activeDeadlineSeconds`` (a pool's job_watch_timeout_seconds would end a pod that serves many inputs; each
+    input keeps its task's own timeout)."""
+    manifest = configuration.job_manifest
+    container = _container(manifest)
+    container["command"] = slot_argv(list(container["command"]))
+    manifest["spec"].pop("activeDeadlineSeconds", None)
 
 
 def _keep_seconds(configuration: KineticGKEJobConfiguration, floor: bool) -> str:
@@ -304,7 +318,7 @@ class WarmPods:
         phase = pod.status.phase if pod is not None and pod.status else None
         if phase in (None, "Pending"):
             return await pending_status(f"{namespace}:{job_name}")
-        deleted = _deleted_for(pod)
+        deleted = deleted_for(pod)
         if phase == "Running" and (deleted is None or deleted < DELETED_POD_MARGIN_SECONDS):
             if not self._lines[identifier].over.is_set():
                 follower.stream_logs(pod.metadata.name)
@@ -483,12 +497,6 @@ def end_floor_pod(api: Any, pod: FloorPod) -> bool:
             raise
     pod.store.delete_prefix(f"{pod.control}/")
     return True
-
-
-def _deleted_for(pod: Any) -> float | None:
-    """Seconds since a pod being deleted ran out of its grace period (negative while within it); None: not deleted."""
-    when = pod.metadata.deletion_timestamp if pod.metadata is not None else None
-    return None if when is None else time.time() - when.timestamp()
 
 
 def _claim(store: Any, key: str, owner: bytes) -> bool:

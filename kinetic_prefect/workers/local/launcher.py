@@ -29,6 +29,7 @@ from prefect.client.schemas.objects import FlowRun
 from kinetic_prefect import accelerators, config
 from kinetic_prefect.contract import JOB_LOG_NAME, RUNNER_COMMAND, Env, WarmRunnerFiles, host_log_name
 from kinetic_prefect.shared.processes import process_start_ticks
+from kinetic_prefect.workers.base import slot_argv
 from kinetic_prefect.workers.job_launcher import JobLauncher, JobStatus
 from kinetic_prefect.workers.local import warm
 from kinetic_prefect.workers.local.configuration import KineticLocalJobConfiguration, choose_local_accelerator
@@ -231,7 +232,7 @@ class LocalJobLauncher(JobLauncher):
         argv = await anyio.to_thread.run_sync(self.command, configuration, log)
         slot_job = bool(configuration.env.get(Env.SWEEP_ID))  # a sweep's slot: warm by itself, never handed over
         if slot_job:
-            argv = warm.slot_argv(argv)
+            argv = slot_argv(argv)
         job_dir = self.job_dir(identifier)
         job_dir.mkdir(parents=True, exist_ok=True)
         for stale in job_dir.glob(f"{WarmRunnerFiles.EXIT_STATUS}*"):  # a relaunch's earlier attempt ended there

@@ -99,15 +99,6 @@ def warm_argv(argv: list[str]) -> list[str]:
     return [WARM_RUNNER_MODULE if part == RUNNER_MODULE else part for part in argv]
 
 
-def slot_argv(argv: list[str]) -> list[str]:
-    """A slot job's command (a sweep's inputs one after another): the slot runner's module in the runner's place."""
-    from kinetic_prefect.contract import RUNNER_MODULE, SLOT_RUNNER_MODULE
-
-    if RUNNER_MODULE not in argv:
-        raise ValueError(f"sweeps in slots need the standard runner command; this pool runs {' '.join(argv)!r}")
-    return [SLOT_RUNNER_MODULE if part == RUNNER_MODULE else part for part in argv]
-
-
 class WarmRunners:
     """This process's warm runners, by environment key."""
 
