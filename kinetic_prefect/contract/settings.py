@@ -190,8 +190,8 @@ SWEEP_SLOTS: Setting[int | None] = Setting(
     parse_count,
     "give a whole number of slot jobs >= 0 (0: no slots, a job run per call)",
     (CALLER,),
-    "How many slot jobs one sweep (a fan-out of one task on a kinetic-local pool, or a kinetic-gke pool with warm pods) runs at most; "
-    "the task's tag concurrency limit bounds it too. 0: no slots, every call a job run of its own.",
+    "How many slot jobs one sweep (a fan-out of one task on a kinetic-local pool, or a kinetic-gke pool with warm "
+    "pods) runs at most; the task's tag concurrency limit bounds it too. 0: no slots, every call a job run of its own.",
     default_doc="twice the CPU count, at least 4 (as KINETIC_IN_PROCESS_CONCURRENCY); on kinetic-gke the work "
     "pool's concurrency limit, else 8",
 )
