@@ -161,9 +161,10 @@ def test_submit_map_and_with_options():
 
     single, mapped, renamed = pipeline()
     assert (single, mapped, renamed) == (20, [2, 4, 6], 8)
-    runs = job_runs(name)
-    assert len(runs) == 5
-    assert sorted(r.job_variables["accelerator"] for r in runs) == ["l4"] * 4 + ["tpu-v6e-8"]
+    accelerators = sorted(r.job_variables["accelerator"] for r in job_runs(name))
+    # the submit and the map overlap: they ride in slots (a job run each, at most one per input), the later call
+    # with other options has a job run of its own
+    assert 1 <= accelerators.count("l4") <= 4 and accelerators.count("tpu-v6e-8") == 1, accelerators
 
 
 def test_module_level_imports_of_the_project_work_in_the_job():
