@@ -803,7 +803,8 @@ def test_a_slot_pod_deleted_ends_its_input_crashed_and_retried_and_no_other_inpu
     kube, gcs_bucket, local_registry, job_image, python_base_image
 ):
     """A slot pod deleted mid-input (a node lost, a preemption), as the warm pod test deletes one: its input's
-    call raises KineticJobCrashed and its retry completes; every other input ran exactly once."""
+    call raises KineticJobCrashed and its retry completes; every other input ran exactly once. ≈ 24 s: a pod
+    force-deleted mid-run is read as gone 15 s past its grace period (DELETED_POD_MARGIN_SECONDS)."""
     sweep = _stoppable_sweep(kube, gcs_bucket, local_registry, python_base_image, "slot-death", 6)
     [pod] = _pods_of(kube, sweep.job.metadata.name)
     k8s.CoreV1Api(kube.api()).delete_namespaced_pod(pod.metadata.name, "default", grace_period_seconds=0)
