@@ -96,6 +96,7 @@ ROOMS = {
     "test_unhappy_store.py": "end-to-end",
     "test_warm_pods.py": "gke",
     "test_warm_runners.py": "worker",
+    "test_working_copy.py": "pod",
     "test_worker.py": "worker",
     "test_worker_image.py": "gke",
 }

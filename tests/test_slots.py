@@ -304,6 +304,43 @@ def test_a_map_on_a_pool_with_nothing_set_runs_in_slots(tmp_path):
     assert len({pid for _, _, (_, pid) in results}) <= len(runs)  # a process per job run, not per input
 
 
+@pytest.mark.slow
+def test_inputs_sharing_a_slot_each_start_from_the_project_as_shipped(tmp_path, monkeypatch):
+    """One slot serves 4 inputs in one process and one working copy, kept between inputs instead of copied anew:
+    each input rewrites a module of the project and leaves junk, and the next one still sees neither."""
+    from worker_fixture import new_pool
+
+    monkeypatch.setenv("KINETIC_SWEEP_SLOTS", "1")
+    module = f"helper_{uuid.uuid4().hex[:8]}"
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text("[project]\nname = 'vandal'\nversion = '0'\n")
+    (project / f"{module}.py").write_text("VALUE = 'original'\n")
+    name = f"slots-vandal-{uuid.uuid4().hex[:6]}"
+
+    @kinetic_task(name=name, work_pool=new_pool("slots"), project_dir=project, submission="in-process")
+    def vandal(i: int) -> dict:
+        import importlib
+        import os as _os
+        import pathlib
+
+        helper = importlib.import_module(module)
+        seen = {"value": helper.VALUE, "junk": pathlib.Path("junk.txt").exists(), "cwd": _os.getcwd()}
+        pathlib.Path(f"{module}.py").write_text("VALUE = 'rewritten'\n")
+        pathlib.Path("junk.txt").write_text("junk")
+        return {**seen, "pid": _os.getpid()}
+
+    @flow
+    def sweep():
+        return vandal.map(range(4)).result()
+
+    seen = sweep()
+    assert len({s["pid"] for s in seen}) == 1, "one slot served the inputs"
+    assert all(s["value"] == "original" and not s["junk"] for s in seen), seen
+    assert len({s["cwd"] for s in seen}) == 1, "the slot kept one working copy"
+    assert not Path(seen[0]["cwd"]).exists(), "the slot's copy was left behind"
+
+
 @pytest.mark.no_server
 def test_a_pool_running_its_own_command_keeps_a_job_run_per_call():
     """A slot swaps the runner's module for the slot runner's: a pool whose ``command`` is not the runner's cannot

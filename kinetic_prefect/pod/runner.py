@@ -57,7 +57,7 @@ from kinetic_prefect.contract import (
     settings,
 )
 from kinetic_prefect.errors import ResultNotPicklable
-from kinetic_prefect.pod import debugger, utilization
+from kinetic_prefect.pod import debugger, utilization, working_copy
 
 if TYPE_CHECKING:
     from kinetic_prefect.storage import Store
@@ -166,23 +166,6 @@ def _scratch_root() -> Path | None:
         return None
     Path(job_dir).mkdir(parents=True, exist_ok=True)
     return Path(job_dir)
-
-
-def _private_working_copy(code_dir: Path) -> Path:
-    """A copy of the node's shared project copy for this job alone: its cwd and the first entry of sys.path.
-
-    What the function writes there (a rewritten module, junk files, __pycache__) goes away with the job and never
-    reaches the shared copy, which later jobs of the same project unpack nothing into and start from.
-    """
-    work = Path(tempfile.mkdtemp(prefix="kinetic-work-", dir=_scratch_root()))
-    shutil.copytree(
-        code_dir,
-        work,
-        dirs_exist_ok=True,
-        symlinks=True,
-        ignore=shutil.ignore_patterns(".kinetic-complete", "__pycache__"),
-    )
-    return work
 
 
 def _unpickle_call(payload: bytes) -> Call:
@@ -570,7 +553,9 @@ class _Job:
         code_dir = self.phases.run(
             contract.PHASE_RESTORE_CODE, _restore_code, store, code_key, os.environ.get(Env.CODE_SHA256)
         )
-        self.work_dir = work_dir = self.phases.run(PHASE_WORKING_COPY, _private_working_copy, code_dir)
+        self.work_dir = work_dir = self.phases.run(
+            PHASE_WORKING_COPY, working_copy.working_copy, code_dir, _scratch_root()
+        )
         os.chdir(work_dir)
         sys.path.insert(0, str(work_dir))
 
@@ -676,7 +661,7 @@ class _Job:
         if self.checkpoints is not None:
             self.checkpoints.remove_local_copy()
         if self.work_dir is not None:
-            shutil.rmtree(self.work_dir, ignore_errors=True)
+            working_copy.release(self.work_dir)
         if _OWNER_DIED and os.environ.get(Env.JOB_DIR):  # no worker is left to remove the job's folder
             shutil.rmtree(os.environ[Env.JOB_DIR], ignore_errors=True)
 

@@ -237,5 +237,8 @@ def main() -> int:
 
 if __name__ == "__main__":
     code = main()
+    from kinetic_prefect.pod import working_copy
+
+    working_copy.remove_kept()  # os._exit below runs no atexit hook
     sys.stdout.flush()
     os._exit(code)  # threads an input left behind are not waited for

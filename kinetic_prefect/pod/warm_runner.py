@@ -105,8 +105,9 @@ def _run_call(call: dict[str, Any], base_environ: dict[str, str]) -> int:
 def run_in_place(env: dict[str, str], base_environ: dict[str, str], log_path: Path | None) -> int:
     """``runner.main`` once, in this process, with exactly ``env``; its output goes to ``log_path`` (None: this
     process's own stdout and stderr, a pod's log); the user's project modules are dropped afterwards."""
-    from kinetic_prefect.pod import runner
+    from kinetic_prefect.pod import runner, working_copy
 
+    working_copy.reuse_between_calls()  # the project's working copy is restored for the next call, not copied anew
     os.environ.clear()
     os.environ.update(env)
     path_before = list(sys.path)

@@ -110,6 +110,7 @@ RUNNER_MODULES = (
     "pod/runner",
     "pod/warm_runner",
     "pod/slot_runner",
+    "pod/working_copy",
     "pod/outputs",
     "pod/progress",
     "pod/data",
