@@ -163,6 +163,7 @@ def test_two_slots_claiming_at_once_never_take_the_same_input_and_a_forged_recor
         go.wait()  # both claim at once
         while (queued := slot_runner._claim_next(store, keys, slot_id, seen)) is not None:
             taken[slot_id].append(SweepKeys.run_id_of(queued))
+            time.sleep(0.001)  # as a slot runs its input: without it one thread can take all 200 within one GIL turn
 
     threads = [threading.Thread(target=slot, args=(s,)) for s in taken]
     for thread in threads:
