@@ -122,6 +122,22 @@ def project_module_names(project_dir: Path) -> list[str]:
     ``import multiprocessing`` points at ``__main__``.
     """
     project_dir = Path(project_dir).resolve()
+    loaded = tuple(sys.modules)  # a fan-out's calls ask with the same modules loaded: answered once
+    with _module_names_lock:
+        known = _module_names.get(project_dir)
+        if known is not None and known[0] == loaded:
+            return list(known[1])
+    found = _scan_project_modules(project_dir)
+    with _module_names_lock:
+        _module_names[project_dir] = (loaded, found)
+    return list(found)
+
+
+_module_names_lock = threading.Lock()
+_module_names: dict[Path, tuple[tuple[str, ...], list[str]]] = {}  # project -> (sys.modules' names, the answer)
+
+
+def _scan_project_modules(project_dir: Path) -> list[str]:
     names: set[str] = set()
     for name, module in list(sys.modules.items()):
         file = getattr(module, "__file__", None)

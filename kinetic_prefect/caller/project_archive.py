@@ -17,6 +17,7 @@ warning.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import inspect
@@ -79,11 +80,20 @@ def sha256_hex(data: bytes) -> str:
 def find_project_dir(fn: Callable[..., Any]) -> Path:
     """The nearest ancestor of the function's file that looks like a project root."""
     try:
-        source = Path(inspect.getfile(inspect.unwrap(fn))).resolve()
+        file = inspect.getfile(inspect.unwrap(fn))
     except (TypeError, OSError):
         return Path.cwd().resolve()
-    if not source.exists():  # defined in a REPL / notebook cell
-        return Path.cwd().resolve()
+    found = _project_dir_of(file)
+    return found if found is not None else Path.cwd().resolve()
+
+
+@functools.lru_cache(maxsize=1024)
+def _project_dir_of(file: str) -> Path | None:
+    """The project root of a source file, looked for once per process and file (every call of a fan-out asks);
+    None for a function defined in a REPL or notebook cell."""
+    source = Path(file).resolve()
+    if not source.exists():
+        return None
     for parent in source.parents:
         if any((parent / marker).exists() for marker in PROJECT_MARKERS):
             return parent
@@ -267,6 +277,8 @@ def archive_project(root: Path, exclude: Iterable[Path] = ()) -> ProjectArchive:
 
 _archive_cache: OrderedDict[tuple, tuple[tuple, int, ProjectArchive]] = OrderedDict()
 _archive_lock = threading.Lock()  # one build at a time: a fan-out's calls wait for the first one's
+# (root, excluded) -> (when the last look at the tree began, monotonic ns; the archive it gave)
+_archive_looked: dict[tuple, tuple[int, ProjectArchive]] = {}
 _ARCHIVE_CACHE_ENTRIES = 4
 _RACY_NS = 2 * 10**9
 _ALWAYS_SPEC = pathspec.GitIgnoreSpec.from_lines(ALWAYS_IGNORED)
@@ -355,31 +367,44 @@ def cached_project_archive(project_dir: Path, exclude: Iterable[Path] = ()) -> P
 
     Thread-safe: the calls of a fan-out share one archive object (and one build); a changed,
     added or removed file gives a new archive. Excluded paths (Data folders) are part of the key.
+    A call that waited for the lock takes the answer of a look at the tree that began after it arrived (as fresh
+    as a look of its own): a burst of a fan-out's calls walks the tree twice, not once per call.
     """
+    arrived = time.monotonic_ns()
     root = Path(project_dir).resolve()
     exclude = [Path(p).resolve() for p in exclude]
     excluded = tuple(sorted(os.path.relpath(p, root) for p in exclude if p.is_relative_to(root) and p != root))
     key = (str(root), excluded)
     with _archive_lock:
-        now = time.time_ns()  # before anything is read: a later write has a later mtime (± a clock tick)
-        signature = _tree_signature(root, excluded)
-        cached = _archive_cache.get(key)
-        if (
-            cached is not None
-            and cached[0] == signature
-            and all(entry[2] < cached[1] - _RACY_NS for entry in signature)
-        ):
-            _archive_cache.move_to_end(key)
-            return cached[2]
-        selection = _select_project_files(root, exclude)
-        stats = _file_stats(root, selection.files)
-        _warn_about(root, selection, sum(s[1] for s in stats))
-        archive = _tar_gz(root, stats)
-        if cached is not None and cached[2].sha256 == archive.sha256:
-            archive = cached[2]  # unchanged content: keep handing out the same object
-        # the signature taken before reading: a file changed since makes the next call rebuild
-        _archive_cache[key] = (signature, now, archive)
-        _archive_cache.move_to_end(key)
-        while len(_archive_cache) > _ARCHIVE_CACHE_ENTRIES:
-            _archive_cache.popitem(last=False)
+        looked = _archive_looked.get(key)
+        if looked is not None and looked[0] >= arrived:
+            return looked[1]
+        began = time.monotonic_ns()
+        archive = _current_archive(root, exclude, excluded, key)
+        _archive_looked[key] = (began, archive)
+        while len(_archive_looked) > _ARCHIVE_CACHE_ENTRIES:
+            _archive_looked.pop(next(iter(_archive_looked)))
         return archive
+
+
+def _current_archive(root: Path, exclude: list[Path], excluded: tuple[str, ...], key: tuple) -> ProjectArchive:
+    """The archive of the tree as it is now: the cached one while the tree's signature has not changed (called
+    under ``_archive_lock``)."""
+    now = time.time_ns()  # before anything is read: a later write has a later mtime (± a clock tick)
+    signature = _tree_signature(root, excluded)
+    cached = _archive_cache.get(key)
+    if cached is not None and cached[0] == signature and all(entry[2] < cached[1] - _RACY_NS for entry in signature):
+        _archive_cache.move_to_end(key)
+        return cached[2]
+    selection = _select_project_files(root, exclude)
+    stats = _file_stats(root, selection.files)
+    _warn_about(root, selection, sum(s[1] for s in stats))
+    archive = _tar_gz(root, stats)
+    if cached is not None and cached[2].sha256 == archive.sha256:
+        archive = cached[2]  # unchanged content: keep handing out the same object
+    # the signature taken before reading: a file changed since makes the next call rebuild
+    _archive_cache[key] = (signature, now, archive)
+    _archive_cache.move_to_end(key)
+    while len(_archive_cache) > _ARCHIVE_CACHE_ENTRIES:
+        _archive_cache.popitem(last=False)
+    return archive

@@ -5,6 +5,7 @@ each local Data argument (with its progress) and the signed payload.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import uuid
 from typing import Any
@@ -18,8 +19,20 @@ from kinetic_prefect.caller.project_archive import sha256_hex
 from kinetic_prefect.contract import PHASE_RESTORE_CODE, Outcome
 from kinetic_prefect.pod import data
 
-# Content-addressed objects this process has checked in each store: checked once, trusted after.
-_verified_objects: set[tuple[str, str]] = set()
+# Content-addressed objects this process has checked in each store: checked once, trusted after; a local one while
+# its file keeps the size, mtime and inode it had when checked (its stat, else None).
+_verified_objects: dict[tuple[str, str], tuple[int, int, int] | None] = {}
+
+
+def _local_stat(store: Any, key: str) -> tuple[int, int, int] | None:
+    path = store.local_path(key)
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (-1, -1, -1)
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
 def _ensure_content_addressed(store: Any, key: str, blob: bytes, sha256: str) -> None:
@@ -31,9 +44,9 @@ def _ensure_content_addressed(store: Any, key: str, blob: bytes, sha256: str) ->
     from kinetic_prefect.storage import ObjectNotFound
 
     marker = (store.url_for(key), key)
-    # A local object costs a file read to check, so it is checked on every call; a remote one once
-    # per process (and dropped from trust when a job reports it broken, see forget_broken_code).
-    if marker in _verified_objects and store.local_path(key) is None:
+    # A remote object is checked once per process (and dropped from trust when a job reports it broken, see
+    # forget_broken_code); a local one again whenever its file's stat changed (an edit, a replacement).
+    if marker in _verified_objects and _verified_objects[marker] == _local_stat(store, key):
         return
     try:
         stored = store.get_bytes(key)
@@ -43,7 +56,7 @@ def _ensure_content_addressed(store: Any, key: str, blob: bytes, sha256: str) ->
         store.put_bytes(key, blob, if_absent=True)
     elif sha256_hex(stored) != sha256:
         store.put_bytes(key, blob)
-    _verified_objects.add(marker)
+    _verified_objects[marker] = _local_stat(store, key)
 
 
 def forget_broken_code(store: Any, call: PreparedCall, outcome: Outcome) -> None:
@@ -51,7 +64,7 @@ def forget_broken_code(store: Any, call: PreparedCall, outcome: Outcome) -> None
     this task's retry) uploads a good copy instead of failing the same way forever."""
     if call.code_archive is None or outcome.user_error or outcome.phase != PHASE_RESTORE_CODE:
         return
-    _verified_objects.discard((store.url_for(call.code_archive.key), call.code_archive.key))
+    _verified_objects.pop((store.url_for(call.code_archive.key), call.code_archive.key), None)
     with contextlib.suppress(Exception):
         store.delete(call.code_archive.key)
 
