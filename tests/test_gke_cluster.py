@@ -412,7 +412,7 @@ def gke_worker(gke_pool, tmp_path):
     log_path = tmp_path / "worker.log"
     env = {**os.environ, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_CANCELLATION_POLL_SECONDS": "1"}
 
-    def start(name: str) -> subprocess.Popen:
+    def start(name: str, pool: str = gke_pool) -> subprocess.Popen:
         with open(log_path, "a") as log:  # the child writes through its own copy of the descriptor
             proc = subprocess.Popen(
                 [
@@ -424,7 +424,7 @@ def gke_worker(gke_pool, tmp_path):
                     "--type",
                     "kinetic-gke",
                     "--pool",
-                    gke_pool,
+                    pool,
                     "--name",
                     name,
                 ],
@@ -435,14 +435,14 @@ def gke_worker(gke_pool, tmp_path):
         deadline = time.time() + 60
         with get_client(sync_client=True) as client:
             while not any(
-                w.name == name and w.status.value == "ONLINE" for w in client.read_workers_for_work_pool(gke_pool)
+                w.name == name and w.status.value == "ONLINE" for w in client.read_workers_for_work_pool(pool)
             ):
                 assert proc.poll() is None and time.time() < deadline, log_path.read_text()[-3000:]
                 time.sleep(0.5)
         return proc
 
     procs: list[subprocess.Popen] = []
-    yield lambda name: procs.append(start(name)) or procs[-1], log_path
+    yield lambda name, pool=gke_pool: procs.append(start(name, pool)) or procs[-1], log_path
     for proc in procs:
         stop_worker_process(proc)
 
@@ -733,6 +733,28 @@ def test_a_map_on_warm_pods_rides_in_slot_pods_a_job_run_per_slot_not_per_input(
 
     # the caller removes them once it reads every slot's run final, which trails the pods' end by the worker's report
     _wait(lambda: open_store(store_url).list("sweeps/") == [], 60, "the sweep's records are removed once it is over")
+
+
+def test_a_map_through_a_polling_gke_worker_rides_in_slot_pods(
+    kube, gcs_bucket, local_registry, job_image, python_base_image, gke_worker
+):
+    """The same sweep submitted to a kinetic-gke worker process (submission="worker"): the worker launches the slot
+    Jobs from the scheduled slot runs, at most the pool's 2, and every value comes back through the store."""
+    start_worker, worker_log = gke_worker
+    pool = _slot_pool(kube, f"{gcs_bucket}/gke-slots-polling", local_registry, slots=2)
+    start_worker("gke-slot-worker", pool)
+    name = f"slots-polled-{uuid.uuid4().hex[:6]}"
+
+    @_slot_task(name, pool, python_base_image, accelerator="cpu", submission="worker")
+    def cube(x: int) -> int:
+        return x**3
+
+    results = _map_flow(cube, 8)()
+    assert [value for _, _, value in results] == [x**3 for x in range(8)], (results, worker_log.read_text()[-3000:])
+    runs = _wait(lambda: (rs := _job_runs(name)) and all(r.state.is_final() for r in rs) and rs, 60, "final runs")
+    assert 1 <= len(runs) <= 2 and all(SLOT_TAG in (r.tags or []) for r in runs), [(r.name, r.tags) for r in runs]
+    assert all(r.state.is_completed() for r in runs), [(r.name, r.state.name) for r in runs]
+    assert len(_slot_jobs(kube, pool)) == len(runs), [j.metadata.name for j in _slot_jobs(kube, pool)]
 
 
 def _pods_of(kube, job_name: str) -> list:
