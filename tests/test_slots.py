@@ -570,15 +570,19 @@ def _stop_a_sweep_script(pool: str, submission: str, tmp_path: Path, sig: int, i
     script.write_text(SLOT_SWEEP_SCRIPT)
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-    proc = subprocess.Popen(
-        [sys.executable, str(script), name, pool, submission, str(pid_dir), str(inputs)],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        preexec_fn=_as_from_a_terminal,
-        env={**os.environ, "KINETIC_SWEEP_SLOTS": "2"},
-    )
+    # A file, not a pipe: nobody reads a pipe while the script runs, and a large sweep's log lines fill its 64 KiB,
+    # after which every print and log line of the script blocks — it then never ends, whatever it was asked.
+    output_file = tmp_path / "script-output.txt"
+    with output_file.open("w") as output_stream:
+        proc = subprocess.Popen(
+            [sys.executable, str(script), name, pool, submission, str(pid_dir), str(inputs)],
+            cwd=tmp_path,
+            stdout=output_stream,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=_as_from_a_terminal,
+            env={**os.environ, "KINETIC_SWEEP_SLOTS": "2"},
+        )
     try:
         wait_for(lambda: len(list(pid_dir.glob("*.pid"))) >= 2 or None, 120 + inputs / 5, "two inputs to run")
         wait_for(lambda: slot_runs(name) or None, 30, "a slot job run")
@@ -600,7 +604,7 @@ def _stop_a_sweep_script(pool: str, submission: str, tmp_path: Path, sig: int, i
     finally:
         if proc.poll() is None:
             proc.kill()
-    output = proc.stdout.read()
+    output = output_file.read_text()
     assert proc.returncode is not None, f"the script still ran {ended:.0f} s after the signal:\n{output[-20000:]}"
     assert not left, f"{len(left)} slot processes still ran {took:.1f}s after the signal:\n{output[-3000:]}"
     assert proc.returncode != 0, output[-3000:]
