@@ -4,9 +4,10 @@ the same calls one after another on cold Jobs, on the real control plane with Do
 
     KINETIC_BENCH_INPUTS=64 KINETIC_BENCH_SLOTS=8 CI=1 uv run --all-extras pytest -q -s tests/bench_gke_sweep.py
 
-One run each, interleaved as: the warm sweep (``.map()`` over the inputs, a tag concurrency limit of SLOTS,
-``keep_warm_seconds=30``), then the same inputs as sequential calls on a pool without warm pods (a Job per
-call). Pods and Jobs are counted through the Kubernetes API. Written to ``bench/results/gke_sweep.json``.
+One run each, interleaved as: the sweep (``.map()`` over the inputs on a pool with warm pods,
+``keep_warm_seconds=30``, ``KINETIC_SWEEP_SLOTS=SLOTS``: its inputs ride in slot pods), then the same inputs as
+sequential calls on a pool without warm pods (a Job per call). Pods and Jobs are counted through the Kubernetes
+API, job runs through Prefect's. Written to ``bench/results/gke_sweep.json``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 from kubernetes import client as k8s
 from prefect import flow, get_client
 from test_gke_cluster import _cluster_block, _make_pool, job_image  # noqa: F401  (job_image is a fixture)
+from test_spine import job_runs
 
 from kinetic_prefect import kinetic_task
 
@@ -51,9 +53,17 @@ def _pool_objects(kube, pool: str) -> tuple[int, int]:
 
 
 @pytest.mark.timeout(3600)
-def test_warm_sweep_against_sequential_cold_calls(kube, gcs_bucket, local_registry, job_image, python_base_image):  # noqa: F811
+def test_warm_sweep_against_sequential_cold_calls(
+    kube,
+    gcs_bucket,
+    local_registry,
+    job_image,  # noqa: F811
+    python_base_image,
+    monkeypatch,
+):
     inputs = int(os.environ.get("KINETIC_BENCH_INPUTS", "64"))
     slots = int(os.environ.get("KINETIC_BENCH_SLOTS", "8"))
+    monkeypatch.setenv("KINETIC_SWEEP_SLOTS", str(slots))
     os.environ.setdefault("KINETIC_IN_PROCESS_CONCURRENCY", str(max(slots, 4)))
     block = _cluster_block(kube)
     warm_pool = _make_pool(
@@ -74,7 +84,9 @@ def test_warm_sweep_against_sequential_cold_calls(kube, gcs_bucket, local_regist
     assert sweep() == list(range(inputs))
     warm_seconds = time.perf_counter() - started
     warm_jobs, warm_pods = _pool_objects(kube, warm_pool)
-    print(f"warm sweep: {warm_seconds:.1f} s, {warm_jobs} Jobs, {warm_pods} pods", flush=True)
+    warm_runs = len(job_runs(warm_task.name))
+    print(f"warm sweep: {warm_seconds:.1f} s, {warm_jobs} Jobs, {warm_pods} pods, {warm_runs} job runs", flush=True)
+    monkeypatch.setenv("KINETIC_SWEEP_SLOTS", "0")  # the sequential calls: a Job each, as before slots
 
     cold_task = _task(cold_pool, python_base_image, tag)
 
@@ -89,13 +101,14 @@ def test_warm_sweep_against_sequential_cold_calls(kube, gcs_bucket, local_regist
 
     result = {
         "what": "no-op @kinetic_task on kinetic-gke against the real control plane (fake nodes, Docker pods): "
-        f".map() over {inputs} inputs on {slots} slots with warm pods, against {inputs} sequential calls on cold "
+        f".map() over {inputs} inputs in {slots} slots (warm pods), against {inputs} sequential calls on cold "
         "Jobs; pods and Jobs counted through the Kubernetes API",
         "inputs": inputs,
         "slots": slots,
         "warm_sweep_seconds": round(warm_seconds, 1),
         "warm_sweep_jobs": warm_jobs,
         "warm_sweep_pods": warm_pods,
+        "warm_sweep_job_runs": warm_runs,
         "sequential_cold_seconds": round(cold_seconds, 1),
         "sequential_cold_jobs": cold_jobs,
         "sequential_cold_pods": cold_pods,
