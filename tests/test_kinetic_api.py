@@ -461,6 +461,12 @@ def test_a_batch_rides_in_slots(monkeypatch):
     assert reattached.results(timeout=60) == [None] * 16 and set(reattached.unavailable_children) == set(range(16))
     reattached.cleanup()
 
+    monkeypatch.setenv("KINETIC_SWEEP_SLOTS", "0")  # no slots: a detached job per input, as before
+    apart = square.run_async_map([2, 3])
+    assert apart.results(timeout=300) == [4, 9]
+    assert all(DETACHED_TAG in run.tags for run in job_runs(name)[len(runs) :]) and len(job_runs(name)) == len(runs) + 2
+    assert not _batch_run(apart.group_id)
+
 
 @pytest.mark.timeout(900)
 @pytest.mark.slow
