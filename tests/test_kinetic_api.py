@@ -410,6 +410,117 @@ def test_collections(tmp_path):
         train.run_async_map([1], input_mode="kwargs")
 
 
+def _batch_run(group_id: str):
+    """The flow run of a batch that rides in slots ("kinetic-batch", tagged with its group)."""
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"kinetic-group:{group_id}"]))
+        )
+    return [run for run in runs if "kinetic-batch" in run.tags]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.slow
+def test_a_batch_rides_in_slots(monkeypatch):
+    """Issue 33: run_async_map's 16 inputs on a pool whose jobs can be slots (kinetic-local, no polling worker) share
+    a few slot job runs (KINETIC_SWEEP_SLOTS=4 at once) instead of a job run each; every value comes back in input
+    order, an input's output is its handle's logs, and attach_batch rebuilds the handle (the same inputs, the values
+    once)."""
+    from test_spine import job_runs, unique
+    from worker_fixture import new_pool
+
+    monkeypatch.setenv("KINETIC_SWEEP_SLOTS", "4")
+    name = unique("batched")
+
+    @kinetic.run(accelerator="cpu", work_pool=new_pool("batch-slots"), name=name)
+    def square(x):
+        print(f"squaring {x}", flush=True)
+        return x * x
+
+    started = time.monotonic()
+    batch = square.run_async_map(range(16))
+    assert batch.results(timeout=600, cleanup=False) == [x * x for x in range(16)]
+    took = time.monotonic() - started
+    runs = job_runs(name)
+    # At most 4 slots at once; a slot that idles out while a late input's task run starts is replaced (4 or 5 runs
+    # here on 2 loaded cores): far from a job run per input.
+    assert 1 <= len(runs) <= 8 and all("kinetic-slot" in run.tags for run in runs), (
+        f"{len(runs)} job runs ({sum('kinetic-slot' in run.tags for run in runs)} slots) in {took:.1f} s"
+    )
+    assert batch.status_counts() == {"SUCCEEDED": 16}
+    [flow_run] = _batch_run(batch.group_id)
+    assert flow_run.state.is_completed() and flow_run.flow_id is not None
+    _wait_for(lambda: "squaring 3" in batch.jobs[3].logs(), 30, "input 3's line in its task run's logs")
+    print(f"16 inputs in {len(runs)} slot job runs, {took:.1f} s")
+
+    reattached = kinetic.attach_batch(batch.group_id)
+    assert [j.job_id for j in reattached.jobs] == [j.job_id for j in batch.jobs]
+    assert [j.group_index for j in reattached.jobs] == list(range(16))
+    assert reattached.status_counts() == {"SUCCEEDED": 16}
+    assert reattached.results(timeout=60) == [x * x for x in range(16)]  # cleanup=True: results go
+    assert reattached.results(timeout=60) == [None] * 16 and set(reattached.unavailable_children) == set(range(16))
+    reattached.cleanup()
+
+    monkeypatch.setenv("KINETIC_SWEEP_SLOTS", "0")  # no slots: a detached job per input, as before
+    apart = square.run_async_map([2, 3])
+    assert apart.results(timeout=300) == [4, 9]
+    assert all(DETACHED_TAG in run.tags for run in job_runs(name)[len(runs) :]) and len(job_runs(name)) == len(runs) + 2
+    assert not _batch_run(apart.group_id)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.slow
+def test_a_batch_in_slots_stops(monkeypatch):
+    """A batch in slots stops as a batch of jobs does: cancel() ends every input not ended Cancelled (NOT_FOUND, as
+    Kinetic says) well before the inputs would have ended; fail_fast with cancel_running_on_fail cancels the running
+    inputs after the first failure. Identical inputs are each run (no cache hit between them)."""
+    from test_spine import job_runs, unique
+    from worker_fixture import new_pool
+
+    from kinetic_prefect.errors import KineticJobCancelled
+
+    monkeypatch.setenv("KINETIC_SWEEP_SLOTS", "3")
+    pool = new_pool("batch-stops")
+    name = unique("napping")
+
+    @kinetic.run(accelerator="cpu", work_pool=pool, name=name)
+    def nap(seconds, fail=False):
+        import time as _time
+
+        if fail:
+            raise ValueError("this input fails")
+        _time.sleep(seconds)
+        return seconds
+
+    batch = nap.run_async_map([45] * 6)
+    _wait_for(lambda: any(run.state.is_running() for run in job_runs(name)), 300, "a slot job to run")
+    time.sleep(2)  # the slots take their first inputs
+    asked = time.monotonic()
+    batch.cancel()
+    batch.wait(timeout=120)
+    assert time.monotonic() - asked < 40, "the inputs were stopped, not waited for"
+    assert batch.status_counts() == {"NOT_FOUND": 6}
+    results = batch.results(timeout=60, return_exceptions=True)
+    assert all(isinstance(r, KineticJobCancelled) for r in results), results
+    assert len(job_runs(name)) < 6  # the 3 slots (and at most a slot launched as the sweep stopped, never started)
+    [flow_run] = _batch_run(batch.group_id)
+    assert flow_run.state.is_final()
+
+    started = time.monotonic()
+    failing = nap.run_async_map(
+        [{"seconds": 45, "fail": i == 0} for i in range(3)], fail_fast=True, cancel_running_on_fail=True
+    )  # as many inputs as slots: the failing one is not queued behind a sleeping one
+    results = failing.results(timeout=300, return_exceptions=True)
+    assert time.monotonic() - started < 40, "the running inputs were cancelled, not waited for"
+    assert isinstance(results[0], ValueError) and "this input fails" in str(results[0])
+    assert all(isinstance(r, KineticJobCancelled) for r in results[1:]), results
+    assert failing.statuses() == [
+        (0, kinetic.JobStatus.FAILED),
+        (1, kinetic.JobStatus.NOT_FOUND),
+        (2, kinetic.JobStatus.NOT_FOUND),
+    ]
+
+
 # --------------------------------------------------------------------------- detached jobs across processes
 
 

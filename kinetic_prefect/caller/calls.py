@@ -18,7 +18,7 @@ from kinetic_prefect.caller import data_mounts
 from kinetic_prefect.caller.env_capture import check_entries, forwarded_environment
 from kinetic_prefect.caller.payload import build_call_payload
 from kinetic_prefect.caller.project_archive import cached_project_archive, find_project_dir, sha256_hex
-from kinetic_prefect.contract import RunLayout
+from kinetic_prefect.contract import BATCH_TAG, RunLayout, batch_input_run_id
 from kinetic_prefect.pod import data
 from kinetic_prefect.shared.image import ImageSpec
 
@@ -78,6 +78,8 @@ class PreparedCall:
     outcome_read: bool = False  # the job's outcome was read: its record stays as the run's receipt
     project_dir: Path | None = None  # the shipped project's root on this machine (a debugger maps it)
     fuse: list[Any] = field(default_factory=list)  # the Data(..., fuse=True) of the call (caller/data_mounts.py)
+    # An input of a run_async_map batch in slots: its result stays in the store for its BatchHandle to collect.
+    kept_for_batch: bool = False
 
 
 def _swap_data(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any], list[Any]]:
@@ -104,14 +106,19 @@ def prepare(options: KineticOptions, fn: Callable[..., Any], args: tuple, kwargs
     # Data passed as Data travels by its own content-addressed route, never inside the code archive.
     archive = cached_project_archive(project_dir, exclude=data_paths) if options.ship_project else None
     env = forwarded_environment(options.env, options.env_missing)
+    task_run = ctx.task_run if (ctx := TaskRunContext.get()) else None
+    # a batch input's objects are found again from its task run (kinetic_prefect.kinetic.batch_inputs)
+    in_batch = task_run is not None and BATCH_TAG in (task_run.tags or ())
+    run_id = batch_input_run_id(task_run.id, task_run.run_count) if task_run is not None and in_batch else None
     return PreparedCall(
-        layout=RunLayout(str(uuid.uuid4())),
+        layout=RunLayout(run_id or str(uuid.uuid4())),
         payload=payload,
         payload_sha256=sha256_hex(payload),
         project_dir=project_dir,
         code_archive=archive,
         env=env,
         data=manifests,
-        task_run_id=str(ctx.task_run.id) if (ctx := TaskRunContext.get()) else None,
+        task_run_id=str(task_run.id) if task_run is not None else None,
         fuse=fuse,
+        kept_for_batch=in_batch,
     )

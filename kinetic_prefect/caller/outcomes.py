@@ -65,7 +65,8 @@ async def collect(
         await to_thread.run_sync(heal_reported, store, call.data, outcome)
         raise_remote(outcome, blob, run_name, fn)
     finally:
-        await to_thread.run_sync(discard_run, store, call)
+        if not call.kept_for_batch:  # a batch input's BatchHandle collects (and then deletes) it
+            await to_thread.run_sync(discard_run, store, call)
 
 
 def read_signed(store: Any, object_key: str, key: bytes | None) -> bytes:

@@ -147,6 +147,7 @@ class Sweep:
     task_name: str
     idle_seconds: float
     signing_key: bytes | None = None  # the queued records are signed with it, as payloads are
+    close_grace: float = CLOSE_GRACE_SECONDS  # how long it stays open with no waiting call (a batch's: its slots')
     keys: SweepKeys = field(default_factory=lambda: SweepKeys(uuid.uuid4().hex[:16]))
     waiting: dict[str, tuple[str | None, asyncio.Future]] = field(default_factory=dict)  # run id: (task run, done)
     inputs: dict[str, tuple[int, str, str | None]] = field(default_factory=dict)  # run id: (n-th queued, name, tr)
@@ -204,7 +205,7 @@ class Sweep:
             self.waiting.pop(run_id, None)
             self.loggers.pop(run_id, None)
             if not self.waiting and not self.closed:
-                self._close_timer = self.loop.call_later(CLOSE_GRACE_SECONDS, lambda: self._spawn(self.close()))
+                self._close_timer = self.loop.call_later(self.close_grace, lambda: self._spawn(self.close()))
 
     async def stop_input(self, run_id: str) -> None:
         """The call stopped waiting: withdraw its input, or ask its slot to stop it; an interrupted script stops

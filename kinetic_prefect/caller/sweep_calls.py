@@ -64,8 +64,13 @@ def sweep_of(
         and data_mounts.FUSE_VARIABLE not in job_variables
         and getattr(get_run_sync_loop(), "_loop", None) is asyncio.get_running_loop()
     )
-    if not carried or not slots.slot_count(pool) or not slots.has_siblings((task_run.flow_run_id, task_name)):
+    # A run_async_map batch's input (kinetic.batch_inputs) is a fan-out's by construction, however its task runs
+    # start: it joins the sweep alone too, and the sweep waits for the batch's late inputs as its slots do.
+    if not carried or not slots.slot_count(pool):
         return None
+    if not call.kept_for_batch and not slots.has_siblings((task_run.flow_run_id, task_name)):
+        return None
+    idle_seconds = max(keep_warm, SLOT_IDLE_SECONDS)
     shared, _ = slots.split_variables(job_variables)
     key = (task_run.flow_run_id, task_name, pool.name, polling, json.dumps(shared, sort_keys=True, default=str))
     return slots.sweep_for(
@@ -78,8 +83,9 @@ def sweep_of(
             polling,
             shared,
             task_name,
-            idle_seconds=max(keep_warm, SLOT_IDLE_SECONDS),
+            idle_seconds=idle_seconds,
             signing_key=signing_key,
+            close_grace=idle_seconds if call.kept_for_batch else slots.CLOSE_GRACE_SECONDS,
         ),
     )
 

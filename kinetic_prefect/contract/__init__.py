@@ -101,6 +101,16 @@ OWNER_PID_LABEL = "kinetic.owner.pid"
 OWNER_START_LABEL = "kinetic.owner.start-ticks"
 GROUP_TAG_PREFIX = "kinetic-group:"
 GROUP_INDEX_TAG_PREFIX = "kinetic-group-index:"
+# A batch that rides in slots (kinetic_prefect.kinetic.batch_inputs): its flow run ("kinetic-batch") and each input's
+# task run carry BATCH_TAG and the pool's name; an input's objects lie under batch_input_run_id(task run, attempt).
+BATCH_TAG = "kinetic-batch"
+BATCH_POOL_TAG_PREFIX = "kinetic-batch-pool:"
+
+
+def batch_input_run_id(task_run_id: object, run_count: int) -> str:
+    """The store's run id (``RunLayout``) of one attempt of a batch input's task run, found again from the task run."""
+    return f"{task_run_id}-{run_count}"
+
 
 # --------------------------------------------------------------------------- environment variables
 

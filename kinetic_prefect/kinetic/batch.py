@@ -1,5 +1,9 @@
 """``run_async_map`` batches: one detached job per input, a ``BatchHandle`` over them, ``attach_batch``.
 
+Where the detached jobs would run inside the submitting process on a pool whose jobs can be slots, a batch of two
+inputs or more rides in slots instead: one flow run whose inputs are task runs (kinetic.batch_inputs); the rules
+below hold for both, a retry being a new task run there.
+
 A batch is nothing but its jobs: each child's run carries the batch's tags (``contract.GROUP_TAG_PREFIX`` + the
 group id, ``GROUP_INDEX_TAG_PREFIX`` + "index/inputs"), so ``attach_batch`` rebuilds the handle from Prefect's
 records alone, from any process. Submission follows Kinetic's rules: at most ``max_concurrent`` jobs active, a
@@ -19,9 +23,17 @@ from collections.abc import Iterator
 from typing import Any
 from uuid import UUID
 
-from kinetic_prefect.contract import GROUP_INDEX_TAG_PREFIX, GROUP_TAG_PREFIX, Env
+from kinetic_prefect.contract import BATCH_TAG, GROUP_INDEX_TAG_PREFIX, GROUP_TAG_PREFIX, Env
+from kinetic_prefect.kinetic import batch_inputs
 from kinetic_prefect.kinetic.job_lookup import PAGE
-from kinetic_prefect.kinetic.jobs import TERMINAL, JobHandle, JobStatus, ResultAlreadyCollected, status_of
+from kinetic_prefect.kinetic.jobs import (
+    TERMINAL,
+    JobHandle,
+    JobStatus,
+    ResultAlreadyCollected,
+    run_sync,
+    status_of,
+)
 from kinetic_prefect.kinetic.threads_at_exit import start_waited_for_at_exit
 
 logger = logging.getLogger("kinetic_prefect.kinetic")
@@ -83,18 +95,24 @@ class BatchHandle:
         self._unavailable: dict[int, str] = {}
         self._cached_failures: list[JobHandle] | None = None
         self._refresh_until: float | None = None  # attach_batch: children still expected until then
+        self.flow_run_id: UUID | None = None  # a batch in slots: its flow run (kinetic.batch_inputs)
+        self.submitter: Any = None  # a batch in slots submitted by this process: stops its inputs directly
 
     # ------------------------------------------------------------------ observing
     def _states(self) -> dict[int, JobStatus]:
         from prefect import get_client
-        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, TaskRunFilter, TaskRunFilterId
 
         with self._lock:
             submitted = {i: job for i, job in enumerate(self.jobs) if job is not None}
         if not submitted:
             return {}
-        ids = [UUID(job.job_id) for job in submitted.values()]
+        from kinetic_prefect.kinetic.batch_inputs import InputHandle, input_status
+
+        inputs = [UUID(job.job_id) for job in submitted.values() if isinstance(job, InputHandle)]
+        ids = [UUID(job.job_id) for job in submitted.values() if not isinstance(job, InputHandle)]
         by_id: dict[str, Any] = {}
+        task_runs: dict[str, Any] = {}
         with get_client(sync_client=True) as client:
             for start in range(0, len(ids), PAGE):  # one read per 200 jobs (the server's cap on a read)
                 chunk = ids[start : start + PAGE]
@@ -102,8 +120,18 @@ class BatchHandle:
                     flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=chunk)), limit=len(chunk)
                 ):
                     by_id[str(run.id)] = run.state
+            for start in range(0, len(inputs), PAGE):
+                chunk = inputs[start : start + PAGE]
+                for task_run in client.read_task_runs(
+                    task_run_filter=TaskRunFilter(id=TaskRunFilterId(any_=chunk)), limit=len(chunk)
+                ):
+                    task_runs[str(task_run.id)] = task_run
         return {
-            i: status_of(by_id[job.job_id]) if job.job_id in by_id else JobStatus.NOT_FOUND
+            i: input_status(task_runs.get(job.job_id), job)
+            if isinstance(job, InputHandle)
+            else status_of(by_id[job.job_id])
+            if job.job_id in by_id
+            else JobStatus.NOT_FOUND
             for i, job in submitted.items()
         }
 
@@ -149,6 +177,15 @@ class BatchHandle:
 
     def was_cancelled(self, index: int) -> bool:
         return index in self._cancelled_indices
+
+    def mark_cancelled(self, index: int) -> None:
+        """The input was cancelled on request (kinetic.batch_inputs): not retried."""
+        with self._lock:
+            self._cancelled_indices.add(index)
+
+    def stop_submitting(self) -> None:
+        """The batch was cancelled: nothing more is submitted or retried."""
+        self._cancel_requested.set()
 
     @property
     def cancel_requested(self) -> bool:
@@ -246,6 +283,14 @@ class BatchHandle:
         with self._lock:
             active = [i for i, s in states.items() if s not in TERMINAL]
             self._cancelled_indices.update(active)
+        if self.flow_run_id is not None or self.submitter is not None:  # in slots: its flow run, from any process
+            from kinetic_prefect.kinetic.batch_inputs import cancel_batch_run
+
+            if self.flow_run_id is not None:
+                run_sync(cancel_batch_run(self.flow_run_id, "Cancelled through the kinetic API (BatchHandle.cancel)"))
+            if self.submitter is not None:
+                self.submitter.stop_all()
+            return
         for index in active:
             job = self.jobs[index]
             if job is not None:
@@ -257,7 +302,7 @@ class BatchHandle:
                 job.cleanup(k8s=k8s, gcs=gcs)
 
     def _refresh_children(self) -> None:
-        for index, job in _children(self.group_id)[1].items():
+        for index, job in _children(self.group_id)[2].items():
             if index < len(self.jobs) and self.jobs[index] is None:
                 self.jobs[index] = job
 
@@ -284,8 +329,9 @@ class _Submission:
         self.stopped = False  # fail_fast fired: nothing new is submitted
 
     @property
-    def watches_jobs(self) -> bool:
-        return self.max_concurrent is not None or self.retries > 0 or self.cancel_running
+    def watches_jobs(self) -> bool:  # in slots: the batch's flow run lasts until its inputs end
+        in_slots = hasattr(self.remote, "follow_stops")
+        return in_slots or self.max_concurrent is not None or self.retries > 0 or self.cancel_running
 
     def submit(self, index: int) -> None:
         args, kwargs = self.calls[index]
@@ -318,6 +364,8 @@ class _Submission:
             self.fill()
             while self.watches_jobs and self.active:
                 time.sleep(POLL_SECONDS)
+                if hasattr(self.remote, "follow_stops"):  # a batch in slots: a cancel from any process
+                    self.remote.follow_stops(self.active)
                 states = dict(self.batch.statuses())
                 for index in [i for i in self.active if states.get(i) in TERMINAL]:
                     self.active.discard(index)
@@ -353,7 +401,8 @@ def run_async_map(
     project: str | None = None,
     cluster: str | None = None,
 ) -> BatchHandle:
-    """One detached job per input; returns once the submission has ended or was handed to a background thread."""
+    """One detached job per input, or one flow run whose inputs ride in slots (kinetic.batch_inputs); returns once
+    the submission has ended or was handed to a background thread."""
     if project is not None or cluster is not None:
         raise TypeError(
             "run_async_map(project=/cluster=) has no per-call equivalent here: a work pool holds where "
@@ -370,6 +419,16 @@ def run_async_map(
     batch = BatchHandle(f"grp-{uuid.uuid4().hex[:8]}", len(items), name=name, tags=tags)
     if max_concurrent is None and len(items) > 100:
         logger.warning(f"batch {batch.group_id}: {len(items)} inputs with max_concurrent=None submit at once")
+    pool = batch_inputs.rides_in_slots(remote, len(items))
+    if pool is not None:  # one flow run, its inputs riding in slots (kinetic.batch_inputs)
+        batch.submitter = submitter = batch_inputs.SlotSubmitter(remote, pool, batch)
+        loop = _Submission(submitter, batch, calls, max_concurrent, retries, fail_fast, cancel_running_on_fail)
+        start_waited_for_at_exit(
+            threading.Thread(
+                target=batch_inputs.run_batch_flow, args=(loop, submitter), name=f"kinetic-batch-{batch.group_id}"
+            )
+        )
+        return batch
     loop = _Submission(remote, batch, calls, max_concurrent, retries, fail_fast, cancel_running_on_fail)
     if loop.watches_jobs:
         start_waited_for_at_exit(threading.Thread(target=loop.run, name=f"kinetic-batch-{batch.group_id}"))
@@ -378,33 +437,59 @@ def run_async_map(
     return batch
 
 
-def _children(group_id: str) -> tuple[int, dict[int, JobHandle]]:
-    """``(inputs, newest job per input index)`` of a batch, from the tags of its jobs' runs."""
-    from kinetic_prefect.kinetic.job_lookup import find_jobs
-    from kinetic_prefect.kinetic.jobs import run_sync
+def _children(group_id: str) -> tuple[int, UUID | None, dict[int, JobHandle]]:
+    """``(inputs, the batch's flow run if it rides in slots, newest job per input index)`` of a batch, from the tags
+    of its jobs' runs, or of its inputs' task runs."""
+    from prefect import get_client
 
-    handles = run_sync(find_jobs(True, 10_000, None, extra_tags=(f"{GROUP_TAG_PREFIX}{group_id}",)))
-    total, newest = 0, {}
+    from kinetic_prefect.kinetic.job_lookup import find_jobs
+
+    tag = f"{GROUP_TAG_PREFIX}{group_id}"
+    handles: list[JobHandle] = run_sync(find_jobs(True, 10_000, None, extra_tags=(tag,)))
+    flow_run_id, tags = None, None
+    if handles:
+        with get_client(sync_client=True) as client:
+            tags = client.read_flow_run(UUID(handles[0].job_id)).tags
+    else:
+        task_runs = _input_task_runs(tag)
+        handles = [batch_inputs.InputHandle.from_task_run(task_run) for task_run in task_runs]
+        if task_runs:
+            flow_run_id, tags = task_runs[0].flow_run_id, task_runs[0].tags
+    newest = {}
     for handle in sorted(handles, key=lambda h: h.created_at):
         if handle.group_index is None:
             continue
         newest[handle.group_index] = handle  # a retry is a newer job for the same input
-    from prefect import get_client
+    total = int(next(t for t in tags if t.startswith(GROUP_INDEX_TAG_PREFIX)).rsplit("/", 1)[1]) if tags else 0
+    return total, flow_run_id, newest
 
-    if handles:
-        with get_client(sync_client=True) as client:
-            run = client.read_flow_run(UUID(handles[0].job_id))
-        total = int(next(t for t in run.tags if t.startswith(GROUP_INDEX_TAG_PREFIX)).rsplit("/", 1)[1])
-    return total, newest
+
+def _input_task_runs(tag: str) -> list[Any]:
+    """The task runs of a batch in slots (kinetic.batch_inputs), read in pages."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterTags
+
+    found: list[Any] = []
+    with get_client(sync_client=True) as client:
+        while True:
+            page = client.read_task_runs(
+                task_run_filter=TaskRunFilter(tags=TaskRunFilterTags(all_=[tag, BATCH_TAG])),
+                limit=PAGE,
+                offset=len(found),
+            )
+            found.extend(page)
+            if len(page) < PAGE:
+                return found
 
 
 def attach_batch(group_id: str, poll_interval: float = 10.0, poll_timeout: float | None = 1800.0) -> BatchHandle:
     """The handle of a batch from its ``group_id``, from any process that reaches the same Prefect API. Inputs not
     yet submitted (their submitter still at work) are looked for again until ``poll_timeout``."""
-    total, children = _children(group_id)
+    total, flow_run_id, children = _children(group_id)
     if not children:
         raise LookupError(f"no batch {group_id!r}: no job's run carries the tag {GROUP_TAG_PREFIX}{group_id}")
     batch = BatchHandle(group_id, total)
+    batch.flow_run_id = flow_run_id
     for index, job in children.items():
         batch.jobs[index] = job
     if None in batch.jobs:

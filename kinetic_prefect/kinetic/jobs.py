@@ -180,9 +180,13 @@ class JobHandle:
     def tail(self, n: int = 100) -> str:
         return "\n".join(self._log_lines()[-n:])
 
+    def _log_filter(self) -> Any:
+        from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+        return LogFilter(flow_run_id=LogFilterFlowRunId(any_=[UUID(self.job_id)]))
+
     def _log_lines(self) -> list[str]:
         from prefect import get_client
-        from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
         from prefect.client.schemas.sorting import LogSort
 
         lines: list[str] = []
@@ -190,7 +194,7 @@ class JobHandle:
             offset = 0
             while True:
                 page = client.read_logs(
-                    LogFilter(flow_run_id=LogFilterFlowRunId(any_=[UUID(self.job_id)])),
+                    self._log_filter(),
                     limit=200,
                     offset=offset,
                     sort=LogSort.TIMESTAMP_ASC,
@@ -234,6 +238,11 @@ class JobHandle:
         return await to_thread.run_sync(self._collect, flow_run, store, key, cleanup)
 
     def _collect(self, flow_run: Any, store: Any, key: bytes | None, cleanup: bool) -> Any:
+        layout = RunLayout((flow_run.job_variables or {})["env"][Env.RUN_ID])
+        return self._collect_layout(flow_run.state, layout, store, key, cleanup)
+
+    def _collect_layout(self, state: Any, layout: RunLayout, store: Any, key: bytes | None, cleanup: bool) -> Any:
+        """The value (or the exception) the job left under ``layout``, its run having ended in ``state``."""
         import cloudpickle
 
         from kinetic_prefect import signing
@@ -242,8 +251,6 @@ class JobHandle:
         from kinetic_prefect.errors import KineticJobCancelled, KineticJobCrashed
         from kinetic_prefect.storage import ObjectNotFound
 
-        state = flow_run.state
-        layout = RunLayout((flow_run.job_variables or {})["env"][Env.RUN_ID])
         if state.is_cancelled():
             raise KineticJobCancelled(
                 f"job {self.job_id} ({self.display_name}) was cancelled: {state.message or 'on request'}"

@@ -133,7 +133,8 @@ class RemoteCallable:
         )
         functools.update_wrapper(self, fn)
 
-    def _call_args(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    def call_args(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        """The task's arguments for one call (``volumes=``/``output_dir=`` wrap them)."""
         if self._adapted:
             return (self.volumes, args, kwargs), {}
         return args, kwargs
@@ -142,7 +143,7 @@ class RemoteCallable:
         from prefect import flow
         from prefect.context import FlowRunContext
 
-        call_args, call_kwargs = self._call_args(args, kwargs)
+        call_args, call_kwargs = self.call_args(args, kwargs)
         stop_forward = None
         if self.task.kinetic.debug:  # as Kinetic does: the blocking call opens the way to its job's debugger
             from kinetic_prefect.kinetic.debug import forward_for_call
@@ -165,20 +166,20 @@ class RemoteCallable:
         """Submit the call as a detached job and return its ``JobHandle`` at once."""
         from kinetic_prefect.kinetic.detached import submit_detached
 
-        call_args, call_kwargs = self._call_args(args, kwargs)
+        call_args, call_kwargs = self.call_args(args, kwargs)
         return submit_detached(self.task.kinetic, self._body, call_args, call_kwargs, self.task.name, source_fn=self.fn)
 
     def submit_tagged(self, args: tuple, kwargs: dict[str, Any], tags: tuple[str, ...]) -> Any:
         """``run_async`` of one input of a batch: its job run carries the batch's tags (``run_async_map``)."""
         from kinetic_prefect.kinetic.detached import submit_detached
 
-        call_args, call_kwargs = self._call_args(args, kwargs)
+        call_args, call_kwargs = self.call_args(args, kwargs)
         return submit_detached(
             self.task.kinetic, self._body, call_args, call_kwargs, self.task.name, tags=tags, source_fn=self.fn
         )
 
     def run_async_map(self, inputs: Any, **options: Any) -> Any:
-        """One detached job per input; a ``BatchHandle`` (see kinetic_prefect.kinetic.batch.run_async_map)."""
+        """One detached job per input, or inputs riding in slots; a ``BatchHandle`` (kinetic_prefect.kinetic.batch)."""
         from kinetic_prefect.kinetic.batch import run_async_map
 
         return run_async_map(self, inputs, **options)

@@ -170,7 +170,12 @@ def fail_fast(futures: Iterable[Any], poll_seconds: float = 0.5) -> list[Any]:
 STOP_HOOKS: list[Callable[[set[str], str], None]] = []
 
 
-def stop_futures(futures: Iterable[Any], poll_seconds: float = 0.5, timeout: float = 120.0) -> None:
+def stop_futures(
+    futures: Iterable[Any],
+    poll_seconds: float = 0.5,
+    timeout: float = 120.0,
+    reason: str = "fail_fast: another call of the sweep failed",
+) -> None:
     """Stop the calls behind ``futures`` and wait until each has ended (its job stopped, its run Cancelled)."""
     from prefect.futures import wait
 
@@ -185,8 +190,8 @@ def stop_futures(futures: Iterable[Any], poll_seconds: float = 0.5, timeout: flo
         if not running or time.monotonic() > deadline:
             return
         for hook in STOP_HOOKS:
-            hook({str(f.task_run_id) for f in running}, "fail_fast: another call of the sweep failed")
-        _cancel_job_runs([f.task_run_id for f in running])
+            hook({str(f.task_run_id) for f in running}, reason)
+        _cancel_job_runs([f.task_run_id for f in running], reason)
         wait(running, timeout=poll_seconds)
 
 
@@ -195,7 +200,7 @@ def _future_done(future: Any) -> bool:
     return bool(wrapped.done() if wrapped is not None else future.state.is_final())
 
 
-def _cancel_job_runs(task_run_ids: list[Any]) -> None:
+def _cancel_job_runs(task_run_ids: list[Any], reason: str) -> None:
     """Ask for every unfinished job run of these task runs to be stopped (the worker, or the in-process
     lifecycle, stops the job and ends the run Cancelled)."""
     from prefect import get_client
@@ -232,9 +237,7 @@ def _cancel_job_runs(task_run_ids: list[Any]) -> None:
         )
         for job in jobs:
             if job.state is not None and not job.state.is_final() and not job.state.is_cancelling():
-                client.set_flow_run_state(
-                    job.id, Cancelling(message="fail_fast: another call of the sweep failed"), force=True
-                )
+                client.set_flow_run_state(job.id, Cancelling(message=reason), force=True)
 
 
 __all__ = ["CallerStopped", "caller_interrupted", "fail_fast", "stop_futures"]
