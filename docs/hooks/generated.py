@@ -140,24 +140,29 @@ def cli_help() -> str:
     import typer.main
     from typer.testing import CliRunner
 
-    # The CLI imports prefect-kubernetes, whose flows' docstrings Prefect parses with griffe at import: their
-    # warnings would reach this build through mkdocstrings' logger, and they are not this site's.
-    griffe_log = logging.getLogger("mkdocs.plugins.griffe")
-    was_disabled, griffe_log.disabled = griffe_log.disabled, True
+    # The CLI imports prefect-kubernetes (at import, or when a command's help is rendered: some commands import
+    # it lazily), whose flows' docstrings Prefect parses with griffe: their warnings would reach this build
+    # through mkdocstrings' logger, and they are not this site's.
+    # A filter on both loggers: setting ``disabled`` on them did not keep these records out of the build.
+    griffe_logs = [logging.getLogger(name) for name in ("mkdocs.plugins.griffe", "griffe")]  # mkdocstrings', griffe's
+    drop_all = logging.Filter("\0nothing matches")
+    for log in griffe_logs:
+        log.addFilter(drop_all)
     try:
         from kinetic_prefect.cli import app
-    finally:
-        griffe_log.disabled = was_disabled
 
-    runner = CliRunner()
-    env = {"COLUMNS": "110", "NO_COLOR": "1", "TERM": "dumb"}
-    command = typer.main.get_command(app)
-    with click.Context(command, info_name="kinetic-prefect") as context:
-        names = list(command.list_commands(context))  # type: ignore[attr-defined]
-    parts = []
-    for args in [[], *([name] for name in names)]:
-        result = runner.invoke(app, [*args, "--help"], env=env, prog_name="kinetic-prefect")
-        if result.exit_code != 0:
-            raise RuntimeError(f"kinetic-prefect {' '.join(args)} --help failed: {result.output}")
-        parts.append((" ".join(["kinetic-prefect", *args]), result.output.rstrip()))
+        runner = CliRunner()
+        env = {"COLUMNS": "110", "NO_COLOR": "1", "TERM": "dumb"}
+        command = typer.main.get_command(app)
+        with click.Context(command, info_name="kinetic-prefect") as context:
+            names = list(command.list_commands(context))  # type: ignore[attr-defined]
+        parts = []
+        for args in [[], *([name] for name in names)]:
+            result = runner.invoke(app, [*args, "--help"], env=env, prog_name="kinetic-prefect")
+            if result.exit_code != 0:
+                raise RuntimeError(f"kinetic-prefect {' '.join(args)} --help failed: {result.output}")
+            parts.append((" ".join(["kinetic-prefect", *args]), result.output.rstrip()))
+    finally:
+        for log in griffe_logs:
+            log.removeFilter(drop_all)
     return "\n\n".join(f"## `{title}`\n\n```text\n{text}\n```" for title, text in parts) + "\n"
