@@ -8,6 +8,8 @@ min_warm=0``) to keep it down, or ``warm_floor_idle_seconds`` to let floor runne
 idle time of each floor runner or pod ended is published as the pool's cost: the event
 ``kinetic.work-pool.warm-idle`` on the work pool, with the fields of a job's ``kinetic.job.cost`` (accelerator,
 spot, hosts, minutes, usd_per_hour, usd); the pricing and the event are ``kinetic_prefect.shared.warm_idle``'s.
+A kinetic-local floor runner that leaves by its ``warm_floor_idle_seconds`` is billed the same way by the process
+that started it (``workers.local.warm``).
 """
 
 from __future__ import annotations

@@ -196,6 +196,11 @@ class WarmRunnerFiles:
     LEAVING = "leaving"  # the runner's keep-warm time is over (renamed from IDLE, so no claim can race it)
     CALL = "call.json"  # {"job_dir", "log", "env", "keep_warm_seconds"}
     EXIT_STATUS = "exit_status"  # the call's runner exit status (EXIT_OUTCOME_RECORDED, EXIT_NO_OUTCOME...)
+    # The runner left by itself, idle: {"idle_since", "left_at" (epoch seconds), "calls", "why": LEFT_IDLE_LIMIT or
+    # LEFT_LAUNCHER_GONE}, written before it exits; its launcher bills a floor runner's idle time to the pool from it.
+    LEFT = "left.json"
+    LEFT_IDLE_LIMIT = "idle limit"
+    LEFT_LAUNCHER_GONE = "launcher gone"
 
     @staticmethod
     def exit_status_name(host_index: int) -> str:
