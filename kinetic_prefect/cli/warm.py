@@ -8,8 +8,9 @@ min_warm=0``) to keep it down, or ``warm_floor_idle_seconds`` to let floor runne
 idle time of each floor runner or pod ended is published as the pool's cost: the event
 ``kinetic.work-pool.warm-idle`` on the work pool, with the fields of a job's ``kinetic.job.cost`` (accelerator,
 spot, hosts, minutes, usd_per_hour, usd); the pricing and the event are ``kinetic_prefect.shared.warm_idle``'s.
-A kinetic-local floor runner that leaves by its ``warm_floor_idle_seconds`` is billed the same way by the process
-that started it (``workers.local.warm``).
+A floor runner that leaves by its ``warm_floor_idle_seconds`` is billed the same way: a kinetic-local one by the
+process that started it (``workers.local.warm``); a kinetic-gke pod leaves a record in its store, which the next
+launcher handing its pool a call, or ``list`` and ``down`` here, publish (``workers.gke.warm.bill_left_floor_pods``).
 """
 
 from __future__ import annotations
@@ -120,6 +121,7 @@ def _gke_rows(pool: str | None, problems: list[str]) -> list[Row]:
         except Exception as exc:  # noqa: BLE001 - one unreachable cluster does not hide the others
             problems.append(f"pool {work_pool.name}: its floor pods could not be read ({type(exc).__name__}: {exc})")
             continue
+        _bill_left_floor_pods(work_pool)
         rows += [
             Row(
                 p.runner,
@@ -134,6 +136,19 @@ def _gke_rows(pool: str | None, problems: list[str]) -> list[Row]:
             for p in pods
         ]
     return rows
+
+
+def _bill_left_floor_pods(work_pool: Any) -> None:
+    """The floor pods of the pool that left by their idle limit since a worker last handed it a call: their idle
+    time published as the pool's cost now (a pod may not reach Prefect; whoever looks first publishes it)."""
+    try:
+        from kinetic_prefect.storage import open_store
+        from kinetic_prefect.workers.gke import warm as gke_warm
+
+        if url := _pool_default(work_pool, "store"):
+            gke_warm.bill_left_floor_pods(open_store(url), drain=True)
+    except Exception:  # noqa: BLE001 - a report: the listing goes on
+        pass
 
 
 def _rows(pool: str | None, problems: list[str]) -> list[tuple[Row, cost.JobCost]]:

@@ -256,6 +256,17 @@ def _next_pod_call(store: Any, control: str, n: int, keep_warm_seconds: float) -
         time.sleep(STORE_POLL_SECONDS)
 
 
+def _record_floor_leaving(store: Any, environ: dict[str, str], idle_since: float, served: int) -> None:
+    """A floor pod leaving idle: its idle time into the store (``WarmPodKeys.left``), for whoever reaches Prefect to
+    bill to its pool (a pod may not reach Prefect)."""
+    floor = environ.get(Env.WARM_FLOOR)
+    if not floor:
+        return
+    record = {**json.loads(floor), "idle_since": idle_since, "left_at": time.time(), "calls": served}
+    job_name = environ[Env.WARM_CONTROL].rstrip("/").rsplit("/", 1)[-1]
+    store.put_bytes(WarmPodKeys.left(job_name), json.dumps(record).encode())
+
+
 def pod_main() -> int:
     """A warm pod: the pod's own environment is its first call; the next ones come through the store."""
     from kinetic_prefect.pod import runner
@@ -292,6 +303,7 @@ def pod_main() -> int:
             store.put_bytes(f"{control}/{WarmPodKeys.ready(served)}", json.dumps(idle).encode())
             next_env = _next_pod_call(store, control, served, keep_warm_seconds)
             if next_env is None:
+                _record_floor_leaving(store, base_environ, idle["idle_since"], served)
                 print(f"kinetic warm pod: leaving after {served} call(s)", flush=True)
                 store.delete_prefix(control)
                 return 0

@@ -2,9 +2,10 @@
 and published as the event ``kinetic.work-pool.warm-idle`` (``contract.WARM_IDLE_EVENT``) on the work pool.
 
 The idle time of a ``min_warm`` runner (kinetic-local) or floor pod (kinetic-gke) is no call's. Whoever ends one
-and can reach Prefect publishes it: ``kinetic-prefect warm down`` for each one it ends, and a kinetic-local
-runner's launcher (the polling worker, or the caller for in-process submission) for a floor runner that left by
-itself at its pool's ``warm_floor_idle_seconds`` (the runner writes ``WarmRunnerFiles.LEFT`` as it leaves).
+and can reach Prefect publishes it: ``kinetic-prefect warm down`` for each one it ends, and for one that left by
+itself at its pool's ``warm_floor_idle_seconds``: a kinetic-local runner's launcher (the polling worker, or the
+caller for in-process submission; the runner writes ``WarmRunnerFiles.LEFT`` as it leaves), and for a kinetic-gke
+floor pod (``WarmPodKeys.left`` in the store) the next launcher handing its pool a call or ``warm list|down``.
 """
 
 from __future__ import annotations
