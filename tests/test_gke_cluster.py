@@ -860,7 +860,8 @@ def test_floor_pods_leave_after_their_idle_limit_and_warm_down_ends_them_billing
     warm_floor_idle_seconds ends its floor pod by itself (its Job completes); `warm list --pool` shows another
     pool's floor pod (namespace/Job, floor, idle cost at the pool's price), read through the pool's cluster, and
     `warm down --pool` ends it (its Job deleted, its hand-over objects gone) and publishes its idle time as the
-    pool's cost. Two pod starts, ≈ 30-60 s."""
+    pool's cost. The floor pod that left by its idle limit has its idle time published too (it was billed to no
+    one). Two pod starts, ≈ 30-60 s."""
     from test_cost import events
 
     from kinetic_prefect.cli import main
@@ -908,6 +909,16 @@ def test_floor_pods_leave_after_their_idle_limit_and_warm_down_ends_them_billing
     assert payload["minutes"] > 0.02 and payload["usd"] > 0 and payload["runner"] == f"default/{job.metadata.name}"
     assert main(["warm", "list", "--pool", limited]) in (0, None)
     assert "No warm runners." in capsys.readouterr().out
+    # The floor pod that left by its idle limit bills its idle time too: it left a record in the store, and the
+    # first to look with Prefect at hand (here `warm list`; a worker handing the pool a call) published it.
+    with get_client(sync_client=True) as client:
+        limited_id = client.read_work_pool(limited).id
+    [left] = events("kinetic.work-pool.warm-idle", f"prefect.work-pool.{limited_id}", until=bool)
+    payload = left["payload"]
+    assert payload["floor"] is True and payload["runner"] == f"default/{floor_job.metadata.name}", payload
+    assert payload["calls"] == 1 and payload["accelerator"] == "cpu" and 1.9 <= payload["minutes"] * 60 < 15, payload
+    limited_store = open_store(f"{gcs_bucket}/gke-floor-limited")
+    assert [k for k in limited_store.list("warm/") if not k.startswith("warm/runs/")] == []
 
 
 def _a_second_call_running_on_a_warm_pod(kube, store, registry, base_image, prefix, seconds, retries=0):

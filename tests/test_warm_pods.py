@@ -145,3 +145,35 @@ def test_a_pod_deleted_during_a_call_without_an_exit_record_ends_that_call(tmp_p
     else:
         assert status.phase == "exited" and status.exit_code, status
         assert "deleted during the call" in status.detail
+
+
+def test_a_floor_pod_leaving_by_its_idle_limit_leaves_its_idle_time_for_one_launcher_to_bill(tmp_path, monkeypatch):
+    """A floor pod that left by its `warm_floor_idle_seconds` billed its idle time to no one (it may not reach
+    Prefect, and it deletes its hand-over objects as it leaves). It now leaves a record outside them; whoever reaches
+    Prefect first (a launcher handing the pool a call, `warm list|down`) publishes it once and deletes it. A pod
+    that is not a floor one leaves none."""
+    import json
+
+    from kinetic_prefect.contract import Env
+    from kinetic_prefect.shared import warm_idle
+
+    published = []
+    monkeypatch.setattr(warm_idle, "pool_prices", lambda pool: (None, {}))
+    monkeypatch.setattr(
+        warm_idle, "publish_idle", lambda who, idle, work_pool, drain=False: published.append((who, idle))
+    )
+    store = open_store(tmp_path)
+    floor = {"pool": "p", "accelerator": "cpu", "runner": "default/kinetic-job-1"}
+    environ = {Env.WARM_CONTROL: CONTROL, Env.WARM_FLOOR: json.dumps(floor)}
+    warm_runner._record_floor_leaving(store, {Env.WARM_CONTROL: CONTROL}, 100.0, 2)
+    assert store.list(WarmPodKeys.LEFT) == [], "a pod that is not a floor one left a record"
+    warm_runner._record_floor_leaving(store, environ, time.time() - 30, 2)  # idle for 30 s
+    store.put_bytes(WarmPodKeys.billed("kinetic-job-1"), b"")  # another launcher is publishing it
+    assert warm.bill_left_floor_pods(store) == 0 and not published
+    store.delete(WarmPodKeys.billed("kinetic-job-1"))
+    assert warm.bill_left_floor_pods(store) == 1
+    assert warm.bill_left_floor_pods(store) == 0, "published twice"
+    [(who, idle)] = published
+    assert who == warm_idle.IdleRunner("default/kinetic-job-1", "p", "cpu", True, 2)
+    assert idle.hosts == 1 and idle.minutes == pytest.approx(0.5, abs=0.02), idle
+    assert store.list("warm/") == [], "the record and its claim were left behind"

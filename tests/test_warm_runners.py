@@ -196,3 +196,71 @@ def test_warm_list_shows_the_floor_warm_down_ends_it_and_bills_its_idle_time_to_
     [event] = events("kinetic.work-pool.warm-idle", f"prefect.work-pool.{pool_id}", until=bool)
     assert event["payload"]["hosts"] == 1 and event["payload"]["usd_per_hour"] == CPU_PER_HOUR
     assert event["payload"]["usd"] > 0 and event["payload"]["minutes"] > 0.01, event["payload"]
+
+
+@pytest.mark.slow
+def test_a_floor_runner_leaving_by_its_idle_limit_bills_its_idle_time_to_the_pool():
+    """A floor runner that left by its pool's `warm_floor_idle_seconds` billed its idle time to no one (only `warm
+    down` published it). Its launcher now publishes it as the pool's cost: `kinetic.work-pool.warm-idle` on the
+    work pool, floor, ≈ the 2 s idle limit at the pool's price. ≈ 10 s: one warm call and the runner's idle limit."""
+    from test_cost import CPU_PER_HOUR, events, priced_pool
+
+    from kinetic_prefect.contract import WARM_IDLE_EVENT
+
+    pool = priced_pool(keep_warm_seconds=30, min_warm=1, warm_floor_idle_seconds=2)
+    task = warm_task(f"floor-left-{uuid.uuid4().hex[:6]}", pool, keep_warm=30, min_warm=1)
+
+    @flow
+    def call():
+        return task(1)
+
+    pid, _ = call()
+    wait_for(lambda: not alive(pid) or None, 20, "the floor runner to leave by its idle limit")
+    with get_client(sync_client=True) as client:
+        pool_id = client.read_work_pool(pool).id
+    [event] = events(WARM_IDLE_EVENT, f"prefect.work-pool.{pool_id}", until=bool)
+    payload = event["payload"]
+    assert payload["floor"] is True and payload["runner"] == str(pid) and payload["calls"] == 1, payload
+    assert payload["hosts"] == 1 and payload["accelerator"] == "cpu" and payload["usd_per_hour"] == CPU_PER_HOUR
+    assert 1.9 <= payload["minutes"] * 60 < 6, payload  # the idle limit, and the runner's poll and exit after it
+    assert payload["usd"] == pytest.approx(payload["minutes"] / 60 * CPU_PER_HOUR, rel=0.01), payload
+
+
+@pytest.mark.no_server
+def test_a_launcher_bills_only_a_floor_runner_that_left_by_its_idle_limit(tmp_path, monkeypatch):
+    """The launcher's half of the test above, without a server: what a runner wrote as it left decides whether its
+    idle time is the pool's cost. A floor runner at its idle limit is billed (from its idle start to its leaving);
+    a keep-warm runner, a floor runner that left because its launcher was gone, and one stopped (no record, `warm
+    down` bills those it ends) are not."""
+    import json
+    import subprocess
+    import sys
+
+    from kinetic_prefect.contract import WarmRunnerFiles
+    from kinetic_prefect.shared import warm_idle
+    from kinetic_prefect.workers.local import warm
+
+    published = []
+    monkeypatch.setattr(warm_idle, "pool_prices", lambda pool: (None, {}))
+    monkeypatch.setattr(
+        warm_idle, "publish_idle", lambda who, idle, work_pool, drain=False: published.append((who, idle))
+    )
+
+    def leaves(floor: bool, why: str | None) -> warm.WarmRunner:
+        control = tmp_path / uuid.uuid4().hex
+        control.mkdir()
+        if why is not None:
+            record = {"idle_since": 100.0, "left_at": 130.0, "calls": 3, "why": why}
+            (control / WarmRunnerFiles.LEFT).write_text(json.dumps(record))
+        process = subprocess.Popen([sys.executable, "-c", "pass"])
+        runner = warm.WarmRunner(process, control, "key", floor, pool="p", accelerator="cpu")
+        warm._bill_idle_floor_on_leaving(runner)  # returns once the process has ended
+        return runner
+
+    billed = leaves(True, WarmRunnerFiles.LEFT_IDLE_LIMIT)
+    leaves(False, WarmRunnerFiles.LEFT_IDLE_LIMIT)
+    leaves(True, WarmRunnerFiles.LEFT_LAUNCHER_GONE)
+    leaves(True, None)
+    [(who, idle)] = published
+    assert who == warm_idle.IdleRunner(str(billed.process.pid), "p", "cpu", True, 3)
+    assert idle.accelerator == "cpu" and idle.hosts == 1 and idle.minutes == pytest.approx(0.5), idle

@@ -7,7 +7,10 @@ pool with ``min_warm`` starts its floor again with its next call. Set ``min_warm
 min_warm=0``) to keep it down, or ``warm_floor_idle_seconds`` to let floor runners and pods leave by themselves. The
 idle time of each floor runner or pod ended is published as the pool's cost: the event
 ``kinetic.work-pool.warm-idle`` on the work pool, with the fields of a job's ``kinetic.job.cost`` (accelerator,
-spot, hosts, minutes, usd_per_hour, usd).
+spot, hosts, minutes, usd_per_hour, usd); the pricing and the event are ``kinetic_prefect.shared.warm_idle``'s.
+A floor runner that leaves by its ``warm_floor_idle_seconds`` is billed the same way: a kinetic-local one by the
+process that started it (``workers.local.warm``); a kinetic-gke pod leaves a record in its store, which the next
+launcher handing its pool a call, or ``list`` and ``down`` here, publish (``workers.gke.warm.bill_left_floor_pods``).
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ from typing import Any
 
 import typer
 
-from kinetic_prefect import accelerators, config
+from kinetic_prefect import config
 from kinetic_prefect.contract import GKE_WORKER_TYPE, WARM_IDLE_EVENT
-from kinetic_prefect.shared import cost
+from kinetic_prefect.shared import cost, warm_idle
 from kinetic_prefect.workers.local import warm
 
 
@@ -56,31 +59,15 @@ warm_app = typer.Typer(
 
 
 def _pool_prices(pool: str | None, cache: dict[str | None, tuple[Any, dict]]) -> tuple[Any, dict]:
-    """The work pool (or None) and its ``prices`` variable's default, read once per pool; {} when unreadable."""
+    """The work pool (or None) and its prices, read once per pool."""
     if pool not in cache:
-        found: tuple[Any, dict] = (None, {})
-        if pool:
-            try:
-                from prefect import get_client
-
-                with get_client(sync_client=True) as client:
-                    work_pool = client.read_work_pool(pool)
-                default = work_pool.base_job_template["variables"]["properties"].get("prices", {}).get("default")
-                found = (work_pool, cost.load_prices(default))
-            except Exception:  # no server, no such pool, a bad table: the idle time is shown unpriced
-                pass
-        cache[pool] = found
+        cache[pool] = warm_idle.pool_prices(pool)
     return cache[pool]
 
 
 def idle_cost(info: Row, prices: dict, now: float) -> cost.JobCost:
     """A runner's idle time as a one-host job's cost at the pool's price for its accelerator."""
-    try:
-        spec = accelerators.resolve(info.accelerator or "cpu")
-    except accelerators.UnknownAcceleratorError:
-        spec = accelerators.resolve("cpu")
-    span = cost.HostSpan(info.idle_since or now, now, spec.spot)
-    return cost.job_cost(spec, [span], cost.price_for(spec, prices), now)
+    return warm_idle.idle_cost(info.accelerator, info.idle_since or now, now, prices)
 
 
 def _ago(seconds: float) -> str:
@@ -134,6 +121,7 @@ def _gke_rows(pool: str | None, problems: list[str]) -> list[Row]:
         except Exception as exc:  # noqa: BLE001 - one unreachable cluster does not hide the others
             problems.append(f"pool {work_pool.name}: its floor pods could not be read ({type(exc).__name__}: {exc})")
             continue
+        _bill_left_floor_pods(work_pool)
         rows += [
             Row(
                 p.runner,
@@ -148,6 +136,19 @@ def _gke_rows(pool: str | None, problems: list[str]) -> list[Row]:
             for p in pods
         ]
     return rows
+
+
+def _bill_left_floor_pods(work_pool: Any) -> None:
+    """The floor pods of the pool that left by their idle limit since a worker last handed it a call: their idle
+    time published as the pool's cost now (a pod may not reach Prefect; whoever looks first publishes it)."""
+    try:
+        from kinetic_prefect.storage import open_store
+        from kinetic_prefect.workers.gke import warm as gke_warm
+
+        if url := _pool_default(work_pool, "store"):
+            gke_warm.bill_left_floor_pods(open_store(url), drain=True)
+    except Exception:  # noqa: BLE001 - a report: the listing goes on
+        pass
 
 
 def _rows(pool: str | None, problems: list[str]) -> list[tuple[Row, cost.JobCost]]:
@@ -197,35 +198,8 @@ def list_command(pool: str | None = typer.Option(None, "--pool", help="only this
 
 def publish_idle(info: Row, idle: cost.JobCost, work_pool: Any) -> None:
     """The ended floor runner's or pod's idle time as the pool's cost (an event; it never fails the command)."""
-    try:
-        from prefect.events import emit_event
-        from prefect.events.worker import EventsWorker
-
-        resource = (
-            f"prefect.work-pool.{work_pool.id}" if work_pool is not None else f"kinetic.warm-runner.{info.runner}"
-        )
-        emit_event(
-            event=WARM_IDLE_EVENT,
-            resource={
-                "prefect.resource.id": resource,
-                "prefect.resource.name": info.pool or "",
-                "kinetic.accelerator": info.accelerator,
-            },
-            payload={
-                "accelerator": idle.accelerator,
-                "spot": idle.spot,
-                "hosts": 1,
-                "minutes": round(idle.minutes, 4),
-                "usd_per_hour": idle.usd_per_hour,
-                "usd": None if idle.usd is None else round(idle.usd, 6),
-                "floor": info.floor,
-                "calls": info.calls,
-                "runner": info.runner,
-            },
-        )
-        EventsWorker.drain_all()
-    except Exception:
-        pass
+    who = warm_idle.IdleRunner(info.runner, info.pool, info.accelerator, info.floor, info.calls)
+    warm_idle.publish_idle(who, idle, work_pool, drain=True)
 
 
 @warm_app.command("down")

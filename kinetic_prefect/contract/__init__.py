@@ -175,6 +175,9 @@ class Env:
     # A warm pod (kinetic-gke): its control prefix in the store (WarmPodKeys), and how long it waits idle.
     WARM_CONTROL = "KINETIC_WARM_CONTROL"
     WARM_KEEP_SECONDS = "KINETIC_WARM_KEEP_SECONDS"
+    # A floor pod (min_warm): what it bills its idle time as when it leaves by its idle limit (WarmPodKeys.left),
+    # a JSON object {"pool", "accelerator", "runner"}.
+    WARM_FLOOR = "KINETIC_WARM_FLOOR"
     # A slot job of a sweep (SweepKeys): the sweep's id in the store; its runner takes the sweep's inputs one
     # after another, and waits this long for another once the queue is empty.
     SWEEP_ID = "KINETIC_SWEEP_ID"
@@ -206,6 +209,11 @@ class WarmRunnerFiles:
     LEAVING = "leaving"  # the runner's keep-warm time is over (renamed from IDLE, so no claim can race it)
     CALL = "call.json"  # {"job_dir", "log", "env", "keep_warm_seconds"}
     EXIT_STATUS = "exit_status"  # the call's runner exit status (EXIT_OUTCOME_RECORDED, EXIT_NO_OUTCOME...)
+    # The runner left by itself, idle: {"idle_since", "left_at" (epoch seconds), "calls", "why": LEFT_IDLE_LIMIT or
+    # LEFT_LAUNCHER_GONE}, written before it exits; its launcher bills a floor runner's idle time to the pool from it.
+    LEFT = "left.json"
+    LEFT_IDLE_LIMIT = "idle limit"
+    LEFT_LAUNCHER_GONE = "launcher gone"
 
     @staticmethod
     def exit_status_name(host_index: int) -> str:
@@ -272,6 +280,19 @@ class WarmPodKeys:
         return f"{WarmPodKeys.RUNS}{flow_run_id}"
 
     LEAVING = b"leaving"  # the content of a claim the pod made to leave
+
+    # A floor pod that left by its idle limit: its idle time, for whoever reaches Prefect to bill to its pool
+    # (``Env.WARM_FLOOR`` and {"idle_since", "left_at", "calls"}), outside its control prefix (deleted as it leaves).
+    # The one that creates ``billed(job)`` first publishes it, then deletes both.
+    LEFT = "warm/left/"
+
+    @staticmethod
+    def left(job_name: str) -> str:
+        return f"{WarmPodKeys.LEFT}{job_name}.json"
+
+    @staticmethod
+    def billed(job_name: str) -> str:
+        return f"{WarmPodKeys.LEFT}{job_name}.billed"
 
 
 # --------------------------------------------------------------------------- sweeps in slots

@@ -343,6 +343,7 @@ SET_BY_THE_WORKER: dict[str, str] = {
     Env.WARM_LAUNCHER_PID: "kinetic-local: the process that started a warm runner.",
     Env.WARM_CONTROL: "kinetic-gke: a warm pod's control prefix in the store.",
     Env.WARM_KEEP_SECONDS: "A warm pod's idle time before it leaves (the pool's `keep_warm_seconds`).",
+    Env.WARM_FLOOR: "kinetic-gke: a floor pod's pool, accelerator and Job, for the idle time it bills as it leaves.",
     Env.SWEEP_ID: "A sweep's slot job: the sweep whose queued inputs it takes (`sweeps/<id>/` in the store).",
     Env.SLOT_IDLE_SECONDS: "A slot job's idle time with nothing queued before it leaves (`keep_warm_seconds`).",
     Env.DEBUG: "`debug=True`: 1, the job waits for a debugger.",

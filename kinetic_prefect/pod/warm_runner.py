@@ -14,7 +14,9 @@ and renamed into place, so either side may die at any moment without the other m
 * the launcher claims an idle runner by renaming ``idle`` to ``claimed`` (the runner leaving renames ``idle``
   to ``leaving``: of two renames of one file, one wins), then writes ``call.json``;
 * the runner takes ``call.json``, runs it, writes the call's exit status into the call's own job folder
-  (``exit_status``), and writes ``idle`` again.
+  (``exit_status``), and writes ``idle`` again;
+* a runner that leaves by itself, idle, writes ``left.json`` (since when it waited, when it left, why): its
+  launcher bills a floor runner's idle time to the pool from it.
 
 ``python -m kinetic_prefect.pod.warm_runner`` with no argument is a warm pod (kinetic-gke): its first call is the
 pod's own environment, and the next ones come through the store (``contract.WarmPodKeys``); each call's output is
@@ -83,6 +85,14 @@ def _next_call(control: Path, deadline: float | None, launcher_pid: int | None) 
             except FileNotFoundError:  # claimed a moment ago: its call is on the way
                 pass
         time.sleep(POLL_SECONDS)
+
+
+def _record_leaving(control: Path, idle_since: float, served: int, launcher_pid: int | None) -> None:
+    """``WarmRunnerFiles.LEFT``: how long this runner waited idle before it left by itself, and why; its launcher
+    bills a floor runner's idle time to the pool from it (this process may not reach Prefect)."""
+    why = WarmRunnerFiles.LEFT_IDLE_LIMIT if process_alive(launcher_pid) else WarmRunnerFiles.LEFT_LAUNCHER_GONE
+    record = {"idle_since": idle_since, "left_at": time.time(), "calls": served, "why": why}
+    _write_whole(control / WarmRunnerFiles.LEFT, json.dumps(record))
 
 
 def _project_modules(code_dirs: set[str]) -> list[str]:
@@ -199,11 +209,13 @@ def main(control_dir: str) -> int:
         runner.watch_owner(int(os.environ[Env.OWNER_PID]))
     deadline: float | None = None
     served = 0
+    idle_since = time.time()
     try:
         while True:
             runner.install_sigterm_handler()  # a call may have installed its own
             call = _next_call(control, deadline, launcher_pid)
             if call is None:
+                _record_leaving(control, idle_since, served, launcher_pid)
                 print(f"kinetic warm runner: leaving after {served} call(s)", flush=True)
                 return 0
             code = _run_call(call, base_environ)
@@ -214,6 +226,7 @@ def main(control_dir: str) -> int:
             _leave_if_threads_left(served)
             keep_warm = call.get("keep_warm_seconds")
             deadline = None if keep_warm is None else time.monotonic() + float(keep_warm)
+            idle_since = time.time()
             _write_whole(control / WarmRunnerFiles.IDLE, str(served))
     except runner.JobTerminated:
         return 0
@@ -241,6 +254,17 @@ def _next_pod_call(store: Any, control: str, n: int, keep_warm_seconds: float) -
         if claimed_at is not None and now - claimed_at > CLAIMED_CALL_SECONDS:
             return None
         time.sleep(STORE_POLL_SECONDS)
+
+
+def _record_floor_leaving(store: Any, environ: dict[str, str], idle_since: float, served: int) -> None:
+    """A floor pod leaving idle: its idle time into the store (``WarmPodKeys.left``), for whoever reaches Prefect to
+    bill to its pool (a pod may not reach Prefect)."""
+    floor = environ.get(Env.WARM_FLOOR)
+    if not floor:
+        return
+    record = {**json.loads(floor), "idle_since": idle_since, "left_at": time.time(), "calls": served}
+    job_name = environ[Env.WARM_CONTROL].rstrip("/").rsplit("/", 1)[-1]
+    store.put_bytes(WarmPodKeys.left(job_name), json.dumps(record).encode())
 
 
 def pod_main() -> int:
@@ -279,6 +303,7 @@ def pod_main() -> int:
             store.put_bytes(f"{control}/{WarmPodKeys.ready(served)}", json.dumps(idle).encode())
             next_env = _next_pod_call(store, control, served, keep_warm_seconds)
             if next_env is None:
+                _record_floor_leaving(store, base_environ, idle["idle_since"], served)
                 print(f"kinetic warm pod: leaving after {served} call(s)", flush=True)
                 store.delete_prefix(control)
                 return 0

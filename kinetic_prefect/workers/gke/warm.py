@@ -44,6 +44,7 @@ from kinetic_prefect.contract import (
     WarmPodKeys,
     WarmRunnerFiles,
 )
+from kinetic_prefect.shared import warm_idle
 from kinetic_prefect.workers.base import open_job_store, slot_argv
 from kinetic_prefect.workers.gke.configuration import KineticGKEJobConfiguration
 from kinetic_prefect.workers.gke.follower import DELETED_POD_MARGIN_SECONDS, JobFollower, deleted_for, pod_exit
@@ -55,6 +56,7 @@ FLOOR_LABEL = "kinetic.prefect.io/warm-floor"  # one of the pool's min_warm pods
 ACCELERATOR_LABEL = "kinetic.prefect.io/accelerator"  # set on every Job by the configuration
 FIRST_RUN_LABEL = "kinetic.prefect.io/first-flow-run-id"  # not FLOW_RUN_LABEL: the Job is not that run's alone
 END_WAIT_SECONDS = 10.0  # how long an ended call waits for its last log lines (its end marker)
+BILL_LEFT_SECONDS = 30.0  # how often a launcher publishes the idle time of the floor pods that left (per store)
 
 
 def wanted(configuration: KineticGKEJobConfiguration) -> bool:
@@ -91,6 +93,41 @@ def _keep_seconds(configuration: KineticGKEJobConfiguration, floor: bool) -> str
         return str(configuration.keep_warm_seconds)
     limit = configuration.warm_floor_idle_seconds
     return "inf" if limit is None else str(limit)
+
+
+def _floor_record(flow_run: FlowRun, configuration: KineticGKEJobConfiguration, job_name: str) -> str:
+    """``Env.WARM_FLOOR``: the pool, accelerator and runner (``namespace/Job``) a floor pod's idle time is billed as."""
+    spec = configuration.accelerator_spec
+    accelerator = f"{spec.name}:spot" if spec.spot and not spec.name.endswith(":spot") else spec.name
+    pool = configuration.labels.get(POOL_LABEL) or flow_run.work_pool_name
+    return json.dumps({"pool": pool, "accelerator": accelerator, "runner": f"{configuration.namespace}/{job_name}"})
+
+
+def bill_left_floor_pods(store: Any, drain: bool = False) -> int:
+    """Publish the idle time of the floor pods that left by their idle limit (``WarmPodKeys.left`` in ``store``) as
+    their pools' cost; returns how many. Each is published once: by whoever creates its ``billed`` object first."""
+    published = 0
+    for key in store.list(WarmPodKeys.LEFT):
+        if not key.endswith(".json"):
+            continue
+        job_name = key[len(WarmPodKeys.LEFT) : -len(".json")]
+        if not store.put_bytes(WarmPodKeys.billed(job_name), b"", if_absent=True):
+            continue  # another worker or command is publishing it
+        try:
+            left = json.loads(store.get_bytes(key))
+            work_pool, prices = warm_idle.pool_prices(left.get("pool"))
+            idle = warm_idle.idle_cost(left["accelerator"], float(left["idle_since"]), float(left["left_at"]), prices)
+            who = warm_idle.IdleRunner(left["runner"], left.get("pool"), left["accelerator"], True, int(left["calls"]))
+            warm_idle.publish_idle(who, idle, work_pool, drain=drain)
+            published += 1
+        except (KeyError, TypeError, ValueError):  # a record this version cannot read: dropped, not retried for ever
+            pass
+        except Exception:  # the store failed: left for the next look
+            store.delete(WarmPodKeys.billed(job_name))
+            raise
+        store.delete(key)
+        store.delete(WarmPodKeys.billed(job_name))
+    return published
 
 
 def is_warm(identifier: str) -> bool:
@@ -166,6 +203,7 @@ class WarmPods:
         self._handed_at: dict[str, float] = {}
         self.pods_started = 0  # warm pods this launcher started (the benchmarks count them)
         self._stores: dict[str, Any] = {}
+        self._billed_at: dict[int, float] = {}  # id(store): when its left floor pods were last billed
 
     async def _store(self, configuration: KineticGKEJobConfiguration) -> Any:
         """The call's store, opened once per URL: status is read every poll, and opening a gs:// store with
@@ -175,6 +213,15 @@ class WarmPods:
             self._stores[url] = await open_job_store(configuration)
         return self._stores[url]
 
+    async def _bill_left_floor_pods(self, store: Any) -> None:
+        """The idle time of the pool's floor pods that left by their idle limit, published (``bill_left_floor_pods``)
+        at most every ``BILL_LEFT_SECONDS`` per store: a sweep's calls do not each list the store for it."""
+        if time.monotonic() - self._billed_at.get(id(store), -BILL_LEFT_SECONDS) < BILL_LEFT_SECONDS:
+            return
+        self._billed_at[id(store)] = time.monotonic()
+        with contextlib.suppress(Exception):  # a report: it never fails a call
+            await anyio.to_thread.run_sync(bill_left_floor_pods, store)
+
     # ----------------------------------------------------------------- handing a call over
     async def hand_over(
         self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration, log: Callable[[str], None]
@@ -183,6 +230,7 @@ class WarmPods:
         and how many of the environment's pods are floor pods (``min_warm``)."""
         key = environment_key(configuration)
         store = await self._store(configuration)
+        await self._bill_left_floor_pods(store)
         pods = await anyio.to_thread.run_sync(self._pods, configuration, key)
         floor = len({job for job, _, is_floor in pods if is_floor})
         env = call_env(configuration.job_manifest)
@@ -219,6 +267,8 @@ class WarmPods:
             {"name": Env.WARM_CONTROL, "value": WarmPodKeys.control(key, job_name)},
             {"name": Env.WARM_KEEP_SECONDS, "value": _keep_seconds(configuration, floor)},
         ]
+        if floor:  # what the pod bills its idle time as, should it leave by its idle limit
+            container["env"].append({"name": Env.WARM_FLOOR, "value": _floor_record(flow_run, configuration, job_name)})
         for labels in (
             manifest["metadata"].setdefault("labels", {}),
             manifest["spec"]["template"]["metadata"]["labels"],

@@ -13,6 +13,9 @@ however long they wait (``min_warm``), until the process that started them ends,
 ``warm_floor_idle_seconds`` of idle time when the pool sets it. Each runner's folder says what it is
 (``runner.json``: pid, pool, accelerator, since, floor) and whether it is idle (the IDLE file: its mtime is when,
 its text how many calls it served), so ``kinetic-prefect warm list|down`` see and end them from another process.
+A floor runner that leaves by its idle limit writes how long it waited (``WarmRunnerFiles.LEFT``); the process
+that started it publishes that idle time as the pool's cost (``shared.warm_idle``), as ``warm down`` does for the
+runners it ends.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Any
 
 from kinetic_prefect.contract import WARM_RUNNER_MODULE, Env, WarmRunnerFiles
 from kinetic_prefect.pod.warm_runner import process_alive
+from kinetic_prefect.shared import warm_idle
 
 
 @dataclass
@@ -168,7 +172,11 @@ class WarmRunners:
                 start_new_session=True,
             )
         self.started += 1
-        return WarmRunner(process, control, key, forever)
+        runner = WarmRunner(process, control, key, forever)
+        threading.Thread(
+            target=_bill_idle_floor_on_leaving, args=(runner,), name="kinetic-warm-watch", daemon=True
+        ).start()
+        return runner
 
     def retire_for(self, pid: int, job_dir: Path) -> bool:
         """Before a call is stopped: whether its runner is still on it (then it is retired, never to take another
@@ -187,6 +195,22 @@ class WarmRunners:
             for runner in runners:
                 if runner.alive():
                     runner.process.terminate()
+
+
+def _bill_idle_floor_on_leaving(runner: WarmRunner) -> None:
+    """Once ``runner`` has ended: if it was a floor runner that left by its idle limit, its idle time is the pool's
+    cost (published here, in its launcher, which reaches Prefect). ``warm down`` publishes the ones it ends."""
+    runner.process.wait()
+    try:
+        left: dict[str, Any] = json.loads((runner.control / WarmRunnerFiles.LEFT).read_text())
+    except (OSError, ValueError):
+        return  # stopped, killed, or ended with its call: no idle time of its own to bill
+    if not runner.forever or left.get("why") != WarmRunnerFiles.LEFT_IDLE_LIMIT:
+        return
+    work_pool, prices = warm_idle.pool_prices(runner.pool)
+    idle = warm_idle.idle_cost(runner.accelerator, float(left["idle_since"]), float(left["left_at"]), prices)
+    who = warm_idle.IdleRunner(str(runner.process.pid), runner.pool, runner.accelerator, True, int(left["calls"]))
+    warm_idle.publish_idle(who, idle, work_pool)
 
 
 @dataclass
