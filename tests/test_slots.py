@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -432,6 +433,42 @@ def test_a_killed_slot_ends_its_input_crashed_and_retried_and_no_other_input_is_
     assert counts == {i: 2 if i == victim else 1 for i in range(6)}, counts  # only the killed input ran again
     killed = [run for run in slot_runs(name) if str(run.id) == slot_run]
     assert killed and killed[0].state.name == "Crashed", [(r.name, r.state.name) for r in killed]
+
+
+@pytest.mark.slow
+def test_a_worker_restarted_mid_sweep_reattaches_to_its_slots_and_no_input_is_lost_or_run_twice(
+    worker_factory, tmp_path, monkeypatch
+):
+    """A polling worker killed while its slot jobs run a sweep, then started again: the slot processes go on (they
+    take their inputs from the store, not from the worker), the new worker reattaches to their job runs, and every
+    input ends Completed with its value, each run once. About 45 s: the inputs sleep 10 s each so that the worker is
+    killed and restarted while both slots are inside an input, and two slots take three inputs each."""
+    from worker_fixture import new_pool
+
+    monkeypatch.setenv("KINETIC_SWEEP_SLOTS", "2")
+    worker = worker_factory(new_pool("slots")).start()
+    name = f"slots-restart-{uuid.uuid4().hex[:6]}"
+    sweep = sweep_flow(slot_task(name, worker.pool, "worker"), 6, tmp_path, sleep=10)
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.update(value=sweep()), daemon=True)
+    thread.start()
+    first = wait_for(lambda: (tmp_path / "first").exists() and (tmp_path / "first").read_text(), 120, "a slot input")
+    _, pid, _ = json.loads(first)
+    worker.kill()
+    time.sleep(1)
+    assert alive(pid), "a slot must survive its worker"
+    worker.start()
+    thread.join(120)
+    assert not thread.is_alive(), "the sweep did not end after its worker was restarted"
+    results = box["value"]
+    assert [state for _, state, _ in results] == ["Completed"] * 6, results
+    assert [value[0] for _, _, value in results] == list(range(6))
+    assert ran(tmp_path) == {i: 1 for i in range(6)}, ran(tmp_path)
+    runs = wait_for(
+        lambda: (rs := slot_runs(name)) and all(r.state.is_final() for r in rs) and rs, 60, "the slot runs to end"
+    )
+    assert all(run.state.is_completed() for run in runs), [(r.name, r.state.name) for r in runs]
+    assert re.search(r"Reattached to [1-9]\d* running kinetic job", worker.log_path.read_text()), "no reattach logged"
 
 
 @pytest.mark.slow
