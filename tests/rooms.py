@@ -61,6 +61,7 @@ ROOMS = {
     "test_gemma.py": "flows",
     "test_gke_autoscaling.py": "gke",
     "test_gke_capacity.py": "gke",
+    "test_gke_follower.py": "gke",
     "test_gke_cluster.py": "gke",
     "test_gke_kueue.py": "gke",
     "test_gke_manifests.py": "gke",

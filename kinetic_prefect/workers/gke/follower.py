@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kinetic_prefect import accelerators
+from kinetic_prefect.workers.gke import kube
 from kinetic_prefect.workers.gke.capacity import (
     AUTOSCALER_STATUS_CONFIGMAP,
     KUEUE_GROUP,
@@ -35,6 +36,7 @@ class JobFollower:
         self.last_pods: list[Any] = []  # what the last read saw: metering reads it (no extra API call)
         self.gone_at: float | None = None  # when the Job was first seen deleted
         self.last_job: Any = None  # the Job as last read (its conditions outlive a pod the pod GC deleted)
+        self.timeout = kube.READ_TIMEOUT
 
     @property
     def log_failed(self) -> bool:
@@ -46,13 +48,15 @@ class JobFollower:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            self.last_job = self.batch.read_namespaced_job(self.job_name, self.namespace)
+            self.last_job = self.batch.read_namespaced_job(self.job_name, self.namespace, _request_timeout=self.timeout)
         except ApiException as exc:
             if exc.status == 404:
                 self.gone_at = self.gone_at or time.time()
                 raise JobGone(self.job_name) from None
             raise
-        pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"job-name={self.job_name}").items
+        pods = self.core.list_namespaced_pod(
+            self.namespace, label_selector=f"job-name={self.job_name}", _request_timeout=self.timeout
+        ).items
         # Filter here too: some API servers (and emulators) ignore label selectors.
         mine = [p for p in pods if p.metadata and (p.metadata.labels or {}).get("job-name") == self.job_name]
         self.last_pods = sorted(mine, key=lambda p: p.metadata.creation_timestamp or 0)
@@ -73,7 +77,9 @@ class JobFollower:
     def pod_events(self, name: str) -> list[tuple[str, str]]:
         """The pod's events as ``(reason, message)``, oldest first by when each was last seen (a repeated event is
         one object whose lastTimestamp moves): the autoscaler's latest verdict is the last of its reasons."""
-        events = self.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={name}").items
+        events = self.core.list_namespaced_event(
+            self.namespace, field_selector=f"involvedObject.name={name}", _request_timeout=self.timeout
+        ).items
         # Filter here too: some API servers (and emulators) ignore field selectors.
         mine = [e for e in events if e.involved_object is not None and e.involved_object.name == name]
 
@@ -87,7 +93,7 @@ class JobFollower:
         """Whether the cluster runs the cluster autoscaler (its status ConfigMap exists); None: not known (the
         worker's namespaced Role may not read kube-system)."""
         namespace, name = AUTOSCALER_STATUS_CONFIGMAP
-        return _exists(self.core.read_namespaced_config_map, name, namespace)
+        return _exists(self.core.read_namespaced_config_map, name, namespace, _request_timeout=self.timeout)
 
     def kueue_queued(self) -> str | None:
         """Where the suspended Job waits in Kueue (capacity.kueue_queued); None when the worker may not read
@@ -106,6 +112,7 @@ class JobFollower:
                     self.namespace,
                     "workloads",
                     label_selector=f"{KUEUE_JOB_UID_LABEL}={job.metadata.uid}",
+                    _request_timeout=self.timeout,
                 )
                 workload = next(iter(found.get("items") or []), None)
             except ApiException as exc:
@@ -125,14 +132,16 @@ class JobFollower:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            local = custom.get_namespaced_custom_object(KUEUE_GROUP, version, self.namespace, "localqueues", queue)
+            local = custom.get_namespaced_custom_object(
+                KUEUE_GROUP, version, self.namespace, "localqueues", queue, _request_timeout=self.timeout
+            )
         except ApiException:
             return None
         return (local.get("spec") or {}).get("clusterQueue")
 
     def node_exists(self, name: str) -> bool | None:
         """None: not known (the worker's namespaced Role may not read nodes, which are cluster-wide)."""
-        return _exists(self.core.read_node, name)
+        return _exists(self.core.read_node, name, _request_timeout=self.timeout)
 
     def disruption(self, pod) -> str | None:
         """Why the infrastructure took the pod away (capacity.pod_disruption), or the Job's own record of it."""
@@ -148,7 +157,7 @@ class JobFollower:
         return found
 
     def events_for(self, name: str) -> list[str]:
-        events = self.core.list_namespaced_event(self.namespace).items
+        events = self.core.list_namespaced_event(self.namespace, _request_timeout=self.timeout).items
         return [
             f"{e.reason}: {e.message}"
             for e in events
@@ -279,12 +288,12 @@ def _ran_at(status: Any) -> float | None:
     return min(started) if started else None
 
 
-def _exists(read: Any, *args: Any) -> bool | None:
+def _exists(read: Any, *args: Any, **kwargs: Any) -> bool | None:
     """Whether ``read(*args)`` finds its object: False on 404, None when the worker may not read it (401/403)."""
     from kubernetes.client.exceptions import ApiException
 
     try:
-        read(*args)
+        read(*args, **kwargs)
         return True
     except ApiException as exc:
         if exc.status == 404:

@@ -19,6 +19,10 @@ INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"  # set by the Job 
 SECRET_ENV_NAMES = frozenset({"PREFECT_API_KEY", "PREFECT_API_AUTH_STRING", Env.PREFECT_API_KEY})
 IMAGE_PULL_ERRORS = {"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull"}
 CONFIG_ERRORS = {"CreateContainerConfigError", "CreateContainerError"}
+# (connect, read) seconds for the follower's short reads: the client sets no timeout of its own, so a read whose
+# answer never comes (a dropped connection the kernel has not noticed, an overloaded API server) would hold its
+# thread for good; timed out, it is a transient error the worker retries on its next look.
+READ_TIMEOUT: tuple[float, float] = (10.0, 30.0)
 
 
 def is_transient_kube_error(exc: BaseException) -> bool:

@@ -48,7 +48,7 @@ from kinetic_prefect.shared import warm_idle
 from kinetic_prefect.workers.base import open_job_store, slot_argv
 from kinetic_prefect.workers.gke.configuration import KineticGKEJobConfiguration
 from kinetic_prefect.workers.gke.follower import DELETED_POD_MARGIN_SECONDS, JobFollower, deleted_for, pod_exit
-from kinetic_prefect.workers.gke.kube import FLOW_RUN_LABEL, POOL_LABEL, JobGone, label_value
+from kinetic_prefect.workers.gke.kube import FLOW_RUN_LABEL, POOL_LABEL, READ_TIMEOUT, JobGone, label_value
 from kinetic_prefect.workers.lifecycle import JobStatus
 
 WARM_KEY_LABEL = "kinetic.prefect.io/warm-key"
@@ -299,7 +299,9 @@ class WarmPods:
 
         pods = (
             client.CoreV1Api(self._api(configuration))
-            .list_namespaced_pod(configuration.namespace, label_selector=f"{WARM_KEY_LABEL}={key}")
+            .list_namespaced_pod(
+                configuration.namespace, label_selector=f"{WARM_KEY_LABEL}={key}", _request_timeout=READ_TIMEOUT
+            )
             .items
         )
         found = []
