@@ -165,7 +165,10 @@ def test_a_job_queued_behind_the_quota_says_so_and_a_cancel_removes_it_and_its_w
     try:
         thread, box = call_in_background(never_admitted)
         run = _wait(lambda: (_job_runs(name) or [None])[0], 60, "no job run")
-        said = _run_logs(run.id, f"queued in Kueue ClusterQueue {CLUSTER_QUEUE}", timeout=60)
+        # The first look may come before Kueue has written the Workload's conditions ("no word from Kueue yet"); the
+        # run says it again when Kueue's reason changes, so wait for Kueue's own words.
+        said = _run_logs(run.id, "Pending: couldn't assign flavors", timeout=60)
+        assert f"queued in Kueue ClusterQueue {CLUSTER_QUEUE}" in said, said
         [job] = _job_for(kube, run.id)
         [workload] = _workloads(kube, job)
         # the Workload's own words: QuotaReserved False, "couldn't assign flavors ... insufficient unused quota"
