@@ -16,7 +16,7 @@ from kinetic_prefect import signing
 from kinetic_prefect.contract import CapacityRecord, RunLayout
 
 
-def _read(store: Any, layout: RunLayout, key: bytes | None) -> CapacityRecord | None:
+def _read(store: Any, layout: RunLayout, key: signing.KeyLike) -> CapacityRecord | None:
     try:
         return CapacityRecord.from_json(signing.get(store, layout.capacity, key))
     except Exception:  # none (an older worker), unreadable or tampered: the call's value does not depend on it
@@ -24,7 +24,7 @@ def _read(store: Any, layout: RunLayout, key: bytes | None) -> CapacityRecord | 
 
 
 async def publish(
-    store: Any, layout: RunLayout, key: bytes | None, run_name: str, logger: Any, task_run: Any
+    store: Any, layout: RunLayout, key: signing.KeyLike, run_name: str, logger: Any, task_run: Any
 ) -> CapacityRecord | None:
     record = await to_thread.run_sync(_read, store, layout, key)
     if record is None:

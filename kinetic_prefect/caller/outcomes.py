@@ -37,7 +37,7 @@ async def _publish_outputs(store: Any, call: PreparedCall, outcome: Outcome, run
 
 
 async def collect(
-    store: Any, call: PreparedCall, key: bytes | None, state: Any, run_name: str, fn: Any, logger: Any, task_run: Any
+    store: Any, call: PreparedCall, key: signing.KeyLike, state: Any, run_name: str, fn: Any, logger: Any, task_run: Any
 ) -> Any:
     """The job's outcome read: its value returned, or its exception raised (a missing outcome: a crash)."""
     from kinetic_prefect.storage import ObjectNotFound
@@ -69,7 +69,7 @@ async def collect(
             await to_thread.run_sync(discard_run, store, call)
 
 
-def read_signed(store: Any, object_key: str, key: bytes | None) -> bytes:
+def read_signed(store: Any, object_key: str, key: signing.KeyLike) -> bytes:
     """Read a store object the job wrote, verified before anything unpickles it."""
     from kinetic_prefect.errors import SigningKeyMismatch, StoreTampered
 

@@ -146,7 +146,7 @@ class Sweep:
     variables: dict[str, Any]  # the job variables every input shares (per-call env taken out)
     task_name: str
     idle_seconds: float
-    signing_key: bytes | None = None  # the queued records are signed with it, as payloads are
+    signing_key: signing.KeyLike = None  # the queued records are signed with it, as payloads are
     close_grace: float = CLOSE_GRACE_SECONDS  # how long it stays open with no waiting call (a batch's: its slots')
     keys: SweepKeys = field(default_factory=lambda: SweepKeys(uuid.uuid4().hex[:16]))
     waiting: dict[str, tuple[str | None, asyncio.Future]] = field(default_factory=dict)  # run id: (task run, done)

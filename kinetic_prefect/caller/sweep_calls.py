@@ -10,7 +10,7 @@ from typing import Any
 
 from anyio import to_thread
 
-from kinetic_prefect import accelerators
+from kinetic_prefect import accelerators, signing
 from kinetic_prefect.caller import _prefect, data_mounts, slots
 from kinetic_prefect.caller.calls import KineticOptions, PreparedCall
 from kinetic_prefect.caller.outcomes import cancelled_result, collect, discard_run
@@ -44,7 +44,7 @@ def sweep_of(
     task_run: Any,
     task_name: str,
     detach: Any,
-    signing_key: bytes | None,
+    signing_key: signing.KeyLike,
 ) -> Any:
     """The sweep this call's input joins (caller/slots.py), or None for a job run of its own: a call with no
     concurrent sibling, or one a slot cannot carry (a pool that cannot, a group, a fallback list, a budget, debug,
@@ -95,7 +95,7 @@ async def wait_in_sweep(
     client: Any,
     call: PreparedCall,
     job_variables: dict[str, Any],
-    key: bytes | None,
+    key: signing.KeyLike,
     run_name: str,
     fn: Any,
     logger: Any,

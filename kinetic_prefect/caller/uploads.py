@@ -123,7 +123,7 @@ class UploadProgress:
             pass
 
 
-def upload_inputs(store: Any, call: PreparedCall, logger: Any, key: bytes | None = None) -> None:
+def upload_inputs(store: Any, call: PreparedCall, logger: Any, key: signing.KeyLike = None) -> None:
     if call.code_archive is not None:
         _ensure_content_addressed(store, call.code_archive.key, call.code_archive.data, call.code_archive.sha256)
     for manifest in call.data:

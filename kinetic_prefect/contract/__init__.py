@@ -156,7 +156,9 @@ class Env:
     RUN_PREFIX = "KINETIC_RUN_PREFIX"
     # Store signing (signing.py): the key, and the flag that tells a job its caller signed (so it insists).
     SIGNING_KEY = "KINETIC_SIGNING_KEY"
+    SIGNING_KEY_PREVIOUS = "KINETIC_SIGNING_KEY_PREVIOUS"  # earlier master keys that still verify (rotation)
     SIGNED = "KINETIC_SIGNED"
+    UNSIGNED_SHARED_STORE = "KINETIC_UNSIGNED_SHARED_STORE"  # the explicit opt-out: unsigned on a gs:// store
     # Read on the caller's machine:
     UNSIGNED_OK = "KINETIC_UNSIGNED_OK"  # no warning about an unsigned store
     WORK_POOL = "KINETIC_WORK_POOL"  # the default work pool

@@ -141,6 +141,13 @@ def parse_text(raw: str) -> str:
     return raw
 
 
+def parse_key(raw: str) -> str:
+    """A signing key: any text but a blank one (a blank key would read as "unsigned")."""
+    if not raw.strip():
+        raise ValueError(raw)
+    return raw
+
+
 def parse_names(raw: str) -> tuple[str, ...]:
     """A comma-separated list (``cuda,tpu``); blank: none."""
     return tuple(part.strip() for part in raw.split(",") if part.strip())
@@ -231,10 +238,30 @@ UNSIGNED_OK: Setting[bool] = Setting(
 SIGNING_KEY: Setting[str | None] = Setting(
     Env.SIGNING_KEY,
     None,
-    parse_text,
-    "give the shared secret",
+    parse_key,
+    "give the shared secret (a blank key is refused: unset the variable instead)",
     (CALLER, WORKER, JOB),
-    "The key that signs store objects; unset: the Prefect Secret block `kinetic-signing-key`, else unsigned.",
+    "The master key that signs store objects (callers and workers; a job gets only its run's derived keys); "
+    "unset: the Prefect Secret block `kinetic-signing-key`, else unsigned.",
+    blank_is_a_value=True,
+)
+SIGNING_KEY_PREVIOUS: Setting[str | None] = Setting(
+    Env.SIGNING_KEY_PREVIOUS,
+    None,
+    parse_text,
+    "give the earlier keys, comma-separated",
+    (CALLER, WORKER),
+    "Earlier master keys, comma-separated: objects they signed still verify while new ones are signed with "
+    "the current key (key rotation, docs/security.md).",
+)
+UNSIGNED_SHARED_STORE: Setting[bool] = Setting(
+    Env.UNSIGNED_SHARED_STORE,
+    False,
+    parse_bool,
+    "give 1 or 0",
+    (CALLER, WORKER),
+    "1: run unsigned on a shared (gs://) store, where anyone who can write the bucket can run code in your "
+    "caller and jobs. Without it a gs:// store with no signing key is refused.",
 )
 API_OUTAGE_SECONDS: Setting[float] = Setting(
     API_OUTAGE_SECONDS_VAR,
@@ -306,6 +333,8 @@ TABLE: tuple[Setting[Any], ...] = (
     PAYLOAD_WARN_BYTES,
     UNSIGNED_OK,
     SIGNING_KEY,
+    SIGNING_KEY_PREVIOUS,
+    UNSIGNED_SHARED_STORE,
     API_OUTAGE_SECONDS,
     DEBUG_WAIT_SECONDS,
     DEBUG_LOCAL_PORT,

@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
+from kinetic_prefect import signing
 from kinetic_prefect.contract import (
     BATCH_POOL_TAG_PREFIX,
     BATCH_TAG,
@@ -222,7 +223,7 @@ class InputHandle(JobHandle):
             await to_thread.run_sync(signing.delete, store, object_key)
 
 
-async def _input_store(client: Any, pool_name: str) -> tuple[Any, bytes | None]:
+async def _input_store(client: Any, pool_name: str) -> tuple[Any, signing.Keyring | None]:
     from kinetic_prefect.caller import _prefect
     from kinetic_prefect.shared import gcp
 

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
+from kinetic_prefect import signing
 from kinetic_prefect.contract import DEBUG_PORT, GKE_WORKER_TYPE, Env, RunLayout, settings
 
 GKE_POOL_TYPE = GKE_WORKER_TYPE
@@ -51,7 +52,7 @@ def launch_configuration(record: dict[str, Any], local_port: int, name: str = "k
     }
 
 
-async def _flow_run_and_store(job_id: str) -> tuple[Any, Any, bytes | None]:
+async def _flow_run_and_store(job_id: str) -> tuple[Any, Any, signing.Keyring | None]:
     from prefect import get_client
 
     from kinetic_prefect.kinetic.jobs import _open_store

@@ -18,6 +18,7 @@ from enum import Enum
 from typing import Any
 from uuid import UUID
 
+from kinetic_prefect import signing
 from kinetic_prefect.contract import (
     DETACHED_TAG,
     GROUP_INDEX_TAG_PREFIX,
@@ -237,11 +238,11 @@ class JobHandle:
             store, key = await _open_store(client, flow_run)
         return await to_thread.run_sync(self._collect, flow_run, store, key, cleanup)
 
-    def _collect(self, flow_run: Any, store: Any, key: bytes | None, cleanup: bool) -> Any:
+    def _collect(self, flow_run: Any, store: Any, key: signing.KeyLike, cleanup: bool) -> Any:
         layout = RunLayout((flow_run.job_variables or {})["env"][Env.RUN_ID])
         return self._collect_layout(flow_run.state, layout, store, key, cleanup)
 
-    def _collect_layout(self, state: Any, layout: RunLayout, store: Any, key: bytes | None, cleanup: bool) -> Any:
+    def _collect_layout(self, state: Any, layout: RunLayout, store: Any, key: signing.KeyLike, cleanup: bool) -> Any:
         """The value (or the exception) the job left under ``layout``, its run having ended in ``state``."""
         import cloudpickle
 
@@ -311,7 +312,7 @@ class JobHandle:
         return self.status()
 
 
-async def _open_store(client: Any, flow_run: Any) -> tuple[Any, bytes | None]:
+async def _open_store(client: Any, flow_run: Any) -> tuple[Any, signing.Keyring | None]:
     """The store the job wrote to (its job variables name it), opened with its pool's credentials."""
     from kinetic_prefect.caller import _prefect
     from kinetic_prefect.shared import gcp

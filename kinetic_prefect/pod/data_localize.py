@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kinetic_prefect import signing
 from kinetic_prefect.contract import Env, data_files_key, data_key, data_manifest_key
 from kinetic_prefect.pod.data_hf import download_hf
 from kinetic_prefect.pod.data_manifest import Manifest, build_manifest
@@ -78,7 +79,7 @@ def _download_keys(store: Store, keys: list[str], base: str, dest: Path, workers
             future.result()
 
 
-def _localize_uploaded(ref: DataRef, store: Store, node_cache: Path, key: bytes | None = None) -> Path:
+def _localize_uploaded(ref: DataRef, store: Store, node_cache: Path, key: signing.KeyLike = None) -> Path:
     from kinetic_prefect import signing
 
     if ref.key is None or ref.sha256 is None:
@@ -217,7 +218,7 @@ def _localize_fuse(ref: DataRef) -> Path | None:
     return local
 
 
-def localize(ref: DataRef, store: Store, node_cache: Path, key: bytes | None = None) -> Path:
+def localize(ref: DataRef, store: Store, node_cache: Path, key: signing.KeyLike = None) -> Path:
     """Job side: a local path to the file or directory ``ref`` stands for (downloaded at most once per node).
 
     Uploaded data is read in place from a local store, else downloaded into ``node_cache`` and checked against

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from kinetic_prefect import signing
 from kinetic_prefect.contract import data_files_key, data_key, data_manifest_key
 from kinetic_prefect.pod.data_manifest import Manifest
 from kinetic_prefect.pod.data_sources import DataError, unreadable_error
@@ -25,7 +26,7 @@ def upload(
     store: Store,
     *,
     workers: int = 32,
-    key: bytes | None = None,
+    key: signing.KeyLike = None,
     on_file: Callable[[int], None] | None = None,
     heal: Callable[[Manifest, Store, Callable[[int], None] | None], int] | None = None,
 ) -> int:

@@ -349,7 +349,7 @@ class CheckpointSync:
 
 
 def _localize_data(
-    args: tuple[Any, ...], kwargs: dict[str, Any], store: Store, key: bytes | None
+    args: tuple[Any, ...], kwargs: dict[str, Any], store: Store, key: signing.KeyLike
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     from kinetic_prefect.pod import data
 
@@ -457,7 +457,7 @@ def _describe_failure(failed: PhaseFailed, outcome: Outcome) -> None:
         outcome.exit_code = code if isinstance(code, int) else (0 if code is None else 1)
 
 
-def _signing_key() -> bytes | None:
+def _signing_key() -> signing.Keyring | None:
     key = signing.key_from_env()
     if key is None and os.environ.get(signing.REQUIRED_ENV):
         raise RuntimeError(
@@ -527,7 +527,7 @@ class _Job:
             )
         return fn, args, kwargs
 
-    def _fetch_payload(self) -> tuple[Store, bytes, bytes | None]:
+    def _fetch_payload(self) -> tuple[Store, bytes, signing.Keyring | None]:
         """Reading the environment, opening the store, fetching and verifying the payload: the store, the pickled
         call, and the key that signed it (its data is verified with it too)."""
         from kinetic_prefect.storage import open_store
@@ -666,7 +666,7 @@ class _Job:
             shutil.rmtree(os.environ[Env.JOB_DIR], ignore_errors=True)
 
 
-def _write_result(store: Store, layout: RunLayout, result_blob: bytes, outcome: Outcome, key: bytes | None) -> None:
+def _write_result(store: Store, layout: RunLayout, result_blob: bytes, outcome: Outcome, key: signing.KeyLike) -> None:
     """The pickled value or exception; one the store has no room for fails the outcome instead, naming the store."""
     try:
         signing.put(store, layout.result, result_blob, key)

@@ -11,7 +11,7 @@ from prefect.exceptions import ObjectNotFound
 from kinetic_prefect import signing
 from kinetic_prefect.contract import Env, settings
 
-_signing_key_cache: dict[str, bytes | None] = {}
+_signing_key_cache: dict[str, signing.Keyring | None] = {}
 
 
 _warned: set[str] = set()  # the APIs whose missing key this process has warned about
@@ -23,7 +23,7 @@ def forget_signing_key() -> None:
     _warned.clear()
 
 
-async def signing_key() -> bytes | None:
+async def signing_key() -> signing.Keyring | None:
     """The store signing key: ``KINETIC_SIGNING_KEY``, else the Secret block ``kinetic-signing-key``.
 
     Read once per process and API. Without one, store objects are unauthenticated and a warning
@@ -41,7 +41,9 @@ async def signing_key() -> bytes | None:
         try:
             secret: Secret[Any] = await Secret.aload(signing.SECRET_BLOCK)
             value = secret.get()
-            _signing_key_cache[cache_key] = str(value).encode() if value else None
+            _signing_key_cache[cache_key] = (
+                signing.parse_keys(str(value), settings.SIGNING_KEY_PREVIOUS.value()) if value else None
+            )
         except (ValueError, ObjectNotFound):
             _signing_key_cache[cache_key] = None
         if _signing_key_cache[cache_key] is None and not settings.UNSIGNED_OK.value() and cache_key not in _warned:

@@ -9,7 +9,7 @@ from typing import Any
 from prefect.workers.base import BaseJobConfiguration
 from pydantic import Field, PrivateAttr
 
-from kinetic_prefect import accelerators, config
+from kinetic_prefect import accelerators, config, signing
 from kinetic_prefect.contract import RUNNER_COMMAND, RUNNER_MODULE, SLOT_RUNNER_MODULE, Env, RunLayout
 from kinetic_prefect.shared.image import ImageSpec
 
@@ -51,6 +51,26 @@ class KineticJobConfiguration(BaseJobConfiguration):
     # in-process they are handed over in memory; through a polling worker they travel in a Prefect
     # Secret block that the worker reads once and deletes (ENV_BLOCK_VARIABLE names it).
     _secret_env: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    # The worker's master keyring (callers' and workers' only): the job gets derived keys of its own scopes.
+    _signing_keys: signing.Keyring | None = PrivateAttr(default=None)
+    _job_scopes: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def signing_keys(self) -> signing.Keyring | None:
+        return self._signing_keys
+
+    def hand_over_signing_keys(self, keys: signing.Keyring, *extra_scopes: str) -> None:
+        """The job's keyring into its secret environment: the derived keys of its run, its outputs, its task
+        run's checkpoints, its sweep (a slot) and ``extra_scopes`` (a warm pod's control prefix); never the
+        master key, so code in the job can sign only what this job may write."""
+        self._signing_keys = keys
+        if not self._job_scopes:
+            self._job_scopes = signing.run_scopes(str(self.env[Env.RUN_ID]), self.env.get(Env.CHECKPOINT_KEY))
+            if self.env.get(Env.SWEEP_ID):
+                self._job_scopes.append(signing.scope_of(f"sweeps/{self.env[Env.SWEEP_ID]}/x"))
+        self._job_scopes.extend(s for s in extra_scopes if s not in self._job_scopes)
+        self._secret_env[signing.KEY_ENV] = keys.for_job(*self._job_scopes).to_env()
 
     @property
     def accelerator_choices(self) -> list[str]:

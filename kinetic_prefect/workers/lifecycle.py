@@ -41,6 +41,7 @@ from prefect.states import Cancelled, Completed, Crashed, Failed, Running, State
 from prefect.utilities.engine import propose_state
 from prefect.workers.base import BaseWorkerResult
 
+from kinetic_prefect import signing
 from kinetic_prefect.contract import (
     EVENT_DIAGNOSIS,
     EVENT_EXITED,
@@ -353,12 +354,13 @@ class KineticWorker:
             await self.mark_cancelled(flow_run, "The calling task stopped waiting while the job was being started")
 
     async def _hand_over_signing_key(self, flow_run: FlowRun, configuration: Any) -> bool:
-        """The job gets the worker's signing key in memory (never in job variables or a manifest)."""
+        """The job gets the derived keys of its own scopes in memory (never the master key, never in job variables
+        or a manifest)."""
         from kinetic_prefect import signing
 
         key = await key_blocks.signing_key()
         if key is not None:
-            configuration.secret_env[signing.KEY_ENV] = key.decode()
+            configuration.hand_over_signing_keys(key)
             return True
         if configuration.env.get(signing.REQUIRED_ENV):
             await self.mark_crashed(
@@ -676,7 +678,7 @@ class KineticWorker:
         status: JobStatus,
         store: Any,
         layout: RunLayout,
-        key: bytes | None,
+        key: signing.KeyLike,
         hosts: int,
     ) -> bool:
         """A group is all or nothing, and its failure is the failure of the host that ended it. The coordinator then
