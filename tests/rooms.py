@@ -85,6 +85,7 @@ ROOMS = {
     "test_rooms.py": "house",
     "test_settings.py": "contract",
     "test_signing.py": "leaves",
+    "test_trust_handovers.py": "pod",
     "test_slots.py": "caller",
     "test_spine.py": "end-to-end",
     "test_storage.py": "leaves",

@@ -187,12 +187,15 @@ class Sweep:
         self.seq += 1
         self.inputs[run_id] = (self.seq, name, task_run_id)
         self.loggers[run_id] = _task_run_logger()
-        item = {"run_id": run_id, "env": per_call_env, "task_run_id": task_run_id, "name": name}
+        item: dict[str, Any] = {"run_id": run_id, "env": per_call_env, "task_run_id": task_run_id, "name": name}
+        queued = self.keys.queued(self.seq, run_id)
+        ring = signing.as_keyring(self.signing_key)
+        if ring is not None:  # the input's own keys, readable only by a slot of this sweep, for this record only
+            scopes = signing.run_scopes(run_id, per_call_env.get(Env.CHECKPOINT_KEY))
+            item["keys"] = ring.grant(scopes, under=signing.scope_of(queued), nonce=queued)
         try:
             blob = json.dumps(item).encode()
-            await to_thread.run_sync(
-                signing.put, self.store, self.keys.queued(self.seq, run_id), blob, self.signing_key
-            )
+            await to_thread.run_sync(signing.put, self.store, queued, blob, self.signing_key)
             self._ensure_slots()
             if not self._watching:
                 self._watching = True

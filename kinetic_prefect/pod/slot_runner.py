@@ -118,11 +118,20 @@ def _watch_input(store: Any, keys: SweepKeys, run_id: str, asked: list[str], log
     return thread
 
 
-def _input_env(base_environ: dict[str, str], item: dict[str, Any]) -> dict[str, str]:
+def _input_env(base_environ: dict[str, str], item: dict[str, Any], queued: str) -> dict[str, str]:
     """The slot's environment with the input's per-call variables (only those: a queued record cannot set any
-    other variable of the process)."""
+    other variable of the process) and the input's own signing keys, which the record carries wrapped for this
+    sweep's slots: the input's code holds its run's keys, never the sweep's."""
+    from kinetic_prefect import signing
+
     per_call = {str(k): str(v) for k, v in item["env"].items() if WarmRunnerFiles.is_per_call(str(k))}
     env = {k: v for k, v in base_environ.items() if k != Env.OWNER_PID}  # watched once, by the slot itself
+    slot_keys = signing.parse_keys(base_environ.get(signing.KEY_ENV))
+    if slot_keys is not None:
+        if not item.get("keys"):
+            raise signing.TamperedObject(f"{queued} hands over no signing keys for input {item.get('run_id')}")
+        granted = slot_keys.accept(item["keys"], under=signing.scope_of(queued), nonce=queued)
+        env[signing.KEY_ENV] = granted.to_env()
     return {**env, **per_call}
 
 
@@ -143,7 +152,9 @@ def _outcome_of(store: Any, run_id: str) -> dict[str, Any]:
     return {"status": outcome.status, "error_type": outcome.error_type}
 
 
-def _serve(store: Any, keys: SweepKeys, slot_id: str, item: dict[str, Any], base_environ: dict[str, str]) -> bool:
+def _serve(
+    store: Any, keys: SweepKeys, slot_id: str, item: dict[str, Any], queued: str, base_environ: dict[str, str]
+) -> bool:
     """Run one input; its log and done record written whatever way it ends. True: the input was stopped."""
     run_id = item["run_id"]
     print(f"kinetic slot: input {item.get('name') or run_id} (task run {item.get('task_run_id')})", flush=True)
@@ -153,7 +164,7 @@ def _serve(store: Any, keys: SweepKeys, slot_id: str, item: dict[str, Any], base
     watcher = _watch_input(store, keys, run_id, asked, log)
     code, stopped, started = EXIT_NO_OUTCOME, False, time.perf_counter()
     try:
-        code = warm_runner.run_in_place(_input_env(base_environ, item), base_environ, log.log_path)
+        code = warm_runner.run_in_place(_input_env(base_environ, item, queued), base_environ, log.log_path)
     except BaseException:  # noqa: BLE001 - JobTerminated: the input was stopped (recorded below)
         stopped = True
     finally:
@@ -200,11 +211,12 @@ def _take_inputs(store: Any, keys: SweepKeys, slot_id: str, base_environ: dict[s
             continue
         try:
             item = _read_item(store, queued)
+            _input_env(base_environ, item, queued)  # its keys unwrap, or it is refused before it runs
         except Exception as exc:
             _refuse(store, keys, slot_id, queued, exc)
             continue
         served += 1
-        if _serve(store, keys, slot_id, item, base_environ) or warm_runner.stray_threads():
+        if _serve(store, keys, slot_id, item, queued, base_environ) or warm_runner.stray_threads():
             break  # a stopped input, or threads an input left behind, end the slot: the next slot is fresh
         deadline = time.monotonic() + idle_seconds
     return served

@@ -106,9 +106,33 @@ def _project_modules(code_dirs: set[str]) -> list[str]:
     return names
 
 
-def _run_call(call: dict[str, Any], base_environ: dict[str, str]) -> int:
+def local_call_key(control: Path) -> str:
+    """The name a kinetic-local runner's hand-over is signed under: the runner's own scope (``warm/<environment
+    key>/<runner>``), which only the launcher that started it and the runner itself hold a key for."""
+    return f"warm/{control.parent.name}/{control.name}/{WarmRunnerFiles.CALL}"
+
+
+def _run_call(call: dict[str, Any], base_environ: dict[str, str], control: Path) -> int:
+    from kinetic_prefect import signing
+
     job_dir = Path(call["job_dir"])
-    env = {k: v for k, v in call["env"].items() if k != Env.OWNER_PID}  # watched once, by this process
+    runner_keys = signing.parse_keys(base_environ.get(signing.KEY_ENV))
+    object_key = local_call_key(control)
+    shared = {k: v for k, v in base_environ.items() if k not in (Env.OWNER_PID, Env.WARM_LAUNCHER_PID)}
+    try:  # the record's own signature, then the keys it carries for this call
+        record = read_call(
+            call["record"].encode(),
+            (call.get("signature") or "").encode() or None,
+            object_key,
+            str(control / WarmRunnerFiles.CALL),
+            runner_keys,
+        )
+        env = call_environment(record, f"{object_key}#{record['env'].get(Env.RUN_ID, '')}", runner_keys, shared)
+    except (RefusedCall, KeyError, ValueError) as exc:
+        job_dir.mkdir(parents=True, exist_ok=True)
+        (job_dir / call["log"]).write_text(f"kinetic warm runner: refused the call: {exc}\n")
+        print(f"kinetic warm runner: refused a call: {exc}", file=sys.stderr, flush=True)
+        return EXIT_NO_OUTCOME
     return run_in_place(env, base_environ, job_dir / call["log"])
 
 
@@ -218,7 +242,7 @@ def main(control_dir: str) -> int:
                 _record_leaving(control, idle_since, served, launcher_pid)
                 print(f"kinetic warm runner: leaving after {served} call(s)", flush=True)
                 return 0
-            code = _run_call(call, base_environ)
+            code = _run_call(call, base_environ, control)
             served += 1
             _write_whole(Path(call["job_dir"]) / WarmRunnerFiles.EXIT_STATUS, str(code))
             if stopped:  # a stopped call stops its runner: the launcher starts a fresh one for the next call
@@ -232,20 +256,58 @@ def main(control_dir: str) -> int:
         return 0
 
 
-def _next_pod_call(store: Any, control: str, n: int, keep_warm_seconds: float) -> dict[str, str] | None:
-    """Call ``n``'s per-call variables once a launcher hands it over, or None once the pod has left."""
+class RefusedCall(Exception):
+    """A hand-over record that fails its signature, or hands a signed runner no keys: never run."""
+
+
+def call_environment(
+    record: dict[str, Any], object_key: str, runner_keys: Any, shared: dict[str, str]
+) -> dict[str, str]:
+    """The environment one handed-over call runs with: this runner's shared variables, the record's per-call
+    variables (only those: a record cannot set the signing key, the store, the command's interpreter...) and,
+    for a signed runner, the call's own run keys unwrapped from the record (never the runner's own keys)."""
+    from kinetic_prefect import signing
+
+    env = {k: v for k, v in shared.items() if k != signing.KEY_ENV}
+    env.update({str(k): str(v) for k, v in record["env"].items() if WarmRunnerFiles.is_per_call(str(k))})
+    if runner_keys is not None:
+        if not record.get("keys"):
+            raise RefusedCall(f"{object_key} hands over no signing keys: refusing the call")
+        try:
+            granted = runner_keys.accept(record["keys"], under=signing.scope_of(object_key), nonce=object_key)
+        except signing.TamperedObject as exc:
+            raise RefusedCall(str(exc)) from None
+        env[signing.KEY_ENV] = granted.to_env()
+    return env
+
+
+def read_call(blob: bytes, signature: bytes | None, object_key: str, where: str, runner_keys: Any) -> dict[str, Any]:
+    """A hand-over record, verified with the runner's own scope key when the runner is signed."""
+    from kinetic_prefect import signing
+
+    try:
+        signing.check(runner_keys, object_key, blob, signature, where)
+    except signing.TamperedObject as exc:
+        raise RefusedCall(str(exc)) from None
+    record: dict[str, Any] = json.loads(blob)
+    return record
+
+
+def _next_pod_call(store: Any, control: str, n: int, keep_warm_seconds: float) -> tuple[str, bytes] | None:
+    """Call ``n``'s record (its store key and bytes) once a launcher hands it over, or None once the pod has
+    left."""
     from kinetic_prefect.storage import ObjectNotFound
 
     deadline = time.monotonic() + keep_warm_seconds
     claimed_at: float | None = None
     while True:
+        object_key = f"{control}/{WarmPodKeys.call(n)}"
         try:
-            call = json.loads(store.get_bytes(f"{control}/{WarmPodKeys.call(n)}"))
+            blob = store.get_bytes(object_key)
         except ObjectNotFound:
             pass
         else:
-            store.delete(f"{control}/{WarmPodKeys.call(n)}")
-            return {str(k): str(v) for k, v in call["env"].items()}
+            return object_key, blob
         now = time.monotonic()
         if claimed_at is None and now > deadline:
             if store.put_bytes(f"{control}/{WarmPodKeys.claim(n)}", WarmPodKeys.LEAVING, if_absent=True):
@@ -254,6 +316,21 @@ def _next_pod_call(store: Any, control: str, n: int, keep_warm_seconds: float) -
         if claimed_at is not None and now - claimed_at > CLAIMED_CALL_SECONDS:
             return None
         time.sleep(STORE_POLL_SECONDS)
+
+
+def _take_pod_call(store: Any, handed: tuple[str, bytes], pod_keys: Any, shared: dict[str, str]) -> dict[str, str]:
+    """The per-call variables of a handed-over call, checked; the record is deleted either way."""
+    from kinetic_prefect import signing
+
+    object_key, blob = handed
+    try:
+        signature: bytes | None = store.get_bytes(object_key + signing.SUFFIX)
+    except Exception:
+        signature = None
+    signing.delete(store, object_key)
+    record = read_call(blob, signature, object_key, store.url_for(object_key), pod_keys)
+    env = call_environment(record, object_key, pod_keys, shared)
+    return {k: v for k, v in env.items() if WarmRunnerFiles.is_per_call(k) or k == signing.KEY_ENV}
 
 
 def _record_floor_leaving(store: Any, environ: dict[str, str], idle_since: float, served: int) -> None:
@@ -269,14 +346,21 @@ def _record_floor_leaving(store: Any, environ: dict[str, str], idle_since: float
 
 def pod_main() -> int:
     """A warm pod: the pod's own environment is its first call; the next ones come through the store."""
+    from kinetic_prefect import signing
     from kinetic_prefect.pod import runner
     from kinetic_prefect.storage import open_store
 
     base_environ = dict(os.environ)
     control = base_environ[Env.WARM_CONTROL]
     keep_warm_seconds = float(base_environ.get(Env.WARM_KEEP_SECONDS) or 0)
+    pod_keys = signing.parse_keys(base_environ.get(signing.KEY_ENV))
     shared = {k: v for k, v in base_environ.items() if not WarmRunnerFiles.is_per_call(k)}
     call_env = {k: v for k, v in base_environ.items() if WarmRunnerFiles.is_per_call(k)}
+    if pod_keys is not None:  # the first call: its run's keys, without the pod's own (those check hand-overs)
+        call_env[signing.KEY_ENV] = signing.Keyring(
+            scoped={s: k for s, k in pod_keys.scoped.items() if s != signing.scope_of(control + "/x")},
+            master_id=pod_keys.master_id,
+        ).to_env()
     store = open_store(base_environ[Env.STORE])
     stopped = runner.record_sigterm()
     served = 0
@@ -301,13 +385,18 @@ def pod_main() -> int:
             # record and Prefect has freed the slot, well after this write.)
             idle = {"idle_since": time.time()}  # what `kinetic-prefect warm list` bills a floor pod's idle time from
             store.put_bytes(f"{control}/{WarmPodKeys.ready(served)}", json.dumps(idle).encode())
-            next_env = _next_pod_call(store, control, served, keep_warm_seconds)
-            if next_env is None:
+            handed = _next_pod_call(store, control, served, keep_warm_seconds)
+            if handed is None:
                 _record_floor_leaving(store, base_environ, idle["idle_since"], served)
                 print(f"kinetic warm pod: leaving after {served} call(s)", flush=True)
                 store.delete_prefix(control)
                 return 0
-            call_env = next_env
+            try:
+                call_env = _take_pod_call(store, handed, pod_keys, shared)
+            except RefusedCall as exc:  # a forged hand-over: nothing of it runs, and the pod takes no other call
+                print(f"kinetic warm pod: refused call {served + 1}: {exc}", file=sys.stderr, flush=True)
+                store.delete_prefix(control)
+                return 0
     except runner.JobTerminated:
         return 0
 

@@ -33,7 +33,7 @@ from typing import Any
 import anyio
 from prefect.client.schemas.objects import FlowRun
 
-from kinetic_prefect import accelerators
+from kinetic_prefect import accelerators, signing
 from kinetic_prefect.contract import (
     CALL_BEGIN_MARKER,
     CALL_END_MARKER,
@@ -162,7 +162,9 @@ def environment_key(configuration: KineticGKEJobConfiguration) -> str:
         (e for e in container.get("env") or [] if not WarmRunnerFiles.is_per_call(str(e.get("name")))),
         key=lambda e: str(e.get("name")),
     )
-    secrets = hashlib.sha256(json.dumps(sorted(configuration.secret_env.items())).encode()).hexdigest()
+    # The signing keys differ per call (each run's own) and reach a pod's later calls through the signed hand-over.
+    shared_secrets = sorted((k, v) for k, v in configuration.secret_env.items() if k != signing.KEY_ENV)
+    secrets = hashlib.sha256(json.dumps(shared_secrets).encode()).hexdigest()
     text = json.dumps([configuration.namespace, pod, secrets], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -246,9 +248,7 @@ class WarmPods:
                 continue
             identifier = f"{configuration.namespace}:{job_name}@{flow_run.id}"
             await anyio.to_thread.run_sync(self._record, store, flow_run, identifier)
-            await anyio.to_thread.run_sync(
-                store.put_bytes, f"{control}/{WarmPodKeys.call(n)}", json.dumps({"env": env}).encode()
-            )
+            await anyio.to_thread.run_sync(hand_over_record, store, control, n, env, configuration.signing_keys)
             self._handed_at[identifier] = time.time()
             log(f"Handed the call to warm pod {configuration.namespace}/{job_name} (its call {n + 1})")
             return identifier, floor
@@ -280,6 +280,8 @@ class WarmPods:
             if floor:
                 labels[FLOOR_LABEL] = "true"
         manifest["spec"].pop("activeDeadlineSeconds", None)
+        if configuration.signing_keys is not None:  # the pod checks its later calls' hand-overs with this scope
+            configuration.hand_over_signing_keys(configuration.signing_keys, WarmPodKeys.control(key, job_name))
         self.pods_started += 1
         identifier = f"{configuration.namespace}:{job_name}@{flow_run.id}"
         self._handed_at[identifier] = time.time()
@@ -549,6 +551,18 @@ def end_floor_pod(api: Any, pod: FloorPod) -> bool:
             raise
     pod.store.delete_prefix(f"{pod.control}/")
     return True
+
+
+def hand_over_record(store: Any, control: str, n: int, env: dict[str, str], keys: signing.Keyring | None) -> None:
+    """Call ``n`` for the pod at ``control``: its per-call variables, and (signed stores) its run's keys wrapped
+    for this pod and this record only; the record is signed with the pod's scope, so no store writer and no
+    other job can hand a pod a call."""
+    object_key = f"{control}/{WarmPodKeys.call(n)}"
+    record: dict[str, Any] = {"env": env}
+    if keys is not None:
+        scopes = signing.run_scopes(env[Env.RUN_ID], env.get(Env.CHECKPOINT_KEY))
+        record["keys"] = keys.grant(scopes, under=signing.scope_of(object_key), nonce=object_key)
+    signing.put(store, object_key, json.dumps(record).encode(), keys)
 
 
 def _claim(store: Any, key: str, owner: bytes) -> bool:

@@ -280,6 +280,7 @@ class LocalJobLauncher(JobLauncher):
                         pool=flow_run.work_pool_name or configuration.labels.get("prefect.io/work-pool-name"),
                         accelerator=str(configuration.accelerator),
                         floor_idle_seconds=configuration.warm_floor_idle_seconds,
+                        keys=configuration.signing_keys,
                     )
                 )
             for index in range(0 if warm_call else hosts):

@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kinetic_prefect import signing
 from kinetic_prefect.contract import WARM_RUNNER_MODULE, Env, WarmRunnerFiles
-from kinetic_prefect.pod.warm_runner import process_alive
+from kinetic_prefect.pod.warm_runner import local_call_key, process_alive
 from kinetic_prefect.shared import warm_idle
 
 
@@ -90,7 +91,8 @@ def _write(path: Path, text: str) -> None:
 
 
 def environment_key(argv: list[str], cwd: str | None, env: dict[str, str]) -> str:
-    shared = sorted((k, v) for k, v in env.items() if not is_per_call(k))
+    # The signing keys are each run's own: they reach a runner through its signed hand-over, not its environment.
+    shared = sorted((k, v) for k, v in env.items() if not is_per_call(k) and k != signing.KEY_ENV)
     return hashlib.sha256(json.dumps([argv, cwd, shared]).encode()).hexdigest()[:16]
 
 
@@ -129,6 +131,7 @@ class WarmRunners:
         pool: str | None = None,
         accelerator: str = "",
         floor_idle_seconds: float | None = None,
+        keys: signing.Keyring | None = None,
     ) -> subprocess.Popen:
         """Give one call to an idle runner of its environment, or to a new one; returns the runner's process.
         A floor runner (``min_warm``) waits for the next call for ``floor_idle_seconds`` at most (None: forever)."""
@@ -138,7 +141,7 @@ class WarmRunners:
             runner = next((r for r in live if not r.retired and r.claim()), None)
             short_of_floor = sum(r.forever for r in live) < min_warm
             if runner is None:
-                runner = self._start(key, argv, cwd, env, forever=short_of_floor)
+                runner = self._start(key, argv, cwd, env, forever=short_of_floor, keys=keys)
                 runner.pool, runner.accelerator = pool, accelerator
                 self._by_key[key].append(runner)
                 runner.describe()
@@ -148,18 +151,22 @@ class WarmRunners:
         call = {
             "job_dir": str(job_dir),
             "log": log_name,
-            "env": env,
             "keep_warm_seconds": floor_idle_seconds if runner.forever else keep_warm_seconds,
+            **_signed_record(runner.control, env, keys),
         }
         partial = runner.control / (WarmRunnerFiles.CALL + ".partial")
         partial.write_text(json.dumps(call))
         os.replace(partial, runner.control / WarmRunnerFiles.CALL)
         return runner.process
 
-    def _start(self, key: str, argv: list[str], cwd: str | None, env: dict[str, str], forever: bool) -> WarmRunner:
+    def _start(
+        self, key: str, argv: list[str], cwd: str | None, env: dict[str, str], forever: bool, keys: Any = None
+    ) -> WarmRunner:
         control = self.root / key / uuid.uuid4().hex[:12]
         control.mkdir(parents=True)
-        base = {k: v for k, v in env.items() if not is_per_call(k)}
+        base = {k: v for k, v in env.items() if not is_per_call(k) and k != signing.KEY_ENV}
+        if keys is not None:  # the runner's own scope only: it checks hand-overs, each call brings its run's keys
+            base[signing.KEY_ENV] = keys.for_job(signing.scope_of(local_call_key(control))).to_env()
         base[Env.WARM_LAUNCHER_PID] = str(os.getpid())
         with open(control / "runner.log", "ab") as out:
             process = subprocess.Popen(
@@ -195,6 +202,20 @@ class WarmRunners:
             for runner in runners:
                 if runner.alive():
                     runner.process.terminate()
+
+
+def _signed_record(control: Path, env: dict[str, str], keys: signing.Keyring | None) -> dict[str, Any]:
+    """A call's per-call variables as a record signed under the runner's scope, with the call's run keys wrapped
+    for that runner and that run only: a local user or job that writes the control folder cannot hand it a call."""
+    object_key = local_call_key(control)
+    record: dict[str, Any] = {"env": {k: v for k, v in env.items() if is_per_call(k)}}
+    if keys is not None:
+        run_id = env[Env.RUN_ID]
+        scopes = signing.run_scopes(run_id, env.get(Env.CHECKPOINT_KEY))
+        record["keys"] = keys.grant(scopes, under=signing.scope_of(object_key), nonce=f"{object_key}#{run_id}")
+    blob = json.dumps(record)
+    signature = signing.sign(keys, object_key, blob.encode())
+    return {"record": blob, "signature": signature.decode() if signature else None}
 
 
 def _bill_idle_floor_on_leaving(runner: WarmRunner) -> None:
