@@ -477,10 +477,25 @@ class RunLayout:
         """A non-coordinator host's own outcome record (for the failure report); host 0 writes ``outcome``."""
         return f"{self.prefix}/hosts/{index}/outcome.json" if index else self.outcome
 
+    def host_outputs_manifest(self, index: int) -> str:
+        """The signed list of one host's outputs (``files_manifest_key`` of ``host_outputs(index)``)."""
+        return files_manifest_key(self.host_outputs(index))
+
 
 def checkpoints_key(task_run_or_run_id: str) -> str:
     """Keyed by the *task run*: a retry (a new job) resumes from what the killed one saved."""
     return f"checkpoints/{task_run_or_run_id}"
+
+
+# The signed list of the files under a checkpoint folder or a host's outputs: {relative path: [[size, sha256], ...]}
+# (every version the store may hold; one, once a save is complete). Written last, so it also marks them complete;
+# a reader with the key uses only the files it lists, each checked against its sha256.
+FILES_MANIFEST_NAME = ".kinetic-manifest.json"
+
+
+def files_manifest_key(prefix: str) -> str:
+    """The manifest of the files under ``prefix`` (a ``checkpoints_key`` or a ``RunLayout.host_outputs``)."""
+    return f"{prefix.rstrip('/')}/{FILES_MANIFEST_NAME}"
 
 
 def code_key(sha256: str) -> str:
