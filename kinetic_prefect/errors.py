@@ -59,6 +59,11 @@ class StoreTampered(KineticError, RuntimeError):
     """A store object failed its signature check; it was not used (see kinetic_prefect.signing)."""
 
 
+class SigningKeyMissing(KineticError, RuntimeError):
+    """Signed store objects (a job's outputs) are to be read by a process that holds no signing key to check them:
+    nothing was read."""
+
+
 class StoreFull(KineticError, OSError):
     """The store had no room for what the job wrote (ENOSPC or a quota): not retried, as a retry would meet the
     same full store. The message names the store and the object."""
