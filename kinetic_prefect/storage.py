@@ -185,10 +185,62 @@ def _open_object(path: pathlib.Path) -> BinaryIO:
         raise ObjectNotFound(str(path)) from None
 
 
-def _atomic_write(dest: pathlib.Path, write: Callable, *, if_absent: bool = False) -> bool:
-    """Write via a temp file in dest's directory, so the rename/link that publishes it is atomic."""
+# A local store is its owner's alone (issue 45, finding 9): whoever can write it can change the payloads, results and
+# checkpoints a caller or job reads and runs, and whoever can read it reads every call's arguments and values. So its
+# folders are made 0700 and its objects 0600 (one user's callers, workers, jobs and job environments all run as that
+# user), and a root someone else owns is refused rather than adopted.
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+_COPY_FILE_MODE = 0o644  # get_file's copy outside the store: an ordinary file, as before
+
+
+def make_private_dirs(path: pathlib.Path) -> None:
+    """``path`` and its missing parents, each made owner-only (0700); folders that exist are left as they are."""
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    for folder in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # a concurrent writer made it first
+            folder.mkdir(mode=PRIVATE_DIR_MODE)
+
+
+def check_owner(root: pathlib.Path) -> None:
+    """Refuse a local store root this user does not own: its owner could swap any object in it."""
+    if not hasattr(os, "geteuid"):
+        return
+    owner, me = root.stat().st_uid, os.geteuid()
+    if owner == me:
+        return
+    from kinetic_prefect.contract import Env
+
+    raise StoreError(
+        f"local store {root} belongs to {_user_name(owner)} (uid {owner}), not to {_user_name(me)} (uid {me}): "
+        "its owner can change the payloads, results and checkpoints read from it, so it is not used. Point the "
+        f"store at a folder of your own ({Env.STORE}=/path/you/own, or the pool's `store`); if this folder is "
+        f"yours, take it back: `sudo chown -R {_user_name(me)} {root}`"
+    )
+
+
+def _user_name(uid: int) -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return f"user #{uid}"
+
+
+def _atomic_write(dest: pathlib.Path, write: Callable, *, if_absent: bool = False, private: bool = True) -> bool:
+    """Write via a temp file in dest's directory, so the rename/link that publishes it is atomic. ``private``: an
+    object of a local store (0600, its new folders 0700); else a copy out of the store (0644)."""
     for attempt in range(3):
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        if private:
+            make_private_dirs(dest.parent)
+        else:
+            dest.parent.mkdir(parents=True, exist_ok=True)
         try:
             fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=dest.parent)
             break
@@ -201,7 +253,8 @@ def _atomic_write(dest: pathlib.Path, write: Callable, *, if_absent: bool = Fals
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; objects should read like ordinary files
+        if not private:  # mkstemp makes 0600, which a store object keeps
+            os.chmod(tmp, _COPY_FILE_MODE)
         if if_absent:
             try:
                 os.link(tmp, dest)  # fails if dest exists, unlike rename: that is the race arbiter
@@ -222,7 +275,8 @@ class LocalStore(Store):
 
     def __init__(self, root: str | os.PathLike):
         self.root = pathlib.Path(root).expanduser().resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(self.root)
+        check_owner(self.root)
         self.url = str(self.root)
 
     def __reduce__(self):
@@ -248,7 +302,7 @@ class LocalStore(Store):
 
     def get_file(self, key: str, path: str | os.PathLike) -> None:
         with _open_object(self._path(key)) as src:
-            _atomic_write(pathlib.Path(path), lambda fh: shutil.copyfileobj(src, fh, _COPY_BUFSIZE))
+            _atomic_write(pathlib.Path(path), lambda fh: shutil.copyfileobj(src, fh, _COPY_BUFSIZE), private=False)
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
