@@ -15,6 +15,7 @@ which step it was. The contract with the worker and the caller:
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import errno
 import hashlib
@@ -57,7 +58,7 @@ from kinetic_prefect.contract import (
     settings,
 )
 from kinetic_prefect.errors import ResultNotPicklable
-from kinetic_prefect.pod import debugger, utilization, working_copy
+from kinetic_prefect.pod import debugger, outputs, utilization, working_copy
 
 if TYPE_CHECKING:
     from kinetic_prefect.storage import Store
@@ -240,13 +241,11 @@ def _pickle_whole_exception(exc: BaseException) -> bytes | None:
         return None
 
 
-def _upload_outputs(store: Store, layout: RunLayout, output_dir: Path, host: int = 0) -> list[str]:
-    files = [p for p in sorted(output_dir.rglob("*")) if p.is_file()]
-    if not files:
-        return []
-    pairs = [(p.relative_to(output_dir).as_posix(), p) for p in files]
-    store.put_tree(layout.host_outputs(host), pairs)
-    return [rel for rel, _ in pairs]
+def _upload_outputs(
+    store: Store, layout: RunLayout, output_dir: Path, host: int = 0, key: signing.KeyLike = None
+) -> list[str]:
+    """This host's outputs under ``RunLayout.host_outputs``; with a key, their signed manifest after them."""
+    return outputs.upload_outputs(store, layout.host_outputs(host), output_dir, key)
 
 
 def _join_group(group: Group) -> None:
@@ -270,21 +269,32 @@ class CheckpointSync:
     """``KINETIC_CHECKPOINT_DIR``, kept in the store under a key of the *task run*, so a retry
     (a new job for the same task run) starts from what the killed one saved.
 
-    On a local store the directory is the store's own folder: every write is durable at once.
-    On GCS it is restored at start, then changed files are uploaded every
+    Unsigned, on a local store the directory is the store's own folder: every write is durable at once.
+    Otherwise it is a private copy, restored at start, then changed files are uploaded every
     ``KINETIC_CHECKPOINT_SYNC_SECONDS`` (default 30) and once more when the function ends.
+
+    Signed (the job holds a key): each sync also writes the folder's signed manifest (``files_manifest_key``: every
+    file's size and sha256), and a restore takes only the files it lists, each checked before the function sees
+    it; an unsigned or forged manifest, or a file that differs from it, fails the restore (nothing of it is
+    loaded). A changed file is copied before its upload, so the manifest names exactly the bytes uploaded, and
+    while it replaces a version the manifest lists, the manifest lists both: a job killed mid-sync leaves a
+    folder its retry restores.
     """
 
-    def __init__(self, store: Store, key: str, upload: bool = True) -> None:
+    def __init__(self, store: Store, key: str, upload: bool = True, signing_key: signing.KeyLike = None) -> None:
         import threading
 
         self.store, self.key, self.upload = store, key.rstrip("/"), upload  # only a group's coordinator uploads
+        self.signing_key = signing_key
         # The other hosts of a group work on a private copy, on a local store too: every host starts from the
         # shared checkpoint, only the coordinator's writes are kept, and no two processes write the same file.
-        self.direct = store.local_path(self.key) if upload else None
+        # Signed, every host does: what the function reads was checked, and what the store keeps is listed.
+        self.direct = store.local_path(self.key) if upload and signing_key is None else None
         self.dir = self.direct or Path(tempfile.mkdtemp(prefix="kinetic-checkpoint-", dir=_scratch_root()))
         self.dir.mkdir(parents=True, exist_ok=True)
         self._synced: dict[str, tuple[int, int]] = {}
+        self._stored: dict[str, outputs.Version] = {}  # signed: the version of each file the store holds
+        self._listed: outputs.Manifest | None = None  # signed: the manifest last written or restored
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -292,16 +302,59 @@ class CheckpointSync:
     def restore(self) -> int:
         if self.direct is not None:
             return sum(1 for p in self.dir.rglob("*") if p.is_file())
-        count = self.store.get_tree(self.key, self.dir)
+        if self.signing_key is not None:
+            count = self._restore_signed()
+        else:
+            count = self.store.get_tree(self.key, self.dir)
+            for name in outputs.RESERVED_NAMES:  # left by a signed attempt: not the function's
+                if (self.dir / name).is_file():
+                    (self.dir / name).unlink()
+                    count -= 1
         self._synced = self._snapshot()
         return count
+
+    def _restore_signed(self) -> int:
+        base = self.key + "/"
+        held = {k[len(base) :] for k in self.store.list(self.key)}
+        manifest = outputs.read_manifest(self.store, self.key, self.signing_key) if held else None
+        held -= set(outputs.RESERVED_NAMES)
+        listed = manifest or {}
+        unlisted = sorted(held - set(listed))
+        if unlisted:
+            print(
+                f"kinetic runner: not restoring {len(unlisted)} file(s) under {self.store.url_for(self.key)} that "
+                f"its signed manifest does not list (not saved by a job of this task run), e.g. {unlisted[:3]}",
+                file=sys.stderr,
+                flush=True,
+            )
+        wanted = sorted(rel for rel in listed if rel in held)  # listed but absent: a save cut short, nothing to use
+
+        def fetch(rel: str) -> outputs.Version:
+            dest = self.dir.joinpath(*rel.split("/"))
+            self.store.get_file(base + rel, dest)
+            return outputs.check_file(dest, listed[rel], f"checkpoint {self.store.url_for(base + rel)}")
+
+        try:
+            with concurrent.futures.ThreadPoolExecutor(
+                max_workers=max(1, min(32, len(wanted))), thread_name_prefix="kinetic-checkpoint"
+            ) as pool:
+                versions = list(pool.map(fetch, wanted))
+        except signing.TamperedObject:
+            shutil.rmtree(self.dir, ignore_errors=True)  # nothing of a refused checkpoint stays for the function
+            raise
+        self._stored = dict(zip(wanted, versions, strict=True))
+        self._listed = manifest
+        return len(wanted)
 
     def _snapshot(self) -> dict[str, tuple[int, int]]:
         snap = {}
         for path in self.dir.rglob("*"):
             if path.is_file() and not path.name.startswith(".kp-tmp"):
+                rel = path.relative_to(self.dir).as_posix()
+                if self.signing_key is not None and rel in outputs.RESERVED_NAMES:
+                    continue  # the folder's own manifest's name: never uploaded over it
                 st = path.stat()
-                snap[path.relative_to(self.dir).as_posix()] = (st.st_size, st.st_mtime_ns)
+                snap[rel] = (st.st_size, st.st_mtime_ns)
         return snap
 
     def sync(self) -> int:
@@ -310,10 +363,45 @@ class CheckpointSync:
         with self._lock:
             current = self._snapshot()
             changed = [(rel, self.dir / rel) for rel, sig in current.items() if self._synced.get(rel) != sig]
+            if self.signing_key is not None:
+                return self._sync_signed(current, changed)
             if changed:
                 self.store.put_tree(self.key, changed)
             self._synced = current
             return len(changed)
+
+    def _sync_signed(self, current: dict[str, tuple[int, int]], changed: list[tuple[str, Path]]) -> int:
+        staging = Path(tempfile.mkdtemp(prefix="kinetic-checkpoint-stage-", dir=_scratch_root()))
+        try:
+            staged: dict[str, tuple[Path, outputs.Version]] = {}
+            for i, (rel, path) in enumerate(changed):
+                try:
+                    staged[rel] = (staging / str(i), outputs.stage_file(path, staging / str(i)))
+                except FileNotFoundError:  # gone since the snapshot (a temporary file): not saved
+                    continue
+            final: outputs.Manifest = {
+                rel: [staged[rel][1] if rel in staged else self._stored[rel]]
+                for rel in current
+                if rel in staged or rel in self._stored
+            }
+            if not staged and final == (self._listed or {}):
+                return 0  # nothing new (nothing ever saved: no manifest, no folder)
+            replaced = {
+                rel: [version, self._stored[rel]]
+                for rel, (_path, version) in staged.items()
+                if rel in self._stored and self._stored[rel] != version
+            }
+            if replaced:  # while the new versions upload, the store holds old or new: both are the job's
+                outputs.write_manifest(self.store, self.key, {**final, **replaced}, self.signing_key)
+            if staged:
+                self.store.put_tree(self.key, [(rel, path) for rel, (path, _v) in staged.items()])
+            self._stored.update({rel: version for rel, (_path, version) in staged.items()})
+            outputs.write_manifest(self.store, self.key, final, self.signing_key)  # last: the save is complete
+            self._listed = final
+            self._synced = {rel: sig for rel, sig in current.items() if rel in final}
+            return len(staged)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
     def start(self) -> None:
         if self.direct is not None or not self.upload:
@@ -488,6 +576,7 @@ class _Job:
         self.temporary_output_dir: Path | None = None
         self.work_dir: Path | None = None
         self.checkpoints: CheckpointSync | None = None
+        self.signing_key: signing.Keyring | None = None  # the job's keys: its checkpoints and outputs are signed
 
     def run(self) -> bytes | None:
         """Every phase up to the pickled value; after a failed phase (named in the outcome), its pickled exception
@@ -513,11 +602,12 @@ class _Job:
         """The phases before the function: the call fetched and checked, the project, the outputs folder, the data
         and the checkpoints in place, the group joined, and a debugger attached when one is asked for."""
         store, payload, signing_key = self._fetch_payload()
+        self.signing_key = signing_key
         self._restore_project(store)
         self._make_output_dir()
         fn, args, kwargs = self.phases.run(contract.PHASE_UNPICKLE_CALL, _unpickle_call, payload)
         args, kwargs = self.phases.run(contract.PHASE_FETCH_DATA, _localize_data, args, kwargs, store, signing_key)
-        self._restore_checkpoints(store)
+        self._restore_checkpoints(store, signing_key)
         group = self.group
         if group.size > 1:
             self.phases.run(contract.PHASE_JOIN_GROUP.format(size=group.size, index=group.index), _join_group, group)
@@ -571,11 +661,14 @@ class _Job:
         output_dir.mkdir(parents=True, exist_ok=True)
         os.environ[Env.OUTPUT_DIR] = str(output_dir)
 
-    def _restore_checkpoints(self, store: Store) -> None:
-        """``KINETIC_CHECKPOINT_DIR``, when the job names a checkpoint key: restored, then synced while it runs."""
+    def _restore_checkpoints(self, store: Store, signing_key: signing.Keyring | None) -> None:
+        """``KINETIC_CHECKPOINT_DIR``, when the job names a checkpoint key: restored (checked against its signed
+        manifest when the job is signed), then synced while it runs."""
         if not os.environ.get(Env.CHECKPOINT_KEY):
             return
-        checkpoints = CheckpointSync(store, os.environ[Env.CHECKPOINT_KEY], upload=self.group.is_coordinator)
+        checkpoints = CheckpointSync(
+            store, os.environ[Env.CHECKPOINT_KEY], upload=self.group.is_coordinator, signing_key=signing_key
+        )
         self.checkpoints = checkpoints
         self.outcome.checkpoint_files_restored = self.phases.run(
             contract.PHASE_RESTORE_CHECKPOINTS, checkpoints.restore
@@ -621,6 +714,7 @@ class _Job:
                 self.layout,
                 self.output_dir,
                 self.group.index,
+                self.signing_key,
             )
         except PhaseFailed as failed:
             if function_failure is None:

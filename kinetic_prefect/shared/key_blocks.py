@@ -10,6 +10,7 @@ from prefect.exceptions import ObjectNotFound
 
 from kinetic_prefect import signing
 from kinetic_prefect.contract import Env, settings
+from kinetic_prefect.pod import outputs
 
 _signing_key_cache: dict[str, signing.Keyring | None] = {}
 
@@ -54,6 +55,7 @@ async def signing_key() -> signing.Keyring | None:
                 "store can change results and payloads. Fine on one machine; set a key for shared stores.",
                 stacklevel=2,
             )
+    outputs.remember_key(_signing_key_cache[cache_key])  # JobOutputs.download checks a job's outputs with it
     return _signing_key_cache[cache_key]
 
 
