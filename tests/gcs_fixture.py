@@ -158,8 +158,12 @@ def gcs_emulator(tmp_path_factory):
 
 
 @pytest.fixture
-def gcs_bucket(gcs_emulator):
-    """A fresh, empty bucket on the emulator; yields ``gs://<bucket>``."""
+def gcs_bucket(gcs_emulator, monkeypatch):
+    """A fresh, empty bucket on the emulator; yields ``gs://<bucket>``. Work on a shared store is signed (an
+    unsigned gs:// store is refused), so the test's callers and workers get a key, as `kinetic-prefect up` gives
+    a newcomer's; a test of unsigned work removes it."""
+    if not os.environ.get("KINETIC_SIGNING_KEY"):
+        monkeypatch.setenv("KINETIC_SIGNING_KEY", "gcs-test-key-" + uuid.uuid4().hex)
     name = f"test-{uuid.uuid4().hex[:16]}"
     request = urllib.request.Request(
         f"{gcs_emulator}/storage/v1/b?project=test",

@@ -196,7 +196,7 @@ def test_a_queued_input_sets_only_per_call_variables_of_the_slot():
 
     base = {"KINETIC_STORE": "/s", "PATH": "/bin", "KINETIC_OWNER_PID": "1", "KINETIC_RUN_ID": "slot"}
     item = {"env": {"KINETIC_RUN_ID": "input", "PATH": "/evil", "LD_PRELOAD": "x.so", "KINETIC_PAYLOAD_SHA256": "ab"}}
-    env = slot_runner._input_env(base, item)
+    env = slot_runner._input_env(base, item, "sweeps/s/queue/000001-input.json")
     assert env == {"KINETIC_STORE": "/s", "PATH": "/bin", "KINETIC_RUN_ID": "input", "KINETIC_PAYLOAD_SHA256": "ab"}
 
 
@@ -291,10 +291,15 @@ def test_a_map_on_a_warm_pool_runs_in_slots_and_every_input_keeps_its_task_run_a
 
 
 @pytest.mark.slow
-def test_a_map_on_a_pool_with_nothing_set_runs_in_slots(tmp_path):
+@pytest.mark.parametrize("signed", [False, True], ids=["unsigned", "signed"])
+def test_a_map_on_a_pool_with_nothing_set_runs_in_slots(tmp_path, monkeypatch, signed):
     """A newcomer's pool (no warm runners, no setting): the map's 6 inputs ride in slots, each slot a process
-    that takes inputs until the sweep has none; before, each input paid a job run and a process."""
+    that takes inputs until the sweep has none; before, each input paid a job run and a process. Signed: each
+    input runs with its own run's keys, unwrapped from its queued record (the slot holds the sweep's)."""
     from worker_fixture import new_pool
+
+    if signed:
+        monkeypatch.setenv("KINETIC_SIGNING_KEY", "slots-" + uuid.uuid4().hex)
 
     name = f"slots-default-{uuid.uuid4().hex[:6]}"
     results = sweep_flow(slot_task(name, new_pool("slots"), "in-process", keep_warm=False), 6, tmp_path)()

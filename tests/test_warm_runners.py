@@ -47,8 +47,13 @@ def log_lines(flow_run_id) -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_sweep_reuses_runners_and_every_call_keeps_its_own_run_and_logs(monkeypatch):
+@pytest.mark.parametrize("signed", [False, True], ids=["unsigned", "signed"])
+def test_a_sweep_reuses_runners_and_every_call_keeps_its_own_run_and_logs(monkeypatch, signed):
+    """Signed: every call after a runner's first comes through a signed hand-over that carries the call's own
+    keys (the runner verifies its payload and signs its result with them)."""
     monkeypatch.setenv("KINETIC_SWEEP_SLOTS", "0")  # a job run per call; the same map in slots: test_slots.py
+    if signed:
+        monkeypatch.setenv("KINETIC_SIGNING_KEY", "warm-" + uuid.uuid4().hex)
     name = f"warm-{uuid.uuid4().hex[:6]}"
     call = warm_task(name, new_pool("warm"), keep_warm=20)
 

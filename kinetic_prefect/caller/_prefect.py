@@ -17,7 +17,13 @@ from kinetic_prefect.caller.pools import (
     pool_default,
     worker_class_for,
 )
-from kinetic_prefect.shared.key_blocks import _signing_key_cache, forget_signing_key, signing_key, store_secret_env
+from kinetic_prefect.shared.key_blocks import (
+    _signing_key_cache,
+    forget_signing_key,
+    signing_key,
+    store_secret_env,
+    unsigned_refusal,
+)
 from kinetic_prefect.shared.outages import is_transient
 from kinetic_prefect.shared.prefect_runs import (
     LOG_PAGE,
@@ -58,6 +64,7 @@ __all__ = [
     "signing_key",
     "start_embedded_server",
     "store_secret_env",
+    "unsigned_refusal",
     "wait_for_final_state",
     "with_retries",
     "worker_class_for",

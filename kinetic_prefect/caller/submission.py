@@ -23,6 +23,7 @@ from kinetic_prefect.caller.sweep_calls import sweep_of, wait_in_sweep
 from kinetic_prefect.caller.uploads import upload_inputs
 from kinetic_prefect.caller.waiting import wait_for_job
 from kinetic_prefect.contract import Env
+from kinetic_prefect.errors import SigningKeyMissing
 from kinetic_prefect.shared import capacity, gcp
 
 
@@ -54,6 +55,8 @@ async def _submit_and_wait(
         store_url = gcp.store_url(pool)
         store = call.store = gcp.open_store(store_url, await gcp.pool_credentials(pool))  # bad gcp_credentials: here
         key = await _prefect.signing_key()
+        if refusal := _prefect.unsigned_refusal(store_url, key):  # before anything is uploaded or launched
+            raise SigningKeyMissing(refusal)
         fuse_mounts = await to_thread.run_sync(data_mounts.plan, call, pool, pool_variables, store_url)
         await to_thread.run_sync(upload_inputs, store, call, logger, key)
 

@@ -59,6 +59,20 @@ async def signing_key() -> signing.Keyring | None:
     return _signing_key_cache[cache_key]
 
 
+def unsigned_refusal(store_url: str, key: signing.Keyring | None) -> str | None:
+    """Why work on this store may not run unsigned, or None. A shared store (gs://) is written by more than one
+    person or machine, so without a key anyone who can write the bucket could run code in callers and jobs:
+    refused unless the user opts out explicitly. A local store on one machine may stay keyless."""
+    if key is not None or not store_url.startswith("gs://") or settings.UNSIGNED_SHARED_STORE.value():
+        return None
+    return (
+        f"the store {store_url} is shared and there is no signing key, so anyone who can write the bucket could "
+        f"run code in your flow and your jobs. Create a key once (`kinetic-prefect up` does; or "
+        f"`Secret(value=secrets.token_urlsafe(32)).save({signing.SECRET_BLOCK!r})`), or set {Env.SIGNING_KEY} "
+        f"where callers and workers run. To run unsigned anyway, set {Env.UNSIGNED_SHARED_STORE}=1"
+    )
+
+
 async def store_secret_env(values: dict[str, str], name: str) -> str:
     """Forwarded env values for a polling worker, in a Prefect Secret block it reads once and deletes."""
     from prefect.blocks.system import Secret

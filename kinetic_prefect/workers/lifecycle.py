@@ -359,6 +359,9 @@ class KineticWorker:
         from kinetic_prefect import signing
 
         key = await key_blocks.signing_key()
+        if refusal := key_blocks.unsigned_refusal(str(configuration.env.get(Env.STORE) or ""), key):
+            await self.mark_crashed(flow_run, f"This worker refuses the job: {refusal}.")
+            return False
         if key is not None:
             configuration.hand_over_signing_keys(key)
             return True
