@@ -6,7 +6,6 @@ Kubernetes control plane is ``test_a_sweep_on_warm_pods_starts_a_pod_per_slot_no
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 
@@ -36,18 +35,37 @@ def test_an_idle_pod_leaves_by_claiming_its_own_next_call(tmp_path):
     assert not warm._claim(store, f"{CONTROL}/{WarmPodKeys.claim(1)}", b"run-x"), "the launcher's claim loses"
 
 
-def test_a_claimed_call_reaches_the_pod_even_after_its_keep_warm_time(tmp_path):
+@pytest.mark.parametrize("signed", [False, True], ids=["unsigned", "signed"])
+def test_a_claimed_call_reaches_the_pod_even_after_its_keep_warm_time(tmp_path, signed):
+    """Signed: the launcher's record is signed under the pod's scope and carries the call's own run keys, which
+    the pod unwraps; the call never sees the pod's own key."""
+    from kinetic_prefect import signing
+
+    master = signing.Keyring([b"master"]) if signed else None
+    pod_keys = master.for_job(signing.scope_of(CONTROL + "/x")) if master else None
     store = open_store(tmp_path)
     store.put_bytes(f"{CONTROL}/{WarmPodKeys.ready(1)}", b"")
     assert warm._claim(store, f"{CONTROL}/{WarmPodKeys.claim(1)}", b"run-a")
+
+    def pod() -> None:
+        handed = warm_runner._next_pod_call(store, CONTROL, 1, 0.1)
+        got.append(warm_runner._take_pod_call(store, handed, pod_keys, {"PATH": "/bin"}) if handed else None)
+
     got: list = []
-    pod = threading.Thread(target=lambda: got.append(warm_runner._next_pod_call(store, CONTROL, 1, 0.1)))
-    pod.start()
+    thread = threading.Thread(target=pod)
+    thread.start()
     time.sleep(0.6)  # past the keep-warm time: the pod's own claim fails, so it waits for the call
-    assert pod.is_alive()
-    store.put_bytes(f"{CONTROL}/{WarmPodKeys.call(1)}", json.dumps({"env": {"KINETIC_RUN_ID": "run-a"}}).encode())
-    pod.join(5)
-    assert got == [{"KINETIC_RUN_ID": "run-a"}]
+    assert thread.is_alive()
+    warm.hand_over_record(store, CONTROL, 1, {"KINETIC_RUN_ID": "run-a", "PATH": "/evil"}, master)
+    thread.join(5)
+    [env] = got
+    assert env.pop("KINETIC_RUN_ID") == "run-a" and "PATH" not in env  # per-call variables only
+    if signed:
+        assert master is not None
+        call_keys = signing.parse_keys(env.pop(signing.KEY_ENV))
+        assert call_keys is not None and set(call_keys.scoped) == {"runs/run-a", "outputs/run-a"}
+        signing.check(master, "runs/run-a/result.pkl", b"v", signing.sign(call_keys, "runs/run-a/result.pkl", b"v"), "")
+    assert env == {}
     assert not store.exists(f"{CONTROL}/{WarmPodKeys.call(1)}"), "the pod takes the call object"
 
 
