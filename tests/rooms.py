@@ -84,7 +84,6 @@ ROOMS = {
     "test_provision.py": "provision",
     "test_provision_plan.py": "provision",
     "test_result_signing.py": "caller",
-    "test_result_signing.py": "caller",
     "test_rooms.py": "house",
     "test_settings.py": "contract",
     "test_signing.py": "leaves",
