@@ -90,6 +90,7 @@ ROOMS = {
     "test_trust_handovers.py": "pod",
     "test_trust_store.py": "caller",
     "test_trust_local_store.py": "leaves",
+    "test_trust_pool_variables.py": "worker",
     "test_slots.py": "caller",
     "test_spine.py": "end-to-end",
     "test_storage.py": "leaves",

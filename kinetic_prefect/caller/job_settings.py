@@ -98,13 +98,37 @@ def check_job_variables(
             ) from None
 
 
+def check_pinned_variables(pool: Any, job_variables: dict[str, Any], variables_model: Any) -> None:
+    """A job variable the pool pins (``namespace``, ``command``, ``inherit_env``...: anything but the model's
+    ``caller_variables``) set to another value than the pool's, or a worker-only name in ``env``, fails here, naming
+    the fix, instead of in the worker, which refuses the run (issue 45, finding 7)."""
+    from kinetic_prefect.contract.job_variables import (
+        env_refusal,
+        override_refusal,
+        pinned_overrides,
+        reserved_env_names,
+        sent_variables,
+    )
+
+    allowed = getattr(variables_model, "caller_variables", None)
+    if allowed is None:
+        return
+    sent = sent_variables(job_variables)
+    found = pinned_overrides(allowed, sent, pool.base_job_template)
+    if found:
+        raise ValueError("@kinetic_task(job_variables=...): " + override_refusal(pool.name, allowed, found))
+    reserved = reserved_env_names(sent.get("env"))
+    if reserved:
+        raise ValueError("@kinetic_task(job_variables=...): " + env_refusal(pool.name, reserved))
+
+
 async def _check_against_pool(client: Any, options: KineticOptions, pool: Any) -> float | None:
     """The call's settings checked against its pool's, before anything is uploaded; the budget it runs under."""
     worker_class = _prefect.worker_class_for(pool.type)
     pool_variables = set(pool.base_job_template["variables"]["properties"])
-    check_job_variables(
-        pool.name, pool_variables, options.job_variables, getattr(worker_class, "job_configuration_variables", None)
-    )
+    variables_model = getattr(worker_class, "job_configuration_variables", None)
+    check_job_variables(pool.name, pool_variables, options.job_variables, variables_model)
+    check_pinned_variables(pool, options.job_variables, variables_model)
     worker_class.check_pool_settings(
         pool.name,
         {name: _prefect.pool_default(pool, name) for name in pool_variables},

@@ -8,7 +8,7 @@ configuration: ``python -m kinetic_prefect.workers.templates`` writes them, a te
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from prefect.workers.base import BaseVariables
 from pydantic import Field
@@ -101,6 +101,133 @@ class CallVariables(BaseVariables):
     )
 
 
+# ---------------------------------------------------------------------------------------------- what a call may set
+# A flow run's job variables are whatever its creator sent, and anyone who may create a flow run on a pool may send
+# any (issue 45, finding 7). A call may set these: what @kinetic_task sends (caller/job_settings.py) and what the docs
+# tell a task to set through job_variables= (warm runners, prices, the capacity settings). Each pool type's variables
+# model names its own list (``caller_variables``); the pool pins every other variable (where and as whom a job runs,
+# its command, what it inherits from the machine, the credentials it reads with), and a worker refuses a run that
+# sets one to anything but the pool's value, before it starts anything or hands over a key.
+CALLER_VARIABLES = frozenset(
+    {
+        "env",  # but never a name in WORKER_ONLY_ENV
+        "accelerator",
+        "image_tag",
+        "requirements",
+        "python_version",
+        "base_image",
+        "store",
+        "hosts",
+        "max_cost_usd",
+        "prices",
+        "preemption_retries",
+        "spot_fallback",
+        "capacity_wait_seconds",
+        "keep_warm_seconds",
+        "min_warm",
+    }
+)
+# Environment names only a worker sets for its job (its key hand-over, the in-process owner's way to Prefect, a warm
+# runner's or pod's control) or that no job gets (Prefect's credentials and its server's settings): a call's ``env``
+# may not name them. A kinetic-local launcher also drops the Prefect ones whatever sets them (the worker's own
+# Prefect settings, inherit_env patterns, the pool's env).
+WORKER_ONLY_ENV = frozenset(
+    {
+        Env.SIGNING_KEY,
+        Env.SIGNING_KEY_PREVIOUS,
+        Env.OWNER_PID,
+        Env.PREFECT_API_URL,
+        Env.PREFECT_API_KEY,
+        Env.JOB_DIR,
+        Env.WARM_LAUNCHER_PID,
+        Env.WARM_CONTROL,
+        Env.WARM_KEEP_SECONDS,
+        Env.WARM_FLOOR,
+    }
+)
+PREFECT_SECRET_ENV = frozenset({"PREFECT_API_KEY", "PREFECT_API_AUTH_STRING"})
+PREFECT_SERVER_ENV_PREFIXES = ("PREFECT_API_DATABASE_", "PREFECT_SERVER_")
+POOL_FIX = (
+    "edit the pool (`prefect work-pool update POOL --base-job-template FILE`, or its form in the UI), not the call"
+)
+
+
+def never_a_jobs(name: str) -> bool:
+    """A Prefect credential or server setting: no job gets it (issue 45, finding 3)."""
+    return name in PREFECT_SECRET_ENV or name.startswith(PREFECT_SERVER_ENV_PREFIXES)
+
+
+def sent_variables(*layers: dict[str, Any] | None) -> dict[str, Any]:
+    """What job variables set, read as Prefect's worker reads them: a deployment's, then the run's over them (``env``
+    merged), and dotted names (``"env.X"``, ``"command.y"``) nested under their variable."""
+    from prefect.utilities.collections import deep_merge, set_in_dict
+
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        for name, value in (layer or {}).items():
+            if name == "env" and isinstance(value, dict) and isinstance(merged.get("env"), dict):
+                merged["env"] = {**merged["env"], **value}
+            else:
+                merged[name] = value
+    nested: dict[str, Any] = {}
+    for name, value in merged.items():
+        if "." in name:
+            set_in_dict(nested, name, value)
+    for name, value in merged.items():
+        if "." not in name:
+            both_dicts = isinstance(nested.get(name), dict) and isinstance(value, dict)
+            nested[name] = deep_merge(nested[name], value) if both_dicts else value
+    return nested
+
+
+def pinned_overrides(
+    allowed: frozenset[str], sent: dict[str, Any], base_job_template: dict[str, Any]
+) -> dict[str, tuple[Any, Any]]:
+    """The variables ``sent`` sets that ``allowed`` does not list, to a value other than the pool's: name -> (sent,
+    the pool's). A variable the pool's template lacks counts as pinned to None."""
+    properties = base_job_template.get("variables", {}).get("properties", {})
+    found = {}
+    for name, value in sent.items():
+        pinned = properties.get(name, {}).get("default")
+        if name not in allowed and value != pinned:
+            found[name] = (value, pinned)
+    return found
+
+
+def reserved_env_names(env: Any) -> list[str]:
+    """The names of ``env`` (a call's) that only a worker sets or no job gets."""
+    if not isinstance(env, dict):
+        return []
+    return sorted(name for name in env if name in WORKER_ONLY_ENV or never_a_jobs(str(name)))
+
+
+def override_refusal(pool_name: str, allowed: frozenset[str], found: dict[str, tuple[Any, Any]]) -> str:
+    """The words of a refusal of pinned variables: what was set, what the pool has, and the fix."""
+
+    def shown(value: Any) -> str:
+        text = repr(value)
+        return text if len(text) <= 80 else text[:77] + "..."
+
+    settings = "; ".join(
+        f"{name}={shown(sent)} (the pool has {shown(pinned)})" for name, (sent, pinned) in sorted(found.items())
+    )
+    names = ", ".join(sorted(found))
+    return (
+        f"Refused: the job variables set {settings}, which pool {pool_name!r} pins. A call may set only "
+        f"{', '.join(sorted(allowed))}; {names} {'is' if len(found) == 1 else 'are'} the pool's to set: "
+        f"{POOL_FIX.replace('POOL', pool_name)}. Nothing was started."
+    )
+
+
+def env_refusal(pool_name: str, names: list[str]) -> str:
+    """The words of a refusal of worker-only environment names in a call's ``env``."""
+    return (
+        f"Refused: the job variables' env sets {', '.join(names)}, which only the worker of pool {pool_name!r} "
+        "sets for a job (its signing keys, its way to Prefect) or which no job gets (Prefect's credentials and "
+        "server settings). Drop them from the call's env. Nothing was started."
+    )
+
+
 # Set by the caller only where the pool's template takes them (older templates lack them).
 # prices and the capacity settings: set on the pool, or per task through job_variables
 OPTIONAL_CALL_VARIABLES = frozenset(
@@ -111,6 +238,9 @@ GCP_CREDENTIALS_TITLE = "GCP credentials block"
 
 class KineticLocalVariables(CallVariables):
     """``kinetic-local``: jobs as processes on the worker's machine."""
+
+    # What a call may set on this pool; the pool pins the rest (command, inherit_env, working_dir, gcp_credentials...)
+    caller_variables: ClassVar[frozenset[str]] = CALLER_VARIABLES
 
     accelerator: str = Field(
         default="cpu",

@@ -6,13 +6,13 @@ user finds every setting they know; ``backoff_limit`` alone is left out: one Job
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from prefect_kubernetes.credentials import KubernetesClusterConfig
 from prefect_kubernetes.worker import KubernetesWorkerVariables
 from pydantic import Field
 
-from kinetic_prefect.contract.job_variables import GCP_CREDENTIALS_TITLE, CallVariables
+from kinetic_prefect.contract.job_variables import CALLER_VARIABLES, GCP_CREDENTIALS_TITLE, CallVariables
 
 # Retries belong to Prefect: a failed Job is never restarted by Kubernetes (a group fails all or nothing).
 JOB_BACKOFF_LIMIT = 0
@@ -54,6 +54,11 @@ def job_manifest_template() -> dict[str, Any]:
 
 class KineticGKEVariables(CallVariables):
     """``kinetic-gke``: jobs as Kubernetes Jobs on GKE node pools with the named accelerator."""
+
+    # What a call may set on this pool: the kinetic list, a prebuilt image (@kinetic_task(image=...)) and the FUSE
+    # volumes of its Data(fuse=True); the pool pins the rest (namespace, service_account_name, cluster_config, the
+    # image builder, annotations, resources, scheduling...)
+    caller_variables: ClassVar[frozenset[str]] = CALLER_VARIABLES | {"image", "gcs_fuse_mounts"}
 
     annotations: dict[str, str] = _THEIRS["annotations"]
     namespace: str = Field(default="default", title="Namespace", description="Kubernetes namespace of the Jobs.")

@@ -20,9 +20,12 @@ from kinetic_prefect.workers.gke.configuration import KineticGKEJobConfiguration
 from kinetic_prefect.workers.gke.launcher import GKEJobLauncher
 from kinetic_prefect.workers.gke.variables import KineticGKEVariables
 from kinetic_prefect.workers.lifecycle import KineticWorker
+from kinetic_prefect.workers.overrides import PinnedPoolVariables
 
 
-class KineticGKEWorker(KineticWorker, BaseWorker):  # type: ignore[misc]  # run() returns a BaseWorkerResult subclass
+# PinnedPoolVariables first: a run whose job variables widen what the pool pins is refused before the lifecycle.
+# (mypy is told to ignore the class line: run() returns a BaseWorkerResult subclass)
+class KineticGKEWorker(PinnedPoolVariables, KineticWorker, BaseWorker):  # type: ignore[misc]
     type = GKE_WORKER_TYPE
     job_configuration = KineticGKEJobConfiguration
     launcher: GKEJobLauncher

@@ -28,6 +28,7 @@ from prefect.client.schemas.objects import FlowRun
 
 from kinetic_prefect import accelerators, config
 from kinetic_prefect.contract import JOB_LOG_NAME, RUNNER_COMMAND, Env, WarmRunnerFiles, host_log_name
+from kinetic_prefect.contract.job_variables import never_a_jobs
 from kinetic_prefect.shared.processes import process_start_ticks
 from kinetic_prefect.workers.base import slot_argv
 from kinetic_prefect.workers.job_launcher import JobLauncher, JobStatus
@@ -214,6 +215,10 @@ class LocalJobLauncher(JobLauncher):
         }
         if not accelerators.local_platform_available(env.get("JAX_PLATFORMS", "")):
             env["JAX_PLATFORMS"] = "cpu"  # the named accelerator is not on this machine (warned at submit)
+        # Prefect's credentials and its server's settings reach no job, whatever put them there: the worker's own
+        # Prefect settings (Prefect's base environment of a job), an inherit_env pattern, the pool's env (issue 45,
+        # finding 3). A job runs no Prefect; an in-process job's way to cancel its own run is api_env below.
+        env = {name: value for name, value in env.items() if not never_a_jobs(name)}
         if self.owner_pid is not None:
             env[Env.OWNER_PID] = str(self.owner_pid)
             env.update(self.api_env)

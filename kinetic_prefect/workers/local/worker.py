@@ -15,9 +15,12 @@ from kinetic_prefect.workers.base import load_template
 from kinetic_prefect.workers.lifecycle import KineticWorker
 from kinetic_prefect.workers.local.configuration import KineticLocalJobConfiguration
 from kinetic_prefect.workers.local.launcher import LocalJobLauncher
+from kinetic_prefect.workers.overrides import PinnedPoolVariables
 
 
-class KineticLocalWorker(KineticWorker, BaseWorker):  # type: ignore[misc]  # run() returns a BaseWorkerResult subclass
+# PinnedPoolVariables first: a run whose job variables widen what the pool pins is refused before the lifecycle.
+# (mypy is told to ignore the class line: run() returns a BaseWorkerResult subclass)
+class KineticLocalWorker(PinnedPoolVariables, KineticWorker, BaseWorker):  # type: ignore[misc]
     type = LOCAL_WORKER_TYPE
     job_configuration = KineticLocalJobConfiguration
     launcher: LocalJobLauncher
