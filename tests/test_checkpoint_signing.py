@@ -324,3 +324,64 @@ def test_each_hosts_outputs_carry_their_own_manifest(tmp_path, monkeypatch):
     with pytest.raises(SigningKeyMismatch):
         outputs.download("sub/log.txt", tmp_path / "dl2")
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".kinetic-download-")]
+
+
+@pytest.mark.no_server
+def test_outputs_without_a_signed_manifest_are_refused_with_a_key(tmp_path):
+    """Files under outputs/<run>/ that no signed manifest lists (an unsigned job's, or the manifest deleted) are
+    neither listed nor downloaded by a caller that holds the key."""
+    from kinetic_prefect.errors import StoreTampered
+    from kinetic_prefect.pod.runner import _upload_outputs
+
+    store, layout = LocalStore(tmp_path / "store"), RunLayout("run-u")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "model.pkl").write_bytes(b"unsigned")
+    assert _upload_outputs(store, layout, tmp_path / "out", 0, None) == ["model.pkl"]
+    outputs = JobOutputs(store=store.url, run_id=layout.run_id)
+    assert outputs.names() == ["model.pkl"]  # no key on either side: as the store has them
+    with pytest.raises(StoreTampered, match="no signed manifest"):
+        outputs.names(key=b"master")
+    with pytest.raises(StoreTampered, match="not among the outputs"):
+        outputs.download("model.pkl", tmp_path / "dl", key=b"master")
+    assert not (tmp_path / "dl").exists()
+
+
+def test_a_caller_whose_key_is_the_secret_block_checks_outputs_with_it(tmp_path, monkeypatch):
+    """`kinetic-prefect up` keeps the key in the Prefect Secret block only: the key the flow's calls read from it
+    is the one `JobOutputs.download` checks with (no KINETIC_SIGNING_KEY in the caller's environment)."""
+    import asyncio
+
+    from prefect.blocks.system import Secret
+
+    from kinetic_prefect.caller import _prefect
+    from kinetic_prefect.errors import StoreTampered
+    from kinetic_prefect.pod import outputs as outputs_module
+    from kinetic_prefect.pod.runner import _upload_outputs
+
+    monkeypatch.delenv("KINETIC_SIGNING_KEY", raising=False)
+    monkeypatch.setattr(outputs_module, "_caller_key", None)
+    try:
+        before = str(Secret.load(signing.SECRET_BLOCK).get())
+    except ValueError:
+        before = None
+    secret = "block-key-" + uuid.uuid4().hex
+    Secret(value=secret).save(signing.SECRET_BLOCK, overwrite=True)
+    try:
+        _prefect.forget_signing_key()
+        assert asyncio.run(_prefect.signing_key()) is not None  # what a flow's first kinetic call does
+        store, layout = LocalStore(tmp_path / "store"), RunLayout("run-b")
+        (tmp_path / "out").mkdir()
+        (tmp_path / "out" / "model.pkl").write_bytes(b"weights")
+        ring = _job_ring(secret.encode(), layout.run_id, "checkpoints/tr-b")
+        _upload_outputs(store, layout, tmp_path / "out", 0, ring)
+        outputs = JobOutputs(store=store.url, run_id=layout.run_id, signed=True)
+        assert outputs.download("model.pkl", tmp_path / "dl").read_bytes() == b"weights"
+        store.put_bytes(layout.output("model.pkl"), b"forged")
+        with pytest.raises(StoreTampered, match="does not match its signed manifest"):
+            outputs.download("model.pkl", tmp_path / "dl2")
+    finally:
+        if before is None:
+            Secret.delete(signing.SECRET_BLOCK)
+        else:
+            Secret(value=before).save(signing.SECRET_BLOCK, overwrite=True)
+        _prefect.forget_signing_key()

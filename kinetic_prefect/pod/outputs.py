@@ -293,14 +293,23 @@ class JobOutputs:
             return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
         store = self._store()
         ring = self._key(key)
-        if ring is not None:
-            return sorted(self._index(store, ring))
         prefix = RunLayout(self.run_id).outputs + "/"
-        return sorted(
+        held = sorted(
             k[len(prefix) :]
             for k in store.list(prefix)
             if k.startswith(prefix) and k.rsplit("/", 1)[-1] not in RESERVED_NAMES
         )
+        if ring is None:
+            return held
+        listed = sorted(self._index(store, ring))
+        if held and not listed:
+            raise _refused(
+                signing.TamperedObject(
+                    f"{store.url_for(prefix.rstrip('/'))} holds {len(held)} file(s) and no signed manifest: they "
+                    "were not written by a signed job (or its manifest was removed); refusing to list them"
+                )
+            )
+        return listed
 
     def url(self, name: str) -> str:
         if self.local_dir is not None:
