@@ -26,7 +26,7 @@ import hashlib
 import hmac
 from collections.abc import Iterable
 
-from kinetic_prefect.contract import Env, settings
+from kinetic_prefect.contract import Env, RunLayout, settings
 
 KEY_ENV = Env.SIGNING_KEY
 REQUIRED_ENV = Env.SIGNED  # set (not secret) on jobs whose caller signed: the job then insists
@@ -152,10 +152,16 @@ def _xor(a: bytes, b: bytes) -> bytes:
 
 def run_scopes(run_id: str, checkpoint_key: str | None = None) -> list[str]:
     """The scopes a job for ``run_id`` writes: its run folder, its outputs, and its task run's checkpoints."""
-    scopes = [f"runs/{run_id}", f"outputs/{run_id}"]
+    layout = RunLayout(run_id)
+    scopes = [scope_of_prefix(layout.prefix), scope_of_prefix(layout.outputs)]
     if checkpoint_key:
-        scopes.append(scope_of(checkpoint_key.rstrip("/") + "/x"))
+        scopes.append(scope_of_prefix(checkpoint_key))
     return scopes
+
+
+def scope_of_prefix(prefix: str) -> str:
+    """The scope of every object under ``prefix`` (a run's folder, a sweep's, a warm pod's control prefix)."""
+    return scope_of(prefix.rstrip("/") + "/_")
 
 
 def parse_keys(value: str | None, previous: str | None = None) -> Keyring | None:

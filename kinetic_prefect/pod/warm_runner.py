@@ -109,7 +109,7 @@ def _project_modules(code_dirs: set[str]) -> list[str]:
 def local_call_key(control: Path) -> str:
     """The name a kinetic-local runner's hand-over is signed under: the runner's own scope (``warm/<environment
     key>/<runner>``), which only the launcher that started it and the runner itself hold a key for."""
-    return f"warm/{control.parent.name}/{control.name}/{WarmRunnerFiles.CALL}"
+    return f"{WarmPodKeys.control(control.parent.name, control.name)}/{WarmRunnerFiles.CALL}"
 
 
 def _run_call(call: dict[str, Any], base_environ: dict[str, str], control: Path) -> int:
@@ -358,7 +358,7 @@ def pod_main() -> int:
     call_env = {k: v for k, v in base_environ.items() if WarmRunnerFiles.is_per_call(k)}
     if pod_keys is not None:  # the first call: its run's keys, without the pod's own (those check hand-overs)
         call_env[signing.KEY_ENV] = signing.Keyring(
-            scoped={s: k for s, k in pod_keys.scoped.items() if s != signing.scope_of(control + "/x")},
+            scoped={s: k for s, k in pod_keys.scoped.items() if s != signing.scope_of_prefix(control)},
             master_id=pod_keys.master_id,
         ).to_env()
     store = open_store(base_environ[Env.STORE])

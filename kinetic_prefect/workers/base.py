@@ -10,7 +10,7 @@ from prefect.workers.base import BaseJobConfiguration
 from pydantic import Field, PrivateAttr
 
 from kinetic_prefect import accelerators, config, signing
-from kinetic_prefect.contract import RUNNER_COMMAND, RUNNER_MODULE, SLOT_RUNNER_MODULE, Env, RunLayout
+from kinetic_prefect.contract import RUNNER_COMMAND, RUNNER_MODULE, SLOT_RUNNER_MODULE, Env, RunLayout, SweepKeys
 from kinetic_prefect.shared.image import ImageSpec
 
 ENV_BLOCK_VARIABLE = Env.ENV_BLOCK
@@ -68,7 +68,7 @@ class KineticJobConfiguration(BaseJobConfiguration):
         if not self._job_scopes:
             self._job_scopes = signing.run_scopes(str(self.env[Env.RUN_ID]), self.env.get(Env.CHECKPOINT_KEY))
             if self.env.get(Env.SWEEP_ID):
-                self._job_scopes.append(signing.scope_of(f"sweeps/{self.env[Env.SWEEP_ID]}/x"))
+                self._job_scopes.append(signing.scope_of_prefix(SweepKeys(str(self.env[Env.SWEEP_ID])).prefix))
         self._job_scopes.extend(s for s in extra_scopes if s not in self._job_scopes)
         self._secret_env[signing.KEY_ENV] = keys.for_job(*self._job_scopes).to_env()
 
