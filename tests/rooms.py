@@ -89,6 +89,7 @@ ROOMS = {
     "test_signing.py": "leaves",
     "test_trust_handovers.py": "pod",
     "test_trust_store.py": "caller",
+    "test_trust_debugger.py": "kinetic",
     "test_trust_local_store.py": "leaves",
     "test_trust_pool_variables.py": "worker",
     "test_slots.py": "caller",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import sys
 import threading
@@ -187,13 +188,86 @@ def listen(local_port: int) -> socket.socket:
     return listener
 
 
+def _proc_net_address(host: str, port: int, family: int) -> str:
+    """``host:port`` as /proc/net/tcp (``family`` AF_INET) or tcp6 (AF_INET6) writes it: each 32-bit word of the
+    address in the machine's byte order, in hex, and the port in hex."""
+    import struct
+
+    packed = socket.inet_pton(family, host)
+    words = struct.unpack(f"={len(packed) // 4}I", packed)
+    return "".join(f"{word:08X}" for word in words) + f":{port:04X}"
+
+
+def peer_uid(connection: socket.socket) -> int | None:
+    """The uid of the process that owns the other end of an accepted loopback TCP connection (Linux: the socket's
+    row in /proc/net/tcp or tcp6), or None where this system cannot say (no /proc/net/tcp). LookupError: Linux has
+    no such socket (its end closed already)."""
+    tables = {socket.AF_INET: "/proc/net/tcp", socket.AF_INET6: "/proc/net/tcp6"}
+    if not os.path.exists(tables[socket.AF_INET]):
+        return None
+    peer_host, peer_port = connection.getpeername()[:2]
+    our_host, our_port = connection.getsockname()[:2]
+    wanted = {
+        # an IPv4 client, or a dual-stack IPv6 one whose address is IPv4-mapped
+        socket.AF_INET: (_proc_net_address(peer_host, peer_port, socket.AF_INET), None),
+        socket.AF_INET6: (
+            _proc_net_address(f"::ffff:{peer_host}", peer_port, socket.AF_INET6),
+            _proc_net_address(f"::ffff:{our_host}", our_port, socket.AF_INET6),
+        ),
+    }
+    ours_v4 = _proc_net_address(our_host, our_port, socket.AF_INET)
+    for family, path in tables.items():
+        local, remote = wanted[family]
+        try:
+            with open(path) as table:
+                rows = [line.split() for line in table.readlines()[1:]]
+        except OSError:
+            continue
+        for row in rows:
+            if len(row) > 7 and row[1] == local and row[2] in (remote, ours_v4):
+                return int(row[7])
+    raise LookupError(f"no socket of this machine is the other end of {peer_host}:{peer_port}")
+
+
+def refusal_of(connection: socket.socket) -> str | None:
+    """Why the relay refuses an accepted connection, or None: only the user running the relay may reach the job's
+    debugger through it (an attached debugger runs any code in the job). An editor cannot present a token (the
+    debug adapter protocol has none), so the relay asks the kernel who owns the connection's other end."""
+    try:
+        uid = peer_uid(connection)
+    except LookupError:
+        return "refused a connection whose other end is not a socket of this machine (gone already?)"
+    me = os.geteuid()
+    if uid is None or uid == me:
+        return None
+    return (
+        f"refused a connection from {_user_name(uid)} (uid {uid}): only {_user_name(me)} (uid {me}), who runs this "
+        "relay, may attach to the job's debugger through it"
+    )
+
+
+def _user_name(uid: int) -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return f"user #{uid}"
+
+
 def serve(listener: socket.socket, connect: Callable[[], Any], until: Callable[[], bool]) -> None:
-    """Accept connections on the listener and relay each through ``connect()``, until ``until()``."""
+    """Accept connections on the listener and relay each through ``connect()``, until ``until()``; a connection from
+    another user of this machine is closed unrelayed (``refusal_of``)."""
     try:
         while not until():
             try:
                 accepted, _ = listener.accept()
             except TimeoutError:
+                continue
+            refusal = refusal_of(accepted)
+            if refusal is not None:
+                print(f"kinetic-prefect jobs debug: {refusal}", file=sys.stderr, flush=True)
+                accepted.close()
                 continue
             try:
                 upstream = connect()
