@@ -23,6 +23,7 @@ from kinetic_prefect.kinetic import debug
 
 pytestmark = pytest.mark.no_server
 
+AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="acting as another uid needs root (the tests run as root)")
 OTHER_UID = 54321
 # A debug adapter request that would run code in the job once relayed to its debugpy.
 EVALUATE = json.dumps(
@@ -87,6 +88,7 @@ def relay():
     stand_in.server.close()
 
 
+@AS_ROOT
 def test_another_local_user_cannot_reach_the_job_through_the_relay(relay, capfd) -> None:
     port, stand_in = relay
     attack = subprocess.run(

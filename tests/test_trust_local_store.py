@@ -22,6 +22,7 @@ from kinetic_prefect.storage import LocalStore, StoreError, open_store
 
 pytestmark = pytest.mark.no_server
 
+AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="acting as another uid needs root (the tests run as root)")
 OTHER_UID = 54321  # a user that is not the one running the tests
 
 
@@ -58,6 +59,7 @@ def open_folder():
     shutil.rmtree(folder, ignore_errors=True)
 
 
+@AS_ROOT
 def test_another_user_can_read_nothing_in_the_store(open_folder) -> None:
     """The attacker: another local user reading a call's payload (its arguments) out of the victim's store, or
     listing its runs."""
@@ -73,6 +75,7 @@ def test_another_user_can_read_nothing_in_the_store(open_folder) -> None:
     assert seen.returncode != 0 and "secret arguments" not in seen.stdout
 
 
+@AS_ROOT
 def test_a_root_another_user_made_is_refused(tmp_path) -> None:
     """The attacker made the shared folder first (``mkdir -m 777 /tmp/kinetic-store``) and so owns whatever the
     victim writes there: the victim's store refuses it, naming the folder, its owner and the fix, and writes nothing."""
