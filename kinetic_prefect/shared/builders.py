@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kinetic_prefect.contract import RUNNER_ARGV
 from kinetic_prefect.errors import KineticError
-from kinetic_prefect.shared.image import ImageSpec, runner_sources
+from kinetic_prefect.shared.image import JOB_USER_ID, ImageSpec, check_requirements, runner_sources
 from kinetic_prefect.version import __version__
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -67,6 +67,16 @@ TPU_FIND_LINKS = "https://storage.googleapis.com/jax-releases/libtpu_releases.ht
 _JAX_USERS = re.compile(r"^(jax|jaxlib|flax|optax|orbax.*|keras|keras-.*|tf-keras)$")
 VENV = "/opt/venv"
 RUNNER_DIR = "/opt/kinetic"
+JOB_HOME = "/home/kinetic"  # the job user's home: caches (~/.cache, the runner's node cache) are written there
+WORKSPACE = "/workspace"
+# An image reference as `docker build` takes it after FROM: [host[:port]/]path[:tag][@sha256:digest], nothing else
+# (a space or a newline would add Dockerfile instructions of the caller's choosing).
+_IMAGE_REFERENCE = re.compile(
+    r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]+)?/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?"
+)
+_PYTHON_VERSION = re.compile(r"3\.[0-9]{1,2}")
 LOG_TAIL_LINES = 50
 
 
@@ -112,6 +122,7 @@ def _cloudpickle_version() -> str:
 
 def requirements_lines(spec: ImageSpec) -> list[str]:
     """The image's requirements.txt: the user's requirements plus what the runner and the accelerator need."""
+    requirements = check_requirements(spec.requirements)  # one requirement a line, never a pip option of the caller's
     lines: list[str] = []
     # The accelerator build of JAX only when the job uses JAX: a PyTorch or plain-Python job on a GPU node would
     # otherwise carry gigabytes of CUDA wheels it never loads. (jax[cuda12] bundles CUDA as pip wheels, so a
@@ -119,7 +130,7 @@ def requirements_lines(spec: ImageSpec) -> list[str]:
     accelerator_jax = _uses_jax(spec) and spec.family in ("gpu", "tpu")
     if accelerator_jax and spec.family == "tpu":
         lines.append(f"--find-links {TPU_FIND_LINKS}")
-    lines.extend(spec.requirements)
+    lines.extend(requirements)
     # The job unpickles what the caller pickled: same cloudpickle as the caller.
     lines.append(f"cloudpickle=={_cloudpickle_version()}")
     lines.append(STORAGE_REQUIREMENT)
@@ -128,12 +139,39 @@ def requirements_lines(spec: ImageSpec) -> list[str]:
     return lines
 
 
+def check_base_image(reference: str, variable: str = "base_image") -> str:
+    """``reference`` if it is one image reference (what FROM takes), else ValueError naming ``variable``."""
+    if not isinstance(reference, str) or not _IMAGE_REFERENCE.fullmatch(reference):
+        raise ValueError(
+            f"{variable}={reference!r} is not an image reference (registry/path:tag or @sha256:digest, no spaces "
+            "or newlines); refusing to build from it"
+        )
+    return reference
+
+
+def check_python_version(version: str, variable: str = "python_version") -> str:
+    """``version`` if it is a Python minor version such as ``3.12``, else ValueError naming ``variable``."""
+    if not isinstance(version, str) or not _PYTHON_VERSION.fullmatch(version):
+        raise ValueError(f"{variable}={version!r} is not a Python minor version such as '3.12'; refusing to build")
+    return version
+
+
+def check_build_inputs(spec: ImageSpec) -> None:
+    """Everything of ``spec`` that goes into the Dockerfile and requirements.txt, held to what a caller can send
+    (``check_requirements``, one image reference, a Python minor version): ValueError naming the variable."""
+    check_python_version(spec.python)
+    if spec.base_image is not None:
+        check_base_image(spec.base_image)
+    check_requirements(spec.requirements)
+
+
 def _base_image(spec: ImageSpec, base_image: str | None) -> str:
-    return spec.base_image or base_image or f"python:{spec.python}-slim"
+    return check_base_image(spec.base_image or base_image or f"python:{check_python_version(spec.python)}-slim")
 
 
 def dockerfile(spec: ImageSpec, *, base_image: str | None = None, extra_files: Iterable[str] = ()) -> str:
     """The Dockerfile text; a pure function of its arguments (and the caller's cloudpickle version)."""
+    check_python_version(spec.python)  # it is written into the file (the tag, the version check) before FROM is
     check_python = (
         "import sys; v = '%d.%d' % sys.version_info[:2]; "
         f"sys.exit(None if v == '{spec.python}' else 'the base image has Python ' + v + ', the caller has "
@@ -166,10 +204,28 @@ def dockerfile(spec: ImageSpec, *, base_image: str | None = None, extra_files: I
         f"RUN python -m pip install --requirement {RUNNER_DIR}/requirements.txt",
         "# The job runner, copied from the caller's kinetic-prefect (stdlib + cloudpickle; no Prefect).",
         f"COPY kinetic_prefect/ {RUNNER_DIR}/kinetic_prefect/",
-        "WORKDIR /workspace",
+        *_job_user_lines(),
+        f"WORKDIR {WORKSPACE}",
         f"ENTRYPOINT {json.dumps(list(RUNNER_ARGV))}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _job_user_lines() -> list[str]:
+    """The job's user (``JOB_USER_ID``, never root): named in /etc/passwd (written directly: a base image need not
+    have useradd), owning its home and the workspace; the venv and the runner stay root's, read-only to the job."""
+    uid = JOB_USER_ID
+    has_uid = f"grep -q '^[^:]*:[^:]*:{uid}:' /etc/passwd"
+    has_gid = f"grep -q '^[^:]*:[^:]*:{uid}:' /etc/group"
+    return [
+        f"# The job runs as the unprivileged user {uid} (Kubernetes' restricted Pod Security: runAsNonRoot),",
+        "# with its home for caches; numeric, so the kubelet can check it without reading /etc/passwd.",
+        f"RUN ({has_gid} || echo 'kinetic:x:{uid}:' >> /etc/group) \\",
+        f" && ({has_uid} || echo 'kinetic:x:{uid}:{uid}:kinetic job:{JOB_HOME}:/bin/sh' >> /etc/passwd) \\",
+        f" && mkdir -p {JOB_HOME} {WORKSPACE} && chown {uid}:{uid} {JOB_HOME} {WORKSPACE}",
+        f"ENV HOME={JOB_HOME}",
+        f"USER {uid}:{uid}",
+    ]
 
 
 def _extra_path(name: str) -> str:

@@ -26,6 +26,11 @@ class RequirementsError(ValueError):
     """A requirements input that cannot be used; the message names the file/line and the fix."""
 
 
+# The user a built job image runs as, and the one kinetic-gke's pods run as (``runAsUser``): never root. Part of
+# the environment's hash, so an image built before it ran as this user is never reused.
+JOB_USER_ID = 10001
+
+
 def _normalize_one(line: str, origin: str) -> str:
     try:
         req = Requirement(line)
@@ -68,6 +73,30 @@ def _read_pyproject(path: Path) -> list[tuple[str, str]]:
             "or pass requirements=[...] / a requirements.txt instead."
         )
     return [(d, f"{path}:[project].dependencies") for d in deps]
+
+
+def check_requirements(requirements: Sequence[str], origin: str = "requirements") -> tuple[str, ...]:
+    """The requirements a worker is asked to build from (a job variable), held to the caller's rule: each entry one
+    PEP 508 requirement on one line, no pip option (``--index-url``, ``-e``), no bare URL or path. Returns them
+    normalized; raises :class:`RequirementsError` naming the entry."""
+    if isinstance(requirements, (str, bytes)) or not isinstance(requirements, Sequence):
+        raise RequirementsError(f"{origin} must be a list of PEP 508 requirements, not {type(requirements).__name__}")
+    checked = []
+    for i, line in enumerate(requirements):
+        where = f"{origin}[{i}]"
+        if (
+            not isinstance(line, str)
+            or not line.strip()
+            or "\n" in line
+            or "\r" in line
+            or line.lstrip().startswith("-")
+        ):
+            raise RequirementsError(
+                f"{where}: {line!r} is not one PEP 508 requirement (a pip option, an empty or multi-line entry); "
+                "list packages only, e.g. 'keras>=3.8'"
+            )
+        checked.append(_normalize_one(line, where))
+    return tuple(checked)
 
 
 def normalize_requirements(requirements: str | Path | Sequence[str] | None) -> tuple[str, ...]:
@@ -197,6 +226,8 @@ class ImageSpec:
                 "cloudpickle": _cloudpickle_version(),
                 # A built image carries a copy of the runner: a changed runner must not reuse an old image.
                 "runner": runner_digest(),
+                # A built image runs as this user (builders.dockerfile): one built as root is not reused.
+                "user": JOB_USER_ID,
             },
             sort_keys=True,
         )
