@@ -24,9 +24,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import json
 from collections.abc import Iterable
+from typing import Any
 
-from kinetic_prefect.contract import Env, RunLayout, settings
+from kinetic_prefect.contract import Env, RunLayout, job_variables_name, settings
 
 KEY_ENV = Env.SIGNING_KEY
 REQUIRED_ENV = Env.SIGNED  # set (not secret) on jobs whose caller signed: the job then insists
@@ -272,3 +274,27 @@ def delete(store, object_key: str) -> None:
     for name in (object_key, object_key + SUFFIX):
         with contextlib.suppress(Exception):
             store.delete(name)
+
+
+def _job_variables_bytes(job_variables: dict[str, Any]) -> tuple[str, bytes]:
+    env = {k: v for k, v in (job_variables.get("env") or {}).items() if k != Env.JOB_SIGNATURE}
+    body = {**job_variables, "env": env}
+    run_id = str(env.get(Env.RUN_ID) or "")
+    return job_variables_name(run_id), json.dumps(body, sort_keys=True, separators=(",", ":"), default=str).encode()
+
+
+def sign_job_variables(key: KeyLike, job_variables: dict[str, Any]) -> None:
+    """Put the caller's signature over a job run's variables into its ``env`` (nothing without a key): the worker
+    then launches only what a key holder asked for (the run id, payload, code, requirements, image, store)."""
+    name, body = _job_variables_bytes(job_variables)
+    signature = sign(key, name, body)
+    if signature is not None:
+        job_variables.setdefault("env", {})[Env.JOB_SIGNATURE] = signature.decode()
+
+
+def check_job_variables(key: KeyLike, job_variables: dict[str, Any]) -> None:
+    """TamperedObject unless ``job_variables`` carry a key holder's signature over exactly themselves."""
+    name, body = _job_variables_bytes(job_variables)
+    given = (job_variables.get("env") or {}).get(Env.JOB_SIGNATURE)
+    where = f"the job variables of run {name.rsplit('/', 1)[-1] or '(no run id)'}"
+    check(key, name, body, given.encode() if given else None, where)

@@ -109,6 +109,26 @@ def test_a_flow_run_cannot_widen_a_local_job(keyed_worker, tmp_path) -> None:
 
 
 @pytest.mark.slow
+def test_a_flow_run_no_key_holder_signed_is_refused_before_anything_is_built(keyed_worker, tmp_path) -> None:
+    """Only variables a call may set, but not a call's: the attacker picks the victim's run id (so a job would be
+    handed that run's keys) and requirements of their own (a package's ``.pth`` runs at interpreter start, before
+    the payload's signature is checked). The worker checks the caller's signature over the job variables first:
+    Failed, nothing built or launched. On the main of its day the worker launched it."""
+    victim = "victim-" + uuid.uuid4().hex[:8]
+    forged = {Env.RUN_ID: victim, Env.PAYLOAD_SHA256: "0" * 64, Env.SIGNED: "1"}
+    signed_by_another = {"env": dict(forged), "requirements": ["six"]}
+    signing.sign_job_variables(signing.Keyring([b"not-the-pools-key"]), signed_by_another)
+    for what, job_variables in {
+        "unsigned": {"env": forged, "requirements": ["six"]},
+        "another key": signed_by_another,
+    }.items():
+        run = _attack(keyed_worker.pool, job_variables)
+        assert run.state.is_failed(), (what, run.state)
+        assert "refuses the job" in run.state.message and "nothing was built or launched" in run.state.message
+        assert not (keyed_worker.jobs / str(run.id)).exists(), f"{what}: a job was started"
+
+
+@pytest.mark.slow
 def test_a_call_of_our_own_still_runs_and_its_job_gets_no_prefect_credential(keyed_worker, monkeypatch) -> None:
     """The control: what @kinetic_task sends (here with per-task env and keep_warm_seconds) passes the worker's check
     and runs, signed. Finding 3: the job's environment holds a scoped keyring, not the master key, and none of the

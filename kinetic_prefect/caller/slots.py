@@ -313,6 +313,7 @@ class Sweep:
                 caller=None,
                 tags=["kinetic", SLOT_TAG, SWEEP_TAG_PREFIX + self.keys.sweep_id],
                 for_polling_worker=self.polling,
+                signing_key=self.signing_key,
             )
             if self.stopped:
                 await prefect_runs.cancel_unstarted_run(self.client, slot.flow_run.id, "its sweep was stopped")

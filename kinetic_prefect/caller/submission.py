@@ -87,6 +87,7 @@ async def _submit_and_wait(
             caller=None if detach else task_run,  # a detached job is nobody's subflow: its submitter may end
             tags=[f"accelerator:{options.accelerator.name}", "kinetic", *getattr(detach, "tags", ())],
             for_polling_worker=polling,
+            signing_key=key,
         )
         if detach is not None:  # kinetic_prefect.kinetic: hand the job over instead of waiting for it
             return await detach.submitted(pool, flow_run, polling, call)

@@ -158,6 +158,9 @@ class Env:
     SIGNING_KEY = "KINETIC_SIGNING_KEY"
     SIGNING_KEY_PREVIOUS = "KINETIC_SIGNING_KEY_PREVIOUS"  # earlier master keys that still verify (rotation)
     SIGNED = "KINETIC_SIGNED"
+    # The caller's signature over the job run's job variables (signing.sign_job_variables): the worker launches
+    # nothing and hands out no key for a run whose variables a key holder did not sign.
+    JOB_SIGNATURE = "KINETIC_JOB_SIGNATURE"
     UNSIGNED_SHARED_STORE = "KINETIC_UNSIGNED_SHARED_STORE"  # the explicit opt-out: unsigned on a gs:// store
     # Read on the caller's machine:
     UNSIGNED_OK = "KINETIC_UNSIGNED_OK"  # no warning about an unsigned store
@@ -480,6 +483,12 @@ class RunLayout:
     def host_outputs_manifest(self, index: int) -> str:
         """The signed list of one host's outputs (``files_manifest_key`` of ``host_outputs(index)``)."""
         return files_manifest_key(self.host_outputs(index))
+
+
+def job_variables_name(run_id: str) -> str:
+    """What a job run's variables are signed as: no object is stored under it, and it is in the store's own
+    scope, which no job holds a key for."""
+    return f"job-variables/{run_id}"
 
 
 def checkpoints_key(task_run_or_run_id: str) -> str:

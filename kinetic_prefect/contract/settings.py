@@ -369,6 +369,7 @@ SET_BY_THE_WORKER: dict[str, str] = {
     Env.COORDINATOR_ADDRESS: "host:port of host 0 (jax.distributed's coordinator).",
     Env.FUSE_ROOT: "kinetic-gke: the folder under which `Data(..., fuse=True)` is mounted.",
     Env.SIGNED: "The caller signed this job's objects, so the job insists on a key.",
+    Env.JOB_SIGNATURE: "The caller's signature over the run's job variables; the worker checks it before it launches.",
     Env.WARM_LAUNCHER_PID: "kinetic-local: the process that started a warm runner.",
     Env.WARM_CONTROL: "kinetic-gke: a warm pod's control prefix in the store.",
     Env.WARM_KEEP_SECONDS: "A warm pod's idle time before it leaves (the pool's `keep_warm_seconds`).",

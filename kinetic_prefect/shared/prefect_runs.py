@@ -115,6 +115,7 @@ async def create_job_flow_run(
     caller: TaskRun | None,
     tags: list[str],
     for_polling_worker: bool,
+    signing_key: Any = None,
 ) -> FlowRun:
     """The job's flow run, drawn as Prefect draws a subflow called inside a task: under a tracking task
     run of its own (named like the job, in the caller's flow run, ``__parents__`` = the calling task run).
@@ -124,6 +125,9 @@ async def create_job_flow_run(
     calling task out of Running, which releases its tag-concurrency slot while the job has not even
     started: a ``.map()`` under a limit of 2 ran 4 jobs at once. The calling task's state stays its own.
     """
+    from kinetic_prefect import signing
+
+    signing.sign_job_variables(signing_key, job_variables)  # last: nothing is added to them after this
     async with _run_creation_slot():
         return await _create_job_flow_run(
             client,

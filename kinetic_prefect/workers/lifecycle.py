@@ -362,6 +362,17 @@ class KineticWorker:
         if refusal := key_blocks.unsigned_refusal(str(configuration.env.get(Env.STORE) or ""), key):
             await self.mark_crashed(flow_run, f"This worker refuses the job: {refusal}.")
             return False
+        if key is not None:  # whoever may create flow runs on the pool cannot choose a run id, code or image
+            try:
+                signing.check_job_variables(key, dict(flow_run.job_variables or {}))
+            except signing.TamperedObject as exc:
+                refused = (
+                    f"This worker refuses the job: {exc}. Job runs of a signed pool are created by "
+                    "@kinetic_task calls holding the signing key; nothing was built or launched."
+                )
+                self.get_flow_run_logger(flow_run).error(refused)
+                await self._propose(flow_run, Failed(message=refused))
+                return False
         if key is not None:
             configuration.hand_over_signing_keys(key)
             return True
