@@ -68,3 +68,88 @@ def test_a_home_prefect_cannot_write_is_named_at_once(tmp_path):
     assert "Set PREFECT_HOME to a writable folder" in output, output[-4000:]
     assert "Timed out" not in output, output[-4000:]
     assert time.monotonic() - started < 120, "it waited for a server that had already exited"
+
+
+_DECORATE_A_TYPO = """
+import json, sys, time
+from kinetic_prefect import kinetic_task
+
+started = time.monotonic()
+try:
+    @kinetic_task(accelerator="l44")
+    def train(x):
+        return x
+except Exception as exc:
+    error = f"{type(exc).__name__}: {exc}"
+else:
+    error = None
+typo_s = time.monotonic() - started
+
+started = time.monotonic()
+@kinetic_task(accelerator="l4")
+def fine(x):
+    return x
+valid_s = time.monotonic() - started
+
+from prefect.server.api.server import SubprocessASGIServer
+
+running = [port for port, server in SubprocessASGIServer._instances.items() if server.running]
+print(json.dumps({"error": error, "typo_s": typo_s, "valid_s": valid_s, "running": running}))
+"""
+
+
+def test_decorating_checks_at_once_and_starts_no_server(tmp_path):
+    """Issue 48, defect 8: with no PREFECT_API_URL, decorating used to start Prefect's temporary server (16-23 s)
+    before checking anything, so `accelerator="l44"` was reported only after it. Now the typo is named at once
+    (with the closest name), a valid decoration starts no server either, and nothing was made in PREFECT_HOME."""
+    import json
+
+    home = tmp_path / "home"
+    home.mkdir()
+    env = _bare_env(home)
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "60"  # a started server would be waited for
+    env["PYTHONPATH"] = str(ROOT)  # this checkout's package, whatever the venv has installed
+    script = tmp_path / "decorate.py"
+    script.write_text(_DECORATE_A_TYPO)
+    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["error"] and "Closest valid names: l4x4, l4," in report["error"], report
+    assert report["typo_s"] < 5, report
+    assert report["valid_s"] < 5, report
+    assert report["running"] == [], report
+    assert "Starting temporary server" not in output, output[-4000:]
+    assert not list((tmp_path / "prefect-home").glob("*.db")), "a server made its database"
+
+
+def test_cost_estimate_of_a_task_needs_no_server(tmp_path):
+    """Issue 48, defect 8: `kinetic-prefect cost --estimate MODULE:TASK` imports the task's module; with no
+    PREFECT_API_URL it used to wait 18-28 s for Prefect's temporary server that the estimate never uses.
+    It needs a few seconds of imports on 2 loaded cores (why the bound is 8 s)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = _bare_env(home)
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "60"
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
+    (tmp_path / "estimated_flow.py").write_text(
+        "from kinetic_prefect import kinetic_task\n\n\n"
+        "@kinetic_task(accelerator=['a100x4', 'l4x4'])\ndef train(x):\n    return x\n"
+    )
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "kinetic_prefect.cli", "cost", "--estimate", "estimated_flow:train", "--minutes", "30"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    elapsed = time.monotonic() - started
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    assert "a100x4" in output and "l4x4" in output, output[-4000:]
+    assert "Starting temporary server" not in output, output[-4000:]
+    assert elapsed < 8, f"{elapsed:.1f}s: {output[-2000:]}"

@@ -8,7 +8,7 @@ those modules directly: this one reaches the pool registry, which imports the wo
 
 from __future__ import annotations
 
-from kinetic_prefect.caller.embedded_server import EPHEMERAL_STARTUP_SECONDS, start_embedded_server
+from kinetic_prefect.caller.embedded_server import EPHEMERAL_STARTUP_SECONDS, prepare_embedded_server
 from kinetic_prefect.caller.in_process import in_process_slots, run_in_process
 from kinetic_prefect.caller.pools import (
     WorkPoolError,
@@ -62,7 +62,7 @@ __all__ = [
     "run_interruptibly",
     "shared_client",
     "signing_key",
-    "start_embedded_server",
+    "prepare_embedded_server",
     "store_secret_env",
     "unsigned_refusal",
     "wait_for_final_state",

@@ -297,7 +297,6 @@ def kinetic_task(
 
     def decorate(fn: Callable[..., Any]) -> KineticTask:
         _check_job_name(task_options.get("name") or fn.__name__, fn)
-        _prefect.start_embedded_server()  # before the flow starts it with Prefect's shorter limit
         options = _options(
             accelerator=accelerator,
             requirements=requirements,
@@ -316,6 +315,7 @@ def kinetic_task(
             spot_fallback=spot_fallback,
             debug=debug,
         )
+        _prefect.prepare_embedded_server()  # Prefect's longer start-up limit; starts nothing (issue 48, 8)
         name = task_options.pop("name", None) or fn.__name__
         tags = set(task_options.pop("tags", None) or ())
         tags.add(f"accelerator:{options.accelerator.name}")

@@ -1,10 +1,8 @@
-"""Caller side: Prefect's ephemeral local server, started early with a start-up limit that fits a first run."""
+"""Caller side: Prefect's ephemeral local server, given a start-up limit that fits a first run (started when needed)."""
 
 from __future__ import annotations
 
 import os
-import sys
-import time
 from pathlib import Path
 
 from kinetic_prefect.contract import settings
@@ -13,40 +11,30 @@ from kinetic_prefect.errors import KineticError
 EPHEMERAL_STARTUP_SECONDS = settings.EPHEMERAL_STARTUP_SECONDS.default
 
 
-def start_embedded_server() -> None:
-    """Start Prefect's ephemeral local server now, with a start-up limit that fits a first run.
+def prepare_embedded_server() -> None:
+    """Prepare Prefect's ephemeral local server for this process, without starting it: it starts when a flow or
+    a call first needs Prefect's API, so decorating a task (and ``kinetic-prefect cost --estimate MODULE:TASK``,
+    which imports the task's module) checks its options at once and waits for no server.
 
-    With no ``PREFECT_API_URL``, Prefect starts a temporary server when a flow first needs the API,
-    and gives it 20 s. On a fresh machine the first start creates and migrates Prefect's SQLite
-    database, which takes longer than that on 2 loaded cores: the README's first command failed
-    with "Timed out while attempting to connect to ephemeral Prefect API server". Prefect reads that
-    limit from settings fixed when ``prefect`` is imported (before us), so instead the server is
-    started here, at decoration time, with a longer limit (``KINETIC_EPHEMERAL_STARTUP_SECONDS``);
-    Prefect's own later ``start()`` finds it running (it is one instance per process). Telemetry
-    is off for this server only: on an offline machine it can only print errors.
+    With no ``PREFECT_API_URL``, Prefect starts a temporary server when a flow first needs the API, and gives it
+    20 s. On a fresh machine the first start creates and migrates Prefect's SQLite database, which takes longer
+    than that on 2 loaded cores: the README's first command failed with "Timed out while attempting to connect to
+    ephemeral Prefect API server". So Prefect's own start-up limit is raised here, in the settings its later
+    ``start()`` reads (``KINETIC_EPHEMERAL_STARTUP_SECONDS``, never lowered), and a ``PREFECT_HOME`` the server
+    could not keep its database in is named now. Telemetry is off for this server only: on an offline machine it
+    can only print errors. (This used to start the server here: 16-23 s at decoration, before a typo such as
+    ``accelerator="l44"`` was reported; issue 48, defect 8.)
     """
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED, get_current_settings
 
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         return
-    from prefect.server.api.server import SubprocessASGIServer
-
-    server = SubprocessASGIServer()
-    if server.running:
-        return
     _check_prefect_home()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # the subprocess reads it
-    timeout = settings.EPHEMERAL_STARTUP_SECONDS.value()
-    started = time.monotonic()
-    server.start(timeout=timeout)
-    if time.monotonic() - started > 10:
-        print(
-            f"kinetic-prefect: Prefect's local server took {time.monotonic() - started:.0f}s to start "
-            "(a first start creates its database). Run `prefect server start` in another terminal and "
-            "set PREFECT_API_URL=http://127.0.0.1:4200/api to keep one running, with its UI.",
-            file=sys.stderr,
-            flush=True,
-        )
+    ephemeral = get_current_settings().server.ephemeral
+    ephemeral.startup_timeout_seconds = max(
+        ephemeral.startup_timeout_seconds, settings.EPHEMERAL_STARTUP_SECONDS.value()
+    )
 
 
 def _check_prefect_home() -> None:
