@@ -133,6 +133,41 @@ def test_a_six_second_job_costs_its_duration_times_the_price_and_reports_its_usa
     assert plot and "data:image/svg+xml;base64," in plot[0].data
 
 
+def test_an_l4_call_on_a_machine_without_one_says_it_ran_on_the_cpu_and_is_billed_as_cpu(monkeypatch):
+    """Issue 48, defect 10: kinetic-local runs an l4 call on the CPU (with a warning) when the machine has no GPU;
+    the run used to say "ran on l4" and bill the l4's $0.8536/h. It says cpu (naming the l4 asked for) and bills
+    the pool's cpu price."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    monkeypatch.setenv("KINETIC_LOCAL_DEVICES", "")  # this machine: a CPU only, whatever it really has
+    pool = priced_pool()
+    name = f"l4-on-cpu-{uuid.uuid4().hex[:6]}"
+
+    @kinetic_task(name=name, work_pool=pool, accelerator="l4", ship_project=False)
+    def platform() -> str:
+        import os
+
+        return os.environ["JAX_PLATFORMS"]
+
+    @flow
+    def pipeline():
+        return platform()
+
+    assert pipeline() == "cpu"
+    [run] = job_runs(name)
+    [row] = table(artifacts(run.id, JOB_COST_ARTIFACT_KEY)[0])
+    assert row["accelerator"] == "cpu", row
+    assert row["usd_per_hour"] == CPU_PER_HOUR and row["price"] == "test price sheet", row
+    assert row["usd"] == pytest.approx(row["minutes"] / 60 * CPU_PER_HOUR, abs=0.00005 * CPU_PER_HOUR / 60 + 1e-6)
+    with get_client(sync_client=True) as client:
+        caller_run = client.read_task_run(run.parent_task_run_id).flow_run_id  # the task run's log says what ran
+        found = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[caller_run, run.id])))
+    logs = [log.message for log in found]
+    said = [line for line in logs if " ran on " in line]
+    assert said and all("ran on cpu" in line and "l4 was asked for" in line for line in said), said
+    assert not any("ran on l4" in line for line in logs), logs
+
+
 @pytest.mark.slow
 def test_a_budget_below_the_jobs_cost_stops_it_within_two_seconds_not_retried_outputs_kept(store_dir):
     pool = priced_pool()

@@ -198,6 +198,7 @@ class CapacityPlan:
     on_demand: bool = False
     resumed: str | None = None  # how far the last preempted attempt had come ("step 1,200")
     attempts: list[Attempt] = field(default_factory=list)
+    instead_of: str | None = None  # kinetic-local: the accelerator asked for, which this machine lacks (ran on cpu)
 
     def __post_init__(self) -> None:
         if not self.attempts:
@@ -262,6 +263,8 @@ class CapacityPlan:
     def summary(self) -> str:
         """One line for a state message and the artifact: which accelerator ran, what was tried before it."""
         parts = [f"ran on {label(self.current)}"]
+        if self.instead_of:
+            parts[0] += f" ({self.instead_of} was asked for; this machine has none)"
         tried = [f"{a.accelerator} ({a.ended})" for a in self.attempts[:-1] if not a.ended.startswith("preempted")]
         if tried:
             parts.append("after " + ", ".join(tried))

@@ -34,6 +34,10 @@ def plan_for(configuration: Any) -> capacity.CapacityPlan:
     provisioning = getattr(configuration, "provisioning_timeout_seconds", None)
     # the launcher may have chosen already (kinetic-local: the first accelerator this machine has)
     chosen = names.index(configuration.accelerator) if configuration.accelerator in names else 0
+    # kinetic-local without the accelerator: the job runs on the CPU, and says so (and is billed as cpu)
+    instead_of = getattr(configuration, "cpu_instead_of", None)
+    if instead_of:
+        specs[chosen] = accelerators.resolve("cpu")
     return capacity.CapacityPlan(
         specs,
         preemption_retries=capacity.DEFAULT_PREEMPTION_RETRIES if retries is None else int(retries),
@@ -41,6 +45,7 @@ def plan_for(configuration: Any) -> capacity.CapacityPlan:
         index=chosen,
         capacity_wait_seconds=capacity.DEFAULT_CAPACITY_WAIT_SECONDS if wait is None else float(wait),
         provisioning_timeout_seconds=None if provisioning is None else float(provisioning),
+        instead_of=instead_of or None,
     )
 
 

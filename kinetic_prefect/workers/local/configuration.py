@@ -26,6 +26,23 @@ class KineticLocalJobConfiguration(KineticJobConfiguration):
         machine lacks it, like any absent accelerator), else ``hosts`` (1 by default)."""
         return accelerators.host_count(accelerators.resolve(self.accelerator), self.hosts)
 
+    @property
+    def cpu_instead_of(self) -> str | None:
+        """The accelerator asked for, when this machine lacks it and the job runs on the CPU (warned at submit);
+        None when it has it."""
+        from kinetic_prefect.shared import capacity
+
+        spec = accelerators.resolve(self.accelerator)
+        return None if accelerators.local_platform_available(spec.jax_platform) else capacity.label(spec)
+
+    @property
+    def accelerator_spec(self) -> accelerators.AcceleratorSpec:
+        """What the job runs on, so what it is billed as (workers.metering.job_spec) and said to have run on
+        (workers.attempts.plan_for): the CPU where this machine lacks the accelerator asked for (issue 48, 10)."""
+        if self.cpu_instead_of is not None:
+            return accelerators.resolve("cpu")
+        return accelerators.resolve(self.accelerator)
+
 
 def choose_local_accelerator(configuration: KineticLocalJobConfiguration) -> None:
     """A fallback list on this machine: the first accelerator it has; none: the first, on the CPU (warned)."""

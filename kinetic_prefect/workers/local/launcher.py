@@ -71,7 +71,7 @@ def _warn_if_not_on_this_machine(configuration: KineticLocalJobConfiguration, lo
     if not accelerators.local_platform_available(wanted):
         log(
             f"WARNING: accelerator {configuration.accelerator!r} is not on this machine (no {wanted} device for "
-            "JAX): the job runs on the CPU. Use a kinetic-gke pool to get one."
+            "JAX): the job runs on the CPU, and is reported and billed as cpu. Use a kinetic-gke pool to get one."
         )
 
 
