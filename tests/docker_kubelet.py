@@ -1,11 +1,13 @@
 """Test-only: a kubelet stand-in that runs the pods the real scheduler bound to the fake nodes in Docker.
 
 It does the kubelet's share of a pod's life and nothing more: resolve env from the pod spec and referenced Secrets,
-start the container (host network, so jobs reach fake-gcs-server and Prefect on 127.0.0.1), report status
-(Running, then Succeeded/Failed with the exit code; ErrImagePull when the image cannot be pulled), stop the container
-with the pod's grace period when the pod is deleted and then confirm the deletion, and serve
-``/containerLogs/<ns>/<pod>/<container>`` over HTTPS — the endpoint the API server proxies ``pods/log`` to — and
-``/portForward/<ns>/<pod>``, the one it proxies ``pods/portforward`` to (WebSocket, see ``_port_forward``).
+apply the security context (the user and group, fsGroup, dropped capabilities, no privilege escalation, and
+runAsNonRoot's check of the image's user), start the container (host network, so jobs reach fake-gcs-server and
+Prefect on 127.0.0.1), report status (Running, then Succeeded/Failed with the exit code; ErrImagePull when the image
+cannot be pulled), stop the container with the pod's grace period when the pod is deleted and then confirm the
+deletion, and serve ``/containerLogs/<ns>/<pod>/<container>`` over HTTPS — the endpoint the API server proxies
+``pods/log`` to — and ``/portForward/<ns>/<pod>``, the one it proxies ``pods/portforward`` to (WebSocket, see
+``_port_forward``).
 """
 
 from __future__ import annotations
@@ -175,6 +177,40 @@ class DockerKubelet:
             },
         )
 
+    def _security(self, pod, container) -> list[str] | str:
+        """``docker run`` options for the pod's and container's security context, as a kubelet applies them; a
+        string (the kubelet's CreateContainerConfigError) when runAsNonRoot cannot hold."""
+        pod_context, context = pod.spec.security_context, container.security_context
+
+        def setting(name: str):
+            value = getattr(context, name, None) if context is not None else None
+            return value if value is not None else getattr(pod_context, name, None)
+
+        user, group, non_root = setting("run_as_user"), setting("run_as_group"), setting("run_as_non_root")
+        args: list[str] = []
+        if user is not None:
+            args += ["--user", f"{user}:{group if group is not None else 0}"]
+        if non_root and user is None:  # the image's own user must be a non-zero uid
+            proc = subprocess.run(
+                [self.docker, "image", "inspect", "-f", "{{.Config.User}}", container.image],
+                capture_output=True,
+                text=True,
+            )
+            image_user = proc.stdout.strip().split(":")[0] if proc.returncode == 0 else ""
+            if not image_user.isdigit() or int(image_user) == 0:
+                return f"container has runAsNonRoot and image will run as root (user {image_user or 'unset'})"
+        if non_root and user == 0:
+            return "container's runAsUser breaks non-root policy"
+        fs_group = getattr(pod_context, "fs_group", None) if pod_context is not None else None
+        if fs_group is not None:
+            args += ["--group-add", str(fs_group)]
+        capabilities = getattr(context, "capabilities", None) if context is not None else None
+        if capabilities is not None and "ALL" in (capabilities.drop or []):
+            args += ["--cap-drop", "ALL"]
+        if context is not None and context.allow_privilege_escalation is False:
+            args += ["--security-opt", "no-new-privileges"]
+        return args
+
     def _start(self, pod, entry: PodEntry) -> None:
         container = pod.spec.containers[0]
         try:
@@ -184,6 +220,16 @@ class DockerKubelet:
                 entry,
                 "Pending",
                 {"waiting": {"reason": "CreateContainerConfigError", "message": f"secret not found: {exc.reason}"}},
+                container.image,
+                container.name,
+            )
+            return
+        security = self._security(pod, container)
+        if isinstance(security, str):
+            self._status(
+                entry,
+                "Pending",
+                {"waiting": {"reason": "CreateContainerConfigError", "message": security}},
                 container.image,
                 container.name,
             )
@@ -198,6 +244,7 @@ class DockerKubelet:
             self.label,
             "--name",
             f"kp-{pod.metadata.uid[:13]}",
+            *security,
             *env,
             *self._group_hosts(pod, env),
         ]

@@ -11,6 +11,7 @@ serves their logs through the API server's pods/log proxy.  The pool is configur
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -22,6 +23,7 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from background import call_in_background
@@ -374,6 +376,161 @@ def test_the_in_cluster_workers_role_is_enough_and_no_more(
         with pytest.raises(k8s.exceptions.ApiException) as caught:
             call()
         assert caught.value.status == 403, what
+
+
+def _namespace(kube, *, restricted: bool, quota: dict[str, str] | None = None) -> str:
+    """A namespace of the test's own with the job pods' ServiceAccount ``kinetic-job``, as `kinetic-prefect up` makes
+    it: with ``restricted``, PodSecurity admission enforces the restricted profile there; ``quota``: a
+    ResourceQuota's hard limits."""
+    admin = k8s.CoreV1Api(kube.api())
+    namespace = f"ns-{uuid.uuid4().hex[:6]}"
+    labels = {"pod-security.kubernetes.io/enforce": "restricted"} if restricted else {}
+    admin.create_namespace({"metadata": {"name": namespace, "labels": labels}})
+    admin.create_namespaced_service_account(
+        namespace, {"metadata": {"name": "kinetic-job"}, "automountServiceAccountToken": False}
+    )
+    if quota:
+        admin.create_namespaced_resource_quota(namespace, {"metadata": {"name": "quota"}, "spec": {"hard": quota}})
+    return namespace
+
+
+def test_a_job_runs_in_a_namespace_that_enforces_the_restricted_profile(
+    kube, gcs_bucket, local_registry, job_image, python_base_image
+):
+    """Issue 45 findings 6, 8 and 3 on the real API server: a kinetic job runs where PodSecurity admission enforces
+    the restricted profile (a root pod is refused there), as user 10001 with no capability and no privilege
+    escalation, writing its HOME; the pool's HF_TOKEN reaches it through the Job's Secret alone, and the worker's
+    own Prefect API key and database URL reach it not at all, nor the Job's manifest."""
+    from prefect.settings import PREFECT_API_DATABASE_CONNECTION_URL, PREFECT_API_KEY, temporary_settings
+
+    namespace = _namespace(kube, restricted=True)
+    root_pod = {"metadata": {"name": "root"}, "spec": {"containers": [{"name": "c", "image": python_base_image}]}}
+    with pytest.raises(k8s.exceptions.ApiException) as refused:
+        k8s.CoreV1Api(kube.api()).create_namespaced_pod(namespace, root_pod)
+    message = json.loads(refused.value.body)["message"]
+    assert 'violates PodSecurity "restricted' in message, "admission enforces the profile here"
+    pool_env = {"HF_TOKEN": "hf_pool_token_0123456789", "WANDB_API_KEY": "wandb-pool-key-0123456789"}
+    pool = _make_pool(
+        _cluster_block(kube), f"{gcs_bucket}/gke-psa", local_registry, namespace=namespace,
+        service_account_name="kinetic-job", env=pool_env,
+    )  # fmt: skip
+    worker_secrets = {
+        PREFECT_API_KEY: "pnu_worker_api_key_0123456789",
+        PREFECT_API_DATABASE_CONNECTION_URL: "postgresql+asyncpg://prefect:db-password-0123@db:5432/prefect",
+    }
+    name = f"restricted-{uuid.uuid4().hex[:6]}"
+
+    @_gke_task(name, pool, python_base_image, accelerator="cpu")
+    def inside() -> dict:
+        from pathlib import Path
+
+        status = dict(line.split(":\t", 1) for line in Path("/proc/self/status").read_text().splitlines())
+        (Path.home() / ".cache" / "probe").parent.mkdir(parents=True, exist_ok=True)
+        (Path.home() / ".cache" / "probe").write_text("written")
+        names = ("HF_TOKEN", "WANDB_API_KEY", "PREFECT_API_KEY", "PREFECT_SERVER_DATABASE_CONNECTION_URL")
+        return {
+            "ids": (os.getuid(), os.getgid()),
+            "home": str(Path.home()),
+            "capabilities": status["CapEff"].strip(),
+            "no_new_privs": status["NoNewPrivs"].strip(),
+            "env": {k: os.environ.get(k) for k in names},
+        }
+
+    @flow
+    def pipeline():
+        return inside()
+
+    with temporary_settings(updates=worker_secrets):  # the worker (in-process here) holds them
+        result = pipeline()
+    assert result["ids"] == (10001, 10001) and result["home"] == "/home/kinetic"
+    assert result["capabilities"] == "0000000000000000" and result["no_new_privs"] == "1"
+    assert result["env"] == {**pool_env, "PREFECT_API_KEY": None, "PREFECT_SERVER_DATABASE_CONNECTION_URL": None}
+    [run] = _job_runs(name)
+    [job] = _job_for(kube, run.id, namespace)
+    text = json.dumps(k8s.ApiClient().sanitize_for_serialization(job))
+    for value in [*pool_env.values(), *worker_secrets.values(), "db-password-0123"]:
+        assert value not in text, f"{value} is written into the Job"
+    [pod] = (
+        k8s.CoreV1Api(kube.api()).list_namespaced_pod(namespace, label_selector=f"job-name={job.metadata.name}").items
+    )
+    assert pod.spec.security_context.run_as_non_root and pod.spec.automount_service_account_token is False
+    assert pod.spec.service_account_name == "kinetic-job"
+
+
+def test_a_job_that_cannot_be_created_leaves_no_secret_behind(
+    kube, gcs_bucket, local_registry, job_image, python_base_image
+):
+    """Issue 45 finding 9: the API server refuses the Job (a ResourceQuota of no Jobs); the call crashes saying so,
+    and no Secret of its environment values is left in the namespace (it was made before the Job, and orphaned)."""
+    namespace = _namespace(kube, restricted=True, quota={"count/jobs.batch": "0"})
+    pool = _make_pool(_cluster_block(kube), f"{gcs_bucket}/gke-quota", local_registry, namespace=namespace)
+
+    @_gke_task(f"no-room-{uuid.uuid4().hex[:6]}", pool, python_base_image, accelerator="cpu")
+    def never() -> int:
+        return 1
+
+    @flow
+    def pipeline():
+        return never()
+
+    with pytest.raises(KineticJobCrashed, match="(?s)could not be started.*exceeded quota"):
+        pipeline()
+    assert k8s.CoreV1Api(kube.api()).list_namespaced_secret(namespace).items == [], "an orphaned Secret"
+
+
+CRAFTED_BUILDS = [
+    ("requirements", ["--index-url http://127.0.0.1:9/simple"]),
+    ("requirements", ["numpy\n--extra-index-url http://127.0.0.1:9/simple"]),
+    ("requirements", ["-e git+http://127.0.0.1:9/pkg#egg=pkg"]),
+    ("requirements", ["http://127.0.0.1:9/pkg-1.0-py3-none-any.whl"]),
+    ("requirements", ["numpy; $(touch /tmp/pwned)"]),
+    ("base_image", "127.0.0.1:9/not-the-pools:1"),
+]
+
+
+def test_a_flow_run_with_crafted_build_variables_is_refused_and_nothing_is_built(
+    kube, gcs_bucket, local_registry, python_base_image, monkeypatch
+):
+    """Issue 45 finding 9: a user of the pool creates a flow run over the API (no caller checks it; its job variables
+    signed with the key they hold) with requirements that are pip options, a URL line or shell text, or a base image
+    the pool does not allow. The worker refuses each before anything is built or a Job made; the run crashes naming
+    the variable. (Without the key such a run is refused before: its variables carry no signature.)"""
+    from kinetic_prefect.caller.in_process import run_in_process
+    from kinetic_prefect.shared import builders
+
+    built: list = []
+    monkeypatch.setattr(builders.DockerBuilder, "ensure", lambda self, spec, log=print: built.append(spec) or "x:1")
+    namespace = _namespace(kube, restricted=True)
+    pool_name = _make_pool(
+        _cluster_block(kube), f"{gcs_bucket}/gke-crafted", local_registry, namespace=namespace,
+        base_image=python_base_image,
+    )  # fmt: skip
+
+    @flow(name=f"crafted-{uuid.uuid4().hex[:6]}")
+    def target():
+        pass
+
+    async def attack(variable: str, value) -> Any:
+        from kinetic_prefect import signing
+        from kinetic_prefect.shared import key_blocks
+
+        async with get_client() as client:
+            pool = await client.read_work_pool(pool_name)
+            env = {"KINETIC_RUN_ID": uuid.uuid4().hex, "KINETIC_PAYLOAD_SHA256": "0" * 64}
+            job_variables = {"env": env, variable: value}
+            # a user of the pool who holds the key (its job variables signed, as a caller signs them) and skips the
+            # caller's checks: the signature alone does not make them buildable
+            signing.sign_job_variables(await key_blocks.signing_key(), job_variables)
+            flow_run = await client.create_flow_run(target, work_pool_name=pool_name, job_variables=job_variables)
+            await run_in_process(client, pool, flow_run)
+            return await client.read_flow_run(flow_run.id)
+
+    for variable, value in CRAFTED_BUILDS:
+        run = asyncio.run(attack(variable, value))
+        assert run.state.is_crashed(), (variable, value, run.state)
+        assert f"job variable {variable}" in run.state.message and "refusing to build" in run.state.message
+    assert built == [], "the worker built nothing"
+    assert _jobs(kube, namespace) == [] and not Path("/tmp/pwned").exists()
 
 
 def test_api_server_errors_and_dropped_connections_do_not_end_a_run(

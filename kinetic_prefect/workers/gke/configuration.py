@@ -2,8 +2,10 @@
 fields, and the Job manifest (and the Service of a multi-host group) rendered from it.
 
 :meth:`KineticGKEJobConfiguration.prepare_for_flow_run` adds what the accelerator catalog decides (node selector,
-tolerations, accelerator limits, /dev/shm) and moves secret values (forwarded env, the Prefect API key) out of
-the manifest into a Secret owned by the Job.
+tolerations, accelerator limits, /dev/shm), runs every pod under the Pod Security Standards' restricted profile
+(a non-root user, no privilege escalation, no capabilities, RuntimeDefault seccomp, no service-account token), and
+moves every environment value but the kinetic wire names out of the manifest into a Secret owned by the Job. The
+worker's own Prefect settings (its API key, its server's database) never reach a pod.
 """
 
 from __future__ import annotations
@@ -23,14 +25,28 @@ from kinetic_prefect.workers.gke import capacity as gke_capacity
 from kinetic_prefect.workers.gke import debug as gke_debug
 from kinetic_prefect.workers.gke import fuse as gke_fuse
 from kinetic_prefect.workers.gke.kube import (
+    CONTAINER_SECURITY_CONTEXT,
     INDEX_ANNOTATION,
+    POD_SECURITY_CONTEXT,
     POOL_LABEL,
-    SECRET_ENV_NAMES,
+    is_plain_env,
+    is_worker_only_env,
     kube_client,
     label_value,
     prune,
 )
 from kinetic_prefect.workers.gke.variables import CONTAINER, JOB_BACKOFF_LIMIT
+
+
+def _render_pod_security(pod: dict[str, Any]) -> None:
+    """The Pod Security Standards' restricted profile for the pod and each container (kube.POD_SECURITY_CONTEXT):
+    what the pool's template sets is kept, what it leaves out is filled in (a pool made before these settings
+    gets them too). No service-account token: the job never calls the Kubernetes API (Workload Identity reaches
+    Google's APIs without one)."""
+    pod["securityContext"] = {**POD_SECURITY_CONTEXT, **(pod.get("securityContext") or {})}
+    pod.setdefault("automountServiceAccountToken", False)
+    for container in [*(pod.get("initContainers") or []), *(pod.setdefault("containers", [{}]))]:
+        container["securityContext"] = {**CONTAINER_SECURITY_CONTEXT, **(container.get("securityContext") or {})}
 
 
 def _minimal_manifest() -> dict[str, Any]:
@@ -82,6 +98,21 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
     queued_provisioning: str | None = Field(default=None)  # a Kueue LocalQueue backed by queued provisioning
     _template_manifest: dict[str, Any] | None = PrivateAttr(default=None)  # before rendering: each attempt's base
     _image_given: bool | None = PrivateAttr(default=None)  # image= (kept for every attempt), not built per family
+    # The environment values moved out of the rendered manifest (the pool's and the call's env): the Job's Secret.
+    _manifest_secret_env: dict[str, str] = PrivateAttr(default_factory=dict)
+    _pool_base_image: str | None = PrivateAttr(default=None)  # the pool's base_image: the only one a run may ask for
+
+    @classmethod
+    def _base_environment(cls) -> dict[str, str]:
+        """None of the worker's own Prefect settings (prefect-kubernetes passes them all, for a flow run in the pod):
+        a kinetic job runs no Prefect, and they hold the worker's API key and its server's database URL."""
+        return {}
+
+    @property
+    def secret_env(self) -> dict[str, str]:
+        """What the Job's Secret holds: the values moved out of the manifest, under the forwarded ones (env= of the
+        call, read in memory or from its Secret block) and the job's signing keys."""
+        return {**self._manifest_secret_env, **self._secret_env}
 
     def image_given(self) -> bool:
         """Whether ``image`` was given (kept for every attempt) rather than built per accelerator family: read
@@ -107,6 +138,8 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
         spec = self.accelerator_spec
         if work_pool is not None:
             self.labels[POOL_LABEL] = work_pool.name
+            pinned = work_pool.base_job_template.get("variables", {}).get("properties", {}).get("base_image") or {}
+            self._pool_base_image = pinned.get("default") or None
         self.labels["kinetic.prefect.io/accelerator"] = spec.name
         self._template_manifest = copy.deepcopy(self.job_manifest)
         self.job_manifest = self.render_manifest(spec, flow_run)
@@ -141,6 +174,7 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
                 {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
             )
         pod["tolerations"] = tolerations or None
+        _render_pod_security(pod)
         self._render_container(pod, spec)
         gke_fuse.render(manifest, self.gcs_fuse_mounts)
         if self.host_count > 1:
@@ -158,18 +192,7 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
         container["image"] = self.image or container.get("image")
         container["command"] = list(RUNNER_ARGV)
         container.pop("args", None)  # prefect-kubernetes puts the flow-run command there; the runner takes none
-        existing_env = {e["name"]: e for e in container.get("env") or [] if isinstance(e, dict)}
-        for key, value in self.env.items():
-            if value is not None:
-                existing_env[key] = {"name": key, "value": str(value)}
-        secrets = {
-            name: existing_env.pop(name)["value"]
-            for name in list(existing_env)
-            if name in SECRET_ENV_NAMES and "value" in existing_env[name]
-        }
-        if secrets:
-            self.set_secret_env({**secrets, **self.secret_env})
-        container["env"] = list(existing_env.values())
+        container["env"] = self._split_env(container.get("env") or [])
         requests = {
             k: v
             for k, v in {
@@ -192,6 +215,46 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
                 *(container.get("volumeMounts") or []),
                 {"name": "dshm", "mountPath": "/dev/shm"},
             ]
+
+    def _split_env(self, template_env: list[Any]) -> list[dict[str, Any]]:
+        """The container's ``env`` list: the kinetic wire names as plain values; every other value moved into the
+        Job's Secret (``secret_env``); the worker's own Prefect settings dropped, from the job's ``env`` too."""
+        entries = {e["name"]: e for e in template_env if isinstance(e, dict)}
+        for key, value in list(self.env.items()):
+            if is_worker_only_env(key):
+                self.env.pop(key)
+            elif value is not None:
+                entries[key] = {"name": key, "value": str(value)}
+        moved: dict[str, str] = {}
+        for name, entry in list(entries.items()):
+            if is_worker_only_env(name):
+                entries.pop(name)
+            elif "value" in entry and not is_plain_env(name):
+                moved[name] = str(entries.pop(name)["value"])
+        self._manifest_secret_env = moved
+        return list(entries.values())
+
+    def check_build_variables(self) -> None:
+        """The job variables an image is built from, held to what a caller can send before anything is built (a
+        flow run created over the API skips the caller): ``requirements`` PEP 508 lines only (no pip option, URL
+        line or shell text), ``python_version`` a minor version, ``base_image`` one image reference, and the
+        pool's own ``base_image`` when the pool sets one. ValueError naming the variable."""
+        from kinetic_prefect.shared import builders
+        from kinetic_prefect.shared.image import RequirementsError, check_requirements
+
+        try:
+            self.requirements = list(check_requirements(self.requirements, "job variable requirements"))
+        except RequirementsError as exc:
+            raise ValueError(f"{exc}; refusing to build an image from it") from None
+        if self.python_version is not None:
+            builders.check_python_version(self.python_version, "job variable python_version")
+        if self.base_image:
+            builders.check_base_image(self.base_image, "job variable base_image")
+            if self._pool_base_image and self.base_image != self._pool_base_image:
+                raise ValueError(
+                    f"job variable base_image={self.base_image!r}: this pool builds only from its own base image "
+                    f"{self._pool_base_image!r}; refusing to build from another"
+                )
 
     def _render_group(self, manifest: dict[str, Any], spec: accelerators.AcceleratorSpec) -> None:
         """One Indexed Job for the group: pod i is host i, reachable as ``<job>-<i>.<job>`` through the headless

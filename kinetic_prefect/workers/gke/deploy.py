@@ -1,8 +1,12 @@
 """Worker side: manifests that run a long-lived ``kinetic-gke`` worker inside the cluster.
 
 Least privilege: the worker's ServiceAccount may manage Jobs, read Pods and their logs, read Events, read Kueue's
-Workloads and LocalQueues (why a queued Job waits), and create (never read) the per-Job Secrets that carry forwarded
-env values, in its own namespace only.
+Workloads and LocalQueues (why a queued Job waits), and create the per-Job Secrets that carry a job's environment
+values, in its own namespace only. Create, and nothing else, on Secrets: it may not read, list, change or delete
+any Secret (the per-Job names are not known beforehand, so a Role cannot name them; a Job's Secret is made owned by
+its Job and goes with it). The worker's pod, like every job pod, meets the Pod Security Standards' restricted
+profile (``kube.POD_SECURITY_CONTEXT``); :func:`namespace_manifests` makes the namespace that enforces it, with the
+job pods' own ServiceAccount (no token mounted, no Role: a job never calls the Kubernetes API).
 The Prefect API URL and key come from a Secret the user creates
 (`kubectl create secret generic prefect-api --from-literal=url=... --from-literal=key=...`).
 """
@@ -12,6 +16,10 @@ from __future__ import annotations
 from typing import Any
 
 from kinetic_prefect.contract import GKE_WORKER_TYPE
+from kinetic_prefect.workers.gke.kube import CONTAINER_SECURITY_CONTEXT, POD_SECURITY_CONTEXT
+
+JOB_SERVICE_ACCOUNT = "kinetic-job"  # the job pods' ServiceAccount that `up` makes (Workload Identity: the bucket)
+POD_SECURITY_LABELS = {f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "audit", "warn")}
 
 JOB_RULES = [
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get", "list", "watch", "delete", "patch"]},
@@ -20,8 +28,9 @@ JOB_RULES = [
     {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
     # A multi-host group's pods find each other through a headless Service owned by its Job.
     {"apiGroups": [""], "resources": ["services"], "verbs": ["create"]},
-    # Forwarded env values travel in a per-Job Secret: the worker writes them, never reads any secret.
-    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "patch"]},
+    # A job's environment values travel in a per-Job Secret, made owned by its Job: the worker creates it, and may
+    # not read, change or delete any Secret (a Role cannot name per-Job Secrets ahead of time).
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
     # A Job queued in Kueue (queued_provisioning): its Workload and LocalQueue say where and why it waits.
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads", "localqueues"], "verbs": ["get", "list"]},
 ]
@@ -62,7 +71,11 @@ def worker_manifests(
                 "selector": {"matchLabels": labels},
                 "template": {
                     "metadata": {"labels": labels},
-                    "spec": {"serviceAccountName": name, "containers": [_worker_container(pool, image, api_secret)]},
+                    "spec": {
+                        "serviceAccountName": name,
+                        "securityContext": dict(POD_SECURITY_CONTEXT),
+                        "containers": [_worker_container(pool, image, api_secret)],
+                    },
                 },
             },
         },
@@ -85,4 +98,26 @@ def _worker_container(pool: str, image: str, api_secret: str) -> dict[str, Any]:
         "env": [*secret_env, {"name": "PREFECT_WORKER_WEBSERVER_PORT", "value": "8080"}],
         "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
         "livenessProbe": {"httpGet": {"path": "/health", "port": 8080}, "initialDelaySeconds": 30, "periodSeconds": 30},
+        "securityContext": dict(CONTAINER_SECURITY_CONTEXT),
     }
+
+
+def namespace_manifests(namespace: str, job_service_account: str = JOB_SERVICE_ACCOUNT) -> list[dict[str, Any]]:
+    """The namespace of kinetic's Jobs and worker, enforcing the Pod Security Standards' restricted profile (a pod
+    that runs as root, or may gain privileges, is refused by the API server), and the job pods' ServiceAccount:
+    no token mounted and no Role bound (a job never calls the Kubernetes API); its Workload Identity principal
+    alone is given the store bucket."""
+    labels = {"app.kubernetes.io/part-of": "kinetic-prefect"}
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": namespace, "labels": {**labels, **POD_SECURITY_LABELS}},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": job_service_account, "namespace": namespace, "labels": labels},
+            "automountServiceAccountToken": False,
+        },
+    ]

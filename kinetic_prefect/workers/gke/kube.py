@@ -10,19 +10,57 @@ from typing import Any
 from prefect_kubernetes.credentials import KubernetesClusterConfig
 
 from kinetic_prefect.contract import Env
+from kinetic_prefect.contract.job_variables import never_a_jobs
+from kinetic_prefect.shared.image import JOB_USER_ID
 
 FLOW_RUN_LABEL = "prefect.io/flow-run-id"
 POOL_LABEL = "kinetic.prefect.io/work-pool"
 GROUP_STOP_SECONDS = 60.0  # how long the other hosts of a failed group get to stop (and save) before it is over
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"  # set by the Job controller on each pod
-# Never written into a manifest (anyone who can read Jobs could read them): they go in the Job's Secret.
-SECRET_ENV_NAMES = frozenset({"PREFECT_API_KEY", "PREFECT_API_AUTH_STRING", Env.PREFECT_API_KEY})
+# A job's environment: the kinetic wire names the worker sets (contract ``Env``, none of them secret) and Prefect's
+# per-run ``PREFECT__*`` ids are written into the manifest (a warm pod takes the per-call ones from it); every other
+# value (the pool's and the call's ``env``, ``JAX_PLATFORMS`` included) goes in the Job's Secret, since anyone who
+# can read Jobs reads their manifests. The contract names that hold keys are never plain.
+SECRET_CONTRACT_ENV = frozenset({Env.SIGNING_KEY, Env.SIGNING_KEY_PREVIOUS, Env.PREFECT_API_KEY})
+PLAIN_ENV_NAMES = (
+    frozenset(value for name, value in vars(Env).items() if name.isupper() and isinstance(value, str))
+    - SECRET_CONTRACT_ENV
+)
+PLAIN_ENV_PREFIXES = ("PREFECT__",)
+# Pod Security Standards, restricted profile (https://kubernetes.io/docs/concepts/security/pod-security-standards/):
+# what every kinetic-gke pod runs with, the job's and the in-cluster worker's. The user is the one built images run
+# as (``shared.image.JOB_USER_ID``); an image of one's own must let that user write its HOME.
+POD_SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": JOB_USER_ID,
+    "runAsGroup": JOB_USER_ID,
+    "fsGroup": JOB_USER_ID,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 IMAGE_PULL_ERRORS = {"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull"}
 CONFIG_ERRORS = {"CreateContainerConfigError", "CreateContainerError"}
 # (connect, read) seconds for the follower's short reads: the client sets no timeout of its own, so a read whose
 # answer never comes (a dropped connection the kernel has not noticed, an overloaded API server) would hold its
 # thread for good; timed out, it is a transient error the worker retries on its next look.
 READ_TIMEOUT: tuple[float, float] = (10.0, 30.0)
+
+
+def is_plain_env(name: str) -> bool:
+    """A variable written into the manifest as it is (a kinetic wire name or a Prefect run id), not into the Secret."""
+    return name in PLAIN_ENV_NAMES or name.startswith(PLAIN_ENV_PREFIXES)
+
+
+def is_worker_only_env(name: str) -> bool:
+    """One of the worker's own Prefect settings, never passed to a pod at all: its credentials and its server's and
+    database's settings (``contract.job_variables.never_a_jobs``; a job runs no Prefect, and the key would let code
+    in a job act on the worker's whole Prefect account)."""
+    return never_a_jobs(name)
 
 
 def is_transient_kube_error(exc: BaseException) -> bool:

@@ -7,6 +7,7 @@ cancellation that deletes the Job.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +36,7 @@ from kinetic_prefect.workers.gke.kube import (
     INDEX_ANNOTATION,
     POOL_LABEL,
     JobGone,
+    is_transient_kube_error,
     kube_retry,
     label_value,
 )
@@ -282,11 +284,14 @@ class GKEJobLauncher(JobLauncher):
 
     async def _podless_status(self, identifier: str, follower: JobFollower) -> JobStatus | None:
         """A Job without a pod: queued (suspended until Kueue admits it), or failed with its pod gone (the pod
-        GC deletes the pods of a deleted node); None when the Job controller has simply not made the pod yet."""
+        GC deletes the pods of a deleted node); None when the Job controller has simply not made the pod yet, or
+        the Job was left suspended by a worker stopped between creating it and its Secret (its pod then waits out
+        pod_watch_timeout_seconds like any pod that never starts)."""
         job = follower.last_job
         if job is None or job.spec is None:
             return None
-        if job.spec.suspend:
+        queued = (job.metadata.labels or {}).get(gke_capacity.KUEUE_QUEUE_LABEL) if job.metadata else None
+        if job.spec.suspend and queued:
             self._pending_since[identifier] = time.monotonic()  # waiting in a queue is not a stuck pod
             queued = await anyio.to_thread.run_sync(follower.kueue_queued)
             return JobStatus(
@@ -486,6 +491,7 @@ class GKEJobLauncher(JobLauncher):
             return configuration.image
         from kinetic_prefect.shared import builders
 
+        configuration.check_build_variables()  # a flow run made over the API has skipped the caller's checks
         spec = configuration.image_spec
         if configuration.image_builder == "docker" and configuration.image_repository:
             return builders.DockerBuilder(configuration.image_repository).ensure(spec, log)
@@ -532,46 +538,80 @@ class GKEJobLauncher(JobLauncher):
 
     @staticmethod
     def _create_job(api, configuration: KineticGKEJobConfiguration) -> str:
-        """Create the Job; secret values go in a Secret it references, owned by the Job (deleted with it),
-        so they appear in no manifest and no Prefect record.  Every call is retried through transient errors,
-        and each is idempotent: a retried create that finds what an earlier (lost) response made goes on."""
+        """Create the Job, then the Secret of its environment values (owned by the Job from its creation, so deleted
+        with it), then the Service of a group. A Job with a Secret is created suspended and resumed once the Secret
+        exists (a queued one is resumed by Kueue): no pod starts without its values, and a Job that could not be
+        created leaves no Secret behind. Whatever fails after the Job was made deletes it, and its Secret with it.
+        The worker only ever creates Secrets (its Role lets it read, change or delete none). Every call is retried
+        through transient errors, and each is idempotent: a retried create that finds what its own earlier (lost)
+        try made goes on."""
         from kubernetes import client
-        from kubernetes.client.exceptions import ApiException
 
         manifest = configuration.job_manifest
-        job_name = manifest["metadata"]["name"]
-        secret_name = f"{job_name}-env"[:253]
         core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
         namespace = configuration.namespace
-        if configuration.secret_env:
-            _write_env_secret(core, namespace, secret_name, configuration.secret_env)
+        secret_env = configuration.secret_env
+        secret_name = f"{manifest['metadata']['name']}-env"[:253]
+        queued = bool(manifest["spec"].get("suspend"))  # Kueue resumes it, not the worker
+        if secret_env:
             container = manifest["spec"]["template"]["spec"]["containers"][0]
             container["envFrom"] = [*(container.get("envFrom") or []), {"secretRef": {"name": secret_name}}]
+            manifest["spec"]["suspend"] = True
+        created, made_now = _create_or_find_job(batch, namespace, manifest)
         try:
-            created = kube_retry(batch.create_namespaced_job)(namespace, manifest)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            created = kube_retry(batch.read_namespaced_job)(job_name, namespace)
-            mine = (created.metadata.labels or {}).get(FLOW_RUN_LABEL) == manifest["metadata"]["labels"].get(
-                FLOW_RUN_LABEL
-            )
-            if not mine:
-                raise
-        service = configuration.service_manifest(created.metadata.uid)
-        if service is not None:
-            try:
-                kube_retry(core.create_namespaced_service)(namespace, service)
-            except ApiException as exc:
-                if exc.status != 409:  # 409: an earlier attempt made it
-                    raise
-        if configuration.secret_env:
-            _owned_by_job(core, namespace, secret_name, created)
+            if secret_env:
+                _create_env_secret(core, namespace, secret_name, secret_env, created, adopt=not made_now)
+            service = configuration.service_manifest(created.metadata.uid)
+            if service is not None:
+                _create_or_keep(core.create_namespaced_service, namespace, service)
+            if secret_env and not queued:
+                kube_retry(batch.patch_namespaced_job)(created.metadata.name, namespace, {"spec": {"suspend": False}})
+        except BaseException:
+            if made_now:  # not a Job left suspended for good, or started without its values
+                with contextlib.suppress(Exception):
+                    kube_retry(batch.delete_namespaced_job)(
+                        created.metadata.name, namespace, propagation_policy="Background"
+                    )
+            raise
         return created.metadata.name
 
 
-def _write_env_secret(core: Any, namespace: str, secret_name: str, secret_env: dict[str, str]) -> None:
-    """The Secret holding a job's secret environment values (created, or overwritten if an earlier try made it)."""
+def _create_or_find_job(batch: Any, namespace: str, manifest: dict[str, Any]) -> tuple[Any, bool]:
+    """The Job created, and True; or, when its name is taken (409) by this flow run's Job (an earlier try whose
+    answer was lost, or a worker racing this one), that Job and False."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return kube_retry(batch.create_namespaced_job)(namespace, manifest), True
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        found = kube_retry(batch.read_namespaced_job)(manifest["metadata"]["name"], namespace)
+        if (found.metadata.labels or {}).get(FLOW_RUN_LABEL) != manifest["metadata"]["labels"].get(FLOW_RUN_LABEL):
+            raise
+        return found, False
+
+
+def _create_or_keep(create: Callable[..., Any], namespace: str, body: dict[str, Any]) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        kube_retry(create)(namespace, body)
+    except ApiException as exc:
+        if exc.status != 409:  # 409: an earlier attempt made it
+            raise
+
+
+class SecretTaken(RuntimeError):
+    """A Secret of the name a Job's environment needs exists and was not made by this worker for that Job."""
+
+
+def _create_env_secret(
+    core: Any, namespace: str, secret_name: str, secret_env: dict[str, str], job: Any, adopt: bool = False
+) -> None:
+    """Create the Secret holding a job's environment values, owned by ``job``. A 409 is accepted only when an
+    earlier try of this call may have made it (its answer lost) or ``adopt`` (the Job itself was made earlier): a
+    Secret someone else made under the Job's name is never used, since the worker cannot read what it holds."""
     from kubernetes.client.exceptions import ApiException
 
     body = {
@@ -582,34 +622,36 @@ def _write_env_secret(core: Any, namespace: str, secret_name: str, secret_env: d
             "name": secret_name,
             "namespace": namespace,
             "labels": {"app.kubernetes.io/managed-by": "kinetic-prefect"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": job.metadata.name,
+                    "uid": job.metadata.uid or "",
+                    "blockOwnerDeletion": False,
+                }
+            ],
         },
         "stringData": secret_env,
     }
-    try:
-        kube_retry(core.create_namespaced_secret)(namespace, body)
-    except ApiException as exc:
-        if exc.status != 409:
+    tried = adopt
+
+    def create() -> None:
+        nonlocal tried
+        try:
+            core.create_namespaced_secret(namespace, body)
+        except ApiException as exc:
+            if exc.status == 409 and tried:
+                return
+            if exc.status == 409:
+                raise SecretTaken(
+                    f"a Secret named {secret_name} already exists in namespace {namespace}, not made for this job: "
+                    "refusing to start the job with environment values someone else chose (delete that Secret)"
+                ) from None
+            tried = tried or is_transient_kube_error(exc)
             raise
-        # the worker may write Secrets but never read them (its Role): overwrite what is there
-        kube_retry(core.patch_namespaced_secret)(secret_name, namespace, {"stringData": body["stringData"]})
+        except Exception as exc:
+            tried = tried or is_transient_kube_error(exc)
+            raise
 
-
-def _owned_by_job(core: Any, namespace: str, secret_name: str, job: Any) -> None:
-    """The Secret is deleted with its Job (an owner reference; the Job's deletion does not wait for it)."""
-    kube_retry(core.patch_namespaced_secret)(
-        secret_name,
-        namespace,
-        {
-            "metadata": {
-                "ownerReferences": [
-                    {
-                        "apiVersion": "batch/v1",
-                        "kind": "Job",
-                        "name": job.metadata.name,
-                        "uid": job.metadata.uid or "",
-                        "blockOwnerDeletion": False,
-                    }
-                ]
-            }
-        },
-    )
+    kube_retry(create)()

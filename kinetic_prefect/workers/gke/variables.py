@@ -6,6 +6,7 @@ user finds every setting they know; ``backoff_limit`` alone is left out: one Job
 
 from __future__ import annotations
 
+import copy
 from typing import Any, ClassVar, Literal
 
 from prefect_kubernetes.credentials import KubernetesClusterConfig
@@ -13,6 +14,7 @@ from prefect_kubernetes.worker import KubernetesWorkerVariables
 from pydantic import Field
 
 from kinetic_prefect.contract.job_variables import CALLER_VARIABLES, GCP_CREDENTIALS_TITLE, CallVariables
+from kinetic_prefect.workers.gke.kube import CONTAINER_SECURITY_CONTEXT, POD_SECURITY_CONTEXT
 
 # Retries belong to Prefect: a failed Job is never restarted by Kubernetes (a group fails all or nothing).
 JOB_BACKOFF_LIMIT = 0
@@ -22,7 +24,8 @@ _THEIRS = KubernetesWorkerVariables.model_fields
 
 
 def job_manifest_template() -> dict[str, Any]:
-    """The ``job_manifest`` of the pool's template: placeholders for the variables the manifest takes."""
+    """The ``job_manifest`` of the pool's template: placeholders for the variables the manifest takes, and the Pod
+    Security Standards' restricted settings every job pod runs with (shown, so the pool's form says so)."""
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -36,12 +39,15 @@ def job_manifest_template() -> dict[str, Any]:
                     "completions": 1,
                     "restartPolicy": "Never",
                     "serviceAccountName": "{{ service_account_name }}",
+                    "automountServiceAccountToken": False,
+                    "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT),
                     "containers": [
                         {
                             "name": CONTAINER,
                             "image": "{{ image }}",
                             "imagePullPolicy": "{{ image_pull_policy }}",
                             "resources": {"limits": {"cpu": "{{ cpu_limit }}", "memory": "{{ memory_limit }}"}},
+                            "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
                         }
                     ],
                 },
