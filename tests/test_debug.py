@@ -42,18 +42,20 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _user_function(tmp_path: Path, name: str) -> tuple[Any, Path, Path]:
+def _user_function(
+    tmp_path: Path, name: str, source: str = USER_MODULE, function: str = "add_slowly"
+) -> tuple[Any, Path, Path]:
     project = tmp_path / "project"
     project.mkdir()
     (project / "pyproject.toml").write_text('[project]\nname = "debugged"\nversion = "0"\n')
     module_file = project / f"{name}.py"
-    module_file.write_text(textwrap.dedent(USER_MODULE))
+    module_file.write_text(textwrap.dedent(source))
     sys.path.insert(0, str(project))
     try:
         module = importlib.import_module(name)
     finally:
         sys.path.remove(str(project))
-    return module.add_slowly, project, module_file
+    return getattr(module, function), project, module_file
 
 
 class DapClient:
@@ -107,8 +109,29 @@ class DapClient:
         assert reply["success"], reply
         return reply
 
-    def event(self, name: str, timeout: float = 30) -> dict[str, Any]:
-        return self.wait_for(lambda m: m.get("type") == "event" and m.get("event") == name, timeout)
+    def event(self, name: str, timeout: float = 30, nth: int = 1) -> dict[str, Any]:
+        """The ``nth`` event called ``name`` (the first by default)."""
+
+        def is_it(message: dict[str, Any]) -> bool:
+            return message.get("type") == "event" and message.get("event") == name
+
+        def nth_arrived(message: dict[str, Any]) -> bool:
+            return is_it(message) and [m for m in self.messages if is_it(m)].index(message) == nth - 1
+
+        return self.wait_for(nth_arrived, timeout)
+
+    def top_frames(self, stopped: dict[str, Any]) -> list[dict[str, Any]]:
+        return self.response(self.send("stackTrace", threadId=stopped["body"]["threadId"]))["body"]["stackFrames"]
+
+
+def _continue_past_the_pause(dap: DapClient) -> dict[str, Any]:
+    """Kinetic's pause: the first stop of an attached job is the runner's line just before the user's function
+    (Step Into enters it); continue from there. Returns the stopped event."""
+    stopped = dap.event("stopped", timeout=60)
+    frames = dap.top_frames(stopped)
+    assert frames[0]["name"] == "_call" and frames[0]["source"]["path"].endswith(os.path.join("pod", "runner.py"))
+    dap.response(dap.send("continue", threadId=stopped["body"]["threadId"]))
+    return stopped
 
 
 def _job_of(task_name: str, timeout: float = 60) -> Any:
@@ -179,7 +202,8 @@ def test_a_debugger_attaches_through_jobs_debug_and_stops_at_a_breakpoint(tmp_pa
         assert breakpoints["body"]["breakpoints"][0]["verified"], breakpoints
         dap.response(dap.send("configurationDone"))
         dap.response(attach)
-        stopped = dap.event("stopped", timeout=60)
+        _continue_past_the_pause(dap)
+        stopped = dap.event("stopped", timeout=60, nth=2)
         assert stopped["body"]["reason"] == "breakpoint"
         thread_id = stopped["body"]["threadId"]
         frames = dap.response(dap.send("stackTrace", threadId=thread_id))["body"]["stackFrames"]
@@ -188,6 +212,72 @@ def test_a_debugger_attaches_through_jobs_debug_and_stops_at_a_breakpoint(tmp_pa
         dap.response(dap.send("continue", threadId=thread_id))
         caller.join(60)
         assert results.get("value") == 5
+        forward.wait(15)  # the command ends with the job
+        assert forward.returncode == 0
+    finally:
+        if forward.poll() is None:
+            forward.kill()
+
+
+USER_MODULE_WITH_BREAKPOINT = """
+def scaled_sum(a, b):
+    total = a + b
+    breakpoint()
+    return total * 10
+"""
+AFTER_BREAKPOINT_LINE = 5  # breakpoint() stops on the line after it
+
+
+@pytest.mark.slow
+def test_an_attached_debugger_pauses_before_the_function_and_at_its_breakpoint(tmp_path):
+    """Kinetic's debugger pause (issue 48, defect 9): a debugger that attaches with no breakpoint set stops just
+    before the user's function (the runner's `debugpy.breakpoint()`; Step Into enters it), and `breakpoint()` in
+    the body stops in the attached debugger, where the function's locals are read; continue, and the flow gets the
+    value. More than a few seconds: a job process, debugpy's adapter start (≈ 2 s) and the CLI process."""
+    from prefect import flow
+
+    name = f"paused_{uuid.uuid4().hex[:8]}"
+    fn, project, module_file = _user_function(tmp_path, name, USER_MODULE_WITH_BREAKPOINT, "scaled_sum")
+    task = kinetic_task(fn, debug=True, project_dir=project, name=name)
+    results: dict[str, Any] = {}
+
+    @flow(name=f"debug-flow-{name}")
+    def calling_flow():
+        return task(2, 3)
+
+    caller = threading.Thread(target=lambda: results.setdefault("value", calling_flow()), daemon=True)
+    caller.start()
+    job = _job_of(name)
+    port = _free_port()
+    forward, launch = _start_forward(job.job_id, port)
+    try:
+        configuration = launch["configurations"][0]
+        dap = DapClient(port)
+        dap.response(
+            dap.send("initialize", clientID="test", adapterID="debugpy", linesStartAt1=True, pathFormat="path")
+        )
+        attach = dap.send("attach", **{k: configuration[k] for k in ("connect", "pathMappings", "justMyCode")})
+        dap.event("initialized")
+        dap.response(dap.send("configurationDone"))  # no breakpoints set
+        dap.response(attach)
+
+        paused = dap.event("stopped", timeout=60)  # before the function: nothing of it on the stack
+        frames = dap.top_frames(paused)
+        assert frames[0]["name"] == "_call", frames[:3]
+        assert frames[0]["source"]["path"].endswith(os.path.join("pod", "runner.py")), frames[0]
+        assert not any(frame["name"] == "scaled_sum" for frame in frames), frames
+        assert "value" not in results and caller.is_alive()
+        dap.response(dap.send("continue", threadId=paused["body"]["threadId"]))
+
+        stopped = dap.event("stopped", timeout=60, nth=2)  # breakpoint() in the body
+        frames = dap.top_frames(stopped)
+        assert frames[0]["name"] == "scaled_sum", frames[:3]
+        assert frames[0]["source"]["path"] == str(module_file) and frames[0]["line"] == AFTER_BREAKPOINT_LINE
+        total = dap.response(dap.send("evaluate", expression="total", frameId=frames[0]["id"], context="watch"))
+        assert total["body"]["result"] == "5"
+        dap.response(dap.send("continue", threadId=stopped["body"]["threadId"]))
+        caller.join(60)
+        assert results.get("value") == 50
         forward.wait(15)  # the command ends with the job
         assert forward.returncode == 0
     finally:
@@ -425,6 +515,7 @@ def test_a_blocking_kinetic_run_debug_call_opens_the_forward_itself(monkeypatch,
     dap.event("initialized")
     dap.response(dap.send("configurationDone"))
     dap.response(attach)
+    _continue_past_the_pause(dap)
     caller.join(90)
     assert results.get("value") == 10
 
@@ -485,6 +576,7 @@ def test_a_gke_debug_job_is_reached_through_jobs_debug_and_the_api_servers_port_
         dap.event("initialized")
         dap.response(dap.send("configurationDone"))
         dap.response(attach)
+        _continue_past_the_pause(dap)  # the same runner pauses on kinetic-gke
         caller.join(120)
         assert results.get("value") == 5
         forward.wait(30)  # the command ends with the job

@@ -155,4 +155,23 @@ def wait_for_client(store: Any, layout: RunLayout, work_path: Any, fn: Any) -> N
                 f"`kinetic-prefect jobs debug {job} --port {DEBUG_PORT}` while the job waits, or give it longer: "
                 f"{Env.DEBUG_WAIT_SECONDS} in the caller's environment (seconds)"
             )
-    _say("a debugger attached; running the function")
+    _say("a debugger attached")
+    global _attached
+    _attached = debugpy
+
+
+_attached: Any = None  # debugpy, once a debugger attached to this job (wait_for_client)
+
+
+def attached_debugpy(fn: Any) -> Any:
+    """debugpy when a debugger attached to this job, else None. The runner then calls ``debugpy.breakpoint()``
+    itself, on the line just before the function (Kinetic's pause: the editor stops there even with no
+    breakpoint set, and Step Into enters the function; issue 48, defect 9)."""
+    if _attached is None:
+        return None
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "the function")
+    _say(
+        f"paused just before {name} in the debugger: press Step Into to enter your function, or Continue to run "
+        "it (a breakpoint() in it stops there too)"
+    )
+    return _attached

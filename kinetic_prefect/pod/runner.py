@@ -182,6 +182,9 @@ def _unpickle_call(payload: bytes) -> Call:
 
 
 def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    debugpy = debugger.attached_debugpy(fn)
+    if debugpy is not None:  # debug=True and a debugger attached: stop here, before the function
+        debugpy.breakpoint()  # press Step Into to enter your function
     if inspect.iscoroutinefunction(fn):
         import asyncio
 
