@@ -8,6 +8,8 @@ test_provision_kube in this module)."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import io
 import json
 import uuid
@@ -113,9 +115,20 @@ class FakeRegistry:
 class FakeClusterAccess:
     def __init__(self) -> None:
         self.deployed: list[tuple[str, list[dict], dict]] = []
+        self.applied: list[tuple[str, list[dict]]] = []
 
     def worker_exists(self, cluster: Any, namespace: str) -> bool:
         return any(name == cluster.name for name, _, _ in self.deployed)
+
+    def namespace_exists(self, cluster: Any, namespace: str) -> bool:
+        return any(
+            name == cluster.name and doc["kind"] == "Namespace" and doc["metadata"]["name"] == namespace
+            for name, docs in self.applied
+            for doc in docs
+        )
+
+    def apply(self, cluster: Any, manifests: list[dict]) -> None:
+        self.applied.append((cluster.name, manifests))
 
     def deploy_worker(self, cluster: Any, manifests: list[dict], api: dict) -> None:
         self.deployed.append((cluster.name, manifests, api))
@@ -124,9 +137,85 @@ class FakeClusterAccess:
         return {"default-pool": 1, "kp-h100x8-spot": 2}
 
 
+PROJECT_NUMBER = 314159265358
+
+
+class FakeBucketIam:
+    """Bucket IAM policies, which fake-gcs-server does not serve: kept per bucket, each set recorded."""
+
+    def __init__(self) -> None:
+        self.bindings: dict[str, list[dict]] = {}
+        self.sets: list[tuple[str, list[dict]]] = []
+
+    def install(self, monkeypatch) -> None:
+        from google.api_core.iam import Policy
+        from google.cloud.storage.bucket import Bucket
+
+        iam = self
+
+        def get_iam_policy(bucket, *args, **kwargs):
+            policy = Policy(version=3)
+            policy.bindings = [dict(b, members=set(b["members"])) for b in iam.bindings.get(bucket.name, [])]
+            return policy
+
+        def set_iam_policy(bucket, policy, *args, **kwargs):
+            bindings = [dict(b, members=set(b["members"])) for b in policy.bindings]
+            iam.bindings[bucket.name] = bindings
+            iam.sets.append((bucket.name, bindings))
+            return policy
+
+        monkeypatch.setattr(Bucket, "get_iam_policy", get_iam_policy)
+        monkeypatch.setattr(Bucket, "set_iam_policy", set_iam_policy)
+        monkeypatch.setattr(Bucket, "project_number", property(lambda bucket: PROJECT_NUMBER))
+
+    def members(self, bucket: str, role: str = "roles/storage.objectUser") -> set[str]:
+        return {m for b in self.bindings.get(bucket, []) if b["role"] == role for m in b["members"]}
+
+
+def _signing_key_value() -> str | None:
+    from prefect.blocks.system import Secret
+
+    from kinetic_prefect import signing
+
+    try:
+        return str(Secret.load(signing.SECRET_BLOCK).get())
+    except ValueError:
+        return None
+
+
+def _delete_signing_key() -> None:
+    from prefect.blocks.system import Secret
+    from prefect.exceptions import ObjectNotFound
+
+    from kinetic_prefect import signing
+
+    with contextlib.suppress(ValueError, ObjectNotFound):
+        Secret.delete(signing.SECRET_BLOCK)
+
+
 @pytest.fixture
-def fakes(gcs_emulator, monkeypatch):
-    """The clients `kinetic-prefect` gets: fakes for GKE and Artifact Registry, fake-gcs-server for the bucket."""
+def no_signing_key():
+    """`up` saves the signing key in the session's Prefect server: none before a test, and the one there was (if
+    any) back after it, so no other test of the session signs with a key one of these made."""
+    from kinetic_prefect.shared.key_blocks import forget_signing_key
+
+    before = _signing_key_value()
+    _delete_signing_key()
+    yield
+    _delete_signing_key()
+    if before is not None:
+        from prefect.blocks.system import Secret
+
+        from kinetic_prefect import signing
+
+        Secret(value=before).save(signing.SECRET_BLOCK, overwrite=True)
+    forget_signing_key()
+
+
+@pytest.fixture
+def fakes(gcs_emulator, monkeypatch, no_signing_key):
+    """The clients `kinetic-prefect` gets: fakes for GKE and Artifact Registry, fake-gcs-server for the bucket (its
+    IAM policy faked: the emulator has none)."""
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
@@ -140,6 +229,8 @@ def fakes(gcs_emulator, monkeypatch):
     made: list[str] = []
     monkeypatch.setattr(provision_cli, "make_clients", lambda project: made.append(project) or clients)
     clients.made = made  # type: ignore[attr-defined]
+    clients.iam = FakeBucketIam()  # type: ignore[attr-defined]
+    clients.iam.install(monkeypatch)  # type: ignore[attr-defined]
     return clients
 
 
@@ -196,14 +287,16 @@ def test_up_makes_everything_once_and_a_second_up_makes_nothing(fakes, capsys):
     code, out = _cli(capsys, *args)
     assert code == 0, out
     assert len(gke.requests) + len(fakes.registry.requests) == requests_before, "a second up created something"
-    assert "Nothing to do." in out and out.count("exists") == 6  # cluster, 2 node pools, registry, bucket, pool
+    # cluster, 2 node pools, registry, bucket, namespace, bucket access, signing key, pool
+    assert "Nothing to do." in out and out.count("exists") == 9
 
 
 def test_dry_run_shows_the_plan_and_changes_nothing(fakes, capsys):
     cluster, pool = _names()
     code, out = _cli(capsys, "up", *_where(cluster), "-a", "h100x8", "--pool-name", pool, "--dry-run")
     assert code == 0, out
-    assert out.count("will create") == 5 and "dry run: nothing was changed." in out
+    # cluster, node pool, registry, bucket, namespace, bucket access, signing key, work pool
+    assert out.count("will create") == 8 and "dry run: nothing was changed." in out
     assert fakes.container.requests == [] and fakes.registry.requests == []
     assert fakes.storage.lookup_bucket(f"{PROJECT}-kn-{cluster}-jobs") is None
     from prefect.exceptions import ObjectNotFound
@@ -300,7 +393,7 @@ def test_the_in_cluster_worker_is_deployed_with_the_pools_manifests(fakes, capsy
     assert code == 0, out
     ((where, manifests, api),) = fakes.clusters.deployed
     assert where == cluster and api == {"url": "https://prefect.example/api"}
-    assert manifests == worker_manifests(pool, namespace="default", image="registry.example/worker:1")
+    assert manifests == worker_manifests(pool, namespace="kinetic", image="registry.example/worker:1")
     assert _cli(capsys, *args)[0] == 0 and len(fakes.clusters.deployed) == 1
 
 
@@ -346,5 +439,137 @@ def test_provision_kube_applies_the_worker_to_a_real_control_plane(kube):
         assert client.RbacAuthorizationV1Api(api_client).read_namespaced_role(steps.WORKER_NAME, namespace).rules
         counts = access.node_counts(cluster)
         assert counts.get("l4-pool") == 1 and counts.get("tpu-pool") == 1
+    finally:
+        core.delete_namespace(namespace)
+
+
+def _row(out: str, kind: str) -> str:
+    """The plan table's line for the resource ``kind`` (the table is printed 140 columns wide: one line a row)."""
+    [line] = [line for line in out.splitlines() if f"│ {kind} " in line]
+    return line
+
+
+def test_up_gives_jobs_a_restricted_namespace_their_own_account_alone_on_the_bucket_and_a_signing_key(
+    fakes, capsys, monkeypatch
+):
+    """Issue 45 findings 5 and 6: `up` makes the namespace that enforces the restricted Pod Security Standard, the
+    job pods' ServiceAccount, grants the bucket to that account (and the worker's) by name and to no other account
+    of any namespace, and saves a random signing key as the Prefect Secret block, shown in the dry run, never
+    printed, kept by a second `up` and by `down` unless --delete-signing-key."""
+    cluster, pool = _names()
+    bucket = f"{PROJECT}-kn-{cluster}-jobs"
+    monkeypatch.setattr(steps, "prefect_api_for_the_cluster", lambda: {"url": "https://prefect.example/api"})
+    args = ["up", *_where(cluster), "--pool-name", pool, "--worker-image", "registry.example/worker:1"]
+    code, out = _cli(capsys, *args, "--dry-run")
+    assert code == 0, out
+    assert "will create" in _row(out, "signing key") and "not shown" in _row(out, "signing key")
+    assert "will create" in _row(out, "namespace") and "restricted" in _row(out, "namespace")
+    assert "kinetic/kinetic-job" in _row(out, "bucket access")
+    assert _signing_key_value() is None and fakes.clusters.applied == [] and fakes.iam.sets == []
+
+    code, out = _cli(capsys, *args, "--yes")
+    assert code == 0, out
+    key = _signing_key_value()
+    assert key and len(base64.urlsafe_b64decode(key + "=" * (-len(key) % 4))) == 32, "a random 32-byte key"
+    assert key not in out, "the key is never printed"
+    ((where, docs),) = fakes.clusters.applied
+    namespace, account = docs
+    assert where == cluster and namespace["metadata"]["name"] == "kinetic"
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert (account["kind"], account["metadata"]["name"]) == ("ServiceAccount", "kinetic-job")
+    assert account["automountServiceAccountToken"] is False
+    principal = (
+        f"principal://iam.googleapis.com/projects/{PROJECT_NUMBER}/locations/global/workloadIdentityPools/"
+        f"{PROJECT}.svc.id.goog/subject/ns/kinetic/sa/"
+    )
+    assert fakes.iam.members(bucket) == {principal + "kinetic-job", principal + "kinetic-gke-worker"}
+    granted = {m for b in fakes.iam.bindings[bucket] for m in b["members"]}
+    assert not any("principalSet" in m or m.endswith("/sa/default") for m in granted), granted
+    defaults = {k: v.get("default") for k, v in _pool(pool).base_job_template["variables"]["properties"].items()}
+    assert (defaults["namespace"], defaults["service_account_name"]) == ("kinetic", "kinetic-job")
+    ((_, manifests, _),) = fakes.clusters.deployed
+    role = next(d for d in manifests if d["kind"] == "Role")
+    assert {v for rule in role["rules"] if "secrets" in rule["resources"] for v in rule["verbs"]} == {"create"}
+
+    code, out = _cli(capsys, *args, "--yes")
+    assert code == 0 and "Nothing to do." in out, out
+    assert _signing_key_value() == key and len(fakes.iam.sets) == 1, "a second up keeps the key and the grant"
+
+    code, out = _cli(capsys, "down", *_where(cluster), "--pool-name", pool, "--yes")
+    assert code == 0, out
+    assert "kept" in _row(out, "signing key") and _signing_key_value() == key, "down keeps the key unless asked"
+    code, out = _cli(capsys, "down", *_where(cluster), "--pool-name", pool, "--yes", "--delete-signing-key")
+    assert code == 0, out
+    assert _signing_key_value() is None
+
+
+def test_without_an_in_cluster_worker_only_the_job_account_gets_the_bucket(fakes, capsys):
+    cluster, pool = _names()
+    assert _cli(capsys, "up", *_where(cluster), "--pool-name", pool, "--yes")[0] == 0
+    assert fakes.iam.members(f"{PROJECT}-kn-{cluster}-jobs") == {
+        f"principal://iam.googleapis.com/projects/{PROJECT_NUMBER}/locations/global/workloadIdentityPools/"
+        f"{PROJECT}.svc.id.goog/subject/ns/kinetic/sa/kinetic-job"
+    }
+
+
+def test_ups_namespace_and_accounts_on_a_real_control_plane(kube):
+    """What `up` applies for kinetic's namespace and worker, on the real kube-apiserver: the namespace enforces the
+    restricted Pod Security Standard (its admission refuses a root pod), the job pods' account mounts no token and
+    may do nothing, and the worker's Role lets it create Secrets but read, change or delete none (RBAC, asked of
+    the API server as each ServiceAccount). A ResourceQuota of 0 pods keeps the worker from starting."""
+    from kubernetes import client
+
+    from kinetic_prefect.provision.cluster_access import KubeClusterAccess
+    from kinetic_prefect.workers.gke.deploy import namespace_manifests
+
+    admin = kube.api()
+    core = client.CoreV1Api(admin)
+    namespace = f"kinetic-{uuid.uuid4().hex[:6]}"
+    access, cluster = KubeClusterAccess(admin), container_v1.Cluster(name="test")
+    try:
+        assert not access.namespace_exists(cluster, namespace)
+        for _ in range(2):  # a second up leaves what is there
+            access.apply(cluster, namespace_manifests(namespace))
+        assert access.namespace_exists(cluster, namespace)
+        labels = core.read_namespace(namespace).metadata.labels
+        assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+        assert core.read_namespaced_service_account("kinetic-job", namespace).automount_service_account_token is False
+        root_pod = {"metadata": {"name": "root"}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+        with pytest.raises(client.exceptions.ApiException) as refused:
+            core.create_namespaced_pod(namespace, root_pod)
+        message = json.loads(refused.value.body)["message"]
+        assert refused.value.status == 403 and 'violates PodSecurity "restricted' in message, message
+        core.create_namespaced_resource_quota(
+            namespace, {"metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}}}
+        )
+        access.deploy_worker(
+            cluster, worker_manifests("a-pool", namespace=namespace, image="registry.invalid/worker:1"), {"url": "u"}
+        )
+
+        def allowed(account: str, verb: str, resource: str) -> bool:
+            review = client.AuthorizationV1Api(admin).create_subject_access_review(
+                {
+                    "apiVersion": "authorization.k8s.io/v1",
+                    "kind": "SubjectAccessReview",
+                    "spec": {
+                        "user": f"system:serviceaccount:{namespace}:{account}",
+                        "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
+                        "resourceAttributes": {
+                            "namespace": namespace,
+                            "verb": verb,
+                            "resource": resource,
+                            "group": "batch" if resource == "jobs" else "",
+                        },
+                    },
+                }
+            )
+            return bool(review.status.allowed)
+
+        assert allowed("kinetic-gke-worker", "create", "secrets")
+        for verb in ("get", "list", "watch", "patch", "update", "delete"):
+            assert not allowed("kinetic-gke-worker", verb, "secrets"), f"the worker may {verb} Secrets"
+        assert allowed("kinetic-gke-worker", "create", "jobs") and allowed("kinetic-gke-worker", "get", "pods")
+        for verb, resource in (("get", "pods"), ("list", "secrets"), ("create", "jobs"), ("create", "secrets")):
+            assert not allowed("kinetic-job", verb, resource), f"the job account may {verb} {resource}"
     finally:
         core.delete_namespace(namespace)

@@ -3,7 +3,8 @@ and work pool, made from zero and removed again (``kinetic_prefect.provision`` d
 
     kinetic-prefect up --project P --zone Z [--cluster NAME] [--accelerator A ...] [--spot] [--reservation R]
                        [--min-nodes N] [--pool-name NAME] [--worker-image IMAGE] [--dry-run] [--yes]
-    kinetic-prefect down --project P --zone Z [--cluster NAME] [--pool-name NAME] [--delete-data] [--yes]
+    kinetic-prefect down --project P --zone Z [--cluster NAME] [--pool-name NAME] [--delete-data]
+                         [--delete-signing-key] [--yes]
     kinetic-prefect pool add ACCELERATOR --project P --zone Z [--cluster NAME] [--spot] [--reservation R]
                        [--min-nodes N] [--dry-run]
     kinetic-prefect pool remove ACCELERATOR|NODE_POOL --project P --zone Z [--cluster NAME] [--spot] [--yes]
@@ -24,6 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from kinetic_prefect import signing
 from kinetic_prefect.contract import GKE_WORKER_TYPE, Env
 
 # Typer carries its own copy of click; its ClickException is the base of typer.BadParameter.
@@ -168,10 +170,9 @@ def _next_steps(settings: Any) -> None:
         f"{settings.cluster} --zone {settings.zone} --project {settings.project}` (context {settings.kube_context})."
     )
     console.print(
-        "The job pods reach the bucket as their Kubernetes service account (Workload Identity): grant it once with "
-        f"`gcloud storage buckets add-iam-policy-binding gs://{settings.bucket} --role=roles/storage.objectUser "
-        "--member=principalSet://iam.googleapis.com/projects/PROJECT_NUMBER/locations/global/workloadIdentityPools/"
-        f"{settings.project}.svc.id.goog/namespace/{settings.namespace}`."
+        f"Jobs run in namespace {settings.namespace} (Pod Security: restricted) as the service account "
+        f"{settings.job_service_account}, the only job account given gs://{settings.bucket} (Workload Identity); "
+        f"calls are signed with the Prefect Secret block {signing.SECRET_BLOCK!r}."
     )
 
 
@@ -181,16 +182,19 @@ def down_command(
     cluster: str = _CLUSTER,
     pool_name: str = _POOL_NAME,
     delete_data: bool = typer.Option(False, "--delete-data", help="also delete the bucket when it holds objects"),
+    delete_signing_key: bool = typer.Option(
+        False, "--delete-signing-key", help="also delete the signing key (objects signed with it stop verifying)"
+    ),
     yes: bool = _YES,
 ) -> None:
     """Delete what `up` made: the work pool, the cluster (its node pools and worker with it), the registry and the
-    bucket; a bucket that holds objects is kept unless --delete-data."""
+    bucket; a bucket that holds objects is kept unless --delete-data, the signing key unless --delete-signing-key."""
     commands = _provision()
     from kinetic_prefect.provision import plan
 
     settings = _guard(lambda: plan.settings(project, zone, cluster, work_pool=pool_name))
     clients = _clients(settings.project)
-    planned = _guard(lambda: commands.plan_down(clients, settings, delete_data))
+    planned = _guard(lambda: commands.plan_down(clients, settings, delete_data, delete_signing_key))
     _run(
         f"kinetic-prefect down: {settings.project}/{settings.zone}/{settings.cluster}",
         planned,

@@ -67,11 +67,32 @@ class KubeClusterAccess:
             raise
         return True
 
-    def deploy_worker(self, cluster: Any, manifests: list[dict[str, Any]], api: dict[str, str]) -> None:
-        """The API Secret, then each manifest; what exists already (409) is left as it is."""
+    def namespace_exists(self, cluster: Any, namespace: str) -> bool:
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        try:
+            client.CoreV1Api(self.api_client(cluster)).read_namespace(namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    def apply(self, cluster: Any, manifests: list[dict[str, Any]]) -> None:
+        """Each manifest created in order; what exists already (409) is left as it is."""
         from kubernetes import utils
 
         api_client = self.api_client(cluster)
+        for manifest in manifests:
+            try:
+                utils.create_from_dict(api_client, manifest, namespace=manifest["metadata"].get("namespace"))
+            except utils.FailToCreateError as exc:
+                if any(getattr(e, "status", None) != 409 for e in exc.api_exceptions):
+                    raise
+
+    def deploy_worker(self, cluster: Any, manifests: list[dict[str, Any]], api: dict[str, str]) -> None:
+        """The API Secret, then each manifest; what exists already (409) is left as it is."""
         namespace = manifests[0]["metadata"]["namespace"]
         secret = {
             "apiVersion": "v1",
@@ -79,12 +100,7 @@ class KubeClusterAccess:
             "metadata": {"name": API_SECRET, "namespace": namespace},
             "stringData": api,
         }
-        for manifest in [secret, *manifests]:
-            try:
-                utils.create_from_dict(api_client, manifest, namespace=namespace)
-            except utils.FailToCreateError as exc:
-                if any(getattr(e, "status", None) != 409 for e in exc.api_exceptions):
-                    raise
+        self.apply(cluster, [secret, *manifests])
 
     def node_counts(self, cluster: Any) -> dict[str, int]:
         from kubernetes import client

@@ -13,8 +13,9 @@ from kinetic_prefect.provision.steps import Clients, Step
 
 
 def plan_up(clients: Clients, settings: Settings, api: dict[str, str] | None = None) -> list[Step]:
-    """Every resource ``up`` makes, looked up: the cluster, its node pools, the registry, the bucket, the work pool,
-    the in-cluster worker. Nothing is changed until :func:`steps.apply`."""
+    """Every resource ``up`` makes, looked up: the cluster, its node pools, the registry, the bucket, the jobs'
+    namespace and service account, the bucket granted to that account alone, the signing key, the work pool, the
+    in-cluster worker. Nothing is changed until :func:`steps.apply`."""
     cluster = steps.find_cluster(clients, settings)
     existing = steps.node_pools(clients, settings) if cluster is not None else {}
     return [
@@ -22,14 +23,20 @@ def plan_up(clients: Clients, settings: Settings, api: dict[str, str] | None = N
         *(steps.node_pool_step(clients, settings, pool, existing) for pool in settings.node_pools),
         steps.repository_step(clients, settings),
         steps.bucket_step(clients, settings),
+        steps.namespace_step(clients, settings, cluster),
+        steps.bucket_access_step(clients, settings),
+        steps.signing_key_step(clients),
         steps.work_pool_step(clients, settings),
         steps.worker_step(clients, settings, cluster, api),
     ]
 
 
-def plan_down(clients: Clients, settings: Settings, delete_data: bool = False) -> list[Step]:
-    """What ``down`` deletes: the work pool, the cluster (its node pools and the worker go with it), the registry
-    (its images with it) and the bucket, which is kept while it holds objects unless ``delete_data``."""
+def plan_down(
+    clients: Clients, settings: Settings, delete_data: bool = False, delete_signing_key: bool = False
+) -> list[Step]:
+    """What ``down`` deletes: the work pool, the cluster (its node pools, namespace and worker go with it), the
+    registry (its images with it) and the bucket, which is kept while it holds objects unless ``delete_data``; the
+    signing key is kept unless ``delete_signing_key``."""
     from google.api_core import exceptions as google_errors
 
     cluster = steps.find_cluster(clients, settings)
@@ -53,6 +60,7 @@ def plan_down(clients: Clients, settings: Settings, delete_data: bool = False) -
         cluster_step,
         registry_step,
         steps.delete_bucket_step(clients, settings, delete_data),
+        steps.delete_signing_key_step(clients, delete_signing_key),
     ]
 
 

@@ -16,6 +16,7 @@ from google.cloud import container_v1
 from kinetic_prefect import accelerators
 from kinetic_prefect.accelerators import AcceleratorSpec
 from kinetic_prefect.contract import GKE_WORKER_TYPE
+from kinetic_prefect.workers.gke.deploy import JOB_SERVICE_ACCOUNT
 
 DEFAULT_CLUSTER = "kinetic-cluster"
 DEFAULT_WORK_POOL = GKE_WORKER_TYPE  # the pool `up` makes is named after its type
@@ -25,6 +26,9 @@ CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
 ACCELERATOR_NODE_LABEL = "kinetic-prefect.io/accelerator"
 STORE_PREFIX = "kinetic-prefect"
+DEFAULT_NAMESPACE = "kinetic"  # kinetic's own, enforcing the restricted Pod Security Standard
+WORKER_SERVICE_ACCOUNT = "kinetic-gke-worker"  # workers.gke.deploy.worker_manifests' default name
+BUCKET_ROLE = "roles/storage.objectUser"  # read, write and delete objects: the store, and Cloud Build's contexts
 
 _PROJECT_RE = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]")
 _ZONE_RE = re.compile(r"([a-z]+-[a-z]+[0-9]+)-[a-z]")
@@ -68,7 +72,8 @@ class Settings:
     node_pools: tuple[NodePoolSpec, ...] = ()
     work_pool: str = DEFAULT_WORK_POOL
     worker_image: str | None = None
-    namespace: str = "default"
+    namespace: str = DEFAULT_NAMESPACE
+    job_service_account: str = JOB_SERVICE_ACCOUNT
     labels: dict[str, str] = field(default_factory=lambda: {"kinetic-prefect": "true"})
 
     @property
@@ -104,6 +109,21 @@ class Settings:
         return f"gs://{self.bucket}/{STORE_PREFIX}"
 
     @property
+    def workload_pool(self) -> str:
+        return f"{self.project}.svc.id.goog"
+
+    def bucket_members(self, project_number: int | str) -> list[str]:
+        """The Workload Identity principals given the bucket: the job pods' ServiceAccount, and the in-cluster
+        worker's when ``up`` deploys one (it reads outcomes and uploads build contexts); never the namespace's
+        every account (a principalSet), nor ``default``'s."""
+        accounts = [self.job_service_account] + ([WORKER_SERVICE_ACCOUNT] if self.worker_image else [])
+        return [
+            f"principal://iam.googleapis.com/projects/{project_number}/locations/global/workloadIdentityPools/"
+            f"{self.workload_pool}/subject/ns/{self.namespace}/sa/{account}"
+            for account in accounts
+        ]
+
+    @property
     def kube_context(self) -> str:
         return f"gke_{self.project}_{self.zone}_{self.cluster}"  # what `gcloud ... get-credentials` names it
 
@@ -118,6 +138,7 @@ class Settings:
             "store": self.store,
             "kube_context": self.kube_context,
             "namespace": self.namespace,
+            "service_account_name": self.job_service_account,
         }
 
 

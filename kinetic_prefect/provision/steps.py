@@ -17,23 +17,29 @@ from typing import Any, Protocol
 from google.api_core import exceptions as google_errors
 from google.cloud import artifactregistry_v1, container_v1
 
+from kinetic_prefect import signing
 from kinetic_prefect.contract import GKE_WORKER_TYPE
 from kinetic_prefect.provision import plan
 from kinetic_prefect.provision.plan import NodePoolSpec, ProvisionError, Settings
 from kinetic_prefect.workers.base import load_template
-from kinetic_prefect.workers.gke.deploy import worker_manifests
+from kinetic_prefect.workers.gke.deploy import namespace_manifests, worker_manifests
 
 EXISTS, CREATE, UPDATE, SKIP = "exists", "will create", "will update", "skipped"
 DELETE, ABSENT, KEEP = "will delete", "not found", "kept"
 POOL_TYPE = GKE_WORKER_TYPE
-WORKER_NAME = "kinetic-gke-worker"
+WORKER_NAME = plan.WORKER_SERVICE_ACCOUNT
 API_SECRET = "prefect-api"
+SIGNING_KEY_BYTES = 32  # the master key `up` makes: secrets.token_urlsafe of this many random bytes
 
 
 class ClusterAccess(Protocol):
     """The new cluster's Kubernetes API, for what only it knows (``cluster_access.KubeClusterAccess``)."""
 
     def worker_exists(self, cluster: Any, namespace: str) -> bool: ...
+
+    def namespace_exists(self, cluster: Any, namespace: str) -> bool: ...
+
+    def apply(self, cluster: Any, manifests: list[dict[str, Any]]) -> None: ...
 
     def deploy_worker(self, cluster: Any, manifests: list[dict[str, Any]], api: dict[str, str]) -> None: ...
 
@@ -360,3 +366,109 @@ def worker_step(clients: Clients, settings: Settings, cluster: Any | None, api: 
         access.deploy_worker(cluster or find_cluster(clients, settings), manifests, api or {})
 
     return Step("worker", name, CREATE, f"{settings.worker_image}, pool {settings.work_pool}", deploy)
+
+
+# ------------------------------------------------------------------------------------------------ who may do what
+
+
+def namespace_step(clients: Clients, settings: Settings, cluster: Any | None) -> Step:
+    """kinetic's namespace, enforcing the restricted Pod Security Standard, with the job pods' ServiceAccount
+    (``workers.gke.deploy.namespace_manifests``); the worker's own ServiceAccount and Role come with the worker."""
+    note = f"Pod Security restricted; job service account {settings.job_service_account}"
+    if clients.clusters is None:
+        raise ProvisionError("no Kubernetes access to make the jobs' namespace with (install the k8s extra)")
+    access = clients.clusters
+    if cluster is not None and access.namespace_exists(cluster, settings.namespace):
+        return Step("namespace", settings.namespace, EXISTS, note)
+    manifests = namespace_manifests(settings.namespace, settings.job_service_account)
+
+    def create() -> None:
+        access.apply(cluster or find_cluster(clients, settings), manifests)
+
+    return Step("namespace", settings.namespace, CREATE, note, create)
+
+
+def bucket_access_step(clients: Clients, settings: Settings) -> Step:
+    """``plan.BUCKET_ROLE`` on the bucket for the jobs' ServiceAccount (and the worker's), each named by its
+    Workload Identity principal: not a principalSet of the namespace, so no other pod's account reaches the store."""
+    who = ", ".join(
+        f"{settings.namespace}/{a}"
+        for a in [settings.job_service_account] + ([WORKER_NAME] if settings.worker_image else [])
+    )
+    name = f"gs://{settings.bucket} {plan.BUCKET_ROLE}"
+    bucket = find_bucket(clients, settings)
+    if bucket is not None and not _missing_members(bucket, settings):
+        return Step("bucket access", name, EXISTS, who)
+
+    def grant() -> None:
+        found = find_bucket(clients, settings)
+        if found is None:
+            raise ProvisionError(f"bucket gs://{settings.bucket} is missing: its step comes first")
+        policy = found.get_iam_policy(requested_policy_version=3)
+        missing = _missing_members(found, settings, policy)
+        if missing:
+            policy.bindings.append({"role": plan.BUCKET_ROLE, "members": set(missing)})
+            found.set_iam_policy(policy)
+
+    return Step("bucket access", name, CREATE, f"{who} (Workload Identity), no other account", grant)
+
+
+def _missing_members(bucket: Any, settings: Settings, policy: Any = None) -> list[str]:
+    number = bucket.project_number
+    if not number:
+        bucket.reload()
+        number = bucket.project_number
+    if not number:
+        raise ProvisionError(f"bucket gs://{settings.bucket}: GCS gave no project number to name the principals by")
+    policy = policy if policy is not None else bucket.get_iam_policy(requested_policy_version=3)
+    granted = {m for b in policy.bindings if b.get("role") == plan.BUCKET_ROLE for m in b.get("members", ())}
+    return [m for m in settings.bucket_members(number) if m not in granted]
+
+
+def _signing_key_block(clients: Clients) -> Any | None:
+    from prefect.exceptions import ObjectNotFound
+
+    with clients.prefect_client() as client:
+        try:
+            return client.read_block_document_by_name(signing.SECRET_BLOCK, block_type_slug="secret")
+        except ObjectNotFound:
+            return None
+
+
+def signing_key_step(clients: Clients) -> Step:
+    """The store's signing key: a random ``SIGNING_KEY_BYTES``-byte secret saved as the Prefect Secret block
+    ``kinetic-signing-key``, which callers and workers read (``shared.key_blocks``), so every call on the pool
+    is signed from the first. Made only when absent (never replaced: objects signed with it must still verify), and
+    never printed."""
+    name = f"Prefect Secret block {signing.SECRET_BLOCK}"
+    if _signing_key_block(clients) is not None:
+        return Step("signing key", name, EXISTS, "kept as it is")
+
+    def create() -> None:
+        import secrets
+
+        from prefect.blocks.system import Secret
+
+        if _signing_key_block(clients) is not None:  # made meanwhile: never replaced
+            return
+        key: Secret[str] = Secret(value=secrets.token_urlsafe(SIGNING_KEY_BYTES))  # type: ignore[arg-type]
+        key.save(name=signing.SECRET_BLOCK, overwrite=False)
+
+    return Step("signing key", name, CREATE, f"random {SIGNING_KEY_BYTES}-byte key, not shown", create)
+
+
+def delete_signing_key_step(clients: Clients, delete: bool) -> Step:
+    """``down`` keeps the signing key unless asked: stored results and checkpoints signed with it verify only with
+    it, and another cluster's pools may share it."""
+    name = f"Prefect Secret block {signing.SECRET_BLOCK}"
+    block = _signing_key_block(clients)
+    if block is None:
+        return Step("signing key", name, ABSENT)
+    if not delete:
+        return Step("signing key", name, KEEP, "--delete-signing-key deletes it")
+
+    def remove() -> None:
+        with clients.prefect_client() as client:
+            client.delete_block_document(block.id)
+
+    return Step("signing key", name, DELETE, "objects signed with it can no longer be verified", remove)
