@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -272,3 +273,111 @@ def test_cleanup_keeps_a_detached_jobs_result_until_it_is_collected(store_dir, c
     listed = capsys.readouterr().out
     assert str(store / layout.result) in listed and "nobody collected" in listed and "dry run" in listed
     assert kinetic.attach(job.job_id).result(timeout=60) == 42
+
+
+def _cleanup_now(store: Path, tmp_path: Path, monkeypatch, capsys) -> str:
+    """`kinetic-prefect cleanup --older-than 0 --yes` on ``store`` (an old sweep's age, reached at once), its
+    temporary-folder rule pointed at an empty folder: other sessions' jobs share the machine's TMPDIR."""
+    from kinetic_prefect.cli import main
+
+    empty_tmp = tmp_path / "cleanup-tmp"
+    empty_tmp.mkdir(exist_ok=True)
+    with monkeypatch.context() as patch:
+        patch.setattr(tempfile, "tempdir", str(empty_tmp))
+        assert main(["cleanup", "--store", str(store), "--older-than", "0", "--yes"]) == 0
+    return capsys.readouterr().out
+
+
+def test_cleanup_during_a_sweep_in_slots_deletes_nothing_it_needs(store_dir, tmp_path, monkeypatch, capsys):
+    """Issue 48, defect 1: `cleanup --yes` deleted the payloads of a running sweep's queued inputs (a queued input
+    has no job run of its own), which then failed with ObjectNotFound. A map of 8 inputs on 2 slots, each input
+    about a second (so inputs are queued for some seconds: ~15 s in all)."""
+    from worker_fixture import new_pool as new_local_pool
+
+    from kinetic_prefect.contract import SweepKeys
+
+    monkeypatch.setenv("KINETIC_SWEEP_SLOTS", "2")
+
+    name = f"cleanup-sweep-{uuid.uuid4().hex[:6]}"
+
+    @kinetic_task(
+        name=name,
+        work_pool=new_local_pool("cleanup-sweep"),
+        submission="in-process",
+        job_variables={"keep_warm_seconds": 20},
+    )
+    def slow_square(i: int) -> int:
+        import time as _time
+
+        _time.sleep(1.0)
+        return i * i
+
+    @flow
+    def sweep() -> list:
+        futures = slow_square.map(range(8))
+        futures.wait()
+        return [f.result(raise_on_failure=False) for f in futures]
+
+    results: list = []
+    runner = threading.Thread(target=lambda: results.append(sweep()), daemon=True)
+    runner.start()
+
+    def unclaimed_inputs() -> int:
+        total = 0
+        for sweep_dir in (store_dir / SweepKeys.ROOT).glob("*"):
+            keys = SweepKeys(sweep_dir.name)
+            queued = {SweepKeys.run_id_of(p.name) for p in (store_dir / keys.queue).glob("*.json")}
+            claimed = {p.name for p in (store_dir / keys.claims).glob("*")}
+            total += len(queued - claimed)
+        return total
+
+    def running_slots() -> int:
+        runs = job_runs(name)
+        return sum(1 for run in runs if "kinetic-slot" in (run.tags or []) and run.state and run.state.is_running())
+
+    wait_for(lambda: running_slots() == 2 and unclaimed_inputs() >= 3, 120, "inputs queued behind 2 running slots")
+    listed = _cleanup_now(store_dir, tmp_path, monkeypatch, capsys)
+    runner.join(180)
+    assert not runner.is_alive(), "the sweep did not end"
+    assert results == [[i * i for i in range(8)]], (results, listed)
+    assert "sweep" not in listed, listed  # the live sweep's records were kept whole
+
+
+@pytest.mark.no_server
+def test_cleanup_removes_the_records_of_sweeps_that_are_over_and_keeps_a_live_ones(tmp_path):
+    """Issue 48, defect 6: a sweep's records stayed under sweeps/<id>/ for good when `Sweep.close()` failed at the
+    interpreter's exit, and cleanup never looked there. Over: closed, or untouched for --older-than with no
+    unfinished slot run; live: a slot run unfinished, or touched lately; a live sweep's inputs' payloads stay."""
+    from kinetic_prefect.cli.cleanup import Active, find, remove
+    from kinetic_prefect.contract import RunLayout, SweepKeys
+
+    store = tmp_path / "store"
+    old = time.time() - 7200
+
+    def sweep(closed: bool, age: float | None) -> tuple[Path, Path]:
+        keys = SweepKeys(uuid.uuid4().hex[:16])
+        run_id = uuid.uuid4().hex
+        records = [keys.queued(1, run_id), keys.claim(run_id), keys.log_chunk(run_id, 0)]
+        records += [keys.closed] if closed else []
+        payload = store / RunLayout(run_id).payload
+        for key in [*records, RunLayout(run_id).payload]:
+            (store / key).parent.mkdir(parents=True, exist_ok=True)
+            (store / key).write_text("{}")
+        if age is not None:
+            for path in [*(store / keys.prefix).rglob("*"), store / keys.prefix, payload]:
+                os.utime(path, (age, age))
+        return store / keys.prefix, payload
+
+    closed_dir, _ = sweep(closed=True, age=None)  # its caller closed it and was killed before removing it
+    abandoned_dir, abandoned_payload = sweep(closed=False, age=old)  # its caller killed; its slots gone
+    busy_dir, busy_payload = sweep(closed=False, age=old)  # inputs waiting long: a slot run is unfinished
+    recent_dir, recent_payload = sweep(closed=False, age=None)  # between two slots, touched a moment ago
+
+    active = Active(set(), set(), set(), {busy_dir.name})
+    leftovers = find(store, 3600, tmp_dir=tmp_path / "none", cache_dir=tmp_path / "none", active=active)
+    listed = {item.path for item in leftovers}
+    assert {closed_dir, abandoned_dir, abandoned_payload} <= listed, listed
+    assert not {busy_dir, busy_payload, recent_dir, recent_payload} & listed, listed
+    remove(leftovers)
+    assert not closed_dir.exists() and not abandoned_dir.exists()
+    assert busy_payload.exists() and recent_payload.exists() and busy_dir.exists() and recent_dir.exists()

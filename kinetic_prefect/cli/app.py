@@ -316,8 +316,8 @@ def cleanup_command(
     yes: bool = typer.Option(False, "--yes", help="delete what is listed (without it: a dry run)"),
 ) -> None:
     """List (or with --yes remove) what crashed calls and jobs left: payloads whose job wrote no result, empty
-    run and checkpoint folders, dead local jobs' folders, jobs' temporary folders; uncollected results only with
-    --uncollected-older-than."""
+    run and checkpoint folders, dead local jobs' folders, jobs' temporary folders, the records of sweeps that are
+    over (never a live sweep's, nor its inputs' payloads); uncollected results only with --uncollected-older-than."""
     from kinetic_prefect.cli.cleanup import active_runs, describe, find, remove, store_root
 
     try:

@@ -9,6 +9,9 @@ killed at the wrong moment could not remove:
   waits to be collected, by a detached job's ``kinetic.attach(id).result()`` or ``jobs result ID`` hours later,
   so it is never removed under the ordinary age; a polling caller killed with ``kill -9`` leaves one too;
 * empty ``runs/<id>/`` and ``checkpoints/<task run>/`` folders;
+* ``sweeps/<id>/`` records of sweeps that are over: no slot run of theirs is unfinished and they are ``closed``
+  or untouched for ``--older-than`` (a caller killed before its sweep closed); a live sweep is kept whole, and
+  so are its inputs' payloads and checkpoints (a queued input has no job run of its own to protect them);
 * ``jobs/<run>/`` folders of ``kinetic-local`` jobs whose processes are gone and that no worker will reattach to;
 * ``kinetic-outputs-*``, ``kinetic-checkpoint-*`` and ``kinetic-work-*`` folders in TMPDIR (jobs of versions
   that kept them there, or jobs started without a job folder) and half-unpacked ``.extract-*`` folders in the
@@ -26,11 +29,12 @@ import json
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from kinetic_prefect import config
-from kinetic_prefect.contract import Env, RunLayout
+from kinetic_prefect.contract import Env, RunLayout, SweepKeys
 from kinetic_prefect.signing import SUFFIX
 
 TMP_PREFIXES = ("kinetic-outputs-", "kinetic-checkpoint-", "kinetic-work-")
@@ -56,8 +60,18 @@ def _newest_mtime(path: Path) -> float:
     return max(times)
 
 
-def active_runs() -> tuple[set[str], set[str], set[str]]:
-    """(store run ids, checkpoint keys, flow run ids) of the kinetic job runs Prefect has as not final."""
+class Active(NamedTuple):
+    """What the kinetic job runs Prefect has as not final use."""
+
+    run_ids: set[str]  # their store run ids
+    checkpoints: set[str]  # their checkpoint keys
+    flow_runs: set[str]  # their flow run ids
+    sweeps: frozenset[str] | set[str] = frozenset()  # the sweep ids of the unfinished slot runs
+
+
+def active_runs() -> Active:
+    """(store run ids, checkpoint keys, flow run ids, sweep ids) of the kinetic job runs Prefect has as not
+    final."""
     from prefect import get_client
     from prefect.client.schemas.filters import (
         FlowRunFilter,
@@ -71,6 +85,7 @@ def active_runs() -> tuple[set[str], set[str], set[str]]:
     run_ids: set[str] = set()
     checkpoints: set[str] = set()
     flow_runs: set[str] = set()
+    sweeps: set[str] = set()
     with get_client(sync_client=True) as client:
         offset = 0
         while True:
@@ -89,8 +104,10 @@ def active_runs() -> tuple[set[str], set[str], set[str]]:
                     run_ids.add(env[Env.RUN_ID])
                 if env.get(Env.CHECKPOINT_KEY):
                     checkpoints.add(env[Env.CHECKPOINT_KEY])
+                if env.get(Env.SWEEP_ID):
+                    sweeps.add(env[Env.SWEEP_ID])
             if len(page) < 200:
-                return run_ids, checkpoints, flow_runs
+                return Active(run_ids, checkpoints, flow_runs, sweeps)
             offset += 200
 
 
@@ -110,17 +127,21 @@ def find(
     older_than_s: float,
     tmp_dir: Path | None = None,
     cache_dir: Path | None = None,
-    active: tuple[set[str], set[str], set[str]] | None = None,
+    active: tuple[set[str], ...] | None = None,
     uncollected_older_than_s: float | None = None,
 ) -> list[Leftover]:
     """What ``cleanup`` would remove, oldest rule first. A run's result (and the payload beside it) waits to be
     collected: it is listed only when ``uncollected_older_than_s`` is given and it is that old."""
-    run_ids, checkpoint_keys, flow_runs = active if active is not None else active_runs()
+    run_ids, checkpoint_keys, flow_runs, live_slots = Active(*active) if active is not None else active_runs()
     now = time.time()
     cutoff = now - older_than_s
+    sweeps = _sweeps(store_root, live_slots, cutoff)
+    run_ids = run_ids | sweeps.input_runs  # a live sweep's inputs: queued, running or waiting to be collected
+    checkpoint_keys = checkpoint_keys | sweeps.input_checkpoints
     return [
         *_run_leftovers(store_root, run_ids, now, cutoff, uncollected_older_than_s),
         *_checkpoint_leftovers(store_root, checkpoint_keys, cutoff),
+        *sweeps.over,
         *_local_job_leftovers((cache_dir or config.cache_dir()) / "jobs", flow_runs, cutoff),
         *_tmp_leftovers(tmp_dir or Path(tempfile.gettempdir()), cutoff),
         *_half_unpacked_archives(cutoff),
@@ -152,6 +173,41 @@ def _run_leftovers(
             found.append(Leftover(path, path.stat().st_size, why))
         if not any(run_dir.iterdir()) and run_dir.stat().st_mtime < cutoff:
             found.append(Leftover(run_dir, 0, "an empty run folder"))
+    return found
+
+
+@dataclass
+class _Sweeps:
+    over: list[Leftover] = field(default_factory=list)  # the records of sweeps that are over
+    input_runs: set[str] = field(default_factory=set)  # the run ids of live sweeps' inputs
+    input_checkpoints: set[str] = field(default_factory=set)  # their checkpoint keys
+
+
+def _sweeps(store_root: Path, live_slots: frozenset[str] | set[str], cutoff: float) -> _Sweeps:
+    """The sweeps under ``sweeps/``: over (no unfinished slot run, and closed or untouched since ``cutoff``), or
+    live, whose inputs' run ids and checkpoints are kept."""
+    found = _Sweeps()
+    root = store_root / SweepKeys.ROOT
+    if not root.is_dir():
+        return found
+    for sweep_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        keys = SweepKeys(sweep_dir.name)
+        try:
+            closed = (store_root / keys.closed).exists()
+            if sweep_dir.name not in live_slots and (closed or _newest_mtime(sweep_dir) < cutoff):
+                why = "a closed sweep's records" if closed else "the records of a sweep whose slot runs all ended"
+                found.over.append(Leftover(sweep_dir, _size(sweep_dir), why))
+                continue
+            queue = store_root / keys.queue
+            queued = sorted(queue.glob("*" + SweepKeys.QUEUED_SUFFIX)) if queue.is_dir() else []
+        except FileNotFoundError:  # its caller removed it meanwhile
+            continue
+        for path in queued:
+            found.input_runs.add(SweepKeys.run_id_of(path.name))
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                checkpoint = (json.loads(path.read_text()).get("env") or {}).get(Env.CHECKPOINT_KEY)
+                if checkpoint:
+                    found.input_checkpoints.add(checkpoint)
     return found
 
 
