@@ -144,3 +144,37 @@ def test_a_file_removed_while_the_project_is_packed_is_left_out(tmp_path, monkey
     archive = archive_project(tmp_path)
     with tarfile.open(fileobj=io.BytesIO(__import__("gzip").decompress(archive.data))) as tar:
         assert tar.getnames() == ["train.py"]
+
+
+@pytest.mark.parametrize("inside", ["store", "cache"])
+def test_a_store_or_cache_inside_the_project_is_never_shipped(tmp_path, monkeypatch, inside):
+    """Issue 48, defect 3: with KINETIC_STORE=./kinetic-store (or the cache directory) inside the project, every call
+    shipped the store in its project archive, earlier archives included: 2 MB became 34 MB after 4 calls. Three
+    calls, each storing its archive and payload as a call does: the archive neither grows nor lists the folder."""
+    from kinetic_prefect.caller.payload import cached_project_archive
+    from kinetic_prefect.contract import RunLayout
+    from kinetic_prefect.storage import LocalStore
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text("[project]\nname='proj'\n")
+    (project / "train.py").write_text("def train(x):\n    return x\n" + "# padding\n" * 2000)
+    monkeypatch.chdir(project)
+    if inside == "store":
+        monkeypatch.setenv("KINETIC_STORE", "./kinetic-store")
+        folder = project / "kinetic-store"
+    else:
+        monkeypatch.delenv("KINETIC_STORE", raising=False)
+        monkeypatch.setenv("KINETIC_CACHE_DIR", str(project / ".kinetic-cache"))
+        folder = project / ".kinetic-cache"
+    store = LocalStore(folder / "store" if inside == "cache" else folder)
+    sizes, names = [], set()
+    for call in range(3):
+        archive = cached_project_archive(project)
+        store.put_bytes(archive.key, archive.data)  # as a call uploads its code, then its payload
+        store.put_bytes(RunLayout(f"run-{call}").payload, b"p" * 100_000)
+        sizes.append(len(archive.data))
+        with tarfile.open(fileobj=io.BytesIO(archive.data)) as tar:
+            names |= set(tar.getnames())
+    assert sizes[0] == sizes[1] == sizes[2], sizes
+    assert names == {"pyproject.toml", "train.py"}, names

@@ -36,6 +36,7 @@ from typing import Any
 
 import pathspec
 
+from kinetic_prefect import config
 from kinetic_prefect.contract import code_key
 
 # Never shipped, whatever the ignore files say: VCS data, environments and caches.
@@ -247,13 +248,24 @@ def _tar_gz(root: Path, stats: list[tuple[str, int, int, int]]) -> ProjectArchiv
     return ProjectArchive(root=root, sha256=sha256_hex(data), data=data, files=len(stats))
 
 
+def kinetic_folders() -> list[Path]:
+    """Kinetic's own folders, never shipped wherever they are (a store inside the project would otherwise ship
+    itself, earlier archives included, with every call): the local store and the cache directory (environments,
+    job folders and warm runners are under it)."""
+    folders = [config.cache_dir()]
+    store = config.default_store_url()
+    if "://" not in store:
+        folders.append(Path(store))
+    return [folder.expanduser().resolve() for folder in folders]
+
+
 def archive_project(root: Path, exclude: Iterable[Path] = ()) -> ProjectArchive:
     """A deterministic tar.gz of the project (same files and bytes → same sha256), memoized by file stats.
 
     Lists the project (``git ls-files``) on every call; a fan-out calls :func:`cached_project_archive`.
     """
     root = root.resolve()
-    selection = _select_project_files(root, exclude)
+    selection = _select_project_files(root, [*exclude, *kinetic_folders()])
     stats = _file_stats(root, selection.files)
     signature = (str(root), tuple(stats))
     cached = _archive_memo.get(signature)
@@ -372,7 +384,7 @@ def cached_project_archive(project_dir: Path, exclude: Iterable[Path] = ()) -> P
     """
     arrived = time.monotonic_ns()
     root = Path(project_dir).resolve()
-    exclude = [Path(p).resolve() for p in exclude]
+    exclude = [Path(p).resolve() for p in (*exclude, *kinetic_folders())]
     excluded = tuple(sorted(os.path.relpath(p, root) for p in exclude if p.is_relative_to(root) and p != root))
     key = (str(root), excluded)
     with _archive_lock:
