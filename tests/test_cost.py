@@ -193,7 +193,7 @@ def test_a_budget_below_the_jobs_cost_stops_it_within_two_seconds_not_retried_ou
 
     state = pipeline(return_state=True)
     assert state.is_failed()
-    with pytest.raises(BudgetExceeded, match=r"budget of \$0.05 reached after 0\.\d min"):
+    with pytest.raises(BudgetExceeded, match=r"budget of \$0.05 reached after \d+\.\d s"):
         state.result()
     runs = job_runs(name)
     assert len(runs) == 1, "a budget stop must not be retried"
@@ -607,3 +607,12 @@ def test_the_sampler_reads_this_machine_and_jax_on_cpu_reports_no_device_memory(
     assert samples[-1]["rss"] > 0 and samples[-1]["mem_total"] > samples[-1]["rss"] and "cpu" in samples[-1]
     if utilization.Nvml.open() is None:
         assert "gpus" not in samples[-1]  # no NVML here: the figure is left out, not faked
+
+
+@pytest.mark.no_server
+def test_a_budget_reached_within_a_minute_says_so_in_seconds():
+    """Issue 48, defect 11: a budget stop said "after 0.0 min"."""
+    from kinetic_prefect.shared.cost import budget_message
+
+    assert budget_message(0.01, 2.5 / 60) == "budget of $0.01 reached after 2.5 s"
+    assert budget_message(2.5, 23.4) == "budget of $2.5 reached after 23.4 min"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import tarfile
 import threading
 import warnings
@@ -178,3 +179,43 @@ def test_a_store_or_cache_inside_the_project_is_never_shipped(tmp_path, monkeypa
             names |= set(tar.getnames())
     assert sizes[0] == sizes[1] == sizes[2], sizes
     assert names == {"pyproject.toml", "train.py"}, names
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"timeout_seconds": -1}, "timeout_seconds=-1: give a number of seconds above 0"),
+        ({"timeout_seconds": 0}, "timeout_seconds=0: give a number of seconds above 0"),
+        ({"retries": -1}, "retries=-1: give a whole number, 0 or more"),
+    ],
+)
+def test_an_option_every_call_would_fail_on_is_refused_at_decoration(options, named):
+    """Issue 48, defect 11: timeout_seconds=-1 and retries=-1 were accepted at decoration; a -1 timeout then failed
+    every call with Prefect's "generator didn't yield"."""
+    from kinetic_prefect import kinetic_task
+
+    def double(x: int) -> int:
+        return 2 * x
+
+    with pytest.raises(ValueError, match=re.escape(named)):
+        kinetic_task(**options)(double)
+    task = kinetic_task(double)
+    with pytest.raises(ValueError, match=re.escape(named)):
+        task.with_options(**options)
+
+
+def test_a_generator_function_is_refused_at_decoration():
+    """Issue 48, defect 11: a generator function (or an async one) was accepted at decoration and failed at run."""
+    from kinetic_prefect import kinetic_task
+
+    def numbers(n: int):
+        yield from range(n)
+
+    async def numbers_async(n: int):
+        for i in range(n):
+            yield i
+
+    with pytest.raises(ValueError, match=r"numbers\(\): it is a generator function .*return a list instead"):
+        kinetic_task(numbers)
+    with pytest.raises(ValueError, match=r"numbers_async\(\): it is an async generator function .*return a list"):
+        kinetic_task(name="squares")(numbers_async)

@@ -73,6 +73,25 @@ def _check_job_name(name: str, fn: Callable[..., Any]) -> None:
     )
 
 
+def _check_task_options(fn: Callable[..., Any], options: dict[str, Any]) -> None:
+    """What Prefect accepts at decoration and fails on at every call: refused now, naming the option or function."""
+    import inspect
+
+    timeout = options.get("timeout_seconds")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0):
+        raise ValueError(f"kinetic_task timeout_seconds={timeout!r}: give a number of seconds above 0 (or None)")
+    retries = options.get("retries")
+    if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int) or retries < 0):
+        raise ValueError(f"kinetic_task retries={retries!r}: give a whole number, 0 or more (or None)")
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        kind = "an async generator" if inspect.isasyncgenfunction(fn) else "a generator"
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise ValueError(
+            f"kinetic_task cannot run {name}(): it is {kind} function (it yields), and a generator cannot be sent "
+            "back from the job; return a list instead"
+        )
+
+
 def _isolated(cache_policy: Any) -> Any:
     """Identical concurrent calls of a cached kinetic task run one job: a SERIALIZABLE policy with a
     lock in the artifact store (kinetic_prefect.caller.locks), so the other callers wait and get the cached
@@ -199,6 +218,7 @@ class KineticTask(Task):
             options["retry_condition_fn"] = _no_retry_for_deterministic_failures(options["retry_condition_fn"])
         if options.get("name") is not None:
             _check_job_name(options["name"], self.user_fn)
+        _check_task_options(self.user_fn, options)
         new: Any = super().with_options(**options)
         results_follow_pool = self.results_follow_pool and options.get("result_storage") is None
         kinetic = self.kinetic
@@ -297,6 +317,7 @@ def kinetic_task(
 
     def decorate(fn: Callable[..., Any]) -> KineticTask:
         _check_job_name(task_options.get("name") or fn.__name__, fn)
+        _check_task_options(fn, task_options)
         options = _options(
             accelerator=accelerator,
             requirements=requirements,

@@ -210,8 +210,9 @@ def seconds_to_budget(
 
 
 def budget_message(budget: float, minutes: float) -> str:
-    """The run's final message when its budget stopped it."""
-    return f"budget of ${budget:g} reached after {minutes:.1f} min"
+    """The run's final message when its budget stopped it (in seconds under a minute: never "after 0.0 min")."""
+    took = f"{minutes * 60:.1f} s" if minutes < 1 else f"{minutes:.1f} min"
+    return f"budget of ${budget:g} reached after {took}"
 
 
 @dataclass
