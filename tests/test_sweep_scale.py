@@ -69,6 +69,8 @@ def _input_task_runs(name: str) -> list[Any]:
         TaskRunFilterName,
     )
 
+    from kinetic_prefect.contract import TRACKING_TASK_KEY_PREFIX
+
     runs: list[Any] = []
     with get_client(sync_client=True) as client:
         flow_runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[f"{name}-flow"])))
@@ -82,7 +84,7 @@ def _input_task_runs(name: str) -> list[Any]:
             )
             runs += page
             if len(page) < 200:
-                return runs
+                return [run for run in runs if not run.task_key.startswith(TRACKING_TASK_KEY_PREFIX)]
 
 
 def _assert_every_value_and_run(inputs: int, values: list[int], name: str, slots: bool = True) -> None:

@@ -111,10 +111,10 @@ def split_variables(job_variables: dict[str, Any]) -> tuple[dict[str, Any], dict
 def sweep_for(key: tuple[Any, ...], make: Any) -> Sweep:
     """The open sweep of ``key``, or a new one from ``make()``."""
     global _exit_hook
+    if not _exit_hook:  # outside the lock: starting Prefect's senders waits for its loop thread
+        _exit_hook = True
+        _register_exit_hook()
     with _lock:
-        if not _exit_hook:  # registered after Prefect's loop threads: atexit runs it before their shutdown
-            atexit.register(_close_at_exit)
-            _exit_hook = True
         sweep = _sweeps.get(key)
         if sweep is None or sweep.closed:
             sweep = _sweeps[key] = make()
@@ -123,6 +123,25 @@ def sweep_for(key: tuple[Any, ...], make: Any) -> Sweep:
 
 
 _exit_hook = False
+
+
+def _register_exit_hook() -> None:
+    """``_close_at_exit`` runs when the main thread ends, *before* the interpreter shuts down the thread pools of
+    concurrent.futures and Prefect's event and log senders (threading's exit hooks run last-registered first;
+    ``atexit``'s run after all of them): a sweep closed later could start no thread ("cannot schedule new futures
+    after interpreter shutdown"), and its slots' events, cost and tables of inputs were lost with a traceback each
+    ("can't register atexit after shutdown"). The senders are started first, so their hooks come after this one
+    and send what the slots' ends emit."""
+    with contextlib.suppress(Exception):  # without them the slots' ends still reach the API, their events do not
+        from prefect.events.worker import EventsWorker
+        from prefect.logging.handlers import APILogWorker
+
+        EventsWorker.instance()
+        APILogWorker.instance()
+    try:
+        threading._register_atexit(_close_at_exit)  # type: ignore[attr-defined]  # noqa: SLF001
+    except (AttributeError, RuntimeError):  # another Python, or the interpreter is already ending
+        atexit.register(_close_at_exit)
 
 
 # --------------------------------------------------------------------------- one sweep
@@ -134,6 +153,7 @@ class _Slot:
     name: str
     final: asyncio.Future
     flow_run: Any = None
+    task: asyncio.Task | None = None  # its whole end: run final, inputs' rows published
 
 
 @dataclass(eq=False)
@@ -170,10 +190,11 @@ class Sweep:
         self.loop = asyncio.get_running_loop()
         self.cap = slot_count(self.pool)
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task:
         task = self.loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def run_input(self, run_id: str, per_call_env: dict[str, str], task_run: Any, name: str) -> tuple:
         """Queue one input and wait until it is decided: ("done", its done record), ("slot-ended", the slot's
@@ -284,7 +305,7 @@ class Sweep:
                 uuid.uuid4().hex, f"{self.task_name}-slot{len(self.every_slot) + 1}", self.loop.create_future()
             )
             self.slots[slot.run_id] = self.every_slot[slot.run_id] = slot
-            self._spawn(self._run_slot(slot))
+            slot.task = self._spawn(self._run_slot(slot))
 
     def _slot_variables(self, slot: _Slot) -> dict[str, Any]:
         env = {
@@ -314,6 +335,7 @@ class Sweep:
                 tags=["kinetic", SLOT_TAG, SWEEP_TAG_PREFIX + self.keys.sweep_id],
                 for_polling_worker=self.polling,
                 signing_key=self.signing_key,
+                in_flow_run=self.key[0],  # its cost is the calling flow run's, as a single call's job's is
             )
             if self.stopped:
                 await prefect_runs.cancel_unstarted_run(self.client, slot.flow_run.id, "its sweep was stopped")
@@ -467,6 +489,8 @@ class Sweep:
             await to_thread.run_sync(self.store.put_bytes, self.keys.closed, b"")
         for slot in list(self.every_slot.values()):
             await slot.final
+            if slot.task is not None and slot.task is not asyncio.current_task():  # its table and cost published
+                await asyncio.wait({slot.task})
         if self in _open:
             _open.discard(self)
             await to_thread.run_sync(self.store.delete_prefix, self.keys.prefix + "/")

@@ -116,6 +116,7 @@ async def create_job_flow_run(
     tags: list[str],
     for_polling_worker: bool,
     signing_key: Any = None,
+    in_flow_run: UUID | None = None,
 ) -> FlowRun:
     """The job's flow run, drawn as Prefect draws a subflow called inside a task: under a tracking task
     run of its own (named like the job, in the caller's flow run, ``__parents__`` = the calling task run).
@@ -124,6 +125,9 @@ async def create_job_flow_run(
     parent task run (``UpdateSubflowParentTask``), and the first of those (the job's Pending) takes the
     calling task out of Running, which releases its tag-concurrency slot while the job has not even
     started: a ``.map()`` under a limit of 2 ran 4 jobs at once. The calling task's state stays its own.
+
+    ``in_flow_run`` (with no ``caller``): a job that serves several calls of that flow run (a sweep's slot) hangs
+    under a tracking task run there with no ``__parents__``: its cost counts in the flow run's (``flow_cost``).
     """
     from kinetic_prefect import signing
 
@@ -138,6 +142,7 @@ async def create_job_flow_run(
             caller=caller,
             tags=tags,
             for_polling_worker=for_polling_worker,
+            in_flow_run=in_flow_run,
         )
 
 
@@ -151,20 +156,23 @@ async def _create_job_flow_run(
     caller: TaskRun | None,
     tags: list[str],
     for_polling_worker: bool,
+    in_flow_run: UUID | None = None,
 ) -> FlowRun:
     # A flow record is all the API needs; no Flow object (and no bundle) is built.
     flow = SimpleNamespace(name=flow_name, version=None, retries=0, retry_delay_seconds=0)
     tracker_id = None
-    if caller is not None:
+    tracker_flow_run = caller.flow_run_id if caller is not None else in_flow_run
+    if tracker_flow_run is not None:
+        parents = {"__parents__": [TaskRunResult(id=caller.id)]} if caller is not None else {}
         tracker = await with_retries(
             lambda: client.create_task_run(
                 _tracking_task(flow_name),
-                flow_run_id=caller.flow_run_id,
+                flow_run_id=tracker_flow_run,
                 dynamic_key=uuid4().hex,
                 name=run_name,
                 extra_tags=["kinetic"],
                 state=Pending(),
-                task_inputs={"__parents__": [TaskRunResult(id=caller.id)]},
+                task_inputs=parents,
             ),
             what="creating the job's tracking task run",
         )

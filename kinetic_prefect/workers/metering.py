@@ -259,10 +259,12 @@ async def publish_job_cost(worker: Any, flow_run: FlowRun, meter: JobMeter) -> c
 
 
 async def calling_flow_run_id(client: Any, flow_run: FlowRun) -> UUID | None:
-    """The flow run that called this job (through its tracking task run), or None for a bare job run."""
-    task_run_id = await prefect_runs.calling_task_run_id(client, flow_run)
-    task_run = await prefect_runs.read_task_run_or_none(client, task_run_id) if task_run_id else None
-    return task_run.flow_run_id if task_run is not None else None
+    """The flow run that called this job: its tracking task run's (a call's, or a sweep's slot's, which serves
+    several calls of that flow run), or None for a bare job run."""
+    if flow_run.parent_task_run_id is None:
+        return None
+    tracker = await prefect_runs.read_task_run_or_none(client, flow_run.parent_task_run_id)
+    return tracker.flow_run_id if tracker is not None else None
 
 
 async def publish_flow_total(worker: Any, flow_run: FlowRun) -> cost.FlowCost | None:
