@@ -114,3 +114,50 @@ def test_a_map_in_slots_costs_its_flow_run_as_a_job_per_input_does(tmp_path):
     assert cli_total(in_slots) == pytest.approx(slots_total, abs=1e-5)
     assert cli_total(one_each) == pytest.approx(singles_total, abs=1e-5)
 
+
+BATCH_SCRIPT = textwrap.dedent("""
+    import sys
+    from kinetic_prefect import kinetic
+
+    NAME, POOL = sys.argv[1:3]
+
+    @kinetic.run(accelerator="cpu", work_pool=POOL, name=NAME)
+    def square(x):
+        return x * x
+
+    batch = square.run_async_map([1, 2, 3])
+    print("GROUP", batch.group_id, flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_a_script_ending_after_run_async_map_exits_and_its_batch_is_found_from_another_process(tmp_path):
+    """Defect 5: a script whose last line is ``run_async_map`` (no worker polls the pool: the batch rides in slots,
+    bound to its process) ends once its batch has run, within 90 s (before: it hung, its inputs' task runs
+    "Finished in state Pending()"), with no traceback; another process then finds the batch and its values."""
+    from worker_fixture import new_pool
+
+    name = f"batch-end-{uuid.uuid4().hex[:6]}"
+    script = tmp_path / "batch.py"
+    script.write_text(BATCH_SCRIPT)
+    env = {**os.environ, "KINETIC_SWEEP_SLOTS": "2"}
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(script), name, new_pool("batch-end")],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=90,
+            env=env,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the script still ran 90 s after its last line:\n{(exc.stderr or b'')[-4000:]!r}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "Traceback" not in proc.stderr and "Pending()" not in proc.stderr, proc.stderr[-5000:]
+    group = next(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("GROUP "))
+    collect = (
+        "import sys; from kinetic_prefect import kinetic; "
+        f"print('VALUES', kinetic.attach_batch({group!r}).results(timeout=60))"
+    )
+    other = subprocess.run([sys.executable, "-c", collect], capture_output=True, text=True, timeout=120, env=env)
+    assert other.returncode == 0 and "VALUES [1, 4, 9]" in other.stdout, other.stdout[-2000:] + other.stderr[-4000:]
