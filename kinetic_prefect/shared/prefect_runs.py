@@ -163,7 +163,7 @@ async def _create_job_flow_run(
     tracker_id = None
     tracker_flow_run = caller.flow_run_id if caller is not None else in_flow_run
     if tracker_flow_run is not None:
-        parents = {"__parents__": [TaskRunResult(id=caller.id)]} if caller is not None else {}
+        parents: dict[str, list[Any]] = {"__parents__": [TaskRunResult(id=caller.id)]} if caller is not None else {}
         tracker = await with_retries(
             lambda: client.create_task_run(
                 _tracking_task(flow_name),
