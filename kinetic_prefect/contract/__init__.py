@@ -238,6 +238,7 @@ class WarmRunnerFiles:
         Env.FLOW_RUN_ID,
         Env.ENV_BLOCK,
         Env.JOB_DIR,  # the call's own folder (its working copy of the project, its log)
+        Env.JOB_SIGNATURE,  # the caller's signature over this call's job variables (checked by the worker)
     )
     PER_CALL_ENV_PREFIXES = ("PREFECT__",)  # Prefect's own per-run variables (PREFECT__FLOW_RUN_ID...)
 
