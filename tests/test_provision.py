@@ -573,3 +573,51 @@ def test_ups_namespace_and_accounts_on_a_real_control_plane(kube):
             assert not allowed("kinetic-job", verb, resource), f"the job account may {verb} {resource}"
     finally:
         core.delete_namespace(namespace)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["up", "--project", PROJECT, "--zone", ZONE, "--dry-run"],
+        ["down", "--project", PROJECT, "--zone", ZONE, "--yes"],
+        ["pool", "list", "--project", PROJECT, "--zone", ZONE],
+    ],
+    ids=["up --dry-run", "down", "pool list"],
+)
+def test_without_google_credentials_one_line_says_how_to_log_in(capsys, monkeypatch, tmp_path, args):
+    """No GOOGLE_APPLICATION_CREDENTIALS, no gcloud ADC file, no metadata server (an unroutable loopback port, and
+    google-auth told not to probe GCE): the real clients are made, and the command says what to run, no traceback."""
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))  # where gcloud keeps the ADC file: empty
+    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")
+    monkeypatch.setenv("GCE_METADATA_IP", "127.0.0.1:9")
+    monkeypatch.setenv("NO_GCE_CHECK", "True")
+    code, out = _cli(capsys, *args)
+    assert code == 1, out
+    assert "gcloud auth application-default login" in out, out
+    assert "Traceback" not in out and "DefaultCredentialsError" not in out, out
+    assert len(out.strip().splitlines()) == 1, out
+
+
+def test_down_and_pool_remove_dry_run_delete_nothing(fakes, capsys):
+    cluster, pool = _names()
+    assert _cli(capsys, "up", *_where(cluster), "-a", "l4", "--pool-name", pool, "--yes")[0] == 0
+    bucket = fakes.storage.bucket(f"{PROJECT}-kn-{cluster}-jobs")
+    bucket.blob("kinetic-prefect/runs/r1/result.pkl").upload_from_string(b"a result")
+    fakes.container.requests.clear()
+    fakes.registry.requests.clear()
+
+    # no --yes and nothing on stdin: a dry run never asks
+    code, out = _cli(capsys, "down", *_where(cluster), "--pool-name", pool, "--delete-data", "--dry-run")
+    assert code == 0, out
+    assert "will delete" in out and "dry run: nothing was changed." in out
+    assert fakes.container.calls("delete_cluster") == [] and fakes.container.clusters
+    assert fakes.registry.repositories and fakes.registry.requests == []
+    assert [b.name for b in bucket.list_blobs()] == ["kinetic-prefect/runs/r1/result.pkl"]
+    assert _pool(pool).type == "kinetic-gke"
+
+    code, out = _cli(capsys, "pool", "remove", "l4", *_where(cluster), "--dry-run")
+    assert code == 0, out
+    assert "kp-l4" in out and "will delete" in out and "dry run: nothing was changed." in out
+    assert fakes.container.calls("delete_node_pool") == []
+    assert any(name.endswith(f"/{cluster}") and "kp-l4" in pools for name, pools in fakes.container.pools.items())

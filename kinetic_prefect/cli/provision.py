@@ -4,10 +4,11 @@ and work pool, made from zero and removed again (``kinetic_prefect.provision`` d
     kinetic-prefect up --project P --zone Z [--cluster NAME] [--accelerator A ...] [--spot] [--reservation R]
                        [--min-nodes N] [--pool-name NAME] [--worker-image IMAGE] [--dry-run] [--yes]
     kinetic-prefect down --project P --zone Z [--cluster NAME] [--pool-name NAME] [--delete-data]
-                         [--delete-signing-key] [--yes]
+                         [--delete-signing-key] [--dry-run] [--yes]
     kinetic-prefect pool add ACCELERATOR --project P --zone Z [--cluster NAME] [--spot] [--reservation R]
                        [--min-nodes N] [--dry-run]
-    kinetic-prefect pool remove ACCELERATOR|NODE_POOL --project P --zone Z [--cluster NAME] [--spot] [--yes]
+    kinetic-prefect pool remove ACCELERATOR|NODE_POOL --project P --zone Z [--cluster NAME] [--spot] [--dry-run]
+                       [--yes]
     kinetic-prefect pool list --project P --zone Z [--cluster NAME] [--json]
 
 Every option is checked before the first request; each resource is looked up before anything is made, and what
@@ -45,6 +46,7 @@ _RESERVATION = typer.Option(None, "--reservation", metavar="NAME", help="consume
 _MIN_NODES = typer.Option(0, "--min-nodes", metavar="N", help="nodes kept running (default 0: scale to zero)")
 _YES = typer.Option(False, "--yes", "-y", help="do not ask before changing anything")
 _DRY_RUN = typer.Option(False, "--dry-run", help="print the plan (exists / will create) and change nothing")
+_DRY_RUN_DELETE = typer.Option(False, "--dry-run", help="print what would be deleted and delete nothing")
 _STATE_STYLE = {"exists": "green", "will create": "yellow", "will update": "yellow", "will delete": "red"}
 
 
@@ -67,8 +69,27 @@ def _provision() -> Any:
     return commands
 
 
+_NO_CREDENTIALS = (
+    "no Google credentials: run `gcloud auth application-default login` "
+    "(or set GOOGLE_APPLICATION_CREDENTIALS to a service account key file)"
+)
+
+
+def _without_credentials(exc: BaseException) -> bool:
+    try:
+        from google.auth.exceptions import DefaultCredentialsError
+    except ModuleNotFoundError:
+        return False
+    return isinstance(exc, DefaultCredentialsError)
+
+
 def _clients(project: str) -> Any:
-    clients = make_clients(project)
+    try:
+        clients = make_clients(project)
+    except Exception as exc:
+        if _without_credentials(exc):
+            raise ClickException(_NO_CREDENTIALS) from None
+        raise
     console = _console()
     clients.say = lambda line: console.print(escape(line))
     return clients
@@ -110,6 +131,10 @@ def _guard(call: Any) -> Any:
         return call()
     except ProvisionError as exc:
         raise ClickException(str(exc)) from None
+    except Exception as exc:  # a client that looks its credentials up late (the cluster's Kubernetes API)
+        if _without_credentials(exc):
+            raise ClickException(_NO_CREDENTIALS) from None
+        raise
 
 
 def up_command(
@@ -185,6 +210,7 @@ def down_command(
     delete_signing_key: bool = typer.Option(
         False, "--delete-signing-key", help="also delete the signing key (objects signed with it stop verifying)"
     ),
+    dry_run: bool = _DRY_RUN_DELETE,
     yes: bool = _YES,
 ) -> None:
     """Delete what `up` made: the work pool, the cluster (its node pools and worker with it), the registry and the
@@ -198,7 +224,7 @@ def down_command(
     _run(
         f"kinetic-prefect down: {settings.project}/{settings.zone}/{settings.cluster}",
         planned,
-        dry_run=False,
+        dry_run=dry_run,
         yes=yes,
         question="Delete {n} resource(s)? This cannot be undone",
         rerun="Run the same `kinetic-prefect down` again to finish: what is gone is skipped.",
@@ -241,6 +267,7 @@ def pool_remove_command(
     zone: str = _ZONE,
     cluster: str = _CLUSTER,
     spot: bool = typer.Option(False, "--spot", help="the accelerator's Spot pools"),
+    dry_run: bool = _DRY_RUN_DELETE,
     yes: bool = _YES,
 ) -> None:
     """Delete a node pool: the one named, or those of the accelerator (asks first unless --yes)."""
@@ -253,7 +280,7 @@ def pool_remove_command(
     _run(
         f"kinetic-prefect pool remove: {settings.cluster}",
         planned,
-        dry_run=False,
+        dry_run=dry_run,
         yes=yes,
         question="Delete {n} node pool(s)? Jobs running on them are stopped",
         rerun="Run the same `kinetic-prefect pool remove` again to finish.",
