@@ -144,7 +144,7 @@ def test_a_bad_value_names_the_variable_and_the_fix(monkeypatch: pytest.MonkeyPa
 
 @pytest.mark.parametrize(
     "setting",
-    [s for s in settings.TABLE if s.parse not in (settings.parse_text, settings.parse_names)],
+    [s for s in settings.TABLE if s.parse not in (settings.parse_text, settings.parse_names, settings.parse_key)],
     ids=lambda s: s.name,
 )
 def test_every_typed_setting_refuses_a_wrong_value_by_name(setting: settings.Setting, monkeypatch) -> None:

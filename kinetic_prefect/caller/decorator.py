@@ -251,6 +251,12 @@ class KineticTask(Task):
         return new
 
 
+def _check_decoration(fn: Callable[..., Any], task_options: dict[str, Any]) -> None:
+    """What decorating checks at once, before anything is created: the job's name and the task's options."""
+    _check_job_name(task_options.get("name") or fn.__name__, fn)
+    _check_task_options(fn, task_options)
+
+
 @overload
 def kinetic_task(__fn: F) -> KineticTask: ...
 @overload
@@ -316,8 +322,7 @@ def kinetic_task(
     """
 
     def decorate(fn: Callable[..., Any]) -> KineticTask:
-        _check_job_name(task_options.get("name") or fn.__name__, fn)
-        _check_task_options(fn, task_options)
+        _check_decoration(fn, task_options)
         options = _options(
             accelerator=accelerator,
             requirements=requirements,
