@@ -265,8 +265,30 @@ def test_without_the_project_shipped_a_project_import_fails_in_the_job():
     def pipeline():
         return needs_module()
 
-    with pytest.raises(ModuleNotFoundError, match="helpers_for_jobs"):
+    with pytest.raises(ModuleNotFoundError, match="helpers_for_jobs") as info:
         pipeline()
+    assert "requirements=" not in str(info.value), "a module of the project is shipped, not installed"
+
+
+def test_a_module_the_jobs_environment_lacks_names_requirements():
+    @kinetic_task(name=unique("no-such-module"))
+    def needs_package() -> int:
+        import kinetic_no_such_package_xyz  # noqa: F401
+
+        return 1
+
+    @flow
+    def pipeline():
+        return needs_package()
+
+    with pytest.raises(ModuleNotFoundError) as info:
+        pipeline()
+    assert str(info.value).splitlines() == [
+        "No module named 'kinetic_no_such_package_xyz'",
+        "the job's environment has no module 'kinetic_no_such_package_xyz': add it to requirements= of @kinetic_task "
+        "(or the pool's requirements)",
+    ]
+    assert info.value.name == "kinetic_no_such_package_xyz"
 
 
 def test_runner_reports_payload_tampering(tmp_path):

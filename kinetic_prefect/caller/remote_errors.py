@@ -28,6 +28,28 @@ from kinetic_prefect.errors import (
 )
 
 _DYNAMIC_FRAME = re.compile(r'File "<dynamic-code>", line (\d+), in (\S+)\n')
+_NO_MODULE = re.compile(r"No module named '([^']+)'")
+
+
+def missing_module_hint(message: str) -> str | None:
+    """The line that says what to do when the job failed on an import of a module its environment lacks (a
+    module installed here, or nowhere); None for other errors, and for a module of the project itself (found here
+    outside site-packages: it is shipped with the project, not installed)."""
+    found = _NO_MODULE.search(message or "")
+    if found is None:
+        return None
+    module = found.group(1)
+    with contextlib.suppress(Exception):
+        import importlib.util
+
+        spec = importlib.util.find_spec(module.partition(".")[0])
+        origin = (spec.origin or "") if spec is not None else ""
+        if spec is not None and origin not in ("", "built-in", "frozen") and "-packages" not in origin:
+            return None
+    return (
+        f"the job's environment has no module {module!r}: add it to requirements= of @kinetic_task "
+        "(or the pool's requirements)"
+    )
 
 
 def readable_traceback(traceback_text: str, fn: Callable[..., Any]) -> str:
@@ -79,8 +101,9 @@ def raise_remote(outcome: Outcome, result_blob: bytes | None, run_name: str, fn:
     if outcome.error_type == STORE_FULL_ERROR:
         raise StoreFull(outcome.message) from RemoteTraceback(traceback_text)
     if not outcome.user_error:
+        hint = missing_module_hint(outcome.message)
         raise KineticJobSetupError(
-            outcome.phase or "?", f"{outcome.error_type}: {outcome.message}"
+            outcome.phase or "?", f"{outcome.error_type}: {outcome.message}" + (f"\n{hint}" if hint else "")
         ) from RemoteTraceback(traceback_text)
     exc: BaseException | None = None
     if result_blob is not None:
@@ -98,6 +121,12 @@ def raise_remote(outcome: Outcome, result_blob: bytes | None, run_name: str, fn:
         exc = KineticJobInterrupted(f"the job's function raised KeyboardInterrupt {outcome.message!r}".rstrip())
     if not isinstance(exc, BaseException):
         exc = RemoteError(outcome.error_type or "Exception", outcome.message)
+    hint = missing_module_hint(outcome.message)
+    if hint and isinstance(exc, ImportError) and isinstance(exc.msg, str):
+        exc.msg = f"{exc.msg}\n{hint}"  # in str(exc), so in the task run's state message too
+        exc.args = (exc.msg, *exc.args[1:])
+    elif hint:
+        exc.add_note(hint)
     exc.add_note(f"(raised in kinetic job {run_name}; the remote traceback is shown above)")
     exc.remote_traceback = traceback_text  # type: ignore[attr-defined]
     raise exc.with_traceback(None) from RemoteTraceback(traceback_text)
