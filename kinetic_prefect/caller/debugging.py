@@ -72,7 +72,8 @@ def project_sources(project_dir: Path) -> dict[str, str]:
     root = Path(project_dir).resolve()
     sources: dict[str, str] = {}
     size = 0
-    for name, module in sorted(sys.modules.items(), key=lambda item: item[0] != "__main__"):
+    # a copy (one step under the GIL): other threads import while a fan-out's payloads are built
+    for name, module in sorted(sys.modules.copy().items(), key=lambda item: item[0] != "__main__"):
         file = getattr(module, "__file__", None)
         if not file:
             continue

@@ -122,7 +122,7 @@ def project_module_names(project_dir: Path) -> list[str]:
     ``import multiprocessing`` points at ``__main__``.
     """
     project_dir = Path(project_dir).resolve()
-    loaded = tuple(sys.modules)  # a fan-out's calls ask with the same modules loaded: answered once
+    loaded = tuple(sys.modules.copy())  # a fan-out's calls ask with the same modules loaded: answered once
     with _module_names_lock:
         known = _module_names.get(project_dir)
         if known is not None and known[0] == loaded:
@@ -139,7 +139,8 @@ _module_names: dict[Path, tuple[tuple[str, ...], list[str]]] = {}  # project -> 
 
 def _scan_project_modules(project_dir: Path) -> list[str]:
     names: set[str] = set()
-    for name, module in list(sys.modules.items()):
+    modules = sys.modules.copy()  # one step under the GIL: other threads import meanwhile
+    for name, module in modules.items():
         file = getattr(module, "__file__", None)
         if not file or not isinstance(file, str) or name == "__main__" or name.split(".")[0] == "kinetic_prefect":
             continue
@@ -147,9 +148,7 @@ def _scan_project_modules(project_dir: Path) -> list[str]:
             continue
         if _is_project_file(file, project_dir):
             names.add(name.split(".")[0])
-    return sorted(
-        n for n in names if n in sys.modules and getattr(sys.modules[n], "__name__", None) == n and n != "__main__"
-    )
+    return sorted(n for n in names if getattr(sys.modules.get(n), "__name__", None) == n and n != "__main__")
 
 
 # cloudpickle's pickle-by-value registry is process-wide, and .map() builds payloads from many
