@@ -183,6 +183,40 @@ def test_hf_data_is_the_dataset_repositorys_files_through_huggingface_hub(tmp_pa
             localize(to_ref(Data("hf://acme/tiny?revision=v9"), None), store, cache)
 
 
+_LOCALIZE_HF = """
+import sys
+from kinetic_prefect.pod.data import DataError, localize, to_ref
+from kinetic_prefect.storage import open_store
+from kinetic_prefect import Data
+try:
+    localize(to_ref(Data("hf://acme/tiny?revision=v1"), None), open_store(sys.argv[1]), sys.argv[2])
+except DataError as exc:
+    print(exc)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.no_server
+@pytest.mark.parametrize("offline", [False, True], ids=["hub unreachable", "HF_HUB_OFFLINE"])
+def test_hf_data_without_the_hub_names_the_address_and_why(tmp_path, offline):
+    """Localized as a job does, in a fresh process (huggingface_hub reads HF_ENDPOINT and HF_HUB_OFFLINE when it is
+    imported), with the Hub on a loopback port nothing listens on or downloads turned off: ~3 s for the process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env |= {"HF_HOME": str(tmp_path / "hf-home"), "HF_ENDPOINT": "http://127.0.0.1:9"}
+    if offline:
+        env["HF_HUB_OFFLINE"] = "1"
+    args = [sys.executable, "-c", _LOCALIZE_HF, str(tmp_path / "store"), str(tmp_path / "node")]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stdout + done.stderr
+    message = done.stdout.strip()
+    assert message.startswith("Data('hf://acme/tiny?revision=v1'): "), message
+    if offline:
+        assert "downloads are off in the job (HF_HUB_OFFLINE is set)" in message, message
+    else:
+        assert "the Hugging Face Hub at http://127.0.0.1:9 was unreachable from the job" in message, message
+    assert "HF_ENDPOINT" in message and "Traceback" not in done.stderr, done.stderr
+
+
 # --------------------------------------------------------------------------- through the public API, end to end
 
 

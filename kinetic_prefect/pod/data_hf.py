@@ -39,8 +39,24 @@ def download_hf(url: str, dest: Path) -> int:
             "the name on huggingface.co/datasets; for a gated or private one, forward a token that may read it "
             "with env=['HF_TOKEN']"
         ) from None
+    except (hf_errors.LocalEntryNotFoundError, hf_errors.OfflineModeIsEnabled, ConnectionError, TimeoutError) as exc:
+        raise DataError(_unreachable(url, repo_id, exc)) from None
     shutil.rmtree(dest / ".cache", ignore_errors=True)  # huggingface_hub's download bookkeeping, not the data
     files = [p for p in dest.rglob("*") if p.is_file()]
     if not files:
         raise DataError(f"Data({url!r}): the dataset {repo_id} has no files at revision {revision or 'main'}")
     return len(files)
+
+
+def _unreachable(url: str, repo_id: str, exc: BaseException) -> str:
+    from huggingface_hub import constants
+
+    if constants.is_offline_mode():
+        why = "downloads are off in the job (HF_HUB_OFFLINE is set)"
+    else:
+        cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        why = f"the Hugging Face Hub at {constants.ENDPOINT} was unreachable from the job ({cause[:200]})"
+    return (
+        f"Data({url!r}): {why}, and the dataset {repo_id} is not in the node cache: give the job network access "
+        "to the Hub, or point HF_ENDPOINT at a mirror it can reach (forwarded with env=['HF_ENDPOINT'])"
+    )
