@@ -98,7 +98,6 @@ ROOMS = {
     "test_storage.py": "leaves",
     "test_sweep_interrupts.py": "shared",
     "test_sweep_endings.py": "caller",
-    "test_sweep_endings.py": "caller",
     "test_sweep_scale.py": "shared",
     "test_sweeps.py": "shared",
     "test_timeout.py": "end-to-end",
