@@ -127,7 +127,7 @@ def find(
     older_than_s: float,
     tmp_dir: Path | None = None,
     cache_dir: Path | None = None,
-    active: tuple[set[str], ...] | None = None,
+    active: Active | tuple[set[str], ...] | None = None,
     uncollected_older_than_s: float | None = None,
 ) -> list[Leftover]:
     """What ``cleanup`` would remove, oldest rule first. A run's result (and the payload beside it) waits to be
