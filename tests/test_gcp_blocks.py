@@ -53,8 +53,13 @@ def _jobs(flow_name: str) -> list:
 
 
 def _result_record(store_url: str) -> dict:
-    keys = open_store(store_url).list("results")
-    assert len(keys) == 1, f"one result record in {store_url}/results, found {keys}"
+    """The one result record (a gs:// store is signed: its signature sits beside it, ``<record>.sig``)."""
+    from kinetic_prefect import signing
+
+    listed = open_store(store_url).list("results")
+    keys = [k for k in listed if not k.endswith(signing.SUFFIX)]
+    assert len(keys) == 1, f"one result record in {store_url}/results, found {listed}"
+    assert keys[0] + signing.SUFFIX in listed, f"the record {keys[0]} is not signed"
     return json.loads(open_store(store_url).get_bytes(keys[0]))
 
 

@@ -195,8 +195,15 @@ class UsageReport:
 
     MAX_SAMPLES = 5000  # a week at one sample every 2 minutes, or almost 3 hours at the default 2 s
 
-    def __init__(self, client: Any, flow_run: FlowRun, spec: accelerators.AcceleratorSpec):
+    def __init__(
+        self,
+        client: Any,
+        flow_run: FlowRun,
+        spec: accelerators.AcceleratorSpec,
+        asked: accelerators.AcceleratorSpec | None = None,
+    ):
         self.client, self.flow_run, self.spec = client, flow_run, spec
+        self.asked = asked or spec  # what the call asked for: the hint compares what the job saw with it
         self.samples: list[dict[str, Any]] = []
 
     def wrap(self, emit: Callable[[str], None]) -> Callable[[str], None]:
@@ -221,7 +228,7 @@ class UsageReport:
         from prefect.client.schemas.actions import ArtifactCreate
 
         summary = summarize(self.samples)
-        advice = hint(self.spec, summary)
+        advice = hint(self.asked, summary)
         rows = [
             {"figure": name, "peak": v["peak"], "mean": v["mean"], "samples": v["samples"]}
             for name, v in summary.items()
