@@ -93,7 +93,7 @@ def hint(spec: accelerators.AcceleratorSpec, summary: dict[str, dict[str, float]
     gpu_seen = "GPU utilization (%)" in summary or any(k.startswith("accelerator memory") for k in summary)
     if not gpu_seen:
         return (
-            f"the job asked for {spec.name} but saw no accelerator (no NVML GPU, no JAX device memory): it ran on "
+            f"the job asked for {spec.name} but saw no accelerator (no NVML GPU, no JAX device memory): its work used "
             "the CPU, or never initialised JAX on the device"
         )
     total = memory_gib(spec)
