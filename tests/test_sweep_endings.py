@@ -103,7 +103,8 @@ def test_a_map_in_slots_ends_with_its_artifacts_and_events_and_no_traceback(tmp_
 def test_a_map_in_slots_costs_its_flow_run_as_a_job_per_input_does(tmp_path):
     """Defect 2: the flow run's cost artifact and ``kinetic-prefect cost`` count the slot jobs (before: no artifact
     and $0.00 in slots, the cost of the 4 jobs with slots off). Both paths bill process time at the pool's price,
-    so the two totals are of one order of magnitude."""
+    so the two totals are of one order of magnitude. About 30 s: two scripts, each with its own flow run and 8
+    inputs (slots on, then off), since the comparison is the point."""
     pool = priced_pool()
     _, in_slots, _ = run_map_script(tmp_path, pool, slots=2)
     _, one_each, _ = run_map_script(tmp_path, pool, slots=0)
