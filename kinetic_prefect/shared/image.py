@@ -128,6 +128,14 @@ def normalize_requirements(requirements: str | Path | Sequence[str] | None) -> t
 RUNNER_MODULES = (
     "__init__",
     "contract/__init__",
+    # the contract's seams, each re-exported by its __init__
+    "contract/names",
+    "contract/env",
+    "contract/layout",
+    "contract/handovers",
+    "contract/group",
+    "contract/phases",
+    "contract/records",
     "contract/settings",  # the settings table: the job reads its own settings through it
     "storage",
     "signing",
