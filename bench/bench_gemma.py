@@ -1,6 +1,6 @@
 """Gemma 3 LoRA training-step benchmark: ms per step and trainable (LoRA) vs total parameters.
 
-    uv run --extra llm python bench/bench_gemma.py                       # tiny Gemma 3 (tests/tiny_gemma.py), CPU
+    uv run --extra llm python bench/bench_gemma.py                       # tiny Gemma 3 (tests/support/tiny_gemma.py), CPU
     uv run --extra llm python bench/bench_gemma.py --size 1b             # Gemma 3 1B architecture, random weights (GPU)
     uv run --extra llm python bench/bench_gemma.py --size 1b --count-only   # parameter counts only (any machine)
 
@@ -11,7 +11,7 @@ Same step as the flow's job (flows/gemma/train.py): ``Gemma3CausalLM`` over toke
 AdamW, sparse cross-entropy averaged over the answer tokens only (``sample_weight`` zero on the prompt half),
 dtype ``auto`` (mixed_bfloat16 on bf16 GPUs/TPUs, float32 on CPU). ``--size 1b`` builds keras-hub's
 ``Gemma3Backbone`` with the 1B configuration (vocabulary 262,144, 26 layers, hidden 1,152, MLP 6,912, 4 query
-heads / 1 KV head of 256, 512-token sliding windows; tests/tiny_gemma.py GEMMA3_1B_CONFIG) and random weights:
+heads / 1 KV head of 256, 512-token sliding windows; tests/support/tiny_gemma.py GEMMA3_1B_CONFIG) and random weights:
 no Kaggle download, the same compute as ``gemma3_instruct_1b``. Each run updates its entry
 (``<size>/<device>``) in bench/results/gemma.json; the first step (compilation) is reported apart.
 """

@@ -1,5 +1,5 @@
 """A dedicated Prefect server for benchmarks, like the test suite's: SQLite in a temp dir (the embedded default), or
-a throw-away PostgreSQL cluster (a production server's database; tests/postgres_cluster.py)."""
+a throw-away PostgreSQL cluster (a production server's database; tests/support/postgres_cluster.py)."""
 
 from __future__ import annotations
 

@@ -18,9 +18,17 @@ from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+# The tests live in one folder per room (tests/support/rooms.py) and their helpers in tests/support/. A test module
+# imports a helper, or another room's fixtures and helpers, by module name: module names are unique across the
+# folders (tests/house/test_rooms.py keeps them so), and every folder is on the path before the plugins load.
+for _folder in [TESTS / "support", *sorted({path.parent for path in TESTS.glob("*/test_*.py")})]:
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
+
 pytest_plugins = ["gcs_fixture", "docker_fixture", "worker_fixture", "kube_fixture", "rooms"]
 
-ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 _session_dir = Path(tempfile.mkdtemp(prefix="kinetic-tests-"))
 

@@ -1,5 +1,5 @@
 """Kinetic's detached-jobs example (docs/guides/async_jobs.md), ported by its import line: submit two jobs with
-``run_async()``, print their ids, exit. Any other process collects them (tests/test_kinetic_api.py). A third
+``run_async()``, print their ids, exit. Any other process collects them (tests/kinetic_api/test_kinetic_api.py). A third
 argument names a file where the slow job writes its process id (the test checks it is gone after a cancel)."""
 
 import json

@@ -1,7 +1,7 @@
 """Kinetic's FUSE example (examples/example_fuse.py, docs/examples/example_fuse.md), ported by its import line:
 ``Data(..., fuse=True)`` as volumes and as arguments, a nested tree, a single file, several FUSE volumes, FUSE
 beside downloaded data, and a FUSE volume with a Data argument and a plain one. Seven jobs, each checked as
-Kinetic's script checks them. On kinetic-local the local FUSE data is read in place (tests/test_fuse_data.py runs
+Kinetic's script checks them. On kinetic-local the local FUSE data is read in place (tests/pod/test_fuse_data.py runs
 this script against a pool whose store is fake-gcs-server); on kinetic-gke it is uploaded once and mounted."""
 
 import json

@@ -1,0 +1,215 @@
+"""A cold call on GKE as the cluster behaves (tests/support/gke_autoscaler.py): a new image to build and a node pool
+at zero nodes. While the image builds, a placeholder Job asks for the job's node (workers/gke/placeholder.py), so
+the call waits for the longer of the build and the scale-up, not for both; and whatever ends the call before its
+Job exists (a failed build, a cancel, a Ctrl-C) leaves no placeholder.
+
+The build is the job image the module's fixture built, found after a wait the test sets (``slow_build``): a build
+of known length, without a registry round of minutes. The model's knobs are the test's own lines; GKE documents a
+new node as "approximately 80 to 120 seconds to boot"
+(https://cloud.google.com/kubernetes-engine/docs/how-to/capacity-provisioning); here the scale-up is scaled down to
+seconds, and ``tests/gke/bench_gke_cold_start.py`` measures the documented one.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import pytest
+from docker_fixture import proxy_files
+from gke_autoscaler import NodePool
+from job_runs import jobs_of
+from kubernetes import client as k8s
+from prefect import flow
+from test_gke_autoscaling import _pod_start, gke_autoscaler  # noqa: F401  (a fixture)
+from test_gke_cluster import _cluster_block, _gke_task, _make_pool, job_image  # noqa: F401  (job_image: a fixture)
+
+from kinetic_prefect.contract import PLACEHOLDER_LABEL
+from kinetic_prefect.shared import builders
+from kinetic_prefect.workers.gke.placeholder import priority_class_manifest
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def placeholder_class(kube):
+    """The PriorityClass `kinetic-prefect up` makes for placeholders."""
+    try:
+        k8s.SchedulingV1Api(kube.api()).create_priority_class(priority_class_manifest())
+    except k8s.exceptions.ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+@pytest.fixture
+def slow_build(monkeypatch):
+    """``slow_build(seconds, fail=False)``: the image build takes ``seconds``, then finds the job image (built as
+    the ``job_image`` fixture builds it, should the package's files have changed since), or fails as a build does.
+    Returns the seconds each build really took."""
+    real = builders.DockerBuilder.ensure
+    took: list[float] = []
+
+    def install(seconds: float, fail: bool = False) -> list[float]:
+        def ensure(self, spec, log=print):
+            started = time.monotonic()
+            log(f"building (the test's build of {seconds:g} s)")
+            time.sleep(seconds)
+            if fail:
+                raise builders.ImageBuildError("the test's build failed")
+            found = builders.DockerBuilder(self.repository, network="host", extra_files=proxy_files())
+            image = real(found, spec, log)
+            took.append(time.monotonic() - started)
+            return image
+
+        monkeypatch.setattr(builders.DockerBuilder, "ensure", ensure)
+        return took
+
+    return install
+
+
+def _placeholders(kube) -> list:
+    jobs = k8s.BatchV1Api(kube.api()).list_namespaced_job("default", label_selector=PLACEHOLDER_LABEL).items
+    return [j for j in jobs if j.metadata.deletion_timestamp is None]
+
+
+def _pool(kube, gcs_bucket, local_registry) -> str:
+    return _make_pool(_cluster_block(kube), f"{gcs_bucket}/gke", local_registry, pod_watch_timeout_seconds=120)
+
+
+def test_a_cold_call_waits_for_the_longer_of_the_build_and_the_scale_up_not_both(
+    kube, gcs_bucket, local_registry, job_image, python_base_image, gke_autoscaler, placeholder_class, slow_build
+):
+    """Build 12 s, scale-up 12 s (the verdict 1 s after the pod is seen unschedulable): the job's pod starts about
+    13 s after submission, not 25 s; the node came for the placeholder, and no second node was added. ~25 s: two
+    waits of 12 s each are what the test is about."""
+    build, scale_up = 12.0, 12.0
+    model = gke_autoscaler([NodePool("t4-pool", "t4")], verdict_seconds=1, provisioning_seconds=scale_up)
+    took = slow_build(build)
+    pool = _pool(kube, gcs_bucket, local_registry)
+    name = f"cold-{uuid.uuid4().hex[:6]}"
+
+    @_gke_task(name, pool, python_base_image, accelerator="t4")
+    def hello() -> str:
+        print("first line from the pod")
+        return "ok"
+
+    @flow
+    def pipeline():
+        return hello(return_state=True)
+
+    state = pipeline()
+    assert state.result() == "ok", state.message
+    [job_run] = jobs_of(state.state_details.task_run_id)
+    started_at, node = _pod_start(kube, job_run.id)
+    waited = started_at - job_run.created.timestamp()
+    [build] = took
+    print(f"\ncold call: build {build:.1f} s, scale-up {scale_up:g} s: the pod started {waited:.1f} s after submission")
+    asked = [pod for pod, reason, _ in model.events if reason == "TriggeredScaleUp"]
+    assert len(asked) == 1 and "-hold-" in asked[0], model.events
+    assert model.pool("t4-pool").nodes == [node], "the job ran on the node the placeholder asked for, the only one"
+    assert waited < build + scale_up - 4, f"{waited:.1f} s: the scale-up waited for the build"
+    assert not _placeholders(kube)
+
+
+def test_a_failed_build_leaves_no_placeholder(
+    kube, gcs_bucket, local_registry, job_image, python_base_image, gke_autoscaler, placeholder_class, slow_build
+):
+    """The build fails after 6 s, while the node it asked for is still on its way (60 s): the call fails with the
+    build's error and its placeholder is gone when it returns. ~10 s: the placeholder must exist before the build
+    fails (it is made 2 s into a build)."""
+    model = gke_autoscaler([NodePool("t4-pool", "t4")], verdict_seconds=1, provisioning_seconds=60)
+    slow_build(6, fail=True)
+    pool = _pool(kube, gcs_bucket, local_registry)
+    name = f"badbuild-{uuid.uuid4().hex[:6]}"
+
+    @_gke_task(name, pool, python_base_image, accelerator="t4")
+    def hello() -> str:
+        return "ok"
+
+    @flow
+    def pipeline():
+        return hello(return_state=True)
+
+    state = pipeline()
+    assert state.is_failed() or state.is_crashed(), state
+    assert "the test's build failed" in state.message, state.message
+    assert [reason for _, reason, _ in model.events] == ["TriggeredScaleUp"], "the placeholder had asked for a node"
+    assert not _placeholders(kube)
+
+
+def test_a_cancelled_call_leaves_no_placeholder(
+    kube, gcs_bucket, local_registry, job_image, python_base_image, gke_autoscaler, placeholder_class, slow_build
+):
+    """The task's timeout (5 s) cancels the call during a 60-s build: the call ends at its timeout, without waiting
+    for the build, and its placeholder is gone. ~8 s: the timeout has to pass."""
+    gke_autoscaler([NodePool("t4-pool", "t4")], verdict_seconds=1, provisioning_seconds=60)
+    slow_build(60)
+    pool = _pool(kube, gcs_bucket, local_registry)
+    name = f"cancel-{uuid.uuid4().hex[:6]}"
+
+    @_gke_task(name, pool, python_base_image, accelerator="t4", timeout_seconds=5)
+    def hello() -> str:
+        return "ok"
+
+    @flow
+    def pipeline():
+        return hello(return_state=True)
+
+    started = time.monotonic()
+    state = pipeline()
+    assert not state.is_completed(), state
+    assert time.monotonic() - started < 30, "the cancel waited for the build"
+    assert not _placeholders(kube)
+
+
+CTRL_C_SCRIPT = """
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as from a terminal, even under `cmd &`
+from kinetic_prefect.shared import builders
+
+def ensure(self, spec, log=print):
+    time.sleep(120)
+
+builders.DockerBuilder.ensure = ensure
+from prefect import flow
+from kinetic_prefect import kinetic_task
+
+@kinetic_task(name=sys.argv[1], work_pool=sys.argv[2], base_image=sys.argv[3], accelerator="t4",
+              env=["STORAGE_EMULATOR_HOST"])
+def hello():
+    return 1
+
+@flow
+def pipeline():
+    return hello()
+
+pipeline()
+"""
+
+
+def test_ctrl_c_during_the_build_leaves_no_placeholder(
+    kube, gcs_bucket, local_registry, job_image, python_base_image, gke_autoscaler, placeholder_class, tmp_path
+):
+    """A script is interrupted (SIGINT) while its image builds and its placeholder exists: the script ends and no
+    placeholder is left. ~20 s: the script's own start (Prefect's imports) and its placeholder's first 2 s."""
+    gke_autoscaler([NodePool("t4-pool", "t4")], verdict_seconds=1, provisioning_seconds=60)
+    pool = _pool(kube, gcs_bucket, local_registry)
+    script = tmp_path / "cold.py"
+    script.write_text(textwrap.dedent(CTRL_C_SCRIPT))
+    name = f"ctrlc-{uuid.uuid4().hex[:6]}"
+    proc = subprocess.Popen([sys.executable, str(script), name, pool, python_base_image], text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not _placeholders(kube):
+            assert time.monotonic() < deadline and proc.poll() is None, "the placeholder was never made"
+            time.sleep(0.3)
+        proc.send_signal(subprocess.signal.SIGINT)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert not _placeholders(kube)

@@ -1,0 +1,116 @@
+"""kinetic-vertex at the client boundary: the ``CustomJob`` request a call becomes, in google-cloud-aiplatform's own
+types, built from the pool's generated template (no server, no Vertex)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import pytest
+from google.cloud.aiplatform_v1 import types as vertex
+from prefect.client.schemas.objects import FlowRun
+
+from kinetic_prefect import accelerators
+from kinetic_prefect.workers.vertex import custom_job, machines
+from kinetic_prefect.workers.vertex.configuration import KineticVertexJobConfiguration
+from kinetic_prefect.workers.vertex.worker import KineticVertexWorker
+
+pytestmark = pytest.mark.no_server
+
+
+def _configuration(**values) -> KineticVertexJobConfiguration:
+    template = KineticVertexWorker.get_default_base_job_template()
+    base = {"gcp_project": "proj", "region": "us-central1", "image": "us-docker.pkg.dev/proj/repo/job:abc"}
+    configuration = asyncio.run(
+        KineticVertexJobConfiguration.from_template_and_values(template, {**base, **values})
+    )
+    flow_run = FlowRun(flow_id=uuid.uuid4(), name="brave-otter")
+    configuration.prepare_for_flow_run(flow_run)
+    configuration.env["KINETIC_PAYLOAD_SHA256"] = "0" * 64
+    return configuration, flow_run
+
+
+def test_an_l4_spot_call_is_a_g2_machine_with_one_l4_at_spot_prices_and_no_retries_by_vertex():
+    configuration, flow_run = _configuration(accelerator="l4", spot=True, maximum_run_time_hours=2)
+    request = custom_job.custom_job(configuration, flow_run)
+    assert isinstance(request, vertex.CustomJob)
+    [pool] = request.job_spec.worker_pool_specs
+    assert pool.machine_spec.machine_type == "g2-standard-8"
+    assert pool.machine_spec.accelerator_type == vertex.AcceleratorType.NVIDIA_L4
+    assert pool.machine_spec.accelerator_count == 1
+    assert pool.replica_count == 1
+    assert request.job_spec.scheduling.strategy == vertex.Scheduling.Strategy.SPOT
+    assert request.job_spec.scheduling.timeout.total_seconds() == 7200  # prefect-gcp's maximum_run_time_hours
+    assert request.job_spec.scheduling.disable_retries, "retries and preemptions belong to the lifecycle"
+    assert list(pool.container_spec.command) == ["python", "-u", "-m", "kinetic_prefect.pod.runner"]
+    assert request.labels["kinetic-flow-run"] == str(flow_run.id)
+    # what goes over the wire is the library's own JSON of the request
+    wire = json.loads(vertex.CustomJob.to_json(request))
+    assert wire["jobSpec"]["workerPoolSpecs"][0]["machineSpec"]["acceleratorType"] in ("NVIDIA_L4", 11)
+
+
+def test_the_job_gets_the_kinetic_env_and_never_the_workers_prefect_settings(monkeypatch):
+    monkeypatch.setenv("PREFECT_API_KEY", "worker-secret")
+    configuration, flow_run = _configuration(accelerator="cpu", env={"PREFECT_API_KEY": "x", "MY_SETTING": "1"})
+    configuration.set_secret_env({"FORWARDED": "value"})
+    env = {e.name: e.value for e in custom_job.custom_job(configuration, flow_run).job_spec.worker_pool_specs[0]
+           .container_spec.env}
+    assert env["KINETIC_RUN_ID"] == str(flow_run.id)
+    assert env["MY_SETTING"] == "1" and env["FORWARDED"] == "value"
+    assert not [name for name in env if name.startswith("PREFECT_")]
+
+
+def test_a_tpu_v5e_4_is_a_ct5lp_host_with_its_topology_and_a_reservation_is_specific():
+    reservation = "projects/proj/zones/us-central1-a/reservations/r1"
+    configuration, flow_run = _configuration(accelerator="tpu-v5litepod-4", reservation=reservation)
+    spec = custom_job.custom_job(configuration, flow_run).job_spec.worker_pool_specs[0].machine_spec
+    assert (spec.machine_type, spec.accelerator_type, spec.accelerator_count, spec.tpu_topology) == (
+        "ct5lp-hightpu-4t",
+        vertex.AcceleratorType.TPU_V5_LITEPOD,
+        4,
+        "2x2",
+    )
+    affinity = spec.reservation_affinity
+    assert affinity.reservation_affinity_type == vertex.ReservationAffinity.Type.SPECIFIC_RESERVATION
+    assert list(affinity.values) == [reservation]
+
+
+def test_flex_start_waits_for_capacity_with_its_maximum_wait():
+    configuration, flow_run = _configuration(accelerator="h100x8", flex_start=True, max_wait_duration_seconds=1800)
+    scheduling = custom_job.custom_job(configuration, flow_run).job_spec.scheduling
+    assert scheduling.strategy == vertex.Scheduling.Strategy.FLEX_START
+    assert scheduling.max_wait_duration.total_seconds() == 1800
+
+
+def test_hosts_4_is_a_primary_replica_and_a_pool_of_three_that_join_its_group():
+    configuration, flow_run = _configuration(accelerator="l4x2", hosts=4)
+    pools = custom_job.custom_job(configuration, flow_run).job_spec.worker_pool_specs
+    assert [p.replica_count for p in pools] == [1, 3]
+    command = list(pools[1].container_spec.command)
+    assert command[:2] == ["python", "-c"] and command[3:] == ["python", "-u", "-m", "kinetic_prefect.pod.runner"]
+    assert {e.name: e.value for e in pools[1].container_spec.env}["KINETIC_NUM_HOSTS"] == "4"
+
+
+@pytest.mark.parametrize(
+    ("entry", "reason", "nearest"),
+    [
+        ("tpu-v6e-8", "no TPU v6e accelerator type", "tpu-v5litepod-8"),
+        ("tpu-v5litepod-16", "multi-host TPU slice", "tpu-v5litepod-8"),
+        ("tpu-v4-8", "not v4", "tpu-v5litepod-4"),
+    ],
+)
+def test_an_entry_vertex_cannot_run_is_refused_with_the_reason_and_the_nearest_entry(entry, reason, nearest):
+    with pytest.raises(machines.NotOnVertex) as refused:
+        machines.machine_for(entry)
+    assert reason in str(refused.value) and refused.value.nearest == nearest
+    with pytest.raises(ValueError, match=nearest):
+        KineticVertexWorker.check_pool_settings("vx", {"image": "img"}, {"accelerator": entry})
+
+
+def test_every_gpu_entry_has_a_vertex_accelerator_type_of_the_installed_client():
+    for spec in accelerators.catalog():
+        if spec.family == "gpu":
+            machine = machines.machine_for(spec)
+            assert vertex.AcceleratorType[machine.accelerator_type].name == machine.accelerator_type
+            assert machine.accelerator_count == spec.chips_per_host
