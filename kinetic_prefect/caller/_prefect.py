@@ -12,6 +12,7 @@ from kinetic_prefect.caller.embedded_server import EPHEMERAL_STARTUP_SECONDS, pr
 from kinetic_prefect.caller.in_process import in_process_slots, run_in_process
 from kinetic_prefect.caller.pools import (
     WorkPoolError,
+    abilities_of,
     ensure_work_pool,
     has_online_worker,
     pool_default,
@@ -68,4 +69,5 @@ __all__ = [
     "wait_for_final_state",
     "with_retries",
     "worker_class_for",
+    "abilities_of",
 ]

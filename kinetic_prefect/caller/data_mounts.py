@@ -2,10 +2,11 @@
 anything is uploaded.
 
 The payload is the same for every pool: a FUSE Data travels as a ``DataRef`` carrying its mount id. A pool whose
-template has the ``gcs_fuse_mounts`` variable (kinetic-gke) mounts volumes: the caller sends it ``{mount id:
-gs://bucket/dir}``, for a gs:// source its own bucket and prefix, for a local source the store's copy, which is
-uploaded once per content like any local Data. A pool without it (kinetic-local) is sent nothing: its job reads
-a local source in place and fetches a gs:// one through the store's client.
+launcher mounts volumes (its abilities' ``fuse_mounts``: kinetic-gke) is sent ``{mount id: gs://bucket/dir}`` in
+its template's ``gcs_fuse_mounts`` variable, for a gs:// source its own bucket and prefix, for a local source the
+store's copy, which is uploaded once per content like any local Data. A pool whose launcher does not
+(kinetic-local) is sent nothing: its job reads a local source in place and fetches a gs:// one through the store's
+client.
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
-from kinetic_prefect.contract import GKE_WORKER_TYPE, data_key
+from kinetic_prefect.contract import data_key
 from kinetic_prefect.pod import data
 from kinetic_prefect.pod.data_sources import DataError, parse_gs_url
 
-FUSE_VARIABLE = "gcs_fuse_mounts"  # the kinetic-gke variable (workers/gke/variables.py)
-MOUNTING_POOL_TYPES = (GKE_WORKER_TYPE,)
+FUSE_VARIABLE = "gcs_fuse_mounts"  # the variable of a pool that mounts volumes (workers/gke/variables.py)
 
 
 def fuse_data(args: tuple, kwargs: dict[str, Any]) -> list[data.Data]:
@@ -53,8 +53,10 @@ def plan(call: Any, pool: Any, pool_variables: set[str], store_url: str) -> dict
     data a mounting pool needs in the store join ``call.data``, uploaded with the others."""
     if not call.fuse:
         return {}
+    from kinetic_prefect.caller.pools import abilities_of
+
     if FUSE_VARIABLE not in pool_variables:
-        if pool.type in MOUNTING_POOL_TYPES:
+        if abilities_of(pool.type).fuse_mounts:
             raise ValueError(
                 f"{call.fuse[0]!r}: pool {pool.name!r} cannot mount Cloud Storage FUSE volumes: its base job "
                 f"template has no `{FUSE_VARIABLE}` variable (made before FUSE data). Update it: `prefect work-pool "

@@ -5,18 +5,38 @@ against the pool's (variables, types, hosts, debug, budget), before anything is 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from kinetic_prefect import accelerators, config
-from kinetic_prefect.caller import _prefect, budgets, debugging
+from kinetic_prefect.caller import _prefect, budgets, debugging, pools
 from kinetic_prefect.caller.calls import KineticOptions, PreparedCall
-from kinetic_prefect.contract import Env, checkpoints_key
+from kinetic_prefect.contract import Env, checkpoints_key, launchers
+from kinetic_prefect.contract.launchers import DebugForwarding, LauncherAbilities
 from kinetic_prefect.shared import capacity
 
 
+def check_abilities(options: KineticOptions, pool: Any, abilities: LauncherAbilities) -> None:
+    """Before anything is uploaded: a call that needs what its pool's launcher cannot do (``contract.launchers``)
+    is refused, naming the pool, the ability and the pool types that have it."""
+
+    def refuse(setting: str, ability: str, has_it: Callable[[LauncherAbilities], bool]) -> None:
+        able = pools.types_able(has_it)
+        where = f"Drop {setting}, or use a pool of type {' or '.join(map(repr, able))}." if able else f"Drop {setting}."
+        raise ValueError(f"{setting}: " + launchers.refusal(pool.name, pool.type, ability, where))
+
+    if options.image and not abilities.runs_images:
+        refuse(f"image={options.image!r}", "run container images", lambda a: a.runs_images)
+    if options.debug and abilities.debug_forwarding is DebugForwarding.NONE:
+        refuse("debug=True", "forward a debugger", lambda a: a.debug_forwarding is not DebugForwarding.NONE)
+    hosts = options.job_variables.get("hosts", options.hosts)
+    if accelerators.host_count(options.accelerator, hosts) > 1 and not abilities.multi_host:
+        refuse(f"hosts={hosts}", "run a group of hosts", lambda a: a.multi_host)
+
+
 def check_hosts(options: KineticOptions, pool_name: str, pool_type: str, pool_variables: set[str]) -> None:
-    """Before anything is uploaded: a group of hosts needs a pool whose job template takes ``hosts`` (both
-    kinetic pool types ship it; a pool created from an older template lacks it and would run one process)."""
+    """Before anything is uploaded: a group of hosts needs a pool whose job template takes ``hosts`` (a launcher
+    that runs groups ships it; a pool created from an older template lacks it and would run one process)."""
     hosts = options.job_variables.get("hosts", options.hosts)
     count = accelerators.host_count(options.accelerator, hosts)
     if hosts is not None and count > 1 and "hosts" not in pool_variables:
@@ -127,6 +147,7 @@ async def _check_against_pool(client: Any, options: KineticOptions, pool: Any) -
     worker_class = _prefect.worker_class_for(pool.type)
     pool_variables = set(pool.base_job_template["variables"]["properties"])
     variables_model = getattr(worker_class, "job_configuration_variables", None)
+    check_abilities(options, pool, worker_class.abilities)
     check_job_variables(pool.name, pool_variables, options.job_variables, variables_model)
     check_pinned_variables(pool, options.job_variables, variables_model)
     worker_class.check_pool_settings(
@@ -158,7 +179,8 @@ async def checked_pool(client: Any, options: KineticOptions) -> tuple[Any, float
         budget = await _check_against_pool(client, options, pool)
     if options.image and "image" not in pool.base_job_template["variables"]["properties"]:
         raise ValueError(
-            f"image={options.image!r} needs a pool that runs container images (kinetic-gke); "
-            f"pool {pool.name!r} is of type {pool.type!r}."
+            f"image={options.image!r} needs a pool that runs container images; pool {pool.name!r} (type "
+            f"{pool.type!r}) has no `image` variable in its base job template. Update it: `prefect work-pool update "
+            f"{pool.name} --base-job-template work_pools/{pool.type}.json`"
         )
     return pool, budget

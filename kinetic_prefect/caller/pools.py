@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from prefect.client.orchestration import PrefectClient
@@ -13,10 +14,19 @@ from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.workers.base import BaseWorker
 
 from kinetic_prefect import config
-from kinetic_prefect.contract import GKE_WORKER_TYPE
+from kinetic_prefect.contract import WORKER_TYPES
 from kinetic_prefect.contract.job_variables import pool_default
+from kinetic_prefect.contract.launchers import LauncherAbilities
 
-__all__ = ["WorkPoolError", "ensure_work_pool", "has_online_worker", "pool_default", "worker_class_for"]
+__all__ = [
+    "WorkPoolError",
+    "abilities_of",
+    "ensure_work_pool",
+    "has_online_worker",
+    "pool_default",
+    "types_able",
+    "worker_class_for",
+]
 
 # Pools are read once per call site burst, not per call: a short TTL keeps edits in the UI effective.
 _POOL_TTL_SECONDS = 30.0
@@ -28,20 +38,38 @@ class WorkPoolError(LookupError):
 
 
 def worker_class_for(pool_type: str) -> Any:  # a BaseWorker subclass mixing in lifecycle.KineticWorker
+    """The caller's one door to the worker side: the kinetic worker class of ``pool_type``."""
     from kinetic_prefect import workers
 
-    if pool_type == GKE_WORKER_TYPE and workers.GKE_UNAVAILABLE:
-        raise WorkPoolError(
-            f"work pool type 'kinetic-gke' needs the k8s and gcp extras ({workers.GKE_UNAVAILABLE}): "
-            "pip install 'kinetic-prefect[gcp,k8s]' (or uv sync --extra gcp --extra k8s)"
-        )
+    missing = workers.UNAVAILABLE.get(pool_type)
+    if missing is not None:  # its module needs an extra this install lacks: the install command
+        raise WorkPoolError(f"work pool type {pool_type!r} {missing}")
     cls = BaseWorker.get_worker_class_from_type(pool_type)
-    if cls is None or not getattr(cls, "launcher", None) and not hasattr(cls, "follow"):
+    if cls is None or not isinstance(getattr(cls, "abilities", None), LauncherAbilities):
         raise WorkPoolError(
             f"work pool type {pool_type!r} is not a kinetic worker type; use a pool of type "
-            "'kinetic-local' or 'kinetic-gke' (prefect work-pool create NAME --type kinetic-local)."
+            + " or ".join(repr(name) for name in WORKER_TYPES)
+            + f" (prefect work-pool create NAME --type {WORKER_TYPES[0]})."
         )
     return cls
+
+
+def abilities_of(pool_type: str) -> LauncherAbilities:
+    """What the launcher of ``pool_type`` can do (``contract.launchers``), declared once on its worker class."""
+    abilities: LauncherAbilities = worker_class_for(pool_type).abilities
+    return abilities
+
+
+def types_able(ability: Callable[[LauncherAbilities], bool]) -> list[str]:
+    """The installed worker types whose launcher has ``ability`` (for a refusal to name where a call can run)."""
+    able = []
+    for pool_type in WORKER_TYPES:
+        try:
+            if ability(abilities_of(pool_type)):
+                able.append(pool_type)
+        except WorkPoolError:  # not installed here
+            continue
+    return able
 
 
 async def ensure_work_pool(client: PrefectClient, name: str, fresh: bool = False) -> WorkPool:

@@ -35,9 +35,9 @@ import anyio
 from anyio import to_thread
 
 from kinetic_prefect import signing
+from kinetic_prefect.caller.pools import abilities_of
 from kinetic_prefect.contract import (
     COMPLETED,
-    GKE_WORKER_TYPE,
     SLOT_INPUTS_ARTIFACT_KEY,
     SLOT_TAG,
     SWEEP_TAG_PREFIX,
@@ -86,18 +86,17 @@ def has_siblings(key: tuple[Any, ...]) -> bool:
         return _in_flight.get(key, 0) > 1
 
 
-GKE_DEFAULT_SLOTS = 8  # a kinetic-gke sweep's slot pods when neither KINETIC_SWEEP_SLOTS nor the pool says
-
-
 def slot_count(pool: Any = None) -> int:
     """At most this many slot jobs per sweep; 0: no sweeps, every call a job run of its own. ``KINETIC_SWEEP_SLOTS``
-    if set; else on kinetic-gke the work pool's concurrency limit, or GKE_DEFAULT_SLOTS (a slot is a pod holding an
-    accelerator: the caller's CPUs say nothing about it); else twice the caller's CPUs, at least 4."""
+    if set; else, where the pool's launcher has a default slot count (kinetic-gke: a slot is a pod holding an
+    accelerator, and the caller's CPUs say nothing about it), the work pool's concurrency limit or that default;
+    else twice the caller's CPUs, at least 4."""
     count = settings.SWEEP_SLOTS.value()
     if count is not None:
         return count
-    if pool is not None and pool.type == GKE_WORKER_TYPE:
-        return pool.concurrency_limit or GKE_DEFAULT_SLOTS
+    default = abilities_of(pool.type).default_slots if pool is not None else None
+    if default is not None:
+        return int(pool.concurrency_limit or default)
     return max(4, 2 * (os.cpu_count() or 1))
 
 

@@ -14,23 +14,28 @@ from kinetic_prefect import accelerators, signing
 from kinetic_prefect.caller import _prefect, data_mounts, slots
 from kinetic_prefect.caller.calls import KineticOptions, PreparedCall
 from kinetic_prefect.caller.outcomes import cancelled_result, collect, discard_run
+from kinetic_prefect.contract.launchers import SweepSlots
 from kinetic_prefect.errors import KineticJobCrashed
 
 SLOT_IDLE_SECONDS = 5.0  # a slot with nothing to take waits this long (or keep_warm_seconds) for a retry to rejoin
 
 
 def pool_carries_slots(pool: Any, job_variables: dict[str, Any], keep_warm: float) -> bool:
-    """Whether this pool's jobs can be a sweep's slots. kinetic-local: always, unless the pool runs its own
-    command in the runner's place (a slot swaps the runner module for the slot runner's); a slot is a process that
-    lives as long as its sweep has inputs, so it needs no warm runners (``keep_warm_seconds``), which stay opt-in
-    for single calls. kinetic-gke: with warm pods (``keep_warm_seconds > 0``), a slot being a pod that takes the
-    sweep's inputs one after another."""
-    from kinetic_prefect.contract import GKE_WORKER_TYPE, LOCAL_WORKER_TYPE, RUNNER_MODULE
+    """Whether this pool's jobs can be a sweep's slots, as its launcher's abilities say (``sweep_slots``): always
+    (kinetic-local: a slot is a process that lives as long as its sweep has inputs, so it needs no warm runners,
+    which stay opt-in for single calls), or only with warm jobs (kinetic-gke: ``keep_warm_seconds > 0``, a slot
+    being a pod that takes the sweep's inputs one after another). Never when the pool runs its own command in the
+    runner's place (a slot swaps the runner module for the slot runner's)."""
+    from kinetic_prefect.contract import RUNNER_MODULE
 
-    if pool.type == LOCAL_WORKER_TYPE:
-        command = job_variables.get("command", _prefect.pool_default(pool, "command"))
-        return not command or RUNNER_MODULE in str(command)
-    return pool.type == GKE_WORKER_TYPE and keep_warm > 0
+    try:
+        slots_when = _prefect.abilities_of(pool.type).sweep_slots
+    except _prefect.WorkPoolError:  # not a kinetic pool (or not installed here): no slots
+        return False
+    if slots_when is SweepSlots.NEVER or (slots_when is SweepSlots.WITH_WARM and keep_warm <= 0):
+        return False
+    command = job_variables.get("command", _prefect.pool_default(pool, "command"))
+    return not command or RUNNER_MODULE in str(command)
 
 
 def sweep_of(

@@ -26,9 +26,8 @@ from typing import Any
 from uuid import UUID
 
 from kinetic_prefect import signing
-from kinetic_prefect.contract import DEBUG_PORT, GKE_WORKER_TYPE, Env, RunLayout, settings
-
-GKE_POOL_TYPE = GKE_WORKER_TYPE
+from kinetic_prefect.contract import DEBUG_PORT, Env, RunLayout, settings
+from kinetic_prefect.contract.launchers import DebugForwarding
 RECORD_POLL_SECONDS = 0.5
 # Each look lists the live jobs (two reads per job): a debug call looks for its own less often than for its record.
 JOB_LOOKUP_POLL_SECONDS = 2.0
@@ -280,12 +279,24 @@ def serve(listener: socket.socket, connect: Callable[[], Any], until: Callable[[
         listener.close()
 
 
+def _forwarding_of(job: Any) -> DebugForwarding:
+    """How the job's launcher is reached (its abilities); a job whose pool is unknown runs where its record says."""
+    if not job.backend:
+        return DebugForwarding.LOCAL_RELAY
+    from kinetic_prefect.caller.pools import abilities_of
+
+    forwarding = abilities_of(job.backend).debug_forwarding
+    if forwarding is DebugForwarding.NONE:
+        raise NotADebugJob(f"job {job.job_id} runs on a pool of type {job.backend!r}, whose jobs no debugger reaches")
+    return forwarding
+
+
 def forward(job: Any, local_port: int = DEBUG_PORT, wait_seconds: float = 600.0, say=print) -> None:
     """``kinetic-prefect jobs debug``: wait for the job's debugger, print the attach configuration, and forward
     127.0.0.1:``local_port`` to it until the job ends or the user interrupts."""
     record = read_record(job, wait_seconds, say)
     listener = listen(local_port)
-    if job.backend == GKE_POOL_TYPE:
+    if _forwarding_of(job) is DebugForwarding.PORT_FORWARD:
         connect = kube_connector(record, pool_kube_client(job))
         where = f"pod {record['namespace']}/{record['pod']} port {record['port']} (Kubernetes port-forward)"
     else:

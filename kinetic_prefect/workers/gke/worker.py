@@ -14,6 +14,7 @@ from prefect.exceptions import InfrastructureNotFound
 from prefect.workers.base import BaseWorker
 
 from kinetic_prefect.contract import GKE_WORKER_TYPE
+from kinetic_prefect.contract.launchers import DebugForwarding, LauncherAbilities, PriceSource, SweepSlots
 from kinetic_prefect.workers.base import load_template
 from kinetic_prefect.workers.gke import capacity as gke_capacity
 from kinetic_prefect.workers.gke.configuration import KineticGKEJobConfiguration
@@ -31,6 +32,21 @@ class KineticGKEWorker(PinnedPoolVariables, KineticWorker, BaseWorker):  # type:
     launcher: GKEJobLauncher
     job_configuration_variables = KineticGKEVariables
     _description = "Runs @kinetic_task jobs as Kubernetes Jobs on GKE GPU/TPU node pools."
+    abilities = LauncherAbilities(
+        runs_images=True,
+        sweep_slots=SweepSlots.WITH_WARM,  # a slot is a warm pod taking the sweep's inputs one after another
+        default_slots=8,  # a slot pod holds an accelerator: the caller's CPUs say nothing about it
+        warm_reuse=True,
+        debug_forwarding=DebugForwarding.PORT_FORWARD,
+        fuse_mounts=True,
+        multi_host=True,  # an Indexed Job with a headless Service
+        spot=True,
+        reservations=True,
+        runs_here=False,
+        price_source=PriceSource.CLOUD_CATALOG,
+        extras=("gcp", "k8s"),
+        provisions=True,
+    )
     _documentation_url = "https://github.com/kinetic-prefect/kinetic-prefect"
 
     def __init__(self, *args: Any, **kwargs: Any):

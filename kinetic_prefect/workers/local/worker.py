@@ -11,6 +11,7 @@ from prefect.workers.base import BaseWorker
 
 from kinetic_prefect.contract import LOCAL_WORKER_TYPE
 from kinetic_prefect.contract.job_variables import KineticLocalVariables
+from kinetic_prefect.contract.launchers import DebugForwarding, LauncherAbilities, PriceSource, SweepSlots
 from kinetic_prefect.workers.base import load_template
 from kinetic_prefect.workers.lifecycle import KineticWorker
 from kinetic_prefect.workers.local.configuration import KineticLocalJobConfiguration
@@ -26,6 +27,19 @@ class KineticLocalWorker(PinnedPoolVariables, KineticWorker, BaseWorker):  # typ
     launcher: LocalJobLauncher
     job_configuration_variables = KineticLocalVariables
     _description = "Runs @kinetic_task jobs as local processes in hash-keyed uv environments."
+    abilities = LauncherAbilities(
+        runs_images=False,  # an environment is a uv venv from requirements=, not an image
+        sweep_slots=SweepSlots.ALWAYS,  # a slot is a process living as long as its sweep has inputs
+        default_slots=None,  # the jobs share the caller's CPUs
+        warm_reuse=True,
+        debug_forwarding=DebugForwarding.LOCAL_RELAY,
+        fuse_mounts=False,  # the job reads a local source in place, a gs:// one through the store's client
+        multi_host=True,  # N processes on this machine
+        spot=False,
+        reservations=False,
+        runs_here=True,
+        price_source=PriceSource.OWN_MACHINE,
+    )
     _documentation_url = "https://github.com/kinetic-prefect/kinetic-prefect"
 
     def __init__(self, *args: Any, **kwargs: Any):
