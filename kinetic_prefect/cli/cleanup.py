@@ -27,13 +27,17 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+import typer
+
 from kinetic_prefect import config
+from kinetic_prefect.cli.console import ClickException
 from kinetic_prefect.contract import Env, RunLayout, SweepKeys
 from kinetic_prefect.signing import SUFFIX
 
@@ -304,3 +308,51 @@ def describe(leftovers: list[Leftover], deleting: bool) -> str:
     elif not deleting:
         lines.append(f"dry run: {len(leftovers)} item(s), {total:.2f} MiB; run again with --yes to delete them")
     return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def cleanup_command(
+    store: str | None = typer.Option(
+        None, "--store", metavar="DIR", help=f"the local store (default: {Env.STORE} or ~/.cache/kinetic-prefect/store)"
+    ),
+    older_than: float = typer.Option(60.0, "--older-than", metavar="MINUTES", help="only what is at least this old"),
+    uncollected_older_than: float | None = typer.Option(
+        None,
+        "--uncollected-older-than",
+        metavar="MINUTES",
+        help="also results nobody collected, this old (without it results are kept until collected)",
+    ),
+    yes: bool = typer.Option(False, "--yes", help="delete what is listed (without it: a dry run)"),
+) -> None:
+    """List (or with --yes remove) what crashed calls and jobs left: payloads whose job wrote no result, empty
+    run and checkpoint folders, dead local jobs' folders, jobs' temporary folders, the records of sweeps that are
+    over (never a live sweep's, nor its inputs' payloads); uncollected results only with --uncollected-older-than."""
+    try:
+        root = store_root(store)
+        active = active_runs()
+    except ValueError as exc:
+        raise ClickException(str(exc)) from None
+    except Exception as exc:  # the API: without it, objects of running jobs cannot be told apart
+        raise ClickException(
+            f"cannot read Prefect's unfinished kinetic runs ({type(exc).__name__}: {exc}); "
+            "cleanup needs them to leave running jobs alone: check PREFECT_API_URL"
+        ) from None
+    for name, value in (("--older-than", older_than), ("--uncollected-older-than", uncollected_older_than)):
+        if value is not None and value < 0:
+            raise ClickException(f"{name} {value:g}: give an age in minutes, 0 or more")
+    leftovers = find(
+        root,
+        older_than * 60,
+        active=active,
+        uncollected_older_than_s=None if uncollected_older_than is None else uncollected_older_than * 60,
+    )
+    sys.stdout.write(describe(leftovers, deleting=yes))
+    if yes and leftovers:
+        sys.stdout.write(f"removed {remove(leftovers)} of {len(leftovers)}\n")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``cleanup`` to the ``kinetic-prefect`` app."""
+    app.command("cleanup")(cleanup_command)

@@ -9,13 +9,20 @@ reads the built-in price table only (``kinetic_prefect.shared.prices``), no serv
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import re
 import sys
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from kinetic_prefect.cli.console import ClickException, make_console
 
 
 @dataclass
@@ -284,3 +291,91 @@ def estimate_table(rows: list[EstimateRow], minutes: float) -> Any:
 
 
 __all__ = ["EstimateRow", "RunCost", "estimate", "estimate_table", "flow_run_costs"]
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def _print_estimate(target: str | None, minutes: float | None, hosts: int | None, as_json: bool) -> None:
+    if target is None or minutes is None:
+        raise ClickException(
+            "--estimate and --minutes go together: kinetic-prefect cost --estimate l4,a100x4 --minutes 30 "
+            "(accelerator names, or MODULE:TASK of a @kinetic_task)"
+        )
+    try:
+        rows = estimate(target, minutes, hosts)
+    except ValueError as exc:
+        raise ClickException(str(exc)) from None
+    if as_json:
+        sys.stdout.write(json.dumps({"minutes": minutes, "rows": [r.as_dict() for r in rows]}, indent=2) + "\n")
+        return
+    console = make_console()
+    console.width = max(console.width, 120)
+    console.print(estimate_table(rows, minutes))
+    console.print("The call runs on the first entry that has capacity; each row is what it would cost there.")
+    for row in rows:
+        if row.usd is None:  # say why, and where a figure can come from
+            console.print(f"{row.accelerator}: {row.note} (a pool's own figure: pool-set POOL 'prices=...')")
+
+
+def cost_command(
+    flow_run: list[str] | None = typer.Option(None, "--flow-run", metavar="ID", help="a flow run (repeatable)"),
+    deployment: str | None = typer.Option(None, "--deployment", metavar="FLOW/NAME", help="runs of a deployment"),
+    flow_name: str | None = typer.Option(None, "--flow", metavar="NAME", help="runs of a flow"),
+    since: datetime | None = typer.Option(None, "--since", metavar="DATE", help="runs started at or after DATE"),
+    until: datetime | None = typer.Option(None, "--until", metavar="DATE", help="runs started before DATE"),
+    last: int = typer.Option(10, "--last", metavar="N", help="the N most recent runs (0: all in the range)"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON instead of tables"),
+    estimate_target: str | None = typer.Option(
+        None, "--estimate", metavar="TASK_OR_ACCELERATORS", help="estimate, before running: l4,a100x4 or MODULE:TASK"
+    ),
+    minutes: float | None = typer.Option(None, "--minutes", metavar="N", help="with --estimate: minutes of run"),
+    hosts: int | None = typer.Option(None, "--hosts", metavar="N", help="with --estimate: hosts of a group"),
+) -> None:
+    """What flow runs' kinetic calls cost, from Prefect's records (the cost artifacts the workers left); with
+    --estimate, what a fallback list would cost for --minutes, from the built-in list prices."""
+    if estimate_target is not None or minutes is not None or hosts is not None:
+        return _print_estimate(estimate_target, minutes, hosts, as_json)
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    def utc(moment: datetime | None) -> datetime | None:
+        return moment.replace(tzinfo=UTC) if moment is not None and moment.tzinfo is None else moment
+
+    try:
+        runs: list[Any] = run_coro_as_sync(  # its return type is lost
+            flow_run_costs(flow_run, deployment, flow_name, utc(since), utc(until), last)
+        )
+    except ValueError as exc:
+        raise ClickException(str(exc)) from None
+    total = sum(r.total_usd for r in runs)
+    if as_json:
+        sys.stdout.write(
+            json.dumps({"total_usd": round(total, 6), "runs": [r.as_dict() for r in runs]}, indent=2) + "\n"
+        )
+        return
+    console = make_console()
+    console.width = max(console.width, 120)
+    for run in runs:
+        table = Table(
+            title=f"{run.name} ({run.flow_run_id}, {run.state or '?'}, started {run.start or '-'}): "
+            f"${run.total_usd:.4f}" + (f", {run.unpriced_calls} unpriced" if run.unpriced_calls else "")
+        )
+        for column in ("call", "accelerator", "spot", "hosts", "minutes", "$"):
+            table.add_column(column, justify="right" if column in ("hosts", "minutes", "$") else "left")
+        for call in run.calls:
+            usd = call.get("usd")
+            table.add_row(
+                escape(str(call.get("call"))),
+                str(call.get("accelerator")),
+                "yes" if call.get("spot") else "no",
+                str(call.get("hosts")),
+                f"{call.get('minutes') or 0:.2f}",
+                "unpriced" if usd is None else f"${usd:.4f}",
+            )
+        console.print(table)
+    console.print(f"{len(runs)} flow run(s), ${total:.4f} in all")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``cost`` to the ``kinetic-prefect`` app."""
+    app.command("cost")(cost_command)
