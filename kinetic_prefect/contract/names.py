@@ -13,7 +13,8 @@ RUNNER_COMMAND = " ".join(RUNNER_ARGV)
 # The work-pool worker types (each a Prefect worker's ``type``, and the ``type`` of the pools it serves).
 LOCAL_WORKER_TYPE = "kinetic-local"
 GKE_WORKER_TYPE = "kinetic-gke"
-WORKER_TYPES = (LOCAL_WORKER_TYPE, GKE_WORKER_TYPE)
+VERTEX_WORKER_TYPE = "kinetic-vertex"
+WORKER_TYPES = (LOCAL_WORKER_TYPE, GKE_WORKER_TYPE, VERTEX_WORKER_TYPE)
 
 # A kinetic-local job's log files, in its job folder and among its outputs: host 0's, then host i's.
 JOB_LOG_NAME = "job.log"

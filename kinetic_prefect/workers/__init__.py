@@ -7,7 +7,7 @@ the type is not registered, and a kinetic-gke pool is refused with the install c
 (``UNAVAILABLE``: worker type -> what is missing and the install command).
 """
 
-from kinetic_prefect.contract import GKE_WORKER_TYPE
+from kinetic_prefect.contract import GKE_WORKER_TYPE, VERTEX_WORKER_TYPE
 from kinetic_prefect.workers.local.worker import KineticLocalWorker
 
 UNAVAILABLE: dict[str, str] = {}
@@ -24,4 +24,23 @@ except ModuleNotFoundError as missing:  # no prefect-kubernetes / kubernetes: a 
 else:
     GKE_UNAVAILABLE = None
 
-__all__ = ["GKE_UNAVAILABLE", "UNAVAILABLE", "KineticGKEWorker", "KineticLocalWorker"]
+VERTEX_UNAVAILABLE: str | None
+try:
+    from kinetic_prefect.workers.vertex.worker import KineticVertexWorker
+except ModuleNotFoundError as missing:  # no prefect-gcp / google-cloud-aiplatform: the gcp extra is not installed
+    KineticVertexWorker = None  # type: ignore[assignment,misc]
+    VERTEX_UNAVAILABLE = f"{missing.name} is not installed"
+    UNAVAILABLE[VERTEX_WORKER_TYPE] = (
+        f"needs the gcp extra ({VERTEX_UNAVAILABLE}): pip install 'kinetic-prefect[gcp]' (or uv sync --extra gcp)"
+    )
+else:
+    VERTEX_UNAVAILABLE = None
+
+__all__ = [
+    "GKE_UNAVAILABLE",
+    "UNAVAILABLE",
+    "VERTEX_UNAVAILABLE",
+    "KineticGKEWorker",
+    "KineticLocalWorker",
+    "KineticVertexWorker",
+]

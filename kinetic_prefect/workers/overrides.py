@@ -17,7 +17,7 @@ import anyio
 from prefect.client.schemas.objects import FlowRun
 from prefect.states import Failed
 
-from kinetic_prefect.contract import GKE_WORKER_TYPE, LOCAL_WORKER_TYPE
+from kinetic_prefect.contract import GKE_WORKER_TYPE, LOCAL_WORKER_TYPE, VERTEX_WORKER_TYPE
 from kinetic_prefect.contract.job_variables import (
     WORKER_ONLY_ENV,
     env_refusal,
@@ -35,6 +35,10 @@ def caller_variables(pool_type: str) -> frozenset[str]:
         from kinetic_prefect.workers.gke.variables import KineticGKEVariables
 
         return KineticGKEVariables.caller_variables
+    if pool_type == VERTEX_WORKER_TYPE:
+        from kinetic_prefect.workers.vertex.variables import KineticVertexVariables
+
+        return KineticVertexVariables.caller_variables
     from kinetic_prefect.contract.job_variables import KineticLocalVariables
 
     assert pool_type == LOCAL_WORKER_TYPE, pool_type

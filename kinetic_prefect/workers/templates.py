@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kinetic_prefect import config
-from kinetic_prefect.contract import GKE_WORKER_TYPE, LOCAL_WORKER_TYPE, WORKER_TYPES
+from kinetic_prefect.contract import GKE_WORKER_TYPE, LOCAL_WORKER_TYPE, VERTEX_WORKER_TYPE, WORKER_TYPES
 
 
 def generated_template(worker_type: str) -> dict[str, Any]:
@@ -32,6 +32,11 @@ def generated_template(worker_type: str) -> dict[str, Any]:
         from kinetic_prefect.workers.gke.variables import job_manifest_template
 
         manifest = job_manifest_template()
+    elif worker_type == VERTEX_WORKER_TYPE:
+        from kinetic_prefect.workers.vertex.configuration import KineticVertexJobConfiguration as configuration
+        from kinetic_prefect.workers.vertex.variables import KineticVertexVariables as variables
+
+        manifest = None
     else:
         raise ValueError(f"no kinetic worker type {worker_type!r}; one of {', '.join(WORKER_TYPES)}")
     job_configuration = configuration.json_template()
