@@ -97,7 +97,9 @@ def _record_leaving(control: Path, idle_since: float, served: int, launcher_pid:
 
 def _project_modules(code_dirs: set[str]) -> list[str]:
     names = []
-    for name, module in list(sys.modules.items()):
+    # dict.copy() is one step under the GIL; a list of the items allocates as it walks, and an allocation can start a
+    # collection whose finalizers import, or let a thread the last call left running import, mid-walk.
+    for name, module in sys.modules.copy().items():
         path = getattr(module, "__file__", None) or ""
         if name.split(".")[0] == "kinetic_prefect":
             continue  # the runner's own modules, even where the project ships a copy of them

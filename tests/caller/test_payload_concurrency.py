@@ -166,3 +166,26 @@ def test_the_first_calls_of_a_fan_out_do_not_race_on_sysconfig(tmp_path):
         [sys.executable, str(tmp_path / "first_use.py"), str(tmp_path)], capture_output=True, text=True, timeout=240
     )
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+def test_a_module_imported_in_the_middle_of_the_module_scan_does_not_fail_the_call(tmp_path, monkeypatch):
+    """The scan for project modules must not fail when ``sys.modules`` changes while it reads it: the call failed
+    with "RuntimeError: dictionary changed size during iteration" (1 input in 80 in a plain ``.map()``, 17 in 120
+    with a thread importing modules). tests/support/collection_imports.py makes the interleaving certain."""
+    from collection_imports import imports_during_collections
+
+    from kinetic_prefect.caller import payload
+
+    (tmp_path / "pyproject.toml").write_text("[project]\nname='proj'\n")
+    (tmp_path / "proj_helpers.py").write_text("def scale(x):\n    return 2 * x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(payload, "_module_names", {})
+    import proj_helpers  # noqa: F401 - a project module: the scan must find it
+
+    try:
+        with imports_during_collections(tmp_path) as imported:
+            names = payload.project_module_names(tmp_path)
+    finally:
+        sys.modules.pop("proj_helpers", None)
+    assert imported, "no collection ran during the scan: the test did not make the interleaving it is about"
+    assert "proj_helpers" in names

@@ -104,3 +104,31 @@ def test_a_kept_copy_removed_under_the_process_is_made_again(tmp_path, reusing):
     (tmp_path / "job2").mkdir()
     second = working_copy.working_copy(shipped, tmp_path / "job2")
     assert second != first and (second / "main.py").read_text() == "VALUE = 'original'\n"
+
+
+def test_a_warm_runner_finds_the_projects_modules_while_sys_modules_changes(tmp_path, monkeypatch):
+    """Between calls a warm runner drops the project's modules from ``sys.modules`` (the next call imports its own
+    copy); a thread the last call left running may import meanwhile, and the walk failed with "RuntimeError:
+    dictionary changed size during iteration". tests/support/collection_imports.py makes the interleaving
+    certain."""
+    import sys
+
+    from collection_imports import imports_during_collections
+
+    from kinetic_prefect.pod import warm_runner
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "proj_model.py").write_text("WEIGHTS = 1\n")
+    monkeypatch.syspath_prepend(str(project))
+    import proj_model  # noqa: F401 - the last call's project module
+
+    elsewhere = tmp_path / "elsewhere"  # the thread's modules are not the project's
+    elsewhere.mkdir()
+    try:
+        with imports_during_collections(elsewhere) as imported:
+            names = warm_runner._project_modules({str(project)})
+    finally:
+        sys.modules.pop("proj_model", None)
+    assert imported, "no collection ran during the walk: the test did not make the interleaving it is about"
+    assert names == ["proj_model"]
