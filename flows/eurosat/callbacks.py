@@ -2,7 +2,8 @@
 schedule and time budget, the per-epoch progress line, the resumable checkpoint, and the benchmarks' test curve.
 
 Keras is imported at the top, so ``train`` imports this module only inside the job body (the flow's caller side
-imports ``train`` without Keras).
+imports ``train`` without Keras). What both read is in ``config`` and ``scoring``, so neither imports the other's
+names back.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import numpy as np
 
 from eurosat import dataset as ds
 from eurosat import metrics as mt
-from eurosat.train import CHECKPOINT_STATE, TrainConfig, lr_at, predict_images, schedule_progress
+from eurosat.config import CHECKPOINT_STATE, TrainConfig, lr_at, schedule_progress
+from eurosat.scoring import predict_images
 
 
 def _agree(value: float) -> float:
