@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator
-from typing import Any
+
+from kinetic_prefect.shared import exit_hooks
 
 _waited_for_at_exit: list[threading.Thread] = []
 
@@ -16,34 +15,11 @@ def _join_at_exit() -> None:
     # Prefect's events client cannot start during shutdown and logs each failed emit as an error; the job's
     # events are a nicety for automations, its states and logs still reach the API.
     logging.getLogger("prefect.events.utilities").setLevel(logging.CRITICAL)
-    with as_if_running():
+    # A batch whose script ended right after ``run_async_map`` had all its task runs fail ("Finished in state
+    # Pending()") while its flow waited for them, and the script never ended: the thread runs as if the main lived.
+    with exit_hooks.as_if_running():
         for thread in list(_waited_for_at_exit):
             thread.join()
-
-
-@contextlib.contextmanager
-def as_if_running() -> Iterator[None]:
-    """While the interpreter waits for a thread at exit, that thread runs as it would while the main thread lived.
-
-    Python marks itself as shutting down before it calls threading's exit hooks, and from then on no thread can
-    register one: each of Prefect's services (a tag's concurrency slots, a new client's senders) fails to start
-    ("can't register atexit after shutdown"). A batch whose script ended right after ``run_async_map`` had all its
-    task runs fail so ("Finished in state Pending()") while its flow waited for them: the script never ended. The
-    hooks registered meanwhile run after the wait, as the interpreter would have run them."""
-    shutting_down = getattr(threading, "_SHUTTING_DOWN", False)
-    hooks: list[Any] = getattr(threading, "_threading_atexits", [])
-    before = len(hooks)
-    threading._SHUTTING_DOWN = False  # type: ignore[attr-defined]  # noqa: SLF001
-    try:
-        yield
-    finally:
-        threading._SHUTTING_DOWN = shutting_down  # type: ignore[attr-defined]  # noqa: SLF001
-        if shutting_down:  # the interpreter's loop over its hooks has passed the point where these were added
-            added = hooks[before:]
-            del hooks[before:]
-            for hook in reversed(added):
-                with contextlib.suppress(Exception):
-                    hook()
 
 
 def start_waited_for_at_exit(thread: threading.Thread) -> None:
@@ -62,9 +38,9 @@ def start_waited_for_at_exit(thread: threading.Thread) -> None:
 
         APILogWorker.instance()
         EventsWorker.instance()
-        threading._register_atexit(_join_at_exit)  # type: ignore[attr-defined]  # noqa: SLF001 - the hook that runs before the pools' shutdown
+        exit_hooks.run_before_pools_shut_down(_join_at_exit)
     _waited_for_at_exit.append(thread)
     thread.start()
 
 
-__all__ = ["as_if_running", "start_waited_for_at_exit"]
+__all__ = ["start_waited_for_at_exit"]

@@ -1,12 +1,13 @@
 """A job's durable outputs, reachable from the flow that called it.
 
-Inside a job, files written to ``$KINETIC_OUTPUT_DIR`` are uploaded to the store when the job ends.
+Inside a job, files written to the output directory (the variable ``contract.Env.OUTPUT_DIR`` names) are uploaded to
+the store when the job ends.
 To hand them to later steps, return ``JobOutputs.current()`` (a small picklable reference) with the
 job's value, then, on the caller's side::
 
     @kinetic_task(accelerator="l4")
     def train(...) -> dict:
-        ...  # writes model.keras into os.environ["KINETIC_OUTPUT_DIR"]
+        ...  # writes model.keras into os.environ[Env.OUTPUT_DIR]  (from kinetic_prefect.contract import Env)
         return {"metrics": m, "outputs": JobOutputs.current()}
 
     trained = train(...)
