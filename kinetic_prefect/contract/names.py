@@ -91,6 +91,12 @@ SWEEP_TAG_PREFIX = "kinetic-sweep:"
 OWNER_HOST_LABEL = "kinetic.owner.host"
 OWNER_PID_LABEL = "kinetic.owner.pid"
 OWNER_START_LABEL = "kinetic.owner.start-ticks"
+# kinetic-gke: a placeholder Job asks for a call's node while its image builds (workers/gke/placeholder.py); its
+# label holds the call's flow run id, and it runs at this PriorityClass (made by `up` and gke-worker-manifests).
+PLACEHOLDER_LABEL = "kinetic.prefect.io/placeholder-for"
+PLACEHOLDER_PRIORITY_CLASS = "kinetic-placeholder"
+# A job's start-up timeline (workers/startup.py), a table artifact on its run.
+STARTUP_ARTIFACT_KEY = "kinetic-job-startup"
 GROUP_TAG_PREFIX = "kinetic-group:"
 GROUP_INDEX_TAG_PREFIX = "kinetic-group-index:"
 # A batch that rides in slots (kinetic_prefect.kinetic.batch_inputs): its flow run ("kinetic-batch") and each input's

@@ -19,3 +19,23 @@ PHASE_UPLOAD_OUTPUTS = "uploading outputs"
 PHASE_PICKLE_RESULT = "pickling the result"
 PHASE_WRITE_RESULT = "writing the result"
 PHASE_WORKING_COPY = "copying the project into the job's own working directory"
+
+# A job's start-up as the worker times it (workers/startup.py: its logs, its artifact, `jobs status`), in order.
+STARTUP_SUBMITTED = "submitted"
+STARTUP_IMAGE_READY = "image ready"
+STARTUP_SCALE_UP_ASKED = "scale-up asked"
+STARTUP_NODE_READY = "node ready"
+STARTUP_IMAGE_PULLED = "image pulled"
+STARTUP_CONTAINER_STARTED = "container started"
+STARTUP_FIRST_LINE = "first line"
+STARTUP_FINISHED = "finished"
+STARTUP_STEPS = (
+    STARTUP_SUBMITTED,
+    STARTUP_IMAGE_READY,
+    STARTUP_SCALE_UP_ASKED,
+    STARTUP_NODE_READY,
+    STARTUP_IMAGE_PULLED,
+    STARTUP_CONTAINER_STARTED,
+    STARTUP_FIRST_LINE,
+    STARTUP_FINISHED,
+)

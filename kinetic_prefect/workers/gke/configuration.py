@@ -96,6 +96,7 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
     reservation_project: str | None = Field(default=None)
     flex_start: bool = Field(default=False)
     queued_provisioning: str | None = Field(default=None)  # a Kueue LocalQueue backed by queued provisioning
+    hold_node_during_build: bool = Field(default=True)  # a placeholder asks for the node while the image builds
     _template_manifest: dict[str, Any] | None = PrivateAttr(default=None)  # before rendering: each attempt's base
     _image_given: bool | None = PrivateAttr(default=None)  # image= (kept for every attempt), not built per family
     # The environment values moved out of the rendered manifest (the pool's and the call's env): the Job's Secret.

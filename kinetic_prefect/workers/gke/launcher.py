@@ -21,7 +21,7 @@ from kinetic_prefect import accelerators
 from kinetic_prefect.contract import GKE_WORKER_TYPE, Env
 from kinetic_prefect.shared import capacity
 from kinetic_prefect.workers.gke import capacity as gke_capacity
-from kinetic_prefect.workers.gke import warm
+from kinetic_prefect.workers.gke import placeholder, warm
 from kinetic_prefect.workers.gke.configuration import KineticGKEJobConfiguration
 from kinetic_prefect.workers.gke.follower import (
     DELETED_POD_MARGIN_SECONDS,
@@ -87,7 +87,7 @@ class GKEJobLauncher(JobLauncher):
         self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration, log: Callable[[str], None]
     ) -> str:
         configuration.image_given()  # decided before the image is set below
-        image = await anyio.to_thread.run_sync(self.ensure_image, configuration, log)
+        image = await self._image_while_a_node_comes(flow_run, configuration, log)
         configuration.image = image
         configuration.job_manifest["spec"]["template"]["spec"]["containers"][0]["image"] = image
         api = await anyio.to_thread.run_sync(self.api, configuration)
@@ -103,6 +103,20 @@ class GKEJobLauncher(JobLauncher):
         kind = "slot Job" if warm.is_slot(configuration) else "warm pod Job" if warm.wanted(configuration) else "Job"
         log(f"Created {kind} {configuration.namespace}/{job_name} for accelerator {configuration.accelerator}")
         return f"{configuration.namespace}:{job_name}" + (f"@{flow_run.id}" if warm.wanted(configuration) else "")
+
+    async def _image_while_a_node_comes(
+        self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration, log: Callable[[str], None]
+    ) -> str:
+        """The job's image (ensure_image); while it builds, a placeholder asks for the job's node (placeholder.py),
+        deleted before this returns, so the job's pod takes its place. The build's thread is abandoned on a cancel
+        (a Ctrl-C does not wait for the build to end), and the placeholder is deleted at once."""
+        hold = None
+        if placeholder.wanted(configuration) and not warm.is_slot(configuration):
+            api = await anyio.to_thread.run_sync(self.api, configuration)
+            hold = placeholder.NodeHold(api, configuration, str(flow_run.id), log)
+        return await placeholder.build_holding_a_node(
+            hold, lambda: anyio.to_thread.run_sync(self.ensure_image, configuration, log, abandon_on_cancel=True)
+        )
 
     async def find(self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration) -> str | None:
         if warm.wanted(configuration) and (found := await self.warm.find(flow_run, configuration)):

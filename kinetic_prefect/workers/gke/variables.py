@@ -159,6 +159,14 @@ class KineticGKEVariables(CallVariables):
         "suspended with kueue.x-k8s.io/queue-name, and starts when all its capacity is provisioned at "
         "once. Waiting in the queue does not count toward pod_watch_timeout_seconds.",
     )
+    hold_node_during_build: bool = Field(
+        default=True,
+        title="Ask for the node while the image builds",
+        description="While a job's image builds, a placeholder Job of the lowest priority that still makes the "
+        "cluster autoscaler scale up (PriorityClass kinetic-placeholder, made by `kinetic-prefect up`) asks for "
+        "the job's node; it is deleted before the job's Job is created. A cold call then waits for the longer of the "
+        "build and the scale-up, not for both.",
+    )
     spot: bool = Field(
         default=False,
         title="Spot",
