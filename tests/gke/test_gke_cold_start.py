@@ -131,9 +131,9 @@ def test_a_failed_build_leaves_no_placeholder(
 
     @flow
     def pipeline():
-        return hello(return_state=True)
+        return hello(return_state=True), "the flow went on"
 
-    state = pipeline()
+    state, _ = pipeline()
     assert state.is_failed() or state.is_crashed(), state
     assert "the test's build failed" in state.message, state.message
     assert [reason for _, reason, _ in model.events] == ["TriggeredScaleUp"], "the placeholder had asked for a node"
@@ -143,25 +143,27 @@ def test_a_failed_build_leaves_no_placeholder(
 def test_a_cancelled_call_leaves_no_placeholder(
     kube, gcs_bucket, local_registry, job_image, python_base_image, gke_autoscaler, placeholder_class, slow_build
 ):
-    """The task's timeout (5 s) cancels the call during a 60-s build: the call ends at its timeout, without waiting
-    for the build, and its placeholder is gone. ~8 s: the timeout has to pass."""
-    gke_autoscaler([NodePool("t4-pool", "t4")], verdict_seconds=1, provisioning_seconds=60)
+    """The task's timeout (8 s) cancels the call during a 60-s build, after its placeholder asked for a node: the
+    call ends at its timeout, without waiting for the build, and its placeholder is gone. ~10 s: the timeout has to
+    pass."""
+    model = gke_autoscaler([NodePool("t4-pool", "t4")], verdict_seconds=1, provisioning_seconds=60)
     slow_build(60)
     pool = _pool(kube, gcs_bucket, local_registry)
     name = f"cancel-{uuid.uuid4().hex[:6]}"
 
-    @_gke_task(name, pool, python_base_image, accelerator="t4", timeout_seconds=5)
+    @_gke_task(name, pool, python_base_image, accelerator="t4", timeout_seconds=8)
     def hello() -> str:
         return "ok"
 
     @flow
     def pipeline():
-        return hello(return_state=True)
+        return hello(return_state=True), "the flow went on"
 
     started = time.monotonic()
-    state = pipeline()
+    state, _ = pipeline()
     assert not state.is_completed(), state
     assert time.monotonic() - started < 30, "the cancel waited for the build"
+    assert [reason for _, reason, _ in model.events] == ["TriggeredScaleUp"], "the placeholder had asked for a node"
     assert not _placeholders(kube)
 
 
