@@ -1,6 +1,6 @@
-"""Caller side, a call made ready: its options (``KineticOptions``) and what is computed before Prefect or the
-store is contacted (``prepare``: the pickled payload, the project archive, the forwarded environment, each Data
-argument hashed and put by reference). Failing here stores nothing.
+"""Caller side, a call made ready: what is computed before Prefect or the store is contacted (``prepare``: the
+pickled payload, the project archive, the forwarded environment, each Data argument hashed and put by reference).
+Failing here stores nothing. A task's options are ``caller.options``' (``KineticOptions`` is re-exported here).
 """
 
 from __future__ import annotations
@@ -13,54 +13,13 @@ from typing import Any
 
 from prefect.context import TaskRunContext
 
-from kinetic_prefect import accelerators
 from kinetic_prefect.caller import data_mounts
-from kinetic_prefect.caller.env_capture import check_entries, forwarded_environment
+from kinetic_prefect.caller.env_capture import forwarded_environment
+from kinetic_prefect.caller.options import KineticOptions
 from kinetic_prefect.caller.payload import build_call_payload
 from kinetic_prefect.caller.project_archive import cached_project_archive, find_project_dir, sha256_hex
 from kinetic_prefect.contract import BATCH_TAG, RunLayout, batch_input_run_id
 from kinetic_prefect.pod import data
-from kinetic_prefect.shared.image import ImageSpec
-
-SUBMISSION_MODES = ("auto", "in-process", "worker")
-
-
-@dataclass(frozen=True)
-class KineticOptions:
-    """Where and how a kinetic task's body runs (everything that is not a Prefect task option)."""
-
-    accelerator: accelerators.AcceleratorSpec
-    image_spec: ImageSpec
-    image: str | None = None
-    work_pool: str | None = None
-    env: tuple[str, ...] = ()
-    env_missing: str = "error"  # an unset exact name in `env`: "error" fails the call, "warn" leaves it out
-    submission: str = "auto"
-    project_dir: Path | None = None
-    ship_project: bool = True
-    job_variables: dict[str, Any] = field(default_factory=dict)
-    hosts: int | None = None  # a group of N hosts (one jax.distributed group); None: the accelerator's own
-    max_cost_usd: float | None = None  # the worker stops the job when its metered cost reaches it
-    fallbacks: tuple[accelerators.AcceleratorSpec, ...] = ()  # tried in order after `accelerator` (capacity.py)
-    preemption_retries: int | None = None  # None: the pool's
-    spot_fallback: bool | None = None  # None: the pool's
-    debug: bool = False  # the job waits for a debugger before the function runs (caller/debugging.py)
-
-    def __post_init__(self) -> None:
-        if self.preemption_retries is not None and (
-            isinstance(self.preemption_retries, bool)
-            or not isinstance(self.preemption_retries, int)
-            or self.preemption_retries < 0
-        ):
-            raise ValueError(
-                f"preemption_retries={self.preemption_retries!r}: give a whole number >= 0 (0: a "
-                "preemption crashes the run and the task's `retries` decide)"
-            )
-        check_entries(self.env, self.env_missing)
-        if self.submission not in SUBMISSION_MODES:
-            raise ValueError(f"submission={self.submission!r} is not one of {', '.join(SUBMISSION_MODES)}")
-        if self.project_dir is not None and not Path(self.project_dir).is_dir():
-            raise ValueError(f"project_dir={str(self.project_dir)!r} is not a directory")
 
 
 @dataclass

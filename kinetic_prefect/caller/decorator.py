@@ -9,28 +9,25 @@ from typing import Any, TypeVar, overload
 
 from prefect import Task
 
-from kinetic_prefect import accelerator_names as names
 from kinetic_prefect import accelerators
-from kinetic_prefect.caller import _prefect
-from kinetic_prefect.caller.calls import KineticOptions
+from kinetic_prefect.caller import _prefect, options
+from kinetic_prefect.caller.options import KineticOptions
 from kinetic_prefect.caller.submission import call_remotely, call_remotely_async
 from kinetic_prefect.caller.task_calls import checked_call, remote_body
-from kinetic_prefect.shared import capacity
-from kinetic_prefect.shared.image import ImageSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _remote_body(fn: Callable[..., Any], options: KineticOptions, task_name: str) -> Callable[..., Any]:
+def _remote_body(fn: Callable[..., Any], kinetic: KineticOptions, task_name: str) -> Callable[..., Any]:
     """The Task's fn: same signature and source identity as ``fn`` (so Prefect binds parameters and
     TASK_SOURCE cache keys follow the user's code), but calling it launches a job; an ``async def`` fn
     gets an async body (task_calls.remote_body)."""
     run_as_job = remote_body(
         fn,
-        lambda args, kwargs: call_remotely(options, fn, args, kwargs, task_name),
-        lambda args, kwargs: call_remotely_async(options, fn, args, kwargs, task_name),
+        lambda args, kwargs: call_remotely(kinetic, fn, args, kwargs, task_name),
+        lambda args, kwargs: call_remotely_async(kinetic, fn, args, kwargs, task_name),
     )
-    run_as_job.__kinetic_options__ = options  # type: ignore[attr-defined]
+    run_as_job.__kinetic_options__ = kinetic  # type: ignore[attr-defined]
     return run_as_job
 
 
@@ -75,7 +72,6 @@ def _check_job_name(name: str, fn: Callable[..., Any]) -> None:
 
 def _check_task_options(fn: Callable[..., Any], options: dict[str, Any]) -> None:
     """What Prefect accepts at decoration and fails on at every call: refused now, naming the option or function."""
-    import inspect
 
     timeout = options.get("timeout_seconds")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0):
@@ -113,56 +109,10 @@ def _isolated(cache_policy: Any) -> Any:
     )
 
 
-def _options(
-    accelerator: str | accelerators.AcceleratorSpec | Sequence[str | accelerators.AcceleratorSpec] = "cpu",
-    requirements: str | Path | Sequence[str] | None = None,
-    image: str | None = None,
-    work_pool: str | None = None,
-    env: Iterable[str] = (),
-    env_missing: str = "error",
-    submission: str = "auto",
-    project_dir: str | Path | None = None,
-    ship_project: bool = True,
-    job_variables: dict[str, Any] | None = None,
-    base_image: str | None = None,
-    hosts: int | None = None,
-    max_cost_usd: float | None = None,
-    preemption_retries: int | None = None,
-    spot_fallback: bool | None = None,
-    debug: bool = False,
-) -> KineticOptions:
-    # unknown names, hosts=0, hosts contradicting a slice, a list mixing host counts: all fail here, at decoration
-    spec, *fallbacks = capacity.choices(accelerator, hosts)
-    for name in [accelerator] if isinstance(accelerator, (str, accelerators.AcceleratorSpec)) else accelerator:
-        names.warn_if_read_differently(name)  # once per name: Keras Kinetic reads it as other hardware
-    from kinetic_prefect.shared.cost import check_budget
-
-    max_cost_usd = check_budget(max_cost_usd)  # max_cost_usd=0 or "5" fails here too
-    if isinstance(env, str):
-        env = (env,)
-    return KineticOptions(
-        accelerator=spec,
-        image_spec=ImageSpec.create(requirements, family=spec.family, base_image=base_image),
-        image=image,
-        work_pool=work_pool,
-        env=tuple(env),
-        env_missing=env_missing,
-        submission=submission,
-        project_dir=Path(project_dir) if project_dir else None,
-        ship_project=ship_project,
-        job_variables=dict(job_variables or {}),
-        hosts=hosts,
-        max_cost_usd=max_cost_usd,
-        fallbacks=tuple(fallbacks),
-        preemption_retries=preemption_retries,
-        spot_fallback=spot_fallback,
-        debug=bool(debug),
-    )
-
-
-# The options that are kinetic's, not Prefect's: _options' parameters (kinetic_task repeats them for the reader,
-# and a test holds the two signatures equal).
-KINETIC_OPTION_NAMES = tuple(inspect.signature(_options).parameters)
+# The options that are kinetic's, not Prefect's: TaskOptions' fields (kinetic_task repeats them for the reader and
+# the IDE, and a test holds the two signatures equal).
+KINETIC_OPTION_NAMES = options.OPTION_NAMES
+_options = options.TaskOptions  # the options' declaration, which kinetic_task's keywords follow
 
 
 class KineticTask(Task):
@@ -210,38 +160,24 @@ class KineticTask(Task):
         self._bind_pool_results()
         return super().apply_async(*args, **kwargs)
 
-    def with_options(self, **options: Any) -> KineticTask:
-        kinetic_changes = {k: options.pop(k) for k in list(options) if k in KINETIC_OPTION_NAMES}
-        if "cache_policy" in options:
-            options["cache_policy"] = _isolated(options["cache_policy"])
-        if options.get("retry_condition_fn") is not None:
-            options["retry_condition_fn"] = _no_retry_for_deterministic_failures(options["retry_condition_fn"])
-        if options.get("name") is not None:
-            _check_job_name(options["name"], self.user_fn)
-        _check_task_options(self.user_fn, options)
-        new: Any = super().with_options(**options)
-        results_follow_pool = self.results_follow_pool and options.get("result_storage") is None
+    def with_options(self, **prefect_options: Any) -> KineticTask:
+        kinetic_changes = {k: prefect_options.pop(k) for k in list(prefect_options) if k in KINETIC_OPTION_NAMES}
+        if "cache_policy" in prefect_options:
+            prefect_options["cache_policy"] = _isolated(prefect_options["cache_policy"])
+        if prefect_options.get("retry_condition_fn") is not None:
+            prefect_options["retry_condition_fn"] = _no_retry_for_deterministic_failures(
+                prefect_options["retry_condition_fn"]
+            )
+        if prefect_options.get("name") is not None:
+            _check_job_name(prefect_options["name"], self.user_fn)
+        _check_task_options(self.user_fn, prefect_options)
+        new: Any = super().with_options(**prefect_options)
+        results_follow_pool = self.results_follow_pool and prefect_options.get("result_storage") is None
         kinetic = self.kinetic
         if kinetic_changes:
-            current = {
-                "accelerator": [kinetic.accelerator, *kinetic.fallbacks],
-                "requirements": list(kinetic.image_spec.requirements) or None,
-                "image": kinetic.image,
-                "work_pool": kinetic.work_pool,
-                "env": kinetic.env,
-                "env_missing": kinetic.env_missing,
-                "submission": kinetic.submission,
-                "project_dir": kinetic.project_dir,
-                "ship_project": kinetic.ship_project,
-                "job_variables": kinetic.job_variables,
-                "base_image": kinetic.image_spec.base_image,
-                "hosts": kinetic.hosts,
-                "max_cost_usd": kinetic.max_cost_usd,
-                "preemption_retries": kinetic.preemption_retries,
-                "spot_fallback": kinetic.spot_fallback,
-                "debug": kinetic.debug,
-            }
-            kinetic = _options(**{**current, **kinetic_changes})
+            if kinetic.given is None:  # options made by hand, not by kinetic_task: nothing to change them from
+                raise TypeError("with_options changes the kinetic options of a task made by kinetic_task")
+            kinetic = kinetic.given.replace(**kinetic_changes).resolve()
         # Prefect's with_options builds a plain Task around the same fn; give it ours back.
         new.__class__ = KineticTask
         new.kinetic = kinetic
@@ -286,72 +222,27 @@ def kinetic_task(
 ):
     """Decorate a function so that each call runs its body as a job on ``accelerator``.
 
-    Kinetic options:
-        accelerator: a catalog name (``cpu``, ``l4``, ``a100x2``, ``tpu-v6e-8``, ``l4:spot``...), or a fallback
-            list tried in order (``["tpu-v6e-8", "a100x4", "l4x4"]``): on GKE the next is tried when the cluster
-            cannot place the job, never once it started (docs/capacity.md); locally the first this machine has.
-        preemption_retries: how often a preempted job (spot reclaimed, node lost) starts again under the same
-            run, resuming from its checkpoints, without spending ``retries`` (default: the pool's, 3).
-        spot_fallback: for a spot job, run the last preemption retry on on-demand capacity (GKE).
-        debug: the job starts debugpy and waits for a debugger (``KINETIC_DEBUG_WAIT_SECONDS``, default 600) before
-            the function runs; ``kinetic-prefect jobs debug JOB --port 5678`` attaches (docs/debugging.md).
-        requirements: a requirements.txt / pyproject.toml path or a list of PEP 508 strings; the job
-            environment is built once per distinct set. ``None``: the worker's interpreter.
-        image: a prebuilt container image (skips building; GKE).
-        work_pool: the Prefect work pool (default ``$KINETIC_WORK_POOL`` or ``kinetic-local``).
-        env: names or glob patterns of the caller's environment variables to forward to the job; a pattern
-            never matches the caller's own process configuration (``PATH``, ``HOME``, ``LD_*``, ``PYTHON*``,
-            ``VIRTUAL_ENV``, ``KERAS_BACKEND``, ``KINETIC_*``, ``PREFECT_*``...), an exact name always forwards.
-        env_missing: an exact name in ``env`` that is not set: ``"error"`` fails the call before anything is
-            uploaded, ``"warn"`` leaves it out with a warning (Kinetic's ``capture_env_vars`` rule).
-        submission: ``auto`` (a polling worker if one is online, else in-process), ``in-process`` or ``worker``.
-        project_dir: the directory shipped with the job (default: the project containing the function).
-        ship_project: set False to ship only the pickled function.
-        job_variables: extra job variables for the pool's template.
-        base_image: base of the built image (GKE), part of the environment's hash.
-        hosts: run the body on N hosts as one ``jax.distributed`` group (the runner joins it before the
-            body; ``jax.process_count() == N``); the coordinator's (host 0's) return value is the result, every
-            host's outputs are kept (``outputs/<run>/hosts/<i>/``), one failed host fails the call. Default:
-            the accelerator's own hosts (a multi-host TPU slice such as ``tpu-v5litepod-16`` is 4), else 1.
-            On kinetic-local, N local processes (on the CPU when the machine lacks the accelerator).
-        max_cost_usd: a budget per call in US dollars: the worker stops the job when its metered cost (hosts x
-            minutes x the pool's price) reaches it; the call raises ``BudgetExceeded`` (not retried) and the job's
-            checkpoints and outputs are kept. Default: the pool's ``max_cost_usd``, if any.
+    The kinetic options (where and how the body runs: ``accelerator``, ``requirements``, ``hosts``...) are the
+    fields of ``TaskOptions`` (``kinetic_prefect.caller.options``), each documented there with its default.
 
     Every other keyword is a Prefect task option (``retries``, ``cache_policy``, ``tags``...).
     """
+    given = options.given(locals())  # this function's own keywords are TaskOptions' fields
 
     def decorate(fn: Callable[..., Any]) -> KineticTask:
         _check_decoration(fn, task_options)
-        options = _options(
-            accelerator=accelerator,
-            requirements=requirements,
-            image=image,
-            work_pool=work_pool,
-            env=env,
-            env_missing=env_missing,
-            submission=submission,
-            project_dir=project_dir,
-            ship_project=ship_project,
-            job_variables=job_variables,
-            base_image=base_image,
-            hosts=hosts,
-            max_cost_usd=max_cost_usd,
-            preemption_retries=preemption_retries,
-            spot_fallback=spot_fallback,
-            debug=debug,
-        )
+        kinetic = given.resolve()
         _prefect.prepare_embedded_server()  # Prefect's longer start-up limit; starts nothing (issue 48, 8)
         name = task_options.pop("name", None) or fn.__name__
         tags = set(task_options.pop("tags", None) or ())
-        tags.add(f"accelerator:{options.accelerator.name}")
+        tags.add(f"accelerator:{kinetic.accelerator.name}")
         task_options["retry_condition_fn"] = _no_retry_for_deterministic_failures(
             task_options.get("retry_condition_fn")
         )
         if "cache_policy" in task_options:
             task_options["cache_policy"] = _isolated(task_options["cache_policy"])
-        task = KineticTask(fn=_remote_body(fn, options, name), name=name, tags=tags, **task_options)
-        task.kinetic = options
+        task = KineticTask(fn=_remote_body(fn, kinetic, name), name=name, tags=tags, **task_options)
+        task.kinetic = kinetic
         task.user_fn = fn
         task.results_follow_pool = task.result_storage is None
         return task
