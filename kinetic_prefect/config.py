@@ -7,7 +7,8 @@ from pathlib import Path
 
 from kinetic_prefect.contract import LOCAL_WORKER_TYPE, settings
 
-DEFAULT_WORK_POOL = LOCAL_WORKER_TYPE  # the embedded default pool is named after its type
+DEFAULT_POOL_TYPE = LOCAL_WORKER_TYPE  # the type of the pool a call uses when none is named (made on first use)
+DEFAULT_WORK_POOL = DEFAULT_POOL_TYPE  # the embedded default pool is named after its type
 
 
 def cache_dir() -> Path:

@@ -107,14 +107,13 @@ async def _read_or_create_pool(client: PrefectClient, name: str, key: tuple[str,
                 f"work pool {name!r} does not exist on {client.api_url}. Create it first, e.g. "
                 f"`prefect work-pool create {name} --type kinetic-gke`, or omit work_pool= to use the local default."
             ) from None
-        from kinetic_prefect.workers.local.worker import KineticLocalWorker
-
+        worker_class = worker_class_for(config.DEFAULT_POOL_TYPE)
         try:
             pool = await client.create_work_pool(
                 WorkPoolCreate(
                     name=name,
-                    type=KineticLocalWorker.type,
-                    base_job_template=KineticLocalWorker.get_default_base_job_template(),
+                    type=worker_class.type,
+                    base_job_template=worker_class.get_default_base_job_template(),
                     description="Created by kinetic-prefect on first use: jobs run as local processes.",
                 )
             )

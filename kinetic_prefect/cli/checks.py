@@ -39,11 +39,10 @@ def doctor_command(
     """Check that kinetic jobs can run here: Prefect API, work pool, store, and for GKE the cluster and images.
 
     Exits 1 when any check fails; each failure prints its fix."""
-    from kinetic_prefect.cli.doctor import GKECluster, run_checks
+    from kinetic_prefect.cli.doctor import check_options, run_checks
 
     try:
-        if gke_cluster:
-            GKECluster.from_path(gke_cluster)
+        check_options(gke_cluster)
     except ValueError as exc:
         raise ClickException(str(exc)) from None
     report = run_checks(

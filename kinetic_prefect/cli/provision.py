@@ -1,5 +1,5 @@
 """``kinetic-prefect up`` / ``down`` / ``pool add|remove|list``: the GKE cluster, node pools, registry, bucket, worker
-and work pool, made from zero and removed again (``kinetic_prefect.provision`` does the work).
+and work pool, made from zero and removed again (``kinetic_prefect.workers.gke.provision`` does the work).
 
     kinetic-prefect up --project P --zone Z [--cluster NAME] [--accelerator A ...] [--spot] [--reservation R]
                        [--min-nodes N] [--pool-name NAME] [--worker-image IMAGE] [--dry-run] [--yes]
@@ -27,7 +27,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kinetic_prefect import signing
-from kinetic_prefect.contract import GKE_WORKER_TYPE, Env
+from kinetic_prefect.contract import Env
 
 # Typer carries its own copy of click; its ClickException is the base of typer.BadParameter.
 ClickException: Any = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
@@ -40,7 +40,10 @@ _INSTALL = "provisioning needs the gcp and k8s extras: pip install 'kinetic-pref
 _PROJECT = typer.Option(None, "--project", envvar="GOOGLE_CLOUD_PROJECT", metavar="PROJECT_ID", help="GCP project ID")
 _ZONE = typer.Option(..., "--zone", metavar="ZONE", help="the cluster's zone, e.g. us-central1-a")
 _CLUSTER = typer.Option("kinetic-cluster", "--cluster", metavar="NAME", help="GKE cluster name")
-_POOL_NAME = typer.Option(GKE_WORKER_TYPE, "--pool-name", metavar="NAME", help="the kinetic-gke work pool")
+# No default value here: the provisioning names the pool (after its type); it is imported only when a command runs.
+_POOL_NAME = typer.Option(
+    None, "--pool-name", metavar="NAME", help="the kinetic-gke work pool  [default: kinetic-gke]", show_default=False
+)
 _SPOT = typer.Option(False, "--spot", help="Spot VMs (cheaper, may be preempted)")
 _RESERVATION = typer.Option(None, "--reservation", metavar="NAME", help="consume this Compute Engine reservation")
 _MIN_NODES = typer.Option(0, "--min-nodes", metavar="N", help="nodes kept running (default 0: scale to zero)")
@@ -56,14 +59,14 @@ def _console() -> Console:
 
 def make_clients(project: str) -> Any:
     """The Google and Kubernetes clients (tests replace this with fakes that record the requests)."""
-    from kinetic_prefect.provision.cluster_access import google_clients
+    from kinetic_prefect.workers.gke.provision.cluster_access import google_clients
 
     return google_clients(project)
 
 
 def _provision() -> Any:
     try:
-        from kinetic_prefect.provision import commands
+        from kinetic_prefect.workers.gke.provision import commands
     except ModuleNotFoundError as missing:
         raise ClickException(f"{missing.name} is not installed: {_INSTALL}") from None
     return commands
@@ -108,7 +111,7 @@ def _show(title: str, planned: list[Any]) -> None:
 
 
 def _run(title: str, planned: list[Any], *, dry_run: bool, yes: bool, question: str, rerun: str) -> None:
-    from kinetic_prefect.provision import steps
+    from kinetic_prefect.workers.gke.provision import steps
 
     _show(title, planned)
     todo = [s for s in planned if s.action is not None]
@@ -125,7 +128,7 @@ def _run(title: str, planned: list[Any], *, dry_run: bool, yes: bool, question: 
 
 
 def _guard(call: Any) -> Any:
-    from kinetic_prefect.provision.plan import ProvisionError
+    from kinetic_prefect.workers.gke.provision.plan import ProvisionError
 
     try:
         return call()
@@ -147,7 +150,7 @@ def up_command(
     spot: bool = _SPOT,
     reservation: str | None = _RESERVATION,
     min_nodes: int = _MIN_NODES,
-    pool_name: str = _POOL_NAME,
+    pool_name: str | None = _POOL_NAME,
     worker_image: str | None = typer.Option(
         None, "--worker-image", metavar="IMAGE", help="run a worker in the cluster from this image"
     ),
@@ -157,7 +160,7 @@ def up_command(
     """Make the GKE cluster, its accelerator node pools, the image registry, the store bucket, the in-cluster worker
     and the kinetic-gke work pool; what exists is kept."""
     commands = _provision()
-    from kinetic_prefect.provision import plan, steps
+    from kinetic_prefect.workers.gke.provision import plan, steps
 
     settings = _guard(
         lambda: plan.settings(
@@ -205,7 +208,7 @@ def down_command(
     project: str | None = _PROJECT,
     zone: str = _ZONE,
     cluster: str = _CLUSTER,
-    pool_name: str = _POOL_NAME,
+    pool_name: str | None = _POOL_NAME,
     delete_data: bool = typer.Option(False, "--delete-data", help="also delete the bucket when it holds objects"),
     delete_signing_key: bool = typer.Option(
         False, "--delete-signing-key", help="also delete the signing key (objects signed with it stop verifying)"
@@ -216,7 +219,7 @@ def down_command(
     """Delete what `up` made: the work pool, the cluster (its node pools and worker with it), the registry and the
     bucket; a bucket that holds objects is kept unless --delete-data, the signing key unless --delete-signing-key."""
     commands = _provision()
-    from kinetic_prefect.provision import plan
+    from kinetic_prefect.workers.gke.provision import plan
 
     settings = _guard(lambda: plan.settings(project, zone, cluster, work_pool=pool_name))
     clients = _clients(settings.project)
@@ -244,7 +247,7 @@ def pool_add_command(
 ) -> None:
     """Add a node pool for an accelerator (autoscaling from --min-nodes, 0 by default)."""
     commands = _provision()
-    from kinetic_prefect.provision import plan
+    from kinetic_prefect.workers.gke.provision import plan
 
     settings = _guard(lambda: plan.settings(project, zone, cluster))
     pool = _guard(lambda: plan.node_pool_spec(accelerator, spot=spot, reservation=reservation, min_nodes=min_nodes))
@@ -272,7 +275,7 @@ def pool_remove_command(
 ) -> None:
     """Delete a node pool: the one named, or those of the accelerator (asks first unless --yes)."""
     commands = _provision()
-    from kinetic_prefect.provision import plan
+    from kinetic_prefect.workers.gke.provision import plan
 
     settings = _guard(lambda: plan.settings(project, zone, cluster))
     clients = _clients(settings.project)
@@ -298,7 +301,7 @@ def pool_list_command(
     import dataclasses
 
     commands = _provision()
-    from kinetic_prefect.provision import plan
+    from kinetic_prefect.workers.gke.provision import plan
 
     settings = _guard(lambda: plan.settings(project, zone, cluster))
     rows = _guard(lambda: commands.pool_rows(_clients(settings.project), settings))

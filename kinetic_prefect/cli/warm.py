@@ -25,7 +25,7 @@ from typing import Any
 import typer
 
 from kinetic_prefect import config
-from kinetic_prefect.contract import GKE_WORKER_TYPE, WARM_IDLE_EVENT
+from kinetic_prefect.contract import WARM_IDLE_EVENT
 from kinetic_prefect.shared import cost, warm_idle
 from kinetic_prefect.workers.local import warm
 
@@ -90,70 +90,42 @@ def _local_rows(pool: str | None) -> list[Row]:
     ]
 
 
-def _pool_default(work_pool: Any, name: str) -> Any:
-    return work_pool.base_job_template.get("variables", {}).get("properties", {}).get(name, {}).get("default")
+def _pool_floor_pods(work_pool: Any) -> Callable[[Any], list[tuple[Any, Callable[[], bool]]]] | None:
+    """The hook of the pool's worker class that lists its floor pods in a cluster (``floor_pods``), or None: a
+    launcher whose warm runners live on this machine (read above), or a type not installed here."""
+    from prefect.workers.base import BaseWorker
+
+    return getattr(BaseWorker.get_worker_class_from_type(work_pool.type), "floor_pods", None)
 
 
-def _gke_rows(pool: str | None, problems: list[str]) -> list[Row]:
-    """The floor pods of ``pool`` (else of every kinetic-gke pool), read through each pool's cluster."""
+def _cluster_rows(pool: str | None, problems: list[str]) -> list[Row]:
+    """The floor pods of ``pool`` (else of every pool whose launcher keeps them in a cluster)."""
     try:
         from prefect import get_client
-        from prefect.client.schemas.filters import WorkPoolFilter, WorkPoolFilterType
+
+        import kinetic_prefect.workers  # noqa: F401 - registers the worker types with Prefect
 
         with get_client(sync_client=True) as client:
-            if pool:
-                pools = [client.read_work_pool(pool)]
-            else:
-                wanted = WorkPoolFilter(type=WorkPoolFilterType(any_=[GKE_WORKER_TYPE]))
-                pools = client.read_work_pools(work_pool_filter=wanted)
+            pools = [client.read_work_pool(pool)] if pool else client.read_work_pools()
     except Exception:  # no server, no such pool: only this machine's runners
         return []
     rows = []
-    for work_pool in [p for p in pools if p.type == GKE_WORKER_TYPE]:
+    for work_pool in pools:
+        lister = _pool_floor_pods(work_pool)
+        if lister is None:
+            continue
         try:
-            from kinetic_prefect.storage import open_store
-            from kinetic_prefect.workers.gke import warm as gke_warm
-            from kinetic_prefect.workers.gke.kube import CLUSTER_VARIABLES, pool_kube_client
-
-            api = pool_kube_client(*(_pool_default(work_pool, k) for k in CLUSTER_VARIABLES))
-            namespace = _pool_default(work_pool, "namespace") or "default"
-            pods = gke_warm.floor_pods(api, namespace, work_pool.name, open_store)
+            pods = lister(work_pool)
         except Exception as exc:  # noqa: BLE001 - one unreachable cluster does not hide the others
             problems.append(f"pool {work_pool.name}: its floor pods could not be read ({type(exc).__name__}: {exc})")
             continue
-        _bill_left_floor_pods(work_pool)
-        rows += [
-            Row(
-                p.runner,
-                p.pool,
-                p.accelerator,
-                p.since,
-                True,
-                p.idle_since,
-                p.calls,
-                functools.partial(gke_warm.end_floor_pod, api, p),
-            )
-            for p in pods
-        ]
+        rows += [Row(p.runner, p.pool, p.accelerator, p.since, True, p.idle_since, p.calls, end) for p, end in pods]
     return rows
-
-
-def _bill_left_floor_pods(work_pool: Any) -> None:
-    """The floor pods of the pool that left by their idle limit since a worker last handed it a call: their idle
-    time published as the pool's cost now (a pod may not reach Prefect; whoever looks first publishes it)."""
-    try:
-        from kinetic_prefect.storage import open_store
-        from kinetic_prefect.workers.gke import warm as gke_warm
-
-        if url := _pool_default(work_pool, "store"):
-            gke_warm.bill_left_floor_pods(open_store(url), drain=True)
-    except Exception:  # noqa: BLE001 - a report: the listing goes on
-        pass
 
 
 def _rows(pool: str | None, problems: list[str]) -> list[tuple[Row, cost.JobCost]]:
     now, cache = time.time(), {}  # type: ignore[var-annotated]
-    runners = _local_rows(pool) + _gke_rows(pool, problems)
+    runners = _local_rows(pool) + _cluster_rows(pool, problems)
     return [(info, idle_cost(info, _pool_prices(info.pool, cache)[1], now)) for info in runners]
 
 

@@ -1,14 +1,15 @@
-"""The pool templates' variables, typed: what a caller sets per call and a worker reads, in one model per worker type.
+"""The pool templates' variables every pool shares, typed: ``CallVariables``, the base of each launcher's own model
+(``workers/<launcher>/variables.py``), names what ``@kinetic_task`` sends with every call (caller/job_settings.py
+builds exactly these keys); and the rules of what a call may set on a pool (``CALLER_VARIABLES``, ``WORKER_ONLY_ENV``).
 
-The ``variables`` of ``work_pools/<type>.json`` are generated from these models (pydantic's JSON schema, as
+The ``variables`` of ``work_pools/<type>.json`` are generated from the launchers' models (pydantic's JSON schema, as
 prefect-kubernetes does with its ``BaseVariables``), and the ``job_configuration`` from the worker's job
 configuration: ``python -m kinetic_prefect.workers.templates`` writes them, a test checks the committed files.
-``CallVariables`` names what ``@kinetic_task`` sends with every call (caller/job_settings.py builds exactly these keys).
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from prefect.workers.base import BaseVariables
 from pydantic import Field
@@ -234,90 +235,3 @@ OPTIONAL_CALL_VARIABLES = frozenset(
     {"hosts", "image", "max_cost_usd", "prices", "preemption_retries", "spot_fallback", "capacity_wait_seconds"}
 )
 GCP_CREDENTIALS_TITLE = "GCP credentials block"
-
-
-class KineticLocalVariables(CallVariables):
-    """``kinetic-local``: jobs as processes on the worker's machine."""
-
-    # What a call may set on this pool; the pool pins the rest (command, inherit_env, working_dir, gcp_credentials...)
-    caller_variables: ClassVar[frozenset[str]] = CALLER_VARIABLES
-
-    accelerator: str = Field(
-        default="cpu",
-        title="Accelerator",
-        description="Accelerator name from the kinetic catalog (`cpu`, `l4`, `tpu-v6e-8`, ...). Local jobs run on "
-        "this machine's CPU whatever is named; the name is recorded on the run. A comma-separated list "
-        "(`tpu-v6e-8,a100x4,l4x4`) is a fallback list, tried in order (kinetic-local: the first this "
-        "machine has, else the CPU).",
-    )
-    store: str | None = Field(
-        default=None,
-        title="Artifact store",
-        description="Where payloads, results and outputs live: a local directory or gs://bucket/prefix. Empty: "
-        f"${Env.STORE} or ~/.cache/kinetic-prefect/store.",
-    )
-    gcp_credentials: str | None = Field(
-        default=None,
-        title=GCP_CREDENTIALS_TITLE,
-        description="Name of a saved prefect-gcp GcpCredentials block used for a gs:// store and its results block "
-        "(e.g. my-gcp). Empty: Application Default Credentials.",
-    )
-    hosts: int | None = Field(
-        default=None,
-        title="Hosts",
-        ge=1,
-        description="Job processes per call, forming one jax.distributed group on this machine (CPU collectives "
-        "through gloo); host 0 is the coordinator and its return value is the result. Empty: the "
-        "accelerator's own hosts (a multi-host TPU slice), else 1. Set per task with "
-        "@kinetic_task(hosts=N).",
-    )
-    keep_warm_seconds: float = Field(
-        default=0,
-        title="Keep warm (seconds)",
-        ge=0,
-        description="How long a runner process that finished a call waits for the next call of the same environment "
-        "(interpreter, accelerator, environment variables) before it exits; 0 starts a fresh process per call. A sweep "
-        "then pays one start per concurrent slot instead of one per input. Single-host jobs only.",
-    )
-    min_warm: int = Field(
-        default=0,
-        title="Minimum warm runners",
-        ge=0,
-        description="How many runners of an environment stay ready however long they wait (until the worker, or the "
-        "calling process for in-process submission, ends). Needs keep_warm_seconds > 0.",
-    )
-    warm_floor_idle_seconds: float | None = Field(
-        default=None,
-        title="Floor runners' idle limit (seconds)",
-        ge=0,
-        description="How long a min_warm runner waits idle before it exits (the next call starts the floor again); "
-        "empty: until the worker ends. `kinetic-prefect warm list|down` show and end warm runners.",
-    )
-    working_dir: str | None = Field(
-        default=None,
-        title="Working directory",
-        description="Directory the job process starts in (the runner then moves into the shipped project).",
-    )
-    stream_output: bool = Field(
-        default=True,
-        title="Stream output",
-        description="Forward the job's stdout/stderr to the flow run's logs as it runs.",
-    )
-    poll_seconds: float = Field(
-        default=0.25,
-        title="Poll interval (s)",
-        description="How often the worker checks the job, its run and its parent runs.",
-    )
-    log_lines_per_second: int = Field(
-        default=2000,
-        title="Log lines per second",
-        description="Job output forwarded to Prefect past a 5-second burst; lines over it are replaced by a note, "
-        "and the whole log is kept with the job's outputs as job.log.",
-    )
-    inherit_env: list[str] = Field(
-        default=[],
-        title="Inherited machine variables",
-        description="Glob patterns of this machine's environment variables a job also sees, beyond the built-in set "
-        "(PATH, HOME, locale, temp dirs, proxies, device settings, cloud credentials). The caller's other "
-        "variables never reach a job: forward them with env= on @kinetic_task.",
-    )

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kinetic_prefect.contract import RUNNER_ARGV
 from kinetic_prefect.errors import KineticError
 from kinetic_prefect.shared.image import JOB_USER_ID, ImageSpec, check_requirements, runner_sources
+from kinetic_prefect.shared.processes import run_streamed
 from kinetic_prefect.version import __version__
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -359,26 +360,10 @@ class DockerBuilder:
 
     def _run(self, args: list[str], log: Callable[[str], None], image: str) -> None:
         """Run a docker command, passing each output line to ``log``; on failure raise with the last lines."""
-        tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
-        proc = subprocess.Popen(
-            args,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            errors="replace",
-            bufsize=1,
-        )
-        assert proc.stdout is not None
-        with proc:
-            for line in proc.stdout:
-                line = line.rstrip()
-                tail.append(line)
-                log(line)
-        if proc.returncode != 0:
-            text = "\n".join(tail)
+        status, text = run_streamed(args, log, LOG_TAIL_LINES)
+        if status != 0:
             raise ImageBuildError(
-                f"`{' '.join(args[:2])}` failed with exit status {proc.returncode} for {image}; last output:\n{text}",
+                f"`{' '.join(args[:2])}` failed with exit status {status} for {image}; last output:\n{text}",
                 log_tail=text,
             )
 

@@ -1,7 +1,11 @@
-"""Processes on this machine, told apart across pid reuse by their start time (Linux ``/proc``)."""
+"""Processes on this machine: told apart across pid reuse by their start time (Linux ``/proc``), and a command run
+with its output streamed line by line (a docker build or push) and its last lines kept for the error."""
 
 from __future__ import annotations
 
+import collections
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -14,4 +18,26 @@ def process_start_ticks(pid: int) -> int | None:
         return None
 
 
-__all__ = ["process_start_ticks"]
+def run_streamed(args: list[str], log: Callable[[str], None], tail_lines: int) -> tuple[int, str]:
+    """Run ``args``, passing each line of its output (stdout and stderr together) to ``log``; (its exit status, its
+    last ``tail_lines`` lines) for the caller's error."""
+    tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        errors="replace",
+        bufsize=1,
+    )
+    assert proc.stdout is not None
+    with proc:
+        for line in proc.stdout:
+            line = line.rstrip()
+            tail.append(line)
+            log(line)
+    return proc.returncode, "\n".join(tail)
+
+
+__all__ = ["process_start_ticks", "run_streamed"]

@@ -1,46 +1,51 @@
 """Worker types, registered with Prefect through the ``prefect.collections`` entry point.
 
-Importing a BaseWorker subclass registers it by its ``type``; Prefect imports this module
-when it loads collections, so ``prefect worker start --type kinetic-local`` finds it.
-``kinetic-gke`` is built on prefect-kubernetes, which only the ``k8s`` extra installs: without it
-the type is not registered, and a kinetic-gke pool is refused with the install command
-(``UNAVAILABLE``: worker type -> what is missing and the install command).
+Importing a BaseWorker subclass registers it by its ``type``; Prefect imports this module when it loads collections,
+so ``prefect worker start --type kinetic-local`` finds it. Each launcher is one line of ``LAUNCHERS``: its worker
+type, the module of its worker class (``workers/<launcher>/worker.py``) and the package extras that module needs. A
+launcher whose extras are not installed (``kinetic-gke`` without prefect-kubernetes, ``kinetic-vertex`` without
+google-cloud-aiplatform) is not registered, and a pool of its type is refused with the install command
+(``UNAVAILABLE``: worker type -> what is missing and that command).
 """
 
-from kinetic_prefect.contract import GKE_WORKER_TYPE, VERTEX_WORKER_TYPE
-from kinetic_prefect.workers.local.worker import KineticLocalWorker
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from kinetic_prefect.contract import GKE_WORKER_TYPE, LOCAL_WORKER_TYPE, VERTEX_WORKER_TYPE
+
+# worker type -> ("module:WorkerClass", the extras its module needs)
+LAUNCHERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    LOCAL_WORKER_TYPE: ("kinetic_prefect.workers.local.worker:KineticLocalWorker", ()),
+    GKE_WORKER_TYPE: ("kinetic_prefect.workers.gke.worker:KineticGKEWorker", ("k8s", "gcp")),
+    VERTEX_WORKER_TYPE: ("kinetic_prefect.workers.vertex.worker:KineticVertexWorker", ("gcp",)),
+}
 
 UNAVAILABLE: dict[str, str] = {}
-GKE_UNAVAILABLE: str | None
-try:
-    from kinetic_prefect.workers.gke.worker import KineticGKEWorker
-except ModuleNotFoundError as missing:  # no prefect-kubernetes / kubernetes: a local-only install
-    KineticGKEWorker = None  # type: ignore[assignment,misc]
-    GKE_UNAVAILABLE = f"{missing.name} is not installed"
-    UNAVAILABLE[GKE_WORKER_TYPE] = (
-        f"needs the k8s and gcp extras ({GKE_UNAVAILABLE}): "
-        "pip install 'kinetic-prefect[gcp,k8s]' (or uv sync --extra gcp --extra k8s)"
-    )
-else:
-    GKE_UNAVAILABLE = None
 
-VERTEX_UNAVAILABLE: str | None
-try:
-    from kinetic_prefect.workers.vertex.worker import KineticVertexWorker
-except ModuleNotFoundError as missing:  # no prefect-gcp / google-cloud-aiplatform: the gcp extra is not installed
-    KineticVertexWorker = None  # type: ignore[assignment,misc]
-    VERTEX_UNAVAILABLE = f"{missing.name} is not installed"
-    UNAVAILABLE[VERTEX_WORKER_TYPE] = (
-        f"needs the gcp extra ({VERTEX_UNAVAILABLE}): pip install 'kinetic-prefect[gcp]' (or uv sync --extra gcp)"
-    )
-else:
-    VERTEX_UNAVAILABLE = None
 
-__all__ = [
-    "GKE_UNAVAILABLE",
-    "UNAVAILABLE",
-    "VERTEX_UNAVAILABLE",
-    "KineticGKEWorker",
-    "KineticLocalWorker",
-    "KineticVertexWorker",
-]
+def _install_hint(extras: tuple[str, ...], missing: str) -> str:
+    wanted = sorted(extras)
+    return (
+        f"needs the {' and '.join(extras)} extra{'s' if len(extras) > 1 else ''} ({missing} is not installed): "
+        f"pip install 'kinetic-prefect[{','.join(wanted)}]' (or uv sync {' '.join(f'--extra {e}' for e in wanted)})"
+    )
+
+
+def _register(worker_type: str, where: str, extras: tuple[str, ...]) -> Any:
+    """Import the worker class (which registers it), or record why its extras are missing."""
+    module, _, name = where.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as missing:
+        if not extras or (missing.name or "").startswith("kinetic_prefect"):
+            raise  # a module of the package itself: a bug, not an extra to install
+        UNAVAILABLE[worker_type] = _install_hint(extras, missing.name or "a module")
+        return None
+
+
+for _type, (_where, _extras) in LAUNCHERS.items():
+    globals()[_where.partition(":")[2]] = _register(_type, _where, _extras)
+
+__all__ = ["LAUNCHERS", "UNAVAILABLE", *(where.partition(":")[2] for where, _ in LAUNCHERS.values())]

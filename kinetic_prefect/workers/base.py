@@ -10,7 +10,15 @@ from prefect.workers.base import BaseJobConfiguration
 from pydantic import Field, PrivateAttr
 
 from kinetic_prefect import accelerators, config, signing
-from kinetic_prefect.contract import RUNNER_COMMAND, RUNNER_MODULE, SLOT_RUNNER_MODULE, Env, RunLayout, SweepKeys
+from kinetic_prefect.contract import (
+    RUNNER_COMMAND,
+    RUNNER_MODULE,
+    SLOT_RUNNER_MODULE,
+    WORKER_TYPES,
+    Env,
+    RunLayout,
+    SweepKeys,
+)
 from kinetic_prefect.shared.image import ImageSpec
 
 ENV_BLOCK_VARIABLE = Env.ENV_BLOCK
@@ -22,6 +30,17 @@ def slot_argv(argv: list[str]) -> list[str]:
     if RUNNER_MODULE not in argv:
         raise ValueError(f"sweeps in slots need the standard runner command; this pool runs {' '.join(argv)!r}")
     return [SLOT_RUNNER_MODULE if part == RUNNER_MODULE else part for part in argv]
+
+
+def kinetic_worker_class(worker_type: str) -> Any:
+    """The worker class registered for ``worker_type`` (Prefect's registry: importing ``kinetic_prefect.workers``
+    registers each installed one). What a type has is read from its class, never decided by its name."""
+    from prefect.workers.base import BaseWorker
+
+    cls = BaseWorker.get_worker_class_from_type(worker_type)
+    if cls is None or getattr(cls, "abilities", None) is None:
+        raise ValueError(f"no kinetic worker type {worker_type!r} installed here; one of {', '.join(WORKER_TYPES)}")
+    return cls
 
 
 def load_template(worker_type: str) -> dict[str, Any]:

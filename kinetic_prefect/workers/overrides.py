@@ -3,8 +3,8 @@
 Whoever may create a flow run on a pool sends its job variables, and before this a worker ran whatever they said with
 the pool's signing keys: ``command`` and ``inherit_env: ["*"]`` on kinetic-local (any command, the worker's whole
 environment), ``service_account_name``, ``namespace`` or another ``cluster_config`` on kinetic-gke. Each pool type's
-variables model lists what a call may set (``caller_variables``: contract/job_variables.py,
-workers/gke/variables.py); the pool pins every other variable. ``refuse_overrides`` says why a run is refused, and
+variables model lists what a call may set (``caller_variables``: ``workers/<launcher>/variables.py``, read from
+the worker class registered for the pool's type); the pool pins every other variable. ``refuse_overrides`` says why a run is refused, and
 ``PinnedPoolVariables`` refuses it in the worker before anything is built, launched or handed a key: the run ends
 Failed with that message.
 """
@@ -17,7 +17,6 @@ import anyio
 from prefect.client.schemas.objects import FlowRun
 from prefect.states import Failed
 
-from kinetic_prefect.contract import GKE_WORKER_TYPE, LOCAL_WORKER_TYPE, VERTEX_WORKER_TYPE
 from kinetic_prefect.contract.job_variables import (
     WORKER_ONLY_ENV,
     env_refusal,
@@ -26,23 +25,14 @@ from kinetic_prefect.contract.job_variables import (
     reserved_env_names,
     sent_variables,
 )
+from kinetic_prefect.workers.base import kinetic_worker_class
 from kinetic_prefect.workers.lifecycle import KineticWorker, KineticWorkerResult
 
 
 def caller_variables(pool_type: str) -> frozenset[str]:
-    """What a call may set on a pool of ``pool_type`` (its variables model's list)."""
-    if pool_type == GKE_WORKER_TYPE:
-        from kinetic_prefect.workers.gke.variables import KineticGKEVariables
-
-        return KineticGKEVariables.caller_variables
-    if pool_type == VERTEX_WORKER_TYPE:
-        from kinetic_prefect.workers.vertex.variables import KineticVertexVariables
-
-        return KineticVertexVariables.caller_variables
-    from kinetic_prefect.contract.job_variables import KineticLocalVariables
-
-    assert pool_type == LOCAL_WORKER_TYPE, pool_type
-    return KineticLocalVariables.caller_variables
+    """What a call may set on a pool of ``pool_type`` (its worker class's variables model's list)."""
+    allowed: frozenset[str] = kinetic_worker_class(pool_type).job_configuration_variables.caller_variables
+    return allowed
 
 
 def refuse_overrides(flow_run: Any, configuration: Any, work_pool: Any, deployment: Any = None) -> str | None:

@@ -1,8 +1,9 @@
 """Worker side: the pool templates (``work_pools/<type>.json``) generated from the typed models.
 
-``variables``: the worker type's variables model (``job_variables.py``, ``gke_variables.py``) as pydantic's JSON
-schema, which is what Prefect's UI renders as the pool's form. ``job_configuration``: a placeholder for each
-field of the worker's job configuration, plus, for ``kinetic-gke``, the Job manifest it starts from.
+``variables``: the worker class's variables model (``job_configuration_variables``: ``workers/<launcher>/variables.py``)
+as pydantic's JSON schema, which is what Prefect's UI renders as the pool's form. ``job_configuration``: a placeholder
+for each field of the worker's job configuration, plus, where the worker class has one (``kinetic-gke``), the manifest
+its jobs start from (``job_manifest_template``). Every type of ``contract.WORKER_TYPES`` is written.
 
     python -m kinetic_prefect.workers.templates          # rewrite work_pools/*.json
     python -m kinetic_prefect.workers.templates --check  # exit 1 if a committed file differs
@@ -16,29 +17,18 @@ from pathlib import Path
 from typing import Any
 
 from kinetic_prefect import config
-from kinetic_prefect.contract import GKE_WORKER_TYPE, LOCAL_WORKER_TYPE, VERTEX_WORKER_TYPE, WORKER_TYPES
+from kinetic_prefect.contract import WORKER_TYPES
+from kinetic_prefect.workers.base import kinetic_worker_class
 
 
 def generated_template(worker_type: str) -> dict[str, Any]:
-    """The base job template of ``worker_type``, from its job configuration and variables models."""
-    if worker_type == LOCAL_WORKER_TYPE:
-        from kinetic_prefect.contract.job_variables import KineticLocalVariables as variables
-        from kinetic_prefect.workers.local.configuration import KineticLocalJobConfiguration as configuration
-
-        manifest = None
-    elif worker_type == GKE_WORKER_TYPE:
-        from kinetic_prefect.workers.gke.configuration import KineticGKEJobConfiguration as configuration
-        from kinetic_prefect.workers.gke.variables import KineticGKEVariables as variables  # type: ignore[assignment]
-        from kinetic_prefect.workers.gke.variables import job_manifest_template
-
-        manifest = job_manifest_template()
-    elif worker_type == VERTEX_WORKER_TYPE:
-        from kinetic_prefect.workers.vertex.configuration import KineticVertexJobConfiguration as configuration
-        from kinetic_prefect.workers.vertex.variables import KineticVertexVariables as variables
-
-        manifest = None
-    else:
-        raise ValueError(f"no kinetic worker type {worker_type!r}; one of {', '.join(WORKER_TYPES)}")
+    """The base job template of ``worker_type``, from its worker class's job configuration and variables models (and
+    the manifest a launcher starts its jobs from, where its class has one: ``job_manifest_template``)."""
+    worker_class = kinetic_worker_class(worker_type)
+    configuration = worker_class.job_configuration
+    variables = worker_class.job_configuration_variables
+    manifest_of = getattr(worker_class, "job_manifest_template", None)
+    manifest = manifest_of() if manifest_of is not None else None
     job_configuration = configuration.json_template()
     if manifest is not None:
         job_configuration["job_manifest"] = manifest

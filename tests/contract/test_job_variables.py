@@ -16,12 +16,13 @@ from kinetic_prefect.caller.calls import KineticOptions, PreparedCall
 from kinetic_prefect.caller.job_settings import build_job_variables
 from kinetic_prefect.config import work_pools_dir
 from kinetic_prefect.contract import RunLayout
-from kinetic_prefect.contract.job_variables import OPTIONAL_CALL_VARIABLES, CallVariables, KineticLocalVariables
+from kinetic_prefect.contract.job_variables import OPTIONAL_CALL_VARIABLES, CallVariables
 from kinetic_prefect.shared.image import ImageSpec
 from kinetic_prefect.workers.gke.configuration import KineticGKEJobConfiguration
 from kinetic_prefect.workers.gke.variables import JOB_BACKOFF_LIMIT, KineticGKEVariables
 from kinetic_prefect.workers.gke.worker import KineticGKEWorker
 from kinetic_prefect.workers.local.configuration import KineticLocalJobConfiguration
+from kinetic_prefect.workers.local.variables import KineticLocalVariables
 from kinetic_prefect.workers.local.worker import KineticLocalWorker
 from kinetic_prefect.workers.templates import WORKER_TYPES, generated_template, main, template_text
 

@@ -263,7 +263,8 @@ def test_doctor_reads_node_pools_as_gke_has_them(kube, gcs_bucket, gke_autoscale
     from kube_cluster import kubeconfig
     from prefect_kubernetes.credentials import KubernetesClusterConfig
 
-    from kinetic_prefect.cli import doctor, main
+    from kinetic_prefect.cli import main
+    from kinetic_prefect.workers.gke import doctor
 
     model = gke_autoscaler(
         [NodePool("t4-pool", "t4"), NodePool("h100-pool", "h100"), NodePool("v100-pool", "v100", autoscaling=False)]
@@ -327,7 +328,8 @@ def test_doctor_reads_node_pools_of_the_gke_cluster_it_is_given_whatever_the_con
     nodes that scales from zero passes instead of reading as missing."""
     from prefect_kubernetes.credentials import KubernetesClusterConfig
 
-    from kinetic_prefect.cli import doctor, main
+    from kinetic_prefect.cli import main
+    from kinetic_prefect.workers.gke import doctor
 
     model = gke_autoscaler([NodePool("t4-pool", "t4")])
     gke = FakeGKEApi([p.gke_node_pool() for p in model.pools])

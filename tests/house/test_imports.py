@@ -29,7 +29,6 @@ SIDE_PACKAGES = {
     "shared": "shared",
     "caller": "caller",
     "workers": "worker",
-    "provision": "provision",
     "cli": "tools",  # the kinetic-prefect command, one module per command group
 }
 KINETIC_API_PACKAGE = "kinetic"  # the Kinetic-compatible API: a caller-side facade over kinetic_task
@@ -52,8 +51,7 @@ ALLOWED = {
     "shared": {"contract", "leaf", "pod"},
     "worker": {"contract", "leaf", "pod", "shared"},
     "caller": {"contract", "leaf", "pod", "shared"},
-    "provision": {"contract", "leaf", "shared", "worker"},  # tooling that knows GKE: the pool template, the manifests
-    "tools": {"contract", "leaf", "pod", "shared", "caller", "worker", "provision"},
+    "tools": {"contract", "leaf", "pod", "shared", "caller", "worker"},
 }
 CALLER_INTO_WORKER = {"caller.pools"}  # the registry finds a pool's worker class; everything else goes through it
 

@@ -21,8 +21,8 @@ from google.cloud import container_v1
 
 from kinetic_prefect.cli import main
 from kinetic_prefect.cli import provision as provision_cli
-from kinetic_prefect.provision import steps
 from kinetic_prefect.workers.gke.deploy import worker_manifests
+from kinetic_prefect.workers.gke.provision import steps
 
 PROJECT, ZONE = "test-project-1", "us-central1-a"
 DONE, RUNNING = container_v1.Operation.Status.DONE, container_v1.Operation.Status.RUNNING
@@ -420,7 +420,7 @@ def test_provision_kube_applies_the_worker_to_a_real_control_plane(kube):
     keeps the Deployment from starting a pod (its image does not exist)."""
     from kubernetes import client
 
-    from kinetic_prefect.provision.cluster_access import KubeClusterAccess
+    from kinetic_prefect.workers.gke.provision.cluster_access import KubeClusterAccess
 
     api_client = kube.api()
     core = client.CoreV1Api(api_client)
@@ -519,8 +519,8 @@ def test_ups_namespace_and_accounts_on_a_real_control_plane(kube):
     the API server as each ServiceAccount). A ResourceQuota of 0 pods keeps the worker from starting."""
     from kubernetes import client
 
-    from kinetic_prefect.provision.cluster_access import KubeClusterAccess
     from kinetic_prefect.workers.gke.deploy import namespace_manifests
+    from kinetic_prefect.workers.gke.provision.cluster_access import KubeClusterAccess
 
     admin = kube.api()
     core = client.CoreV1Api(admin)

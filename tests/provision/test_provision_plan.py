@@ -10,8 +10,8 @@ import pytest
 from google.cloud import container_v1
 
 from kinetic_prefect import accelerators
-from kinetic_prefect.provision import plan
-from kinetic_prefect.provision.plan import ProvisionError
+from kinetic_prefect.workers.gke.provision import plan
+from kinetic_prefect.workers.gke.provision.plan import ProvisionError
 
 pytestmark = pytest.mark.no_server
 

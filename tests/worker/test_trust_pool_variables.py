@@ -29,8 +29,8 @@ from worker_fixture import WorkerProcess, new_pool
 
 from kinetic_prefect import kinetic_task, signing
 from kinetic_prefect.contract import Env
-from kinetic_prefect.contract.job_variables import KineticLocalVariables
 from kinetic_prefect.workers.gke.variables import KineticGKEVariables
+from kinetic_prefect.workers.local.variables import KineticLocalVariables
 from kinetic_prefect.workers.local.worker import KineticLocalWorker
 
 MASTER = "master-key-" + uuid.uuid4().hex

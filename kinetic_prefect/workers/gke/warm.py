@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import hashlib
 import json
 import threading
@@ -512,6 +513,24 @@ def floor_pods(api: Any, namespace: str, pool: str | None, open_store: Callable[
         info.idle_since, info.calls = state
         found.append(info)
     return sorted(found, key=lambda p: p.since)
+
+
+def pool_floor_pods(work_pool: Any) -> list[tuple[FloorPod, Callable[[], bool]]]:
+    """``kinetic-prefect warm``: the floor pods of ``work_pool``, read through its cluster, each with what ends it;
+    the pods that left by their idle limit are billed first (``bill_left_floor_pods``)."""
+    from kinetic_prefect.storage import open_store
+    from kinetic_prefect.workers.gke.kube import CLUSTER_VARIABLES, pool_kube_client
+
+    def variable(name: str) -> Any:
+        properties = work_pool.base_job_template.get("variables", {}).get("properties", {})
+        return properties.get(name, {}).get("default")
+
+    api = pool_kube_client(*(variable(k) for k in CLUSTER_VARIABLES))
+    pods = floor_pods(api, variable("namespace") or "default", work_pool.name, open_store)
+    with contextlib.suppress(Exception):  # a report: the listing goes on
+        if url := variable("store"):
+            bill_left_floor_pods(open_store(url), drain=True)
+    return [(pod, functools.partial(end_floor_pod, api, pod)) for pod in pods]
 
 
 def _waiting_state(store: Any, control: str) -> tuple[float | None, int] | None:

@@ -49,6 +49,13 @@ class KineticGKEWorker(PinnedPoolVariables, KineticWorker, BaseWorker):  # type:
     )
     _documentation_url = "https://github.com/kinetic-prefect/kinetic-prefect"
 
+    @staticmethod
+    def doctor(report: Any, client: Any, pool: Any, accelerators: list[str], **options: Any) -> None:
+        """``kinetic-prefect doctor``'s checks of a pool of this type (``workers/gke/doctor.py``)."""
+        from kinetic_prefect.workers.gke import doctor
+
+        doctor.doctor(report, client, pool, accelerators, **options)
+
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.launcher = GKEJobLauncher()
@@ -56,6 +63,20 @@ class KineticGKEWorker(PinnedPoolVariables, KineticWorker, BaseWorker):  # type:
     @classmethod
     def get_default_base_job_template(cls) -> dict[str, Any]:
         return load_template(cls.type)
+
+    @staticmethod
+    def job_manifest_template() -> dict[str, Any]:
+        """The Job manifest of the pool template's job configuration (workers/templates.py)."""
+        from kinetic_prefect.workers.gke.variables import job_manifest_template
+
+        return job_manifest_template()
+
+    @staticmethod
+    def floor_pods(work_pool: Any) -> list[tuple[Any, Any]]:
+        """``kinetic-prefect warm``: the pool's floor pods (``min_warm``) in its cluster, each with what ends it."""
+        from kinetic_prefect.workers.gke import warm
+
+        return warm.pool_floor_pods(work_pool)
 
     @classmethod
     def check_pool_settings(cls, pool_name: str, defaults: dict[str, Any], job_variables: dict[str, Any]) -> None:

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import hashlib
 import re
-import subprocess
 import sys
 import tempfile
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
+from kinetic_prefect.shared.processes import run_streamed
+
 DOCKERFILE = "docker/kinetic-gke-worker.Dockerfile"
 DEFAULT_BASE_IMAGE = "python:3.12-slim"  # the Dockerfile's own default for BASE_IMAGE; a test keeps them equal
 IMAGE_NAME = "kinetic-gke-worker"
+WORKER_IMAGE_TAIL_LINES = 40  # the build's last lines an error carries
 _SOURCE_DIRS = ("kinetic_prefect", "work_pools")
 _SOURCE_FILES = ("pyproject.toml", "uv.lock", "README.md")
 
@@ -110,26 +112,9 @@ def ca_bundle_files(bundle: Path | str) -> dict[str, bytes]:
 
 
 def _run(args: list[str], log: Callable[[str], None]) -> None:
-    proc = subprocess.Popen(
-        args,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        errors="replace",
-        bufsize=1,
-    )
-    assert proc.stdout is not None
-    tail: list[str] = []
-    with proc:
-        for line in proc.stdout:
-            line = line.rstrip()
-            tail = [*tail[-39:], line]
-            log(line)
-    if proc.returncode != 0:
-        raise WorkerImageError(
-            f"`{' '.join(args[:2])}` failed with exit status {proc.returncode}; last output:\n" + "\n".join(tail)
-        )
+    status, text = run_streamed(args, log, WORKER_IMAGE_TAIL_LINES)
+    if status != 0:
+        raise WorkerImageError(f"`{' '.join(args[:2])}` failed with exit status {status}; last output:\n" + text)
 
 
 def _stderr(line: str) -> None:

@@ -10,12 +10,12 @@ from prefect.exceptions import InfrastructureNotFound
 from prefect.workers.base import BaseWorker
 
 from kinetic_prefect.contract import LOCAL_WORKER_TYPE
-from kinetic_prefect.contract.job_variables import KineticLocalVariables
 from kinetic_prefect.contract.launchers import DebugForwarding, LauncherAbilities, PriceSource, SweepSlots
 from kinetic_prefect.workers.base import load_template
 from kinetic_prefect.workers.lifecycle import KineticWorker
 from kinetic_prefect.workers.local.configuration import KineticLocalJobConfiguration
 from kinetic_prefect.workers.local.launcher import LocalJobLauncher
+from kinetic_prefect.workers.local.variables import KineticLocalVariables
 from kinetic_prefect.workers.overrides import PinnedPoolVariables
 
 
@@ -41,6 +41,13 @@ class KineticLocalWorker(PinnedPoolVariables, KineticWorker, BaseWorker):  # typ
         price_source=PriceSource.OWN_MACHINE,
     )
     _documentation_url = "https://github.com/kinetic-prefect/kinetic-prefect"
+
+    @staticmethod
+    def doctor(report: Any, client: Any, pool: Any, accelerators: list[str], **options: Any) -> None:
+        """``kinetic-prefect doctor``'s checks of a pool of this type (``workers/local/doctor.py``)."""
+        from kinetic_prefect.workers.local import doctor
+
+        doctor.doctor(report, client, pool, accelerators, **options)
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

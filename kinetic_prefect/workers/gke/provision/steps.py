@@ -19,10 +19,10 @@ from google.cloud import artifactregistry_v1, container_v1
 
 from kinetic_prefect import signing
 from kinetic_prefect.contract import GKE_WORKER_TYPE
-from kinetic_prefect.provision import plan
-from kinetic_prefect.provision.plan import NodePoolSpec, ProvisionError, Settings
 from kinetic_prefect.workers.base import load_template
 from kinetic_prefect.workers.gke.deploy import namespace_manifests, worker_manifests
+from kinetic_prefect.workers.gke.provision import plan
+from kinetic_prefect.workers.gke.provision.plan import NodePoolSpec, ProvisionError, Settings
 
 EXISTS, CREATE, UPDATE, SKIP = "exists", "will create", "will update", "skipped"
 DELETE, ABSENT, KEEP = "will delete", "not found", "kept"

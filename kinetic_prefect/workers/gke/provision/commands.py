@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kinetic_prefect import accelerators
-from kinetic_prefect.provision import plan, steps
-from kinetic_prefect.provision.plan import NodePoolSpec, ProvisionError, Settings
-from kinetic_prefect.provision.steps import Clients, Step
+from kinetic_prefect.workers.gke.provision import plan, steps
+from kinetic_prefect.workers.gke.provision.plan import NodePoolSpec, ProvisionError, Settings
+from kinetic_prefect.workers.gke.provision.steps import Clients, Step
 
 
 def plan_up(clients: Clients, settings: Settings, api: dict[str, str] | None = None) -> list[Step]:

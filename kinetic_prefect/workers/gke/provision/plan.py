@@ -217,10 +217,12 @@ def settings(
     spot: bool = False,
     reservation: str | None = None,
     min_nodes: int = 0,
-    work_pool: str = DEFAULT_WORK_POOL,
+    work_pool: str | None = DEFAULT_WORK_POOL,
     worker_image: str | None = None,
 ) -> Settings:
-    """``up``'s options checked together; raises :class:`ProvisionError` before anything is asked of Google."""
+    """``up``'s options checked together; raises :class:`ProvisionError` before anything is asked of Google.
+    ``work_pool`` None: DEFAULT_WORK_POOL."""
+    work_pool = work_pool or DEFAULT_WORK_POOL
     check_project(project)
     assert project is not None
     region_of(zone)

@@ -10,7 +10,7 @@ import base64
 import tempfile
 from typing import Any
 
-from kinetic_prefect.provision.steps import API_SECRET, WORKER_NAME, Clients
+from kinetic_prefect.workers.gke.provision.steps import API_SECRET, WORKER_NAME, Clients
 
 NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
 
