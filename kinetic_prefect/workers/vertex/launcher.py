@@ -166,8 +166,13 @@ class VertexJobLauncher(JobLauncher):
         client = await self.client(configuration)
         try:
             await anyio.to_thread.run_sync(lambda: client.cancel_custom_job(name=identifier))
-        except (exceptions.NotFound, exceptions.FailedPrecondition):  # gone, or ended already
+        except exceptions.NotFound:
             return
+        except exceptions.BadRequest:  # FAILED_PRECONDITION (400 over REST): the job has ended already
+            job = await anyio.to_thread.run_sync(lambda: client.get_custom_job(name=identifier))
+            if job.state.name in _FINAL:
+                return
+            raise
         with anyio.move_on_after(CANCEL_WAIT_SECONDS):
             while True:
                 job = await anyio.to_thread.run_sync(lambda: client.get_custom_job(name=identifier))
