@@ -68,7 +68,7 @@ def build_job_variables(
     spec = debugging.job_image_spec(options, pool_variables)
     variables: dict[str, Any] = {
         **options.job_variables,
-        "accelerator": capacity.join([options.accelerator, *options.fallbacks]),
+        "accelerator": capacity.join(options.accelerator_choices),
         "image_tag": options.image or spec.tag,
         "requirements": list(spec.requirements),
         "python_version": spec.python,

@@ -95,7 +95,7 @@ async def _submit_and_wait(
             logger.info(
                 f"Job {run_name} ({flow_run.id}) on pool {pool.name!r} "
                 f"[{'polling worker' if polling else 'in-process'}], accelerator "
-                f"{capacity.join([options.accelerator, *options.fallbacks])}"
+                f"{capacity.join(options.accelerator_choices)}"
             )
         state = await wait_for_job(client, pool, flow_run, call, run_name, polling, options, logger)
         if state is not None and state.is_cancelled():

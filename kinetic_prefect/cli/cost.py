@@ -234,7 +234,7 @@ def _estimate_targets(target: str, hosts: int | None) -> tuple[list[Any], int | 
             f"--hosts {hosts} with {text!r}: a kinetic task brings its own hosts "
             f"({task.kinetic.hosts or 1}); drop --hosts, or give accelerator names instead of the task"
         )
-    return capacity.choices([task.kinetic.accelerator, *task.kinetic.fallbacks], task.kinetic.hosts), task.kinetic.hosts
+    return list(task.kinetic.accelerator_choices), task.kinetic.hosts  # resolved once, when it was decorated
 
 
 def _kinetic_task(module_name: str, attribute: str, not_an_accelerator: str) -> Any:
