@@ -25,12 +25,16 @@ from kinetic_prefect.workers.local.configuration import KineticLocalJobConfigura
 from kinetic_prefect.workers.local.variables import KineticLocalVariables
 from kinetic_prefect.workers.local.worker import KineticLocalWorker
 from kinetic_prefect.workers.templates import WORKER_TYPES, generated_template, main, template_text
+from kinetic_prefect.workers.vertex.configuration import KineticVertexJobConfiguration
+from kinetic_prefect.workers.vertex.variables import KineticVertexVariables
+from kinetic_prefect.workers.vertex.worker import KineticVertexWorker
 
 pytestmark = pytest.mark.no_server
 
 WORKERS = {
     "kinetic-local": (KineticLocalWorker, KineticLocalJobConfiguration, KineticLocalVariables),
     "kinetic-gke": (KineticGKEWorker, KineticGKEJobConfiguration, KineticGKEVariables),
+    "kinetic-vertex": (KineticVertexWorker, KineticVertexJobConfiguration, KineticVertexVariables),
 }
 
 
@@ -64,7 +68,8 @@ def test_every_variable_reaches_the_job_configuration_and_every_field_has_a_vari
     template = generated_template(worker_type)
     placeholders = set(re.findall(r"\{\{ *(\w+) *\}\}", json.dumps(template["job_configuration"])))
     assert placeholders == set(variables.model_fields), "a variable no field reads, or a placeholder with no variable"
-    fields = set(configuration.model_fields) - {"job_manifest"}
+    # a Job manifest (kinetic-gke) and prefect-gcp's job spec (kinetic-vertex) are templates made of the variables
+    fields = set(configuration.model_fields) - {"job_manifest", "job_spec"}
     assert fields <= set(variables.model_fields), f"fields without a variable: {fields - set(variables.model_fields)}"
     assert set(CallVariables.model_fields) <= set(variables.model_fields)
 
