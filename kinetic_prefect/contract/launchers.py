@@ -41,8 +41,11 @@ class PriceSource(StrEnum):
 
 @dataclass(frozen=True)
 class LauncherAbilities:
-    """What the launcher of a worker type can do. Every field is read by the caller (or the CLI) before a call is
-    uploaded; a new launcher states each one, so none is decided by a default it never chose."""
+    """What the launcher of a worker type can do. A new launcher states each field (only ``extras`` and
+    ``provisions`` default: no extra, no provisioning). The caller decides by ``runs_images``, ``sweep_slots``,
+    ``default_slots``, ``debug_forwarding``, ``fuse_mounts`` and ``multi_host`` before a call is uploaded;
+    ``warm_reuse``, ``spot``, ``reservations``, ``runs_here``, ``price_source``, ``extras`` and ``provisions``
+    describe the launcher to its readers (and the table of docs/ARCHITECTURE.md) and decide nothing yet."""
 
     runs_images: bool  # image= and requirements= built into a container image the job runs in
     sweep_slots: SweepSlots  # when a fan-out's calls share slot jobs
