@@ -92,7 +92,7 @@ OWNER_HOST_LABEL = "kinetic.owner.host"
 OWNER_PID_LABEL = "kinetic.owner.pid"
 OWNER_START_LABEL = "kinetic.owner.start-ticks"
 # kinetic-gke: a placeholder Job asks for a call's node while its image builds (workers/gke/placeholder.py); its
-# label holds the call's flow run id, and it runs at this PriorityClass (made by `up` and gke-worker-manifests).
+# label holds the call's flow run id, and it runs at this PriorityClass.
 PLACEHOLDER_LABEL = "kinetic.prefect.io/placeholder-for"
 PLACEHOLDER_PRIORITY_CLASS = "kinetic-placeholder"
 # A job's start-up timeline (workers/startup.py), a table artifact on its run.

@@ -29,19 +29,8 @@ from test_gke_cluster import _cluster_block, _gke_task, _make_pool, job_image  #
 
 from kinetic_prefect.contract import PLACEHOLDER_LABEL
 from kinetic_prefect.shared import builders
-from kinetic_prefect.workers.gke.placeholder import priority_class_manifest
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def placeholder_class(kube):
-    """The PriorityClass `kinetic-prefect up` makes for placeholders."""
-    try:
-        k8s.SchedulingV1Api(kube.api()).create_priority_class(priority_class_manifest())
-    except k8s.exceptions.ApiException as exc:
-        if exc.status != 409:
-            raise
 
 
 @pytest.fixture
@@ -80,7 +69,7 @@ def _pool(kube, gcs_bucket, local_registry) -> str:
 
 
 def test_a_cold_call_waits_for_the_longer_of_the_build_and_the_scale_up_not_both(
-    kube, gcs_bucket, local_registry, job_image, python_base_image, gke_autoscaler, placeholder_class, slow_build
+    kube, gcs_bucket, local_registry, job_image, python_base_image, gke_autoscaler, slow_build
 ):
     """Build 12 s, scale-up 12 s (the verdict 1 s after the pod is seen unschedulable): the job's pod starts about
     13 s after submission, not 25 s; the node came for the placeholder, and no second node was added. ~25 s: two
@@ -115,7 +104,7 @@ def test_a_cold_call_waits_for_the_longer_of_the_build_and_the_scale_up_not_both
 
 
 def test_a_failed_build_leaves_no_placeholder(
-    kube, gcs_bucket, local_registry, job_image, python_base_image, gke_autoscaler, placeholder_class, slow_build
+    kube, gcs_bucket, local_registry, job_image, python_base_image, gke_autoscaler, slow_build
 ):
     """The build fails after 6 s, while the node it asked for is still on its way (60 s): the call fails with the
     build's error and its placeholder is gone when it returns. ~10 s: the placeholder must exist before the build
@@ -141,7 +130,7 @@ def test_a_failed_build_leaves_no_placeholder(
 
 
 def test_a_cancelled_call_leaves_no_placeholder(
-    kube, gcs_bucket, local_registry, job_image, python_base_image, gke_autoscaler, placeholder_class, slow_build
+    kube, gcs_bucket, local_registry, job_image, python_base_image, gke_autoscaler, slow_build
 ):
     """The task's timeout (8 s) cancels the call during a 60-s build, after its placeholder asked for a node: the
     call ends at its timeout, without waiting for the build, and its placeholder is gone. ~10 s: the timeout has to
@@ -193,7 +182,7 @@ pipeline()
 
 
 def test_ctrl_c_during_the_build_leaves_no_placeholder(
-    kube, gcs_bucket, local_registry, job_image, python_base_image, gke_autoscaler, placeholder_class, tmp_path
+    kube, gcs_bucket, local_registry, job_image, python_base_image, gke_autoscaler, tmp_path
 ):
     """A script is interrupted (SIGINT) while its image builds and its placeholder exists: the script ends and no
     placeholder is left. ~20 s: the script's own start (Prefect's imports) and its placeholder's first 2 s."""

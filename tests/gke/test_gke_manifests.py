@@ -170,7 +170,12 @@ def test_in_cluster_worker_manifests_are_valid_and_least_privilege():
     for doc in docs:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     kinds = [d["kind"] for d in docs]
-    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "Deployment"]
+    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "Deployment", "PriorityClass"]
+    placeholders = docs[4]
+    # the cluster autoscaler scales up for pods at -10 or above (--expendable-pods-priority-cutoff), and a placeholder
+    # takes free room only
+    assert -10 <= placeholders["value"] < 0 and placeholders["preemptionPolicy"] == "Never"
+    assert not placeholders["globalDefault"]
     role = docs[1]
     assert role["kind"] == "Role" and role["metadata"]["namespace"] == "ml"  # namespaced, not a ClusterRole
     granted = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
@@ -192,7 +197,7 @@ def test_gke_worker_manifests_cli(capsys):
 
     main(["gke-worker-manifests", "--pool", "gpu", "--image", "img:1", "--namespace", "ml"])
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
-    assert [d["kind"] for d in docs] == ["ServiceAccount", "Role", "RoleBinding", "Deployment"]
+    assert [d["kind"] for d in docs] == ["ServiceAccount", "Role", "RoleBinding", "Deployment", "PriorityClass"]
 
 
 def test_the_pool_form_is_prefect_kubernetes_form_plus_the_kinetic_variables():

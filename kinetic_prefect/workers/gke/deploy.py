@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from kinetic_prefect.contract import GKE_WORKER_TYPE
+from kinetic_prefect.workers.gke import placeholder
 from kinetic_prefect.workers.gke.kube import CONTAINER_SECURITY_CONTEXT, POD_SECURITY_CONTEXT
 
 JOB_SERVICE_ACCOUNT = "kinetic-job"  # the job pods' ServiceAccount that `up` makes (Workload Identity: the bucket)
@@ -79,6 +80,8 @@ def worker_manifests(
                 },
             },
         },
+        # cluster-wide, applied with the rest by an admin: the worker's Role cannot make it
+        placeholder.priority_class_manifest(),
     ]
 
 

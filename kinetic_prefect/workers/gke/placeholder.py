@@ -17,6 +17,7 @@ PriorityClass never preempts anything (``preemptionPolicy: Never``): a placehold
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections.abc import Awaitable, Callable
@@ -40,7 +41,8 @@ RELEASE_WAIT_SECONDS = 15.0
 
 
 def priority_class_manifest() -> dict[str, Any]:
-    """The cluster-wide PriorityClass of placeholders (``up`` and ``gke-worker-manifests`` apply it)."""
+    """The cluster-wide PriorityClass of placeholders (``gke-worker-manifests`` has it; an in-process caller makes it
+    on first use)."""
     return {
         "apiVersion": "scheduling.k8s.io/v1",
         "kind": "PriorityClass",
@@ -109,6 +111,17 @@ def manifest(configuration: Any, flow_run_id: str) -> dict[str, Any]:
     }
 
 
+def _ensure_priority_class(api: Any) -> None:
+    """The placeholders' PriorityClass, made by whoever may (a caller submitting in-process with their own
+    credentials); an in-cluster worker's Role may not, and gke-worker-manifests brings it instead. Without it the
+    placeholder's pod is never made and the call goes on as if there were none."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    with contextlib.suppress(ApiException):  # 409: there already; 403: not this identity's to make
+        client.SchedulingV1Api(api).create_priority_class(priority_class_manifest())
+
+
 class NodeHold:
     """One call's placeholder: ``hold_after`` makes it once the build has taken ``HOLD_AFTER_SECONDS``, ``release``
     deletes it (idempotent; every way out of the launcher's submit calls it)."""
@@ -135,6 +148,7 @@ class NodeHold:
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
 
+        _ensure_priority_class(self.api)
         self.made = True  # before the call: a create whose answer is lost is still released
         try:
             kube_retry(client.BatchV1Api(self.api).create_namespaced_job)(self.namespace, self.body)

@@ -163,9 +163,9 @@ class KineticGKEVariables(CallVariables):
         default=True,
         title="Ask for the node while the image builds",
         description="While a job's image builds, a placeholder Job of the lowest priority that still makes the "
-        "cluster autoscaler scale up (PriorityClass kinetic-placeholder, made by `kinetic-prefect up`) asks for "
-        "the job's node; it is deleted before the job's Job is created. A cold call then waits for the longer of the "
-        "build and the scale-up, not for both.",
+        "cluster autoscaler scale up (PriorityClass kinetic-placeholder: gke-worker-manifests has it, a caller "
+        "submitting in-process makes it) asks for the job's node; it is deleted before the job's Job is created. A "
+        "cold call then waits for the longer of the build and the scale-up, not for both.",
     )
     spot: bool = Field(
         default=False,
