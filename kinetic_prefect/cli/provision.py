@@ -142,7 +142,7 @@ def _guard(call: Any) -> Any:
 
 def up_command(
     project: str | None = _PROJECT,
-    zone: str = _ZONE,
+    zone: str | None = typer.Option(None, "--zone", metavar="ZONE", help="the cluster's zone, e.g. us-central1-a"),
     cluster: str = _CLUSTER,
     accelerator: list[str] | None = typer.Option(
         None, "--accelerator", "-a", metavar="NAME", help="a node pool for this accelerator (repeatable)"
@@ -156,9 +156,15 @@ def up_command(
     ),
     dry_run: bool = _DRY_RUN,
     yes: bool = _YES,
+    platform: str = typer.Option("gke", "--platform", help="gke (a cluster) or vertex (Vertex AI: no cluster)"),
+    region: str | None = typer.Option(None, "--region", metavar="REGION", help="vertex: the jobs' region"),
 ) -> None:
     """Make the GKE cluster, its accelerator node pools, the image registry, the store bucket, the in-cluster worker
-    and the kinetic-gke work pool; what exists is kept."""
+    and the kinetic-gke work pool; what exists is kept. With --platform vertex: no cluster (see docs/vertex.md)."""
+    if platform == "vertex":
+        return _vertex_up(project, region or (zone or "").rpartition("-")[0], pool_name, dry_run)
+    if platform != "gke" or not zone:
+        raise ClickException("--zone is required" if platform == "gke" else f"--platform {platform!r}: gke or vertex")
     commands = _provision()
     from kinetic_prefect.workers.gke.provision import plan, steps
 
@@ -188,6 +194,31 @@ def up_command(
     )
     if not dry_run:
         _next_steps(settings)
+
+
+def _vertex_up(project: str | None, region: str, pool_name: str | None, dry_run: bool) -> None:
+    """kinetic-vertex's plan (workers/vertex/provision.py); making it is left to do, so only --dry-run runs."""
+    from kinetic_prefect.workers.vertex import provision as vertex_provision
+
+    if not project:
+        raise ClickException("--project is required")
+    try:
+        settings = vertex_provision.VertexSettings(
+            project, region or "us-central1", *([pool_name] if pool_name else [])
+        )
+    except ValueError as exc:
+        raise ClickException(str(exc)) from None
+    table = Table(title=f"kinetic-prefect up --platform vertex: {settings.project}/{settings.region}")
+    for column in ("resource", "name", "detail"):
+        table.add_column(column, overflow="fold")
+    for step in vertex_provision.plan_up(settings):
+        table.add_row(step.kind, escape(step.name), escape(step.detail))
+    console = _console()
+    console.width = max(console.width, 140)
+    console.print(table)
+    if not dry_run:
+        raise ClickException("up --platform vertex makes nothing yet: only --dry-run (the plan above) is implemented")
+    console.print("dry run: nothing was changed (no cluster: Vertex AI runs each job on a machine of its own).")
 
 
 def _next_steps(settings: Any) -> None:
