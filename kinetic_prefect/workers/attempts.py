@@ -26,7 +26,8 @@ HANDLED = "handled"
 
 def plan_for(configuration: Any) -> capacity.CapacityPlan:
     names = list(getattr(configuration, "accelerator_choices", None) or [configuration.accelerator])
-    specs = [accelerators.resolve(name) for name in names]
+    # resolved once, when the configuration was prepared for the run; a bare configuration resolves its one name
+    specs = list(getattr(configuration, "accelerator_specs", None) or [accelerators.resolve(configuration.accelerator)])
     if getattr(configuration, "spot", False):
         specs = [spec.with_spot() for spec in specs]
     retries = getattr(configuration, "preemption_retries", None)

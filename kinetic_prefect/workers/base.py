@@ -61,7 +61,9 @@ class KineticJobConfiguration(BaseJobConfiguration):
     max_cost_usd: float | None = Field(default=None)  # the worker stops the job when its metered cost reaches it
     prices: dict[str, Any] | str | None = Field(default=None)  # overrides: shared.cost.load_prices
     # Capacity (kinetic_prefect.shared.capacity): `accelerator` may be a fallback list ("a100x4,l4x4"), tried in order.
-    _accelerator_choices: list[str] = PrivateAttr(default_factory=list)  # set from `accelerator` per run
+    # Resolved once per run from the job variable (prepare_for_flow_run): the list's specs, and their labels.
+    _accelerator_specs: list[accelerators.AcceleratorSpec] = PrivateAttr(default_factory=list)
+    _accelerator_choices: list[str] = PrivateAttr(default_factory=list)
     preemption_retries: int | None = Field(default=None)
     spot_fallback: bool = Field(default=False)
     capacity_wait_seconds: float | None = Field(default=None)
@@ -97,6 +99,22 @@ class KineticJobConfiguration(BaseJobConfiguration):
         return self._accelerator_choices
 
     @property
+    def accelerator_specs(self) -> list[accelerators.AcceleratorSpec]:
+        """The fallback list's specs, in order: resolved once, in ``prepare_for_flow_run``."""
+        return self._accelerator_specs
+
+    @property
+    def asked_spec(self) -> accelerators.AcceleratorSpec:
+        """The spec of ``accelerator``, the choice this attempt asks for (a launcher adjusts it: kinetic-gke's
+        ``spot``, kinetic-local's CPU stand-in). Found in the resolved list; resolved only for a name outside it (a
+        relaunch on on-demand capacity after a spot list) or before ``prepare_for_flow_run``."""
+
+        for choice, spec in zip(self._accelerator_choices, self._accelerator_specs):
+            if choice == self.accelerator:
+                return spec
+        return accelerators.resolve(self.accelerator)
+
+    @property
     def secret_env(self) -> dict[str, str]:
         return self._secret_env
 
@@ -126,9 +144,10 @@ class KineticJobConfiguration(BaseJobConfiguration):
         self.env[Env.FLOW_RUN_ID] = str(flow_run.id)
         from kinetic_prefect.shared import capacity
 
-        self._accelerator_choices = [capacity.label(s) for s in capacity.choices(self.accelerator)]
+        self._accelerator_specs = capacity.choices(self.accelerator)  # the job variable, resolved once
+        self._accelerator_choices = [capacity.label(s) for s in self._accelerator_specs]
         self.accelerator = self._accelerator_choices[0]  # the first choice; the lifecycle moves on when it must
-        spec = accelerators.resolve(self.accelerator)
+        spec = self._accelerator_specs[0]
         self.env.setdefault(Env.ACCELERATOR, spec.name)
         self.env.setdefault(Env.ACCELERATOR_CHIPS, str(capacity.chip_count(spec)))
         self.env.setdefault(Env.PREEMPTIONS, "0")
@@ -139,7 +158,7 @@ class KineticJobConfiguration(BaseJobConfiguration):
         kwargs = {"python": self.python_version} if self.python_version else {}
         return ImageSpec(
             requirements=tuple(self.requirements),
-            family=accelerators.resolve(self.accelerator).family,
+            family=self.asked_spec.family,
             base_image=self.base_image,
             **kwargs,
         )

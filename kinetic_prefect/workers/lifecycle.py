@@ -41,7 +41,7 @@ from prefect.states import Cancelled, Completed, Crashed, Failed, Running, State
 from prefect.utilities.engine import propose_state
 from prefect.workers.base import BaseWorkerResult
 
-from kinetic_prefect import accelerators, signing
+from kinetic_prefect import signing
 from kinetic_prefect.contract import (
     EVENT_DIAGNOSIS,
     EVENT_EXITED,
@@ -423,7 +423,7 @@ class KineticWorker:
         emit = progress.wrap(output.emit if getattr(configuration, "stream_output", True) else (lambda text: None))
         meter = metering.JobMeter(self.launcher, identifier, configuration)
         # the hint speaks of the accelerator asked for: kinetic-local runs on the CPU when the machine lacks it
-        asked = accelerators.resolve(plan.instead_of) if plan.instead_of else meter.spec
+        asked = configuration.asked_spec if plan.instead_of else meter.spec
         usage = usage_report.UsageReport(self.client, flow_run, meter.spec, asked=asked)
         # In-process, the caller created this run a moment ago: the first look for a cancel waits one interval
         # (4 requests a call fewer; a sub-second job then ends before it).

@@ -129,7 +129,7 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
 
     @property
     def accelerator_spec(self) -> accelerators.AcceleratorSpec:
-        spec = accelerators.resolve(self.accelerator)
+        spec = self.asked_spec
         return spec.with_spot() if self.spot else spec
 
     def prepare_for_flow_run(

@@ -24,7 +24,7 @@ class KineticLocalJobConfiguration(KineticJobConfiguration):
     def host_count(self) -> int:
         """Job processes in the group: the slice's hosts for a multi-host accelerator (on the CPU here when the
         machine lacks it, like any absent accelerator), else ``hosts`` (1 by default)."""
-        return accelerators.host_count(accelerators.resolve(self.accelerator), self.hosts)
+        return accelerators.host_count(self.asked_spec, self.hosts)
 
     @property
     def cpu_instead_of(self) -> str | None:
@@ -32,7 +32,7 @@ class KineticLocalJobConfiguration(KineticJobConfiguration):
         None when it has it."""
         from kinetic_prefect.shared import capacity
 
-        spec = accelerators.resolve(self.accelerator)
+        spec = self.asked_spec
         return None if accelerators.local_platform_available(spec.jax_platform) else capacity.label(spec)
 
     @property
@@ -41,7 +41,7 @@ class KineticLocalJobConfiguration(KineticJobConfiguration):
         (workers.attempts.plan_for): the CPU where this machine lacks the accelerator asked for (issue 48, 10)."""
         if self.cpu_instead_of is not None:
             return accelerators.resolve("cpu")
-        return accelerators.resolve(self.accelerator)
+        return self.asked_spec
 
 
 def choose_local_accelerator(configuration: KineticLocalJobConfiguration) -> None:
@@ -50,8 +50,7 @@ def choose_local_accelerator(configuration: KineticLocalJobConfiguration) -> Non
 
     if len(configuration.accelerator_choices) < 2 or configuration.accelerator != configuration.accelerator_choices[0]:
         return
-    for name in configuration.accelerator_choices:
-        spec = accelerators.resolve(name)
+    for name, spec in zip(configuration.accelerator_choices, configuration.accelerator_specs):
         if accelerators.local_platform_available(spec.jax_platform):
             configuration.accelerator = name
             configuration.env.update(
