@@ -44,6 +44,7 @@ from kinetic_prefect.shared.doctor import (
 __all__ = ["Check", "Report", "check_options", "run_checks", "set_pool_variables"]
 
 KINETIC_TYPES = WORKER_TYPES
+_TYPES = " or ".join(WORKER_TYPES)  # what a fix names: every kinetic type
 
 
 def _api_url() -> str | None:
@@ -93,7 +94,7 @@ def check_pool(report: Report, client):
             "Work pool",
             FAIL,
             f"{name!r} is of type {pool.type!r}, not a kinetic worker type",
-            f"kinetic tasks need a pool of type kinetic-local or kinetic-gke: point {Env.WORK_POOL} at one, "
+            f"kinetic tasks need a pool of type {_TYPES}: point {Env.WORK_POOL} at one, "
             f"or create one: `prefect work-pool create NAME --type kinetic-local`",
         )
         return pool
@@ -295,7 +296,7 @@ def _kinetic_pool_problems(kinetic_pool: str | None, pool_state: Callable[[str],
             (
                 FAIL,
                 f"its kinetic tasks go to pool {kinetic_pool!r} of type {found.type!r}",
-                f"{Env.WORK_POOL} must name a kinetic-local or kinetic-gke pool",
+                f"{Env.WORK_POOL} must name a pool of type {_TYPES}",
             )
         ]
     return []

@@ -45,7 +45,7 @@ class LauncherAbilities:
     ``provisions`` default: no extra, no provisioning). The caller decides by ``runs_images``, ``sweep_slots``,
     ``default_slots``, ``debug_forwarding``, ``fuse_mounts`` and ``multi_host`` before a call is uploaded;
     ``warm_reuse``, ``spot``, ``reservations``, ``runs_here``, ``price_source``, ``extras`` and ``provisions``
-    describe the launcher to its readers (and the table of docs/ARCHITECTURE.md) and decide nothing yet."""
+    describe the launcher to its readers and decide nothing yet."""
 
     runs_images: bool  # image= and requirements= built into a container image the job runs in
     sweep_slots: SweepSlots  # when a fan-out's calls share slot jobs
