@@ -112,7 +112,6 @@ def _isolated(cache_policy: Any) -> Any:
 # The options that are kinetic's, not Prefect's: TaskOptions' fields (kinetic_task repeats them for the reader and
 # the IDE, and a test holds the two signatures equal).
 KINETIC_OPTION_NAMES = options.OPTION_NAMES
-_options = options.TaskOptions  # the options' declaration, which kinetic_task's keywords follow
 
 
 class KineticTask(Task):

@@ -106,13 +106,14 @@ def test_the_payload_envelope_version_is_the_contracts() -> None:
 
 
 def test_the_decorator_lists_its_options_once() -> None:
-    """``kinetic_task``'s own parameters (written out for the reader and the IDE) are ``_options``' parameters, with
-    the same defaults; ``KINETIC_OPTION_NAMES`` is derived from them."""
+    """``kinetic_task``'s own parameters (written out for the reader and the IDE) are the fields of ``TaskOptions``,
+    where the options are declared, with the same defaults; ``KINETIC_OPTION_NAMES`` is derived from them."""
     import inspect
 
     from kinetic_prefect.caller import decorator
+    from kinetic_prefect.caller.options import TaskOptions
 
-    options = inspect.signature(decorator._options).parameters
+    options = inspect.signature(TaskOptions).parameters
     own = [
         p
         for p in inspect.signature(decorator.kinetic_task).parameters.values()
