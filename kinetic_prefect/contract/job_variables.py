@@ -16,6 +16,8 @@ from pydantic import Field
 
 from kinetic_prefect.contract import Env
 
+GCP_CREDENTIALS_TITLE = "GCP credentials block"
+
 
 def pool_default(pool: Any, variable: str) -> Any:
     """The default of ``variable`` in a work pool's base job template (None when the template has none)."""
@@ -99,6 +101,57 @@ class CallVariables(BaseVariables):
         description="With a fallback list (accelerator=['a100x4', 'l4x4']): how long a pod whose node pool exists "
         "but is full (or whose scale-up failed) waits before the next accelerator is tried. A list entry "
         "no node pool carries is left at once.",
+    )
+
+
+class PoolVariables(CallVariables):
+    """The variables every pool shares, the base of each launcher's model (``workers/<launcher>/variables.py``): what
+    a call sends (``CallVariables``), and the pool's own settings every launcher reads, which no call sends."""
+
+    gcp_credentials: str | None = Field(
+        default=None,
+        title=GCP_CREDENTIALS_TITLE,
+        description="Name of a saved prefect-gcp GcpCredentials block, used for a gs:// store and its results block, "
+        "and where the pool builds images, for Cloud Build / Artifact Registry (e.g. my-gcp). Empty: Application "
+        "Default Credentials.",
+    )
+    stream_output: bool = Field(
+        default=True,
+        title="Stream output",
+        description="Forward the job's stdout/stderr to the flow run's logs as it runs.",
+    )
+
+
+class WarmVariables(BaseVariables):
+    """What every pool whose launcher reuses jobs takes (its abilities' ``warm_reuse``): a warm runner is a job that
+    takes the next call of its environment, a process on kinetic-local, a pod on kinetic-gke."""
+
+    keep_warm_seconds: float = Field(
+        default=0,
+        title="Keep warm (seconds)",
+        ge=0,
+        description="How long a runner (a process; on kinetic-gke a pod) that finished a call waits for the next "
+        "call of the same environment (interpreter or image, accelerator, resources, environment variables) before "
+        "it ends; 0 starts a fresh one per call. A sweep then pays one start (on kinetic-gke a pod start, image pull "
+        "and JAX initialisation) per concurrent slot instead of one per input. Single-host jobs only (on kinetic-gke "
+        "without a fallback list).",
+    )
+    min_warm: int = Field(
+        default=0,
+        title="Minimum warm runners",
+        ge=0,
+        description="How many runners of an environment wait for calls however long they wait (or for "
+        "warm_floor_idle_seconds): a process on kinetic-local until the worker (or the calling process for in-process "
+        "submission) ends, a pod on kinetic-gke until `kinetic-prefect warm down` ends it; the next sweep starts on "
+        "them at once, and the accelerators a pod holds are billed all the while. Needs keep_warm_seconds > 0.",
+    )
+    warm_floor_idle_seconds: float | None = Field(
+        default=None,
+        title="Floor runners' idle limit (seconds)",
+        ge=0,
+        description="How long a min_warm runner waits idle before it ends (the next call starts the floor again); "
+        "empty: until its worker ends (kinetic-local) or `kinetic-prefect warm down` ends it (kinetic-gke). "
+        "`kinetic-prefect warm list|down` show and end warm runners and floor pods.",
     )
 
 
@@ -234,4 +287,3 @@ def env_refusal(pool_name: str, names: list[str]) -> str:
 OPTIONAL_CALL_VARIABLES = frozenset(
     {"hosts", "image", "max_cost_usd", "prices", "preemption_retries", "spot_fallback", "capacity_wait_seconds"}
 )
-GCP_CREDENTIALS_TITLE = "GCP credentials block"

@@ -13,7 +13,7 @@ from prefect_kubernetes.credentials import KubernetesClusterConfig
 from prefect_kubernetes.worker import KubernetesWorkerVariables
 from pydantic import Field
 
-from kinetic_prefect.contract.job_variables import CALLER_VARIABLES, GCP_CREDENTIALS_TITLE, CallVariables
+from kinetic_prefect.contract.job_variables import CALLER_VARIABLES, PoolVariables, WarmVariables
 from kinetic_prefect.workers.gke.kube import CONTAINER_SECURITY_CONTEXT, POD_SECURITY_CONTEXT
 
 # Retries belong to Prefect: a failed Job is never restarted by Kubernetes (a group fails all or nothing).
@@ -58,7 +58,7 @@ def job_manifest_template() -> dict[str, Any]:
     }
 
 
-class KineticGKEVariables(CallVariables):
+class KineticGKEVariables(PoolVariables, WarmVariables):
     """``kinetic-gke``: jobs as Kubernetes Jobs on GKE node pools with the named accelerator."""
 
     # What a call may set on this pool: the kinetic list, a prebuilt image (@kinetic_task(image=...)) and the FUSE
@@ -107,11 +107,6 @@ class KineticGKEVariables(CallVariables):
         "take to join. That time counts here, not toward pod_watch_timeout_seconds or capacity_wait_seconds: a "
         "node pool at zero nodes and a TPU slice coming up are waited for. Then the next accelerator of a fallback "
         "list is tried, or the run fails. Empty: 900 (the autoscaler's own max-node-provision-time), 1800 for TPUs.",
-    )
-    stream_output: bool = Field(
-        default=True,
-        title="Stream output",
-        description="Forward the job's stdout/stderr to the flow run's logs as it runs.",
     )
     cluster_config: KubernetesClusterConfig | None = Field(
         default=None,
@@ -172,31 +167,6 @@ class KineticGKEVariables(CallVariables):
         title="Spot",
         description="Schedule on Spot VMs (cloud.google.com/gke-spot node selector and toleration).",
     )
-    keep_warm_seconds: float = Field(
-        default=0,
-        title="Keep warm (seconds)",
-        ge=0,
-        description="How long a pod that finished a call waits for the next call of the same environment (image, "
-        "accelerator, resources, environment variables) before it ends; 0 runs one Job per call. A sweep then "
-        "pays one pod start, image pull and JAX initialisation per concurrent slot instead of one per input. "
-        "Single-host jobs without a fallback list only.",
-    )
-    min_warm: int = Field(
-        default=0,
-        title="Minimum warm pods",
-        ge=0,
-        description="How many warm pods of an environment wait for calls however long they wait (or for "
-        "warm_floor_idle_seconds), until `kinetic-prefect warm down` ends them: the next sweep starts on them at "
-        "once, and the accelerators they hold are billed all the while. Needs keep_warm_seconds > 0.",
-    )
-    warm_floor_idle_seconds: float | None = Field(
-        default=None,
-        title="Floor pods' idle limit (seconds)",
-        ge=0,
-        description="How long a min_warm pod waits idle before it ends (the next call starts the floor again); "
-        "empty: until `kinetic-prefect warm down` ends it. `kinetic-prefect warm list|down --pool` show and end "
-        "floor pods.",
-    )
     hosts: int | None = Field(
         default=None,
         title="Hosts",
@@ -224,12 +194,6 @@ class KineticGKEVariables(CallVariables):
         default=None,
         title="Build staging bucket",
         description="GCS bucket where build contexts are uploaded for Cloud Build.",
-    )
-    gcp_credentials: str | None = Field(
-        default=None,
-        title=GCP_CREDENTIALS_TITLE,
-        description="Name of a saved prefect-gcp GcpCredentials block, used for the gs:// store, its results block "
-        "and Cloud Build / Artifact Registry (e.g. my-gcp). Empty: Application Default Credentials.",
     )
     ephemeral_storage_request: str | None = Field(
         default=None,

@@ -1,6 +1,6 @@
 """The ``kinetic-local`` pool's variables: the form of ``work_pools/kinetic-local.json`` (generated from this model by
-``python -m kinetic_prefect.workers.templates``), the shared ``CallVariables`` plus what a job on this machine
-takes (its working directory, the machine's variables it inherits, warm runners)."""
+``python -m kinetic_prefect.workers.templates``): the shared ``PoolVariables`` and ``WarmVariables``, plus what a
+job on this machine takes (its working directory, the machine's variables it inherits)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import ClassVar
 from pydantic import Field
 
 from kinetic_prefect.contract import Env
-from kinetic_prefect.contract.job_variables import CALLER_VARIABLES, GCP_CREDENTIALS_TITLE, CallVariables
+from kinetic_prefect.contract.job_variables import CALLER_VARIABLES, PoolVariables, WarmVariables
 
 
-class KineticLocalVariables(CallVariables):
+class KineticLocalVariables(PoolVariables, WarmVariables):
     """``kinetic-local``: jobs as processes on the worker's machine."""
 
     # What a call may set on this pool; the pool pins the rest (command, inherit_env, working_dir, gcp_credentials...)
@@ -32,12 +32,6 @@ class KineticLocalVariables(CallVariables):
         description="Where payloads, results and outputs live: a local directory or gs://bucket/prefix. Empty: "
         f"${Env.STORE} or ~/.cache/kinetic-prefect/store.",
     )
-    gcp_credentials: str | None = Field(
-        default=None,
-        title=GCP_CREDENTIALS_TITLE,
-        description="Name of a saved prefect-gcp GcpCredentials block used for a gs:// store and its results block "
-        "(e.g. my-gcp). Empty: Application Default Credentials.",
-    )
     hosts: int | None = Field(
         default=None,
         title="Hosts",
@@ -47,37 +41,10 @@ class KineticLocalVariables(CallVariables):
         "accelerator's own hosts (a multi-host TPU slice), else 1. Set per task with "
         "@kinetic_task(hosts=N).",
     )
-    keep_warm_seconds: float = Field(
-        default=0,
-        title="Keep warm (seconds)",
-        ge=0,
-        description="How long a runner process that finished a call waits for the next call of the same environment "
-        "(interpreter, accelerator, environment variables) before it exits; 0 starts a fresh process per call. A sweep "
-        "then pays one start per concurrent slot instead of one per input. Single-host jobs only.",
-    )
-    min_warm: int = Field(
-        default=0,
-        title="Minimum warm runners",
-        ge=0,
-        description="How many runners of an environment stay ready however long they wait (until the worker, or the "
-        "calling process for in-process submission, ends). Needs keep_warm_seconds > 0.",
-    )
-    warm_floor_idle_seconds: float | None = Field(
-        default=None,
-        title="Floor runners' idle limit (seconds)",
-        ge=0,
-        description="How long a min_warm runner waits idle before it exits (the next call starts the floor again); "
-        "empty: until the worker ends. `kinetic-prefect warm list|down` show and end warm runners.",
-    )
     working_dir: str | None = Field(
         default=None,
         title="Working directory",
         description="Directory the job process starts in (the runner then moves into the shipped project).",
-    )
-    stream_output: bool = Field(
-        default=True,
-        title="Stream output",
-        description="Forward the job's stdout/stderr to the flow run's logs as it runs.",
     )
     poll_seconds: float = Field(
         default=0.25,
