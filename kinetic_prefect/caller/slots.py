@@ -48,7 +48,7 @@ from kinetic_prefect.contract import (
     WarmRunnerFiles,
     settings,
 )
-from kinetic_prefect.shared import prefect_runs
+from kinetic_prefect.shared import exit_hooks, prefect_runs
 from kinetic_prefect.shared import sweeps as sweep_stops
 
 logger = logging.getLogger("kinetic_prefect.slots")
@@ -138,8 +138,8 @@ def _register_exit_hook() -> None:
         EventsWorker.instance()
         APILogWorker.instance()
     try:
-        threading._register_atexit(_close_at_exit)  # type: ignore[attr-defined]  # noqa: SLF001
-    except (AttributeError, RuntimeError):  # another Python, or the interpreter is already ending
+        exit_hooks.run_before_pools_shut_down(_close_at_exit)
+    except RuntimeError:  # the interpreter is already ending
         atexit.register(_close_at_exit)
 
 
