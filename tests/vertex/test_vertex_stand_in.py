@@ -212,3 +212,54 @@ def _call(pipeline):
         return pipeline()
     except BaseException as exc:  # the cancelled call raises; the test reads what it raised
         return exc
+
+
+def test_a_stocked_out_accelerator_falls_back_to_the_next_entry_of_the_list(stand_in, vertex_pool, python_base_image):
+    name = f"fallback-vertex-{uuid.uuid4().hex[:6]}"
+    stand_in.stock_out.add("NVIDIA_L4")
+    try:
+
+        @_task(name, vertex_pool, python_base_image, accelerator=["l4", "t4"])
+        def where() -> str:
+            return os.environ["KINETIC_ACCELERATOR"]
+
+        @flow
+        def pipeline():
+            return where(return_state=True)
+
+        state = pipeline()
+        assert state.result() == "t4"
+        assert state.message.startswith("ran on t4; after l4"), state.message
+    finally:
+        stand_in.stock_out.discard("NVIDIA_L4")
+    [run] = _job_runs(name)
+    first, second = sorted(_jobs_of(stand_in, run.id), key=lambda j: j.create_time)
+    assert first.job_spec.worker_pool_specs[0].machine_spec.accelerator_type == vertex.AcceleratorType.NVIDIA_L4
+    assert "does not have enough resources" in first.error.message and not first.start_time
+    assert second.job_spec.worker_pool_specs[0].machine_spec.accelerator_type == vertex.AcceleratorType.NVIDIA_TESLA_T4
+    assert second.state == vertex.JobState.JOB_STATE_SUCCEEDED
+
+
+def test_two_hosts_are_two_replica_pools_forming_one_group(stand_in, vertex_pool, python_base_image):
+    name = f"group-vertex-{uuid.uuid4().hex[:6]}"
+
+    @_task(name, vertex_pool, python_base_image, accelerator="l4", hosts=2)
+    def member() -> dict:
+        print(f"host {os.environ['KINETIC_HOST_INDEX']} of {os.environ['KINETIC_NUM_HOSTS']}", flush=True)
+        return {k: os.environ[k] for k in ("KINETIC_HOST_INDEX", "KINETIC_NUM_HOSTS", "KINETIC_COORDINATOR_ADDRESS")}
+
+    @flow
+    def pipeline():
+        return member()
+
+    value = pipeline()
+    assert value == {
+        "KINETIC_HOST_INDEX": "0",
+        "KINETIC_NUM_HOSTS": "2",
+        "KINETIC_COORDINATOR_ADDRESS": "127.0.0.1:8476",
+    }
+    [run] = _job_runs(name)
+    [job] = _jobs_of(stand_in, run.id)
+    assert [p.replica_count for p in job.job_spec.worker_pool_specs] == [1, 1]
+    assert job.state == vertex.JobState.JOB_STATE_SUCCEEDED
+    assert "[host 1] host 1 of 2" in _run_logs(run.id, "[host 1] host 1 of 2"), "host 1 ran, and its lines are tagged"
