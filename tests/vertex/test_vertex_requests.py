@@ -135,3 +135,21 @@ def test_up_for_vertex_dry_run_prints_the_plan_with_no_cluster_and_needs_no_cred
         assert wanted in out, wanted
     assert "cluster" not in out.split("dry run")[0].lower(), "no cluster in a Vertex setup"
     assert main(["up", "--platform", "vertex", "--project", "my-project", "--region", "europe-west4"]) != 0
+
+
+@pytest.mark.parametrize(
+    ("variables", "named"),
+    [
+        ({"requirements": ["--index-url=https://evil.example/simple", "numpy"]}, "requirements"),
+        ({"requirements": ["numpy; import os"]}, "requirements"),
+        ({"python_version": "3.11; rm -rf /"}, "python_version"),
+        ({"base_image": "python:3.11 --build-arg X=1"}, "base_image"),
+    ],
+)
+def test_crafted_build_variables_are_refused_before_anything_is_built(variables, named):
+    from kinetic_prefect.workers.vertex.launcher import VertexJobLauncher
+
+    configuration, _ = _configuration(accelerator="cpu", image=None, image_builder="docker", **variables)
+    configuration.image_repository = "127.0.0.1:1/never-used"  # a build would fail loudly; the check comes first
+    with pytest.raises(ValueError, match=named):
+        VertexJobLauncher.ensure_image(configuration, log=lambda line: None)

@@ -238,6 +238,7 @@ class VertexJobLauncher(JobLauncher):
             return configuration.image
         from kinetic_prefect.shared import builders
 
+        configuration.check_build_variables()  # a flow run made over the API has skipped the caller's checks
         spec = configuration.image_spec
         if configuration.image_builder == "docker" and configuration.image_repository:
             return builders.DockerBuilder(configuration.image_repository).ensure(spec, log)
