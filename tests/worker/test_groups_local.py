@@ -197,7 +197,7 @@ def test_a_host_whose_function_raises_fails_the_group_with_its_error():
     assert run.state.is_failed(), run.state
 
 
-def test_hosts_below_one_or_on_a_pool_without_groups_is_refused_before_upload(store_dir):
+def test_hosts_below_one_or_on_a_pool_without_groups_is_refused_before_upload(store_dir, tmp_path):
     def body() -> int:
         return 1
 
@@ -215,7 +215,7 @@ def test_hosts_below_one_or_on_a_pool_without_groups_is_refused_before_upload(st
     old["job_configuration"].pop("hosts")
     old["variables"]["properties"].pop("hosts")
     pool = new_pool("nogroups")
-    template = store_dir.parent / f"{pool}.json"
+    template = tmp_path / f"{pool}.json"  # not beside the store: its folder is made by the first call
     template.write_text(json.dumps(old))
     prefect_cli("work-pool", "update", pool, "--base-job-template", str(template))
     runs_before = set((store_dir / "runs").iterdir()) if (store_dir / "runs").exists() else set()
