@@ -6,16 +6,21 @@ Not Vertex: the stand-in runs each replica in Docker and serves its output as Cl
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 import uuid
 
 import pytest
+from background import call_in_background
 from docker_fixture import proxy_files
 from google.cloud.aiplatform_v1 import types as vertex
 from prefect import flow, get_client
 from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.client.schemas.filters import FlowFilter, FlowFilterName, LogFilter, LogFilterFlowRunId
 from vertex_stand_in import VertexStandIn
+from worker_fixture import stop_worker_process
 
 from kinetic_prefect import kinetic_task
 from kinetic_prefect.workers.vertex.worker import KineticVertexWorker
@@ -263,3 +268,61 @@ def test_two_hosts_are_two_replica_pools_forming_one_group(stand_in, vertex_pool
     assert [p.replica_count for p in job.job_spec.worker_pool_specs] == [1, 1]
     assert job.state == vertex.JobState.JOB_STATE_SUCCEEDED
     assert "[host 1] host 1 of 2" in _run_logs(run.id, "[host 1] host 1 of 2"), "host 1 ran, and its lines are tagged"
+
+
+@pytest.fixture
+def vertex_worker(vertex_pool, tmp_path):
+    """``prefect worker start --type kinetic-vertex`` processes for the pool; their output in one log."""
+    log_path = tmp_path / "worker.log"
+    env = {**os.environ, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_CANCELLATION_POLL_SECONDS": "1"}
+    procs: list[subprocess.Popen] = []
+
+    def start(name: str) -> subprocess.Popen:
+        argv = [sys.executable, "-m", "prefect", "worker", "start", "--type", "kinetic-vertex", "--pool", vertex_pool]
+        with open(log_path, "a") as log:
+            proc = subprocess.Popen([*argv, "--name", name], stdout=log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.time() + 60
+        with get_client(sync_client=True) as client:
+            while not any(
+                w.name == name and w.status.value == "ONLINE" for w in client.read_workers_for_work_pool(vertex_pool)
+            ):
+                assert proc.poll() is None and time.time() < deadline, log_path.read_text()[-3000:]
+                time.sleep(0.5)
+        procs.append(proc)
+        return proc
+
+    yield start, log_path
+    for proc in procs:
+        stop_worker_process(proc)
+
+
+def test_a_restarted_worker_reattaches_to_its_custom_job_without_a_duplicate(
+    stand_in, vertex_pool, vertex_worker, python_base_image
+):
+    start_worker, worker_log = vertex_worker
+    first = start_worker("vertex-worker-a")
+    name = f"survives-vertex-{uuid.uuid4().hex[:6]}"
+
+    @_task(name, vertex_pool, python_base_image, accelerator="l4")
+    def slow_square(x: int) -> int:
+        time.sleep(8)
+        print("finished after the worker came back", flush=True)
+        return x * x
+
+    thread, box = call_in_background(slow_square, 9)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        runs = _job_runs(name)
+        jobs = _jobs_of(stand_in, runs[0].id) if runs else []
+        if jobs and jobs[0].state == vertex.JobState.JOB_STATE_RUNNING:
+            break
+        time.sleep(0.3)
+    else:
+        pytest.fail(f"the custom job never ran: {worker_log.read_text()[-3000:]}")
+    first.send_signal(signal.SIGKILL)  # the worker dies mid-job; the custom job keeps running
+    first.wait(10)
+    start_worker("vertex-worker-b")
+    thread.join(120)
+    assert box.get("value") == 81, (box, worker_log.read_text()[-3000:])
+    assert len(_jobs_of(stand_in, runs[0].id)) == 1, "no duplicate custom job"
+    assert "Reattached to 1 Vertex AI custom job(s)" in worker_log.read_text()
