@@ -62,6 +62,34 @@ def status_command(job_id: str = typer.Argument(..., metavar="JOB_ID")) -> None:
     state = job.state()
     detail = f" (Prefect: {state.name}{': ' + state.message if state and state.message else ''})" if state else ""
     print(f"{job.job_id}  {job.func_name}  {job.status().value}{detail}")
+    rows = _startup_rows(job.job_id)
+    if rows:
+        print("start-up:")
+        for row in rows:
+            print(f"  {row['step']:18} {row['at']:12} {row['after']:>10}  {row['note']}".rstrip())
+
+
+def _startup_rows(job_id: str) -> list[dict[str, str]]:
+    """The job run's start-up timeline (the launcher's table artifact), [] where its launcher keeps none."""
+    from uuid import UUID
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    from kinetic_prefect.contract import STARTUP_ARTIFACT_KEY
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=[STARTUP_ARTIFACT_KEY]),
+                flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(job_id)]),
+            ),
+            limit=1,
+        )
+    data = found[0].data if found else None
+    if isinstance(data, str):
+        data = json.loads(data)
+    return data if isinstance(data, list) else []
 
 
 @jobs_app.command("logs")

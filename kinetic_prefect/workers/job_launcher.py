@@ -85,6 +85,11 @@ class JobLauncher(abc.ABC):
         """``(flow_run_id, identifier)`` of the jobs ``work_pool`` started that may still run."""
         return []
 
+    async def startup_timeline(self, identifier: str, configuration: Any) -> Any:
+        """The job's start-up (``workers.startup.Timeline``) once it is over, or None where the launcher keeps none;
+        the lifecycle publishes it when the run is final."""
+        return None
+
     async def host_spans(self, identifier: str, configuration: Any) -> list[Any]:
         """When each host of the job started and ended (``cost.HostSpan``), for metering; [] if unknown."""
         return []

@@ -621,7 +621,7 @@ class KineticWorker:
 
     async def _after_following(self, job: FollowedJob) -> None:
         """Once the run is final: the job's cost and usage published, its resources cleaned up."""
-        from kinetic_prefect.workers import metering
+        from kinetic_prefect.workers import metering, startup
 
         self._calling_task_ids.pop(job.flow_run.id, None)
         with anyio.CancelScope(shield=True):
@@ -629,6 +629,8 @@ class KineticWorker:
             if current is not None and current.is_final():
                 await metering.publish_job_cost(self, job.flow_run, job.meter)
                 await job.usage.publish(self.get_flow_run_logger(job.flow_run))
+                if (timeline := await self.launcher.startup_timeline(job.identifier, job.configuration)) is not None:
+                    await startup.publish(self.client, job.flow_run, self.get_flow_run_logger(job.flow_run), timeline)
                 await self.launcher.cleanup(job.identifier, job.configuration)
 
     async def _store_output(self, output: Any, identifier: str) -> None:

@@ -12,6 +12,7 @@ seconds, and ``tests/gke/bench_gke_cold_start.py`` measures the documented one.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -25,9 +26,16 @@ from job_runs import jobs_of
 from kubernetes import client as k8s
 from prefect import flow
 from test_gke_autoscaling import _pod_start, gke_autoscaler  # noqa: F401  (a fixture)
-from test_gke_cluster import _cluster_block, _gke_task, _make_pool, job_image  # noqa: F401  (job_image: a fixture)
+from test_gke_cluster import (  # noqa: F401  (job_image: a fixture)
+    _cluster_block,
+    _gke_task,
+    _make_pool,
+    _run_logs,
+    job_image,
+)
 
-from kinetic_prefect.contract import PLACEHOLDER_LABEL
+from kinetic_prefect.cli.jobs import _startup_rows
+from kinetic_prefect.contract import PLACEHOLDER_LABEL, STARTUP_STEPS
 from kinetic_prefect.shared import builders
 
 pytestmark = pytest.mark.slow
@@ -69,11 +77,12 @@ def _pool(kube, gcs_bucket, local_registry) -> str:
 
 
 def test_a_cold_call_waits_for_the_longer_of_the_build_and_the_scale_up_not_both(
-    kube, gcs_bucket, local_registry, job_image, python_base_image, gke_autoscaler, slow_build
+    kube, gcs_bucket, local_registry, job_image, python_base_image, gke_autoscaler, slow_build, capsys
 ):
     """Build 12 s, scale-up 12 s (the verdict 1 s after the pod is seen unschedulable): the job's pod starts about
-    13 s after submission, not 25 s; the node came for the placeholder, and no second node was added. ~25 s: two
-    waits of 12 s each are what the test is about."""
+    15 s after submission, not 25 s; the node came for the placeholder, and no second node was added. The job's
+    start-up timeline says so, in its run's artifact, its logs and `jobs status`. ~25 s: two waits of 12 s each are
+    what the test is about."""
     build, scale_up = 12.0, 12.0
     model = gke_autoscaler([NodePool("t4-pool", "t4")], verdict_seconds=1, provisioning_seconds=scale_up)
     took = slow_build(build)
@@ -101,6 +110,32 @@ def test_a_cold_call_waits_for_the_longer_of_the_build_and_the_scale_up_not_both
     assert model.pool("t4-pool").nodes == [node], "the job ran on the node the placeholder asked for, the only one"
     assert waited < build + scale_up - 4, f"{waited:.1f} s: the scale-up waited for the build"
     assert not _placeholders(kube)
+    _check_the_timeline(job_run.id, node, capsys)
+
+
+def _check_the_timeline(job_run_id, node: str, capsys) -> None:
+    """The start-up timeline: a table artifact on the job's run, a line in its logs, and `jobs status`."""
+    from kinetic_prefect.cli import main
+
+    deadline = time.monotonic() + 20  # published once the run is final, beside the caller's return
+    while not (found := _startup_rows(str(job_run_id))) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    rows = {row["step"]: row for row in found}
+    assert list(rows) == list(STARTUP_STEPS)
+    assert rows["image ready"]["note"].startswith("built in"), rows
+    assert rows["scale-up asked"]["note"] == "a placeholder, while the image built", rows
+    assert rows["node ready"]["note"] == node, rows
+    after = {step: float(row["after"].strip("+ s")) for step, row in rows.items() if row["after"] != "—"}
+    assert set(after) >= set(STARTUP_STEPS) - {"image pulled"}, rows  # the Docker kubelet emits no Pulled event
+    assert after["scale-up asked"] < after["image ready"] <= after["node ready"] + 2, rows
+    # in order, to the second: Kubernetes stamps conditions and container states in whole seconds
+    order = [after[s] for s in ("node ready", "container started", "first line", "finished")]
+    assert all(later >= earlier - 1.0 for earlier, later in zip(order, order[1:])), rows
+    assert "start-up: image ready +" in _run_logs(job_run_id, "start-up:")
+    capsys.readouterr()
+    main(["jobs", "status", str(job_run_id)])
+    out = capsys.readouterr().out
+    assert "start-up:" in out and "a placeholder, while the image built" in out, out
 
 
 def test_a_failed_build_leaves_no_placeholder(
@@ -204,3 +239,34 @@ def test_ctrl_c_during_the_build_leaves_no_placeholder(
             proc.kill()
     assert proc.returncode != 0
     assert not _placeholders(kube)
+
+
+def test_a_call_on_a_warm_pod_says_so_in_its_timeline(
+    kube, gcs_bucket, local_registry, job_image, python_base_image, slow_build
+):
+    """Two calls on a pool that keeps pods warm: the second one's start-up timeline says it reused the first one's
+    pod (no node, no pull, no container start of its own) and still times its image and its first line. ~15 s: two
+    calls, the first one starting its pod."""
+    slow_build(0)  # the job image, found (or built as the fixture builds it)
+    pool = _make_pool(_cluster_block(kube), f"{gcs_bucket}/gke-warm-timeline", local_registry, keep_warm_seconds=30)
+    name = f"warm-line-{uuid.uuid4().hex[:6]}"
+
+    @_gke_task(name, pool, python_base_image, accelerator="cpu")
+    def step() -> str:
+        print("a line from the warm pod")
+        return os.environ.get("KINETIC_WARM_CONTROL", "")
+
+    @flow
+    def twice():
+        return step(return_state=True), step(return_state=True)
+
+    first, second = twice()
+    assert first.result() == second.result() != "", "both calls ran on one warm pod"
+    [job_run] = jobs_of(second.state_details.task_run_id)
+    deadline = time.monotonic() + 20
+    while not (found := _startup_rows(str(job_run.id))) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    rows = {row["step"]: row for row in found}
+    assert rows["node ready"]["note"].startswith("reused warm pod default/"), rows
+    assert rows["container started"]["note"] == rows["node ready"]["note"], rows
+    assert rows["image ready"]["after"] != "—" and rows["first line"]["after"] != "—", rows

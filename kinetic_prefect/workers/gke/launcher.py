@@ -18,10 +18,18 @@ from prefect.client.schemas.objects import FlowRun
 from prefect_kubernetes.diagnostics import diagnose_k8s_pod
 
 from kinetic_prefect import accelerators
-from kinetic_prefect.contract import GKE_WORKER_TYPE, Env
+from kinetic_prefect.contract import (
+    GKE_WORKER_TYPE,
+    STARTUP_FINISHED,
+    STARTUP_IMAGE_READY,
+    STARTUP_SCALE_UP_ASKED,
+    STARTUP_SUBMITTED,
+    Env,
+)
 from kinetic_prefect.shared import capacity
 from kinetic_prefect.workers.gke import capacity as gke_capacity
 from kinetic_prefect.workers.gke import placeholder, warm
+from kinetic_prefect.workers.gke import startup as gke_startup
 from kinetic_prefect.workers.gke.configuration import KineticGKEJobConfiguration
 from kinetic_prefect.workers.gke.follower import (
     DELETED_POD_MARGIN_SECONDS,
@@ -42,6 +50,7 @@ from kinetic_prefect.workers.gke.kube import (
 )
 from kinetic_prefect.workers.gke.warm import WarmPods
 from kinetic_prefect.workers.lifecycle import JobLauncher, JobStatus
+from kinetic_prefect.workers.startup import Timeline
 
 # How long a look at whether the cluster runs the cluster autoscaler stands.
 AUTOSCALER_LOOK_SECONDS = 60.0
@@ -67,6 +76,7 @@ class GKEJobLauncher(JobLauncher):
         self._autoscaler_seen: dict[str, tuple[float, bool | None]] = {}  # per cluster: when looked, and found
         self._api: dict[str, Any] = {}
         self.warm = WarmPods(self.api)
+        self._startup: dict[str, Timeline] = {}  # per job this worker submitted: its start-up as far as marked
 
     def api(self, configuration: KineticGKEJobConfiguration):
         key = configuration.cluster_key
@@ -87,7 +97,9 @@ class GKEJobLauncher(JobLauncher):
         self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration, log: Callable[[str], None]
     ) -> str:
         configuration.image_given()  # decided before the image is set below
-        image = await self._image_while_a_node_comes(flow_run, configuration, log)
+        timeline = Timeline()
+        timeline.mark(STARTUP_SUBMITTED, flow_run.created.timestamp() if flow_run.created else None)
+        image = await self._image_while_a_node_comes(flow_run, configuration, log, timeline)
         configuration.image = image
         configuration.job_manifest["spec"]["template"]["spec"]["containers"][0]["image"] = image
         api = await anyio.to_thread.run_sync(self.api, configuration)
@@ -96,16 +108,24 @@ class GKEJobLauncher(JobLauncher):
         elif warm.wanted(configuration):
             handed, floor_pods = await self.warm.hand_over(flow_run, configuration, log)
             if handed is not None:
+                gke_startup.reused_warm_pod(timeline, handed.partition("@")[0].replace(":", "/", 1))
+                self._startup[handed] = timeline
                 return handed
             identifier = self.warm.prepare_new_pod(flow_run, configuration, floor_pods < configuration.min_warm)
             await self.warm.record_new_pod(flow_run, configuration, identifier)
         job_name = await anyio.to_thread.run_sync(self._create_job, api, configuration)
         kind = "slot Job" if warm.is_slot(configuration) else "warm pod Job" if warm.wanted(configuration) else "Job"
         log(f"Created {kind} {configuration.namespace}/{job_name} for accelerator {configuration.accelerator}")
-        return f"{configuration.namespace}:{job_name}" + (f"@{flow_run.id}" if warm.wanted(configuration) else "")
+        identifier = f"{configuration.namespace}:{job_name}" + (f"@{flow_run.id}" if warm.wanted(configuration) else "")
+        self._startup[identifier] = timeline
+        return identifier
 
     async def _image_while_a_node_comes(
-        self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration, log: Callable[[str], None]
+        self,
+        flow_run: FlowRun,
+        configuration: KineticGKEJobConfiguration,
+        log: Callable[[str], None],
+        timeline: Timeline,
     ) -> str:
         """The job's image (ensure_image); while it builds, a placeholder asks for the job's node (placeholder.py),
         deleted before this returns, so the job's pod takes its place. The build's thread is abandoned on a cancel
@@ -114,9 +134,16 @@ class GKEJobLauncher(JobLauncher):
         if placeholder.wanted(configuration) and not warm.is_slot(configuration):
             api = await anyio.to_thread.run_sync(self.api, configuration)
             hold = placeholder.NodeHold(api, configuration, str(flow_run.id), log)
-        return await placeholder.build_holding_a_node(
+        given, started = bool(configuration.image), time.monotonic()
+        image = await placeholder.build_holding_a_node(
             hold, lambda: anyio.to_thread.run_sync(self.ensure_image, configuration, log, abandon_on_cancel=True)
         )
+        took = time.monotonic() - started
+        found = "found in the registry" if took < placeholder.HOLD_AFTER_SECONDS else f"built in {took:.0f} s"
+        timeline.mark(STARTUP_IMAGE_READY, note="given (image=)" if given else found)
+        if hold is not None and hold.asked_at is not None:
+            timeline.mark(STARTUP_SCALE_UP_ASKED, hold.asked_at, "a placeholder, while the image built")
+        return image
 
     async def find(self, flow_run: FlowRun, configuration: KineticGKEJobConfiguration) -> str | None:
         if warm.wanted(configuration) and (found := await self.warm.find(flow_run, configuration)):
@@ -412,6 +439,8 @@ class GKEJobLauncher(JobLauncher):
         final: bool = False,
     ) -> None:
         # Each pod's log is streamed by a thread (JobFollower.stream_logs) straight into ``emit``.
+        if (timeline := self._startup.get(identifier)) is not None:
+            emit = gke_startup.first_line_marker(timeline, emit)
         if warm.is_warm(identifier):
             self.warm.forward_logs(identifier, emit)
             return
@@ -458,6 +487,26 @@ class GKEJobLauncher(JobLauncher):
             table.pop(identifier, None)
         for key in [k for k in self._followers if k.startswith(f"{identifier}#")]:
             self._followers.pop(key, None)
+
+    async def startup_timeline(self, identifier: str, configuration: KineticGKEJobConfiguration) -> Timeline | None:
+        """The job's start-up (workers/startup.py): what this launcher marked from submission, and the rest from
+        its pod's conditions, container state and events (one read of the events). None for a job this worker did
+        not start (a reattach: its submission is not known here)."""
+        timeline = self._startup.pop(identifier, None)
+        if timeline is None:
+            return None
+        follower = self._followers.get(identifier)
+        pod = follower.last_pods[0] if follower is not None and follower.last_pods else None
+        if pod is not None:
+            try:
+                events = await anyio.to_thread.run_sync(
+                    gke_startup.read_events, self.api(configuration), pod.metadata.namespace, pod.metadata.name
+                )
+            except Exception:  # the timeline is a nicety: what the pod holds is enough
+                events = []
+            gke_startup.from_pod(timeline, pod, events)
+        timeline.mark(STARTUP_FINISHED)  # kept when the container's own end was read
+        return timeline
 
     async def host_spans(self, identifier: str, configuration: KineticGKEJobConfiguration) -> list[Any]:
         """Each host pod's start and end as the last status read saw them (metering; no extra API call)."""
