@@ -46,6 +46,16 @@ class KineticOptions:
     spot_fallback: bool | None = None  # None: the pool's
     debug: bool = False  # the job waits for a debugger before the function runs (caller/debugging.py)
     given: TaskOptions | None = None  # what the decorator was given: with_options changes it and resolves again
+    # Entries of the fallback list that name another pool ("POOL/NAME"): (pool, its accelerators), in order, tried
+    # when the pools before could not place the job (caller/submission.py); empty: one pool
+    pool_fallbacks: tuple[tuple[str, tuple[accelerators.AcceleratorSpec, ...]], ...] = ()
+
+    def on_next_pool(self) -> KineticOptions:
+        """These options on the first pool of ``pool_fallbacks``, with its accelerators."""
+        (pool, (spec, *rest)), *later = self.pool_fallbacks
+        return dataclasses.replace(
+            self, work_pool=pool, accelerator=spec, fallbacks=tuple(rest), pool_fallbacks=tuple(later)
+        )
 
     @property
     def accelerator_choices(self) -> tuple[accelerators.AcceleratorSpec, ...]:
@@ -60,7 +70,9 @@ class TaskOptions:
 
     :param accelerator: A catalog name (``cpu``, ``l4``, ``a100x2``, ``tpu-v6e-8``, ``l4:spot``...), or a fallback list
             tried in order (``["tpu-v6e-8", "a100x4", "l4x4"]``): on GKE the next is tried when the cluster cannot place
-            the job, never once it started (docs/capacity.md); locally the first this machine has.
+            the job, never once it started (docs/capacity.md); locally the first this machine has. An entry
+            ``"POOL/NAME"`` names another pool (``["l4:spot", "vertex/l4"]``): when the pools before it have no
+            capacity for the job (their run ends Crashed before the job ran), the call runs there (docs/vertex.md).
     :param requirements: A requirements.txt / pyproject.toml path or a list of PEP 508 strings; the job environment is
             built once per distinct set. ``None``: the worker's interpreter.
     :param image: A prebuilt container image (skips building; GKE).
@@ -115,10 +127,12 @@ class TaskOptions:
         """The call's options: every check made, the accelerator resolved once. Fails at decoration on unknown
         names, ``hosts=0``, hosts contradicting a slice, a list mixing host counts, a bad budget, an unknown
         ``submission``/``env_missing``, a negative ``preemption_retries`` or a missing ``project_dir``."""
-        spec, *fallbacks = capacity.choices(self.accelerator, self.hosts)
-        shown = self.accelerator
-        for name in [shown] if isinstance(shown, (str, accelerators.AcceleratorSpec)) else shown:
-            names.warn_if_read_differently(name)  # once per name: Keras Kinetic reads it as other hardware
+        pools = _pool_segments(self.accelerator, self.work_pool)
+        spec, *fallbacks = capacity.choices(list(pools[0][1]), self.hosts)
+        later = tuple((pool, tuple(capacity.choices(list(entries), self.hosts))) for pool, entries in pools[1:])
+        for _, entries in pools:
+            for name in entries:
+                names.warn_if_read_differently(name)  # once per name: Keras Kinetic reads it as other hardware
         from kinetic_prefect.shared.cost import check_budget
 
         resolved: dict[str, Any] = {
@@ -130,6 +144,8 @@ class TaskOptions:
             "project_dir": Path(self.project_dir) if self.project_dir else None,
             "job_variables": dict(self.job_variables or {}),
             "debug": bool(self.debug),
+            "pool_fallbacks": later,
+            "work_pool": pools[0][0],
         }
         self._check(resolved["env"])
         as_given = {name: getattr(self, name) for name in _CARRIED if name not in resolved}
@@ -147,6 +163,25 @@ class TaskOptions:
             raise ValueError(f"submission={self.submission!r} is not one of {', '.join(SUBMISSION_MODES)}")
         if self.project_dir is not None and not Path(self.project_dir).is_dir():
             raise ValueError(f"project_dir={str(self.project_dir)!r} is not a directory")
+
+
+def _pool_segments(
+    accelerator: AcceleratorChoice, work_pool: str | None
+) -> list[tuple[str | None, list[str | accelerators.AcceleratorSpec]]]:
+    """The fallback list cut where an entry names another pool (``"POOL/NAME"``): (pool, its entries) in order, the
+    first on ``work_pool`` unless its first entry names one. One pool: one segment, the list as it is."""
+    if isinstance(accelerator, (str, accelerators.AcceleratorSpec)):
+        items: list[Any] = capacity.split(accelerator) if isinstance(accelerator, str) else [accelerator]
+    else:
+        items = list(accelerator)
+    segments: list[tuple[str | None, list[Any]]] = []
+    for item in items:
+        pool, _, name = item.rpartition("/") if isinstance(item, str) else ("", "", item)
+        named: str | None = pool.strip() or (segments[-1][0] if segments else work_pool)
+        if not segments or named != segments[-1][0]:
+            segments.append((named, []))
+        segments[-1][1].append(name.strip() if isinstance(name, str) else name)
+    return segments or [(work_pool, items)]
 
 
 # The options that are kinetic's, not Prefect's.

@@ -22,8 +22,8 @@ from kinetic_prefect.caller.outcomes import cancelled_result, collect, discard_i
 from kinetic_prefect.caller.sweep_calls import sweep_of, wait_in_sweep
 from kinetic_prefect.caller.uploads import upload_inputs
 from kinetic_prefect.caller.waiting import wait_for_job
-from kinetic_prefect.contract import Env
-from kinetic_prefect.errors import SigningKeyMissing
+from kinetic_prefect.contract import JOB_CANNOT_START, Env
+from kinetic_prefect.errors import KineticJobCrashed, SigningKeyMissing
 from kinetic_prefect.shared import capacity, gcp
 
 
@@ -34,13 +34,36 @@ async def submit_and_collect(
     point after the upload, a crashed job, an error creating the run), the run's objects are removed."""
     ctx = TaskRunContext.get()
     siblings = (ctx.task_run.flow_run_id if ctx else None, task_name)  # calls of a sweep count each other
-    try:
-        with slots.calling(siblings):
-            return await _submit_and_wait(options, call, task_name, fn, detach)
-    except BaseException:
-        if call.store is not None and not call.outcome_read:
-            await discard_interrupted_run(call.store, call)
-        raise
+    while True:
+        try:
+            with slots.calling(siblings):
+                return await _submit_and_wait(options, call, task_name, fn, detach)
+        except KineticJobCrashed as crashed:
+            if call.store is not None and not call.outcome_read:
+                await discard_interrupted_run(call.store, call)
+            if not (options.pool_fallbacks and _placement_refused(crashed)):
+                raise
+            options = _next_pool(options, crashed)
+        except BaseException:
+            if call.store is not None and not call.outcome_read:
+                await discard_interrupted_run(call.store, call)
+            raise
+
+
+def _placement_refused(crashed: KineticJobCrashed) -> bool:
+    """The pool's worker could not place the job (no capacity, no node pool, a stockout or quota: the lifecycle
+    ends such a run Crashed with ``JOB_CANNOT_START``), so it never ran: the next pool of the list may."""
+    return JOB_CANNOT_START in str(crashed)
+
+
+def _next_pool(options: KineticOptions, crashed: KineticJobCrashed) -> KineticOptions:
+    following = options.on_next_pool()
+    if TaskRunContext.get() is not None:
+        get_run_logger().warning(
+            f"Pool {options.work_pool!r} could not place the job ({crashed}): trying pool {following.work_pool!r} "
+            f"with {capacity.join(following.accelerator_choices)}"
+        )
+    return following
 
 
 async def _submit_and_wait(

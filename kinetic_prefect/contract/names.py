@@ -15,6 +15,9 @@ LOCAL_WORKER_TYPE = "kinetic-local"
 GKE_WORKER_TYPE = "kinetic-gke"
 VERTEX_WORKER_TYPE = "kinetic-vertex"
 WORKER_TYPES = (LOCAL_WORKER_TYPE, GKE_WORKER_TYPE, VERTEX_WORKER_TYPE)
+# What the lifecycle says of a job its pool has no capacity for (no node pool, full, a stockout or quota: its run ends
+# Crashed before the job ran): the caller tries the next pool of a fallback list on it (caller/submission.py).
+JOB_CANNOT_START = "cannot start (no capacity):"
 
 # A kinetic-local job's log files, in its job folder and among its outputs: host 0's, then host i's.
 JOB_LOG_NAME = "job.log"

@@ -46,6 +46,7 @@ from kinetic_prefect.contract import (
     EVENT_DIAGNOSIS,
     EVENT_EXITED,
     EVENT_UNSCHEDULABLE,
+    JOB_CANNOT_START,
     JOB_EVENT_PREFIX,
     LOG_END_MARKER,
     Env,
@@ -558,7 +559,8 @@ class KineticWorker:
             labels={"kubernetes.diagnosis": (status.diagnosis or {}).get("category", "")},
         )
         await self.launcher.cancel(job.identifier, job.configuration, 0)
-        await self.mark_crashed(job.flow_run, f"Job {job.identifier} cannot start: {status.detail}")
+        why = JOB_CANNOT_START if status.capacity else "cannot start:"  # capacity: another pool may have it
+        await self.mark_crashed(job.flow_run, f"Job {job.identifier} {why} {status.detail}")
 
     async def _exited(self, job: FollowedJob, status: JobStatus) -> str:
         """The job's process ended: its last output forwarded, then a retry placed (_MOVED) or the run finished."""

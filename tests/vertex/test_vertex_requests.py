@@ -153,3 +153,17 @@ def test_crafted_build_variables_are_refused_before_anything_is_built(variables,
     configuration.image_repository = "127.0.0.1:1/never-used"  # a build would fail loudly; the check comes first
     with pytest.raises(ValueError, match=named):
         VertexJobLauncher.ensure_image(configuration, log=lambda line: None)
+
+
+def test_an_accelerator_entry_naming_a_pool_starts_the_next_pool_of_the_call():
+    from kinetic_prefect.caller.options import TaskOptions
+
+    options = TaskOptions(accelerator=["a100x4", "l4:spot", "vx/l4", "vx/t4"], work_pool="gke").resolve()
+    assert options.work_pool == "gke"
+    assert [s.name for s in options.accelerator_choices] == ["a100x4", "l4"] and options.accelerator_choices[1].spot
+    following = options.on_next_pool()
+    assert following.work_pool == "vx" and [s.name for s in following.accelerator_choices] == ["l4", "t4"]
+    assert following.pool_fallbacks == ()
+    assert TaskOptions(accelerator="l4", work_pool="gke").resolve().pool_fallbacks == ()
+    with pytest.raises(accelerators.UnknownAcceleratorError):
+        TaskOptions(accelerator=["l4", "vx/l44"]).resolve()  # every pool's entries are checked at decoration
