@@ -4,9 +4,9 @@ Whoever may create a flow run on a pool sends its job variables, and before this
 the pool's signing keys: ``command`` and ``inherit_env: ["*"]`` on kinetic-local (any command, the worker's whole
 environment), ``service_account_name``, ``namespace`` or another ``cluster_config`` on kinetic-gke. Each pool type's
 variables model lists what a call may set (``caller_variables``: ``workers/<launcher>/variables.py``, read from
-the worker class registered for the pool's type); the pool pins every other variable. ``refuse_overrides`` says why a run is refused, and
-``PinnedPoolVariables`` refuses it in the worker before anything is built, launched or handed a key: the run ends
-Failed with that message.
+the worker class registered for the pool's type); the pool pins every other variable. ``refuse_overrides`` says why
+a run is refused, and ``PinnedPoolVariables`` refuses it in the worker before anything is built, launched or handed
+a key: the run ends Failed with that message.
 """
 
 from __future__ import annotations
