@@ -66,6 +66,12 @@ STORAGE_REQUIREMENT = "google-cloud-storage>=2.18"
 TPU_FIND_LINKS = "https://storage.googleapis.com/jax-releases/libtpu_releases.html"
 # Requirement names that mean "this job runs JAX" (Keras 3 is run on its JAX backend here).
 _JAX_USERS = re.compile(r"^(jax|jaxlib|flax|optax|orbax.*|keras|keras-.*|tf-keras)$")
+# The frameworks of a job's requirements: large (hundreds of MB to GBs with their CUDA wheels) and changed far less
+# often than the rest. They are installed in a layer of their own below the rest, so a changed small requirement
+# rebuilds, pushes and has nodes pull only the layer above (Docker's cache and registries share layers by digest).
+_FRAMEWORKS = re.compile(
+    r"^(jax|jaxlib|jax-cuda\d+-.*|libtpu.*|tensorflow.*|tf-.*|torch|torchvision|torchaudio|nvidia-.*|flax|optax)$"
+)
 VENV = "/opt/venv"
 RUNNER_DIR = "/opt/kinetic"
 JOB_HOME = "/home/kinetic"  # the job user's home: caches (~/.cache, the runner's node cache) are written there
@@ -201,6 +207,15 @@ def dockerfile(spec: ImageSpec, *, base_image: str | None = None, extra_files: I
         f"RUN python3 -m venv --system-site-packages {VENV} "
         f"|| python3 -m venv --system-site-packages --without-pip {VENV}",
         f"RUN {json.dumps([f'{VENV}/bin/python', '-c', check_python])}",
+        *(
+            [
+                "# The frameworks first, in a layer of their own: the rest changes more often (builders._FRAMEWORKS).",
+                f"COPY requirements-frameworks.txt {RUNNER_DIR}/requirements-frameworks.txt",
+                f"RUN python -m pip install --requirement {RUNNER_DIR}/requirements-frameworks.txt",
+            ]
+            if framework_lines(spec)
+            else []
+        ),
         f"COPY requirements.txt {RUNNER_DIR}/requirements.txt",
         f"RUN python -m pip install --requirement {RUNNER_DIR}/requirements.txt",
         "# The job runner, copied from the caller's kinetic-prefect (stdlib + cloudpickle; no Prefect).",
@@ -236,11 +251,26 @@ def _extra_path(name: str) -> str:
     return path.as_posix()
 
 
+def framework_lines(spec: ImageSpec) -> list[str]:
+    """The lines of ``requirements_lines`` that name a framework (``_FRAMEWORKS``), with the find-links line they
+    may need; [] when the job has none."""
+    from packaging.requirements import Requirement
+
+    lines = requirements_lines(spec)
+    frameworks = [line for line in lines if not line.startswith("-") and _FRAMEWORKS.match(Requirement(line).name)]
+    return [line for line in lines if line.startswith("--find-links")] + frameworks if frameworks else []
+
+
 def _context_files(spec: ImageSpec, base_image: str | None, extra_files: dict[str, bytes] | None) -> dict[str, bytes]:
     extras = {f"extra/{_extra_path(k)}": v for k, v in sorted((extra_files or {}).items())}
     files = {
         "Dockerfile": dockerfile(spec, base_image=base_image, extra_files=list(extras)).encode(),
         "requirements.txt": ("\n".join(requirements_lines(spec)) + "\n").encode(),
+        **(
+            {"requirements-frameworks.txt": ("\n".join(frameworks) + "\n").encode()}
+            if (frameworks := framework_lines(spec))
+            else {}
+        ),
         **runner_sources(),
         **extras,
     }

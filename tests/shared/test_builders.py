@@ -79,6 +79,26 @@ def test_build_context_cpu_contents(tmp_path):
     assert set(files) == {"Dockerfile", "requirements.txt", *(f"kinetic_prefect/{m}" for m in copied)}
 
 
+def test_the_frameworks_are_a_layer_of_their_own_below_the_rest(tmp_path):
+    """A job's frameworks (JAX and its CUDA wheels here) are installed before, and apart from, its other requirements:
+    a changed small requirement leaves the frameworks' layer as it was, in the builder's cache and on the nodes."""
+    spec = ImageSpec.create(["keras>=3.8", "pillow"], family="gpu", python="3.11")
+    files = _tree(build_context(spec, tmp_path / "a"))
+    assert files["requirements-frameworks.txt"].decode().splitlines() == ["jax[cuda12]"]
+    lines = files["Dockerfile"].decode().splitlines()
+    frameworks = lines.index("RUN python -m pip install --requirement /opt/kinetic/requirements-frameworks.txt")
+    rest = lines.index("RUN python -m pip install --requirement /opt/kinetic/requirements.txt")
+    runner = lines.index("COPY kinetic_prefect/ /opt/kinetic/kinetic_prefect/")
+    assert frameworks < rest < runner
+    changed = ImageSpec.create(["keras>=3.8", "pillow", "tabulate"], family="gpu", python="3.11")
+    other = _tree(build_context(changed, tmp_path / "b"))
+    steps = [line for line in lines[: frameworks + 1] if not line.startswith("#")]  # Docker's cache skips comments
+    changed_steps = [line for line in other["Dockerfile"].decode().splitlines() if not line.startswith("#")]
+    assert changed_steps[: len(steps)] == steps, "the same steps up to the frameworks' layer"
+    assert other["requirements-frameworks.txt"] == files["requirements-frameworks.txt"]
+    assert "requirements-frameworks.txt" not in _tree(build_context(ImageSpec.create(["tabulate"]), tmp_path / "c"))
+
+
 @pytest.mark.parametrize(
     ("family", "requirements", "expected_jax", "find_links"),
     [
