@@ -25,7 +25,7 @@ class SweepSlots(StrEnum):
 
 
 class DebugForwarding(StrEnum):
-    """How ``kinetic-prefect jobs debug`` reaches a debug job's debugpy (kinetic/debug.py)."""
+    """How ``kinetic-prefect jobs debug`` reaches a debug job's debugpy (the worker class's ``debug_connector``)."""
 
     LOCAL_RELAY = "local-relay"  # a TCP relay to the job process's port (the job runs on this machine)
     PORT_FORWARD = "port-forward"  # the Kubernetes API server's port-forward to the pod's fixed DEBUG_PORT

@@ -1,12 +1,14 @@
 """Attaching to a debug job (``debug=True``): ``kinetic-prefect jobs debug JOB --port P`` and ``forward(job, port)``.
 
 The job's runner (``pod/debugger.py``) listens on localhost where it runs and writes where in its record
-(``RunLayout.debugger``). This side waits for that record, then serves 127.0.0.1:P on this machine until stopped:
+(``RunLayout.debugger``). This side waits for that record, then serves 127.0.0.1:P on this machine until stopped,
 
-* kinetic-local: each connection is relayed to the job process's port (the job runs on the worker's machine,
-  which is this one, or one reached the same way);
-* kinetic-gke: each connection opens a port-forward to the pod through the Kubernetes API server
-  (``kubernetes.stream.portforward``, what ``kubectl port-forward`` does), with the pool's kubeconfig.
+each connection is opened by the job's worker class (``debug_connector``, in its launcher's folder):
+
+* kinetic-local: relayed to the job process's port (the job runs on the worker's machine, which is this one, or
+  one reached the same way);
+* kinetic-gke: a port-forward to the pod through the Kubernetes API server (``kubernetes.stream.portforward``,
+  what ``kubectl port-forward`` does), with the pool's kubeconfig (``workers/gke/debug.py``).
 
 It prints a VS Code ``launch.json`` entry whose ``pathMappings`` map the caller's project root to the job's
 working copy of it, where the job's frames come from.
@@ -28,6 +30,7 @@ from uuid import UUID
 from kinetic_prefect import signing
 from kinetic_prefect.contract import DEBUG_PORT, Env, RunLayout, settings
 from kinetic_prefect.contract.launchers import DebugForwarding
+
 RECORD_POLL_SECONDS = 0.5
 # Each look lists the live jobs (two reads per job): a debug call looks for its own less often than for its record.
 JOB_LOOKUP_POLL_SECONDS = 2.0
@@ -115,36 +118,9 @@ def relay(client: socket.socket, upstream: Any) -> None:
     upstream.close()
 
 
-def local_connector(record: dict[str, Any]) -> Callable[[], Any]:
-    """kinetic-local: a TCP connection to the job process's debugpy."""
-    return lambda: socket.create_connection((record["host"], int(record["port"])), timeout=10)
-
-
-def kube_connector(record: dict[str, Any], api_client: Any, portforward: Any = None) -> Callable[[], Any]:
-    """kinetic-gke: a socket through the API server's port-forward to the pod's debugpy port."""
-    from kubernetes import client as kube
-
-    if portforward is None:
-        from kubernetes.stream import portforward
-    if not record.get("pod") or not record.get("namespace"):
-        raise RuntimeError("the job's debugger record names no pod: it was not started by a kinetic-gke worker")
-    core = kube.CoreV1Api(api_client)
-    port = int(record["port"])
-
-    def connect() -> Any:
-        forward = portforward(
-            core.connect_get_namespaced_pod_portforward, record["pod"], record["namespace"], ports=str(port)
-        )
-        return forward.socket(port)
-
-    return connect
-
-
-def pool_kube_client(job: Any) -> Any:
-    """The Kubernetes client for the job's pool, as its worker makes one: the pool's ``cluster_config`` block (a
-    KubernetesClusterConfig), else its kubeconfig_path and kube_context (the run's job variables, else the pool's
-    defaults), else in-cluster credentials, else ~/.kube/config."""
-    from kubernetes import client, config
+def job_variables(job: Any) -> dict[str, Any]:
+    """The job's variables: its run's, else its pool's defaults, a block reference (``{"$ref": ...}``) resolved to
+    the block's fields, as the worker resolves them."""
     from prefect import get_client
     from prefect.utilities.templating import resolve_block_document_references
 
@@ -156,20 +132,10 @@ def pool_kube_client(job: Any) -> Any:
             pool = await prefect.read_work_pool(job.work_pool)
             defaults = {k: v.get("default") for k, v in pool.base_job_template["variables"]["properties"].items()}
             values = {**defaults, **(flow_run.job_variables or {})}
-            # a block given as {"$ref": {"block_document_id": ...}} becomes the block's fields, as for the worker
-            return await resolve_block_document_references(values, client=prefect)
+            resolved: dict[str, Any] = await resolve_block_document_references(values, client=prefect)
+            return resolved
 
-    values = run_sync(settings())
-    cluster = values.get("cluster_config")
-    if isinstance(cluster, dict) and cluster.get("config"):
-        return config.new_client_from_config_dict(cluster["config"], context=cluster.get("context_name"))
-    if values.get("kubeconfig_path"):
-        return config.new_client_from_config(config_file=values["kubeconfig_path"], context=values.get("kube_context"))
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config(context=values.get("kube_context"))
-    return client.ApiClient()
+    return run_sync(settings())
 
 
 def listen(local_port: int) -> socket.socket:
@@ -279,16 +245,16 @@ def serve(listener: socket.socket, connect: Callable[[], Any], until: Callable[[
         listener.close()
 
 
-def _forwarding_of(job: Any) -> DebugForwarding:
-    """How the job's launcher is reached (its abilities); a job whose pool is unknown runs where its record says."""
-    if not job.backend:
-        return DebugForwarding.LOCAL_RELAY
-    from kinetic_prefect.caller.pools import abilities_of
+def _worker_class_of(job: Any) -> Any:
+    """The worker class of the job's pool, whose ``debug_connector`` reaches the job (a job whose pool is unknown
+    runs where the default pool's jobs run); a launcher whose jobs no debugger reaches is refused."""
+    from kinetic_prefect import config
+    from kinetic_prefect.caller.pools import worker_class_for
 
-    forwarding = abilities_of(job.backend).debug_forwarding
-    if forwarding is DebugForwarding.NONE:
+    worker_class = worker_class_for(job.backend or config.DEFAULT_POOL_TYPE)
+    if worker_class.abilities.debug_forwarding is DebugForwarding.NONE:
         raise NotADebugJob(f"job {job.job_id} runs on a pool of type {job.backend!r}, whose jobs no debugger reaches")
-    return forwarding
+    return worker_class
 
 
 def forward(job: Any, local_port: int = DEBUG_PORT, wait_seconds: float = 600.0, say=print) -> None:
@@ -296,12 +262,7 @@ def forward(job: Any, local_port: int = DEBUG_PORT, wait_seconds: float = 600.0,
     127.0.0.1:``local_port`` to it until the job ends or the user interrupts."""
     record = read_record(job, wait_seconds, say)
     listener = listen(local_port)
-    if _forwarding_of(job) is DebugForwarding.PORT_FORWARD:
-        connect = kube_connector(record, pool_kube_client(job))
-        where = f"pod {record['namespace']}/{record['pod']} port {record['port']} (Kubernetes port-forward)"
-    else:
-        connect = local_connector(record)
-        where = f"{record['host']}:{record['port']} on {record.get('hostname')} (pid {record.get('pid')})"
+    connect, where = _worker_class_of(job).debug_connector(record, lambda: job_variables(job))
     say(f"Forwarding 127.0.0.1:{local_port} to job {job.job_id}'s debugpy at {where}. Ctrl-C stops.")
     say("VS Code: add this to .vscode/launch.json, then Run > Start Debugging (F5):")
     say(json.dumps({"version": "0.2.0", "configurations": [launch_configuration(record, local_port)]}, indent=2))

@@ -27,6 +27,7 @@ import pytest
 from kinetic_prefect import kinetic, kinetic_task
 from kinetic_prefect.contract import DEBUG_PORT, DEBUGPY_REQUIREMENT, Env
 from kinetic_prefect.kinetic import debug as kinetic_debug
+from kinetic_prefect.workers.gke import debug as gke_debug
 
 USER_MODULE = """
 def add_slowly(a, b):
@@ -411,7 +412,7 @@ def test_jobs_debug_on_gke_port_forwards_through_the_api_server():
         return Forward()
 
     record = {"pod": "kinetic-train-1234abcd-x7k2p", "namespace": "ml", "port": DEBUG_PORT, "host": "127.0.0.1"}
-    connect = kinetic_debug.kube_connector(record, api_client=None, portforward=portforward)
+    connect = gke_debug.kube_connector(record, api_client=None, portforward=portforward)
     port, stop = _free_port(), threading.Event()
     listener = kinetic_debug.listen(port)  # listening before the command prints where to attach
     server = threading.Thread(target=kinetic_debug.serve, args=(listener, connect, stop.is_set), daemon=True)
@@ -470,7 +471,7 @@ def test_a_port_forward_through_the_api_server_reaches_the_pods_port(kube, pytho
             assert time.monotonic() < deadline, "the echo pod did not start"
             time.sleep(0.3)
         record = {"pod": name, "namespace": "default", "port": port}
-        connect = kinetic_debug.kube_connector(record, api_client=kube.api())
+        connect = gke_debug.kube_connector(record, api_client=kube.api())
         for message in (b"hello", b"x" * 200_000):
             while True:  # until the container listens: before that, the forward's error channel ends the stream
                 sock = connect()

@@ -65,6 +65,14 @@ class KineticGKEWorker(PinnedPoolVariables, KineticWorker, BaseWorker):  # type:
         return load_template(cls.type)
 
     @staticmethod
+    def debug_connector(record: dict[str, Any], variables: Any) -> tuple[Any, str]:
+        """``kinetic-prefect jobs debug``: a port-forward through the API server to the pod (workers/gke/debug.py);
+        ``variables()`` gives the job's variables (its cluster)."""
+        from kinetic_prefect.workers.gke import debug
+
+        return debug.debug_connector(record, variables)
+
+    @staticmethod
     def job_manifest_template() -> dict[str, Any]:
         """The Job manifest of the pool template's job configuration (workers/templates.py)."""
         from kinetic_prefect.workers.gke.variables import job_manifest_template

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
 
 from prefect.exceptions import InfrastructureNotFound
@@ -41,6 +42,13 @@ class KineticLocalWorker(PinnedPoolVariables, KineticWorker, BaseWorker):  # typ
         price_source=PriceSource.OWN_MACHINE,
     )
     _documentation_url = "https://github.com/kinetic-prefect/kinetic-prefect"
+
+    @staticmethod
+    def debug_connector(record: dict[str, Any], variables: Any) -> tuple[Any, str]:
+        """``kinetic-prefect jobs debug``: a TCP connection to the job process's debugpy (the job runs on the worker's
+        machine, which is this one or one reached the same way)."""
+        where = f"{record['host']}:{record['port']} on {record.get('hostname')} (pid {record.get('pid')})"
+        return (lambda: socket.create_connection((record["host"], int(record["port"])), timeout=10)), where
 
     @staticmethod
     def doctor(report: Any, client: Any, pool: Any, accelerators: list[str], **options: Any) -> None:
