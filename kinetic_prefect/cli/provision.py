@@ -6,7 +6,7 @@ and work pool, made from zero and removed again (``kinetic_prefect.workers.gke.p
     kinetic-prefect down --project P --zone Z [--cluster NAME] [--pool-name NAME] [--delete-data]
                          [--delete-signing-key] [--dry-run] [--yes]
     kinetic-prefect pool add ACCELERATOR --project P --zone Z [--cluster NAME] [--spot] [--reservation R]
-                       [--min-nodes N] [--dry-run]
+                       [--min-nodes N] [--preload-disk-image IMAGE] [--dry-run]
     kinetic-prefect pool remove ACCELERATOR|NODE_POOL --project P --zone Z [--cluster NAME] [--spot] [--dry-run]
                        [--yes]
     kinetic-prefect pool list --project P --zone Z [--cluster NAME] [--json]
@@ -274,14 +274,29 @@ def pool_add_command(
     spot: bool = _SPOT,
     reservation: str | None = _RESERVATION,
     min_nodes: int = _MIN_NODES,
+    preload_disk_image: str | None = typer.Option(
+        None,
+        "--preload-disk-image",
+        metavar="IMAGE",
+        help="a disk image holding the pipeline's container images (GKE's gke-disk-image-builder makes it): each "
+        "new node gets it as a secondary boot disk, so the job's image is on the node when it joins",
+    ),
     dry_run: bool = _DRY_RUN,
 ) -> None:
-    """Add a node pool for an accelerator (autoscaling from --min-nodes, 0 by default)."""
+    """Add a node pool for an accelerator (autoscaling from --min-nodes, 0 by default; image streaming on)."""
     commands = _provision()
     from kinetic_prefect.workers.gke.provision import plan
 
     settings = _guard(lambda: plan.settings(project, zone, cluster))
-    pool = _guard(lambda: plan.node_pool_spec(accelerator, spot=spot, reservation=reservation, min_nodes=min_nodes))
+    pool = _guard(
+        lambda: plan.node_pool_spec(
+            accelerator,
+            spot=spot,
+            reservation=reservation,
+            min_nodes=min_nodes,
+            preload_disk_image=preload_disk_image,
+        )
+    )
     clients = _clients(settings.project)
     planned = _guard(lambda: commands.plan_pool_add(clients, settings, pool))
     _run(

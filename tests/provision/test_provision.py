@@ -385,6 +385,25 @@ def test_pool_add_list_and_remove(fakes, capsys):
     ]
 
 
+def test_node_pools_stream_their_images_and_pool_add_can_preload_them_on_a_secondary_boot_disk(fakes, capsys):
+    """The node pools `up` and `pool add` ask GKE for have image streaming on (gcfsConfig; images in Artifact
+    Registry, which `up` makes), and `pool add --preload-disk-image` gives each node the disk image of container
+    images as a secondary boot disk in CONTAINER_IMAGE_CACHE mode; a malformed image name is refused before any
+    request."""
+    cluster, pool = _names()
+    assert _cli(capsys, "up", *_where(cluster), "-a", "l4", "--pool-name", pool, "--yes")[0] == 0
+    code, out = _cli(capsys, "pool", "add", "h100", "--preload-disk-image", "eurosat-images", *_where(cluster))
+    assert code == 0, out
+    code, out = _cli(capsys, "pool", "add", "a100", "--preload-disk-image", "Not An Image", *_where(cluster))
+    assert code == 1 and "--preload-disk-image 'Not An Image'" in out, out
+    l4, h100 = fakes.container.calls("create_node_pool")
+    assert l4.config.gcfs_config.enabled and h100.config.gcfs_config.enabled
+    assert not list(l4.config.secondary_boot_disks)
+    (disk,) = h100.config.secondary_boot_disks
+    assert disk.disk_image == "global/images/eurosat-images"
+    assert disk.mode == container_v1.SecondaryBootDisk.Mode.CONTAINER_IMAGE_CACHE
+
+
 def test_the_in_cluster_worker_is_deployed_with_the_pools_manifests(fakes, capsys, monkeypatch):
     cluster, pool = _names()
     monkeypatch.setattr(steps, "prefect_api_for_the_cluster", lambda: {"url": "https://prefect.example/api"})
