@@ -62,6 +62,7 @@ ROOMS = {
     "test_gcp_blocks.py": "shared",
     "test_gcs.py": "end-to-end",
     "test_gemma.py": "flows",
+    "test_vertex_eurosat.py": "vertex",
     "test_vertex_fallback.py": "vertex",
     "test_vertex_requests.py": "vertex",
     "test_vertex_stand_in.py": "vertex",
