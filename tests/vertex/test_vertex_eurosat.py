@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -56,7 +57,8 @@ def stand_in(docker_engine):
     service.stop()
 
 
-def test_the_eurosat_flow_trains_on_a_vertex_pool(stand_in, gcs_bucket, ml_image, tmp_path, monkeypatch):
+def _vertex_pool(stand_in: VertexStandIn, gcs_bucket: str, image: str, monkeypatch) -> str:
+    """A kinetic-vertex pool running ``image``, made the default pool of this test's calls (KINETIC_WORK_POOL)."""
     from prefect.client.schemas.actions import WorkPoolCreate
 
     template = KineticVertexWorker.get_default_base_job_template()
@@ -64,18 +66,33 @@ def test_the_eurosat_flow_trains_on_a_vertex_pool(stand_in, gcs_bucket, ml_image
         "api_endpoint": stand_in.endpoint,
         "logging_endpoint": stand_in.endpoint,
         "gcp_project": stand_in.project,
-        "image": ml_image,
+        "image": image,
         "store": f"{gcs_bucket}/vertex",
         "poll_seconds": 0.5,
         "env": {"STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"], "KERAS_BACKEND": "jax"},
     }
     for key, value in defaults.items():
         template["variables"]["properties"][key]["default"] = value
+    pool = f"vertex-flows-{uuid.uuid4().hex[:6]}"
     with get_client(sync_client=True) as client:
-        client.create_work_pool(
-            WorkPoolCreate(name="vertex-eurosat", type="kinetic-vertex", base_job_template=template)
-        )
-    monkeypatch.setenv("KINETIC_WORK_POOL", "vertex-eurosat")
+        client.create_work_pool(WorkPoolCreate(name=pool, type="kinetic-vertex", base_job_template=template))
+    monkeypatch.setenv("KINETIC_WORK_POOL", pool)
+    return pool
+
+
+def test_hello_kinetic_runs_on_a_vertex_pool(stand_in, gcs_bucket, ml_image, monkeypatch):
+    pool = _vertex_pool(stand_in, gcs_bucket, ml_image, monkeypatch)
+    sys.path.insert(0, str(ROOT / "flows"))
+    import hello_kinetic
+
+    result = hello_kinetic.pipeline(epochs=3)
+    assert result["loss"] == 0.125 and result["pid"] != os.getpid()
+    [job] = [e.job for e in stand_in.jobs.values() if e.job.labels.get("kinetic-pool") == pool]
+    assert job.state == vertex.JobState.JOB_STATE_SUCCEEDED
+
+
+def test_the_eurosat_flow_trains_on_a_vertex_pool(stand_in, gcs_bucket, ml_image, tmp_path, monkeypatch):
+    pool = _vertex_pool(stand_in, gcs_bucket, ml_image, monkeypatch)
     monkeypatch.setenv("KERAS_BACKEND", "jax")
     sys.path.insert(0, str(ROOT / "flows"))
     import eurosat_vit
@@ -96,7 +113,7 @@ def test_the_eurosat_flow_trains_on_a_vertex_pool(stand_in, gcs_bucket, ml_image
     assert result["split_sizes"] == {"train": 800, "val": 100, "test": 100}
     assert result["epochs_run"] == 2 and 0.0 <= result["accuracy"] <= 1.0
     assert (out / "eurosat_vit.keras").stat().st_size > 0, "the model came back from the job's outputs"
-    [job] = list(stand_in.jobs.values())
+    [job] = [e for e in stand_in.jobs.values() if e.job.labels.get("kinetic-pool") == pool]
     assert job.job.state == vertex.JobState.JOB_STATE_SUCCEEDED
     assert job.job.job_spec.worker_pool_specs[0].container_spec.image_uri == ml_image
     run_id = job.job.labels["kinetic-flow-run"]
