@@ -4,8 +4,9 @@ It does the kubelet's share of a pod's life and nothing more: resolve env from t
 apply the security context (the user and group, fsGroup, dropped capabilities, no privilege escalation, and
 runAsNonRoot's check of the image's user), start the container (host network, so jobs reach fake-gcs-server and
 Prefect on 127.0.0.1), report status (Running, then Succeeded/Failed with the exit code; ErrImagePull when the image
-cannot be pulled), stop the container with the pod's grace period when the pod is deleted and then confirm the
-deletion, and serve ``/containerLogs/<ns>/<pod>/<container>`` over HTTPS — the endpoint the API server proxies
+cannot be pulled; a ``Pulled`` event as a kubelet emits it, though every fake node shares one Docker engine and its
+images), stop the container with the pod's grace period when the pod is deleted and then confirm the deletion, and
+serve ``/containerLogs/<ns>/<pod>/<container>`` over HTTPS — the endpoint the API server proxies
 ``pods/log`` to — and ``/portForward/<ns>/<pod>``, the one it proxies ``pods/portforward`` to (WebSocket, see
 ``_port_forward``).
 """
@@ -248,6 +249,7 @@ class DockerKubelet:
             *env,
             *self._group_hosts(pod, env),
         ]
+        self._pull(pod, container.image)
         if container.command:
             argv += ["--entrypoint", container.command[0]]
         argv += [container.image, *(container.command or [])[1:], *(container.args or [])]
@@ -265,6 +267,41 @@ class DockerKubelet:
         self._status(
             entry, "Running", {"running": {"startedAt": entry.started_at}}, container.image, container.name, ready=True
         )
+
+    def _pull(self, pod, image: str) -> None:
+        """Pull the image unless it is on the machine, and say so as a kubelet does: a ``Pulled`` event on the pod
+        ("Successfully pulled image ... in 1.2s", or "... already present on machine"). A failed pull is left to
+        ``docker run``, whose error becomes the pod's ErrImagePull."""
+        present = subprocess.run([self.docker, "image", "inspect", image], capture_output=True).returncode == 0
+        if present:
+            message = f'Container image "{image}" already present on machine'
+        else:
+            started = time.monotonic()
+            if subprocess.run([self.docker, "pull", "-q", image], capture_output=True).returncode != 0:
+                return
+            message = f'Successfully pulled image "{image}" in {time.monotonic() - started:.3f}s'
+        stamp = _now()
+        with contextlib.suppress(client.exceptions.ApiException):
+            self.core.create_namespaced_event(
+                pod.metadata.namespace,
+                {
+                    "metadata": {"name": f"{pod.metadata.name}.{uuid.uuid4().hex[:16]}"},
+                    "involvedObject": {
+                        "kind": "Pod",
+                        "namespace": pod.metadata.namespace,
+                        "name": pod.metadata.name,
+                        "uid": pod.metadata.uid,
+                        "apiVersion": "v1",
+                    },
+                    "reason": "Pulled",
+                    "message": message,
+                    "type": "Normal",
+                    "source": {"component": "kubelet", "host": pod.spec.node_name},
+                    "count": 1,
+                    "firstTimestamp": stamp,
+                    "lastTimestamp": stamp,
+                },
+            )
 
     def _check(self, pod, entry: PodEntry) -> None:
         inspect = subprocess.run(
