@@ -8,6 +8,8 @@ gets a table artifact on its task run, one row per attempt, and its Completed st
 from __future__ import annotations
 
 import contextlib
+import threading
+from collections import OrderedDict
 from typing import Any
 
 from anyio import to_thread
@@ -50,6 +52,15 @@ async def publish(
     return record
 
 
+# The Completed states made here, until the call that returns one unwraps it (``carried_value``). A task body that
+# returns a State makes it the task run's final state, which is how the summary reaches the UI; but Prefect then
+# hands that State to a plain call instead of the value. Held strongly, so an id is not reused while listed; the
+# states a future collects (``.submit()``, ``.map()``) are never unwrapped here, so the oldest are let go.
+_SUMMARY_STATES: OrderedDict[int, Any] = OrderedDict()
+_SUMMARY_STATES_KEPT = 1024
+_summary_lock = threading.Lock()
+
+
 def completed(value: Any, record: CapacityRecord | None) -> Any:
     """The task's return: the value itself, or (after fallbacks or preemptions) a Completed state that carries
     it with the summary as its message, so the task run itself shows what the run took."""
@@ -60,4 +71,17 @@ def completed(value: Any, record: CapacityRecord | None) -> Any:
 
     if TaskRunContext.get() is None or isinstance(value, State):
         return value
-    return Completed(data=value, message=record.summary)
+    state = Completed(data=value, message=record.summary)
+    with _summary_lock:
+        _SUMMARY_STATES[id(state)] = state
+        while len(_SUMMARY_STATES) > _SUMMARY_STATES_KEPT:
+            _SUMMARY_STATES.popitem(last=False)
+    return state
+
+
+def carried_value(returned: Any) -> Any:
+    """What a plain call returns for Prefect's return value: the value inside a state made by ``completed``, else
+    ``returned`` unchanged (a State the user's own function returned stays Prefect's business)."""
+    with _summary_lock:
+        made_here = _SUMMARY_STATES.pop(id(returned), None) is returned
+    return returned.result() if made_here else returned

@@ -21,6 +21,7 @@ from typing import Any
 
 from prefect.exceptions import Abort
 
+from kinetic_prefect.caller import capacity_report
 from kinetic_prefect.errors import KineticJobCancelled
 
 
@@ -51,8 +52,11 @@ def _calling_flow_run_state() -> Any:
 
 def raise_if_cancelled(value: Any) -> Any:
     """``value``, unless it is the Cancelled state of a cancelled job: then that job's error is raised, or
-    ``FlowRunCancelled`` where the calling flow run was cancelled."""
+    ``FlowRunCancelled`` where the calling flow run was cancelled. A Completed state that carries a run's capacity
+    summary to the task run (``capacity_report.completed``) gives its value."""
     from prefect.states import State
+
+    value = capacity_report.carried_value(value)
 
     if isinstance(value, State) and value.is_cancelled():
         message = value.message or "The job was cancelled"

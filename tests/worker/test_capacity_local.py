@@ -213,3 +213,36 @@ def test_a_fallback_list_runs_the_first_accelerator_this_machine_has(monkeypatch
     assert chosen == {"KINETIC_ACCELERATOR": "cpu", "KINETIC_ACCELERATOR_CHIPS": "0", "JAX_PLATFORMS": "cpu"}
     # none is here: the first, on the CPU (with the existing warning), named as asked
     assert fallback == {"KINETIC_ACCELERATOR": "a100x4", "KINETIC_ACCELERATOR_CHIPS": "4", "JAX_PLATFORMS": "cpu"}
+
+
+def preempted_once() -> int:
+    """Its first attempt is preempted (the process gets SIGTERM, as a shutting-down machine sends); the second
+    returns."""
+    import os
+    import signal
+    import time
+
+    if os.environ["KINETIC_PREEMPTIONS"] == "0":
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+    return 7
+
+
+def test_a_plain_call_returns_its_value_after_a_preemption(tmp_path):
+    """A call that took two attempts still returns its value to the flow, not the Completed state that carries the
+    run's summary to the UI (a flow got a ``State`` where it expected 7); the task run keeps the summary."""
+    body = kinetic_task(preempted_once, name=f"preempted-once-{tmp_path.name[-6:]}", ship_project=False)
+
+    @flow
+    def pipeline():
+        return body()
+
+    assert pipeline() == 7
+
+    @flow
+    def with_state():
+        return body(return_state=True)
+
+    state = with_state()
+    assert state.is_completed() and "preempted 1×" in (state.message or ""), state.message
+    assert state.result() == 7
