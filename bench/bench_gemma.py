@@ -1,6 +1,6 @@
 """Gemma 3 LoRA training-step benchmark: ms per step and trainable (LoRA) vs total parameters.
 
-    uv run --extra llm python bench/bench_gemma.py                       # tiny Gemma 3 (tests/support/tiny_gemma.py), CPU
+    uv run --extra llm python bench/bench_gemma.py   # tiny Gemma 3 (tests/support/tiny_gemma.py), CPU
     uv run --extra llm python bench/bench_gemma.py --size 1b             # Gemma 3 1B architecture, random weights (GPU)
     uv run --extra llm python bench/bench_gemma.py --size 1b --count-only   # parameter counts only (any machine)
 

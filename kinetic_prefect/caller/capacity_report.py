@@ -71,7 +71,7 @@ def completed(value: Any, record: CapacityRecord | None) -> Any:
 
     if TaskRunContext.get() is None or isinstance(value, State):
         return value
-    state = Completed(data=value, message=record.summary)
+    state: State = Completed(data=value, message=record.summary)
     with _summary_lock:
         _SUMMARY_STATES[id(state)] = state
         while len(_SUMMARY_STATES) > _SUMMARY_STATES_KEPT:

@@ -1,4 +1,5 @@
-"""Fallback lists and preemptions against GKE as it behaves (tests/support/gke_autoscaler.py): node pools at zero nodes that
+"""Fallback lists and preemptions against GKE as it behaves (tests/support/gke_autoscaler.py):
+node pools at zero nodes that
 the cluster autoscaler scales up in its own time, zones that stock out, Spot VMs reclaimed. The real scheduler and
 Job controller decide; the model plays GKE's autoscaler and Compute Engine, with delays of seconds instead of
 minutes."""

@@ -1,4 +1,5 @@
-"""Queued provisioning on kinetic-gke through real Kueue (tests/support/kueue_cluster.py) on the control plane of the tests.
+"""Queued provisioning on kinetic-gke through real Kueue (tests/support/kueue_cluster.py) on the control plane of
+the tests.
 
 Real here: Kueue's manager v0.17.0 (its Job webhook, its Workloads, its scheduler deciding admission against a
 ClusterQueue's quota per ResourceFlavor, unsuspending the Job), the Kubernetes control plane, the job's pod run by

@@ -5,7 +5,8 @@ Real here: fake-gcs-server for gs:// data and the store, kinetic-local job proce
 (kubernetes-validate) for the FUSE volumes of a kinetic-gke Job, and the control plane's API server, which accepts
 that Job and creates its pod with the volumes. Not here: GKE's Cloud Storage FUSE CSI driver (the control plane
 has none, so no volume is mounted live: a FUSE mount is stood in for by a directory at the mount path, which is
-what the job reads), and Hugging Face (unreachable: ``HF_ENDPOINT`` points huggingface_hub at tests/support/hf_mirror.py).
+what the job reads), and Hugging Face (unreachable: ``HF_ENDPOINT`` points huggingface_hub at
+tests/support/hf_mirror.py).
 """
 
 from __future__ import annotations

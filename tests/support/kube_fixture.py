@@ -1,7 +1,8 @@
 """pytest plugin: the real Kubernetes control plane (``kube_cluster``) with fake GKE accelerator nodes whose pods run
 in Docker (``docker_kubelet``).  One per test session: start-up takes ≈ 5 s once the binaries are cached.
 
-Without the binaries the tests skip on a workstation (``bash tests/support/kube/build.sh`` builds them, ≈ 20 min once) and
+Without the binaries the tests skip on a workstation (``bash tests/support/kube/build.sh`` builds them, ≈ 20 min once)
+and
 fail under CI, where ``.ci/run`` builds them first."""
 
 from __future__ import annotations

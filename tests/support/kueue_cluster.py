@@ -1,6 +1,7 @@
 """Test-only: real Kueue (``sigs.k8s.io/kueue``) on the control plane of the tests (tests/support/kube_cluster.py).
 
-``tests/support/kube/build_kueue.sh`` builds the manager from the Go module proxy and caches it with the manifests of the same
+``tests/support/kube/build_kueue.sh`` builds the manager from the Go module proxy and caches it with the manifests of
+the same
 module source (CRDs, their conversion patches, the webhook configurations).  The manager runs here as Kueue's own
 Deployment runs it, minus the cluster: its binary in a container (host network, so it reaches the API server on
 127.0.0.1 and the API server reaches its webhooks there), with ``internalCertManagement`` off and a certificate of
