@@ -7,6 +7,7 @@ decides with it what to try next, and the pod never needs it. Kubernetes objects
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -179,6 +180,11 @@ class Attempt:
     ended: str = ""  # why the next attempt was made ("no node pool", "preempted: ..."), empty for the last
 
 
+def _within(seconds: float) -> str:
+    """``in N s``, or, for the endless wait the lifecycle passes when the pod watch has timed out, that."""
+    return "before the pod watch timed out" if math.isinf(seconds) else f"in {seconds:.0f}s"
+
+
 @dataclass
 class CapacityPlan:
     """What to try next, for one job's run: the fallback list in order until one is placed, then, once the job
@@ -235,11 +241,15 @@ class CapacityPlan:
             timeout = provisioning_timeout(self.current, self.provisioning_timeout_seconds)
             if scaling_up_seconds < timeout:
                 return None
-            why = f"the node the autoscaler was adding did not join in {scaling_up_seconds:.0f}s"
+            why = f"the node the autoscaler was adding did not join {_within(scaling_up_seconds)}"
         elif without_capacity < self.capacity_wait_seconds:
             return None
         else:
-            why = f"no capacity for {without_capacity:.0f}s (capacity_wait_seconds={self.capacity_wait_seconds:g})"
+            why = (
+                "no capacity before the pod watch timed out"
+                if math.isinf(without_capacity)
+                else f"no capacity for {without_capacity:.0f}s (capacity_wait_seconds={self.capacity_wait_seconds:g})"
+            )
         self.attempts[-1].ended = why
         self.index += 1
         self.attempts.append(Attempt(label(self.current), self.current.spot))

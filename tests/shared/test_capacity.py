@@ -87,6 +87,18 @@ def test_no_node_pool_falls_back_at_once_insufficient_capacity_after_the_wait():
     assert plan.summary().startswith("ran on l4x4; after tpu-v6e-8 (no node pool has it), a100x4 (no capacity")
 
 
+def test_a_wait_ended_by_the_pod_watch_says_so_not_a_number_of_seconds():
+    """The lifecycle ends every wait at the pod watch (or provisioning) timeout by passing an endless wait: the
+    attempt's reason said "no capacity for infs"."""
+    plan = _plan(["t4", "l4", "a100"], capacity_wait_seconds=300)
+    assert plan.fallback_after(capacity.INSUFFICIENT_CAPACITY, float("inf")).name == "l4"
+    assert plan.fallback_after(capacity.SCALING_UP, float("inf"), float("inf")).name == "a100"
+    summary = plan.summary()
+    assert "inf" not in summary, summary
+    assert "t4 (no capacity before the pod watch timed out)" in summary, summary
+    assert "l4 (the node the autoscaler was adding did not join before the pod watch timed out)" in summary, summary
+
+
 def test_the_autoscaler_gets_its_verdict_window_and_a_scale_up_its_provisioning_timeout():
     plan = _plan(["t4", "l4", "tpu-v6e-1"], capacity_wait_seconds=30, verdict_seconds=60)
     assert plan.fallback_after(capacity.AWAITING_AUTOSCALER, 59) is None  # a pool at zero may answer yet
