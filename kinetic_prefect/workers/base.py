@@ -76,6 +76,7 @@ class KineticJobConfiguration(BaseJobConfiguration):
     # The worker's master keyring (callers' and workers' only): the job gets derived keys of its own scopes.
     _signing_keys: signing.Keyring | None = PrivateAttr(default=None)
     _job_scopes: list[str] = PrivateAttr(default_factory=list)
+    _pool_base_image: str | None = PrivateAttr(default=None)  # the pool's base_image: the only one a run may ask for
 
     @property
     def signing_keys(self) -> signing.Keyring | None:
@@ -115,6 +116,15 @@ class KineticJobConfiguration(BaseJobConfiguration):
         return accelerators.resolve(self.accelerator)
 
     @property
+    def cpu_instead_of(self) -> str | None:
+        """The accelerator asked for, when this machine lacks it (None when it has it): what a launcher that runs
+        jobs here (``abilities.runs_here``) runs on the CPU instead, and says so."""
+        from kinetic_prefect.shared import capacity
+
+        spec = self.asked_spec
+        return None if accelerators.local_platform_available(spec.jax_platform) else capacity.label(spec)
+
+    @property
     def secret_env(self) -> dict[str, str]:
         return self._secret_env
 
@@ -142,6 +152,9 @@ class KineticJobConfiguration(BaseJobConfiguration):
         self.env.setdefault(Env.RUN_ID, str(flow_run.id))
         self.env.setdefault(Env.RUN_PREFIX, RunLayout(str(self.env[Env.RUN_ID])).prefix)  # older jobs' name for it
         self.env[Env.FLOW_RUN_ID] = str(flow_run.id)
+        if work_pool is not None:
+            pinned = work_pool.base_job_template.get("variables", {}).get("properties", {}).get("base_image") or {}
+            self._pool_base_image = pinned.get("default") or None
         from kinetic_prefect.shared import capacity
 
         self._accelerator_specs = capacity.choices(self.accelerator)  # the job variable, resolved once
@@ -152,6 +165,28 @@ class KineticJobConfiguration(BaseJobConfiguration):
         self.env.setdefault(Env.ACCELERATOR_CHIPS, str(capacity.chip_count(spec)))
         self.env.setdefault(Env.PREEMPTIONS, "0")
         self.labels["kinetic.accelerator"] = spec.name
+
+    def check_build_variables(self) -> None:
+        """The job variables an image is built from, held to what a caller can send before anything is built (a
+        flow run created over the API skips the caller): ``requirements`` PEP 508 lines only (no pip option, URL
+        line or shell text), ``python_version`` a minor version, ``base_image`` one image reference, and the
+        pool's own ``base_image`` when the pool sets one. ValueError naming the variable."""
+        from kinetic_prefect.shared import builders
+        from kinetic_prefect.shared.image import RequirementsError, check_requirements
+
+        try:
+            self.requirements = list(check_requirements(self.requirements, "job variable requirements"))
+        except RequirementsError as exc:
+            raise ValueError(f"{exc}; refusing to build an image from it") from None
+        if self.python_version is not None:
+            builders.check_python_version(self.python_version, "job variable python_version")
+        if self.base_image:
+            builders.check_base_image(self.base_image, "job variable base_image")
+            if self._pool_base_image and self.base_image != self._pool_base_image:
+                raise ValueError(
+                    f"job variable base_image={self.base_image!r}: this pool builds only from its own base image "
+                    f"{self._pool_base_image!r}; refusing to build from another"
+                )
 
     @property
     def image_spec(self) -> ImageSpec:

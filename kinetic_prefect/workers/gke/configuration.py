@@ -101,7 +101,6 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
     _image_given: bool | None = PrivateAttr(default=None)  # image= (kept for every attempt), not built per family
     # The environment values moved out of the rendered manifest (the pool's and the call's env): the Job's Secret.
     _manifest_secret_env: dict[str, str] = PrivateAttr(default_factory=dict)
-    _pool_base_image: str | None = PrivateAttr(default=None)  # the pool's base_image: the only one a run may ask for
 
     @classmethod
     def _base_environment(cls) -> dict[str, str]:
@@ -139,8 +138,6 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
         spec = self.accelerator_spec
         if work_pool is not None:
             self.labels[POOL_LABEL] = work_pool.name
-            pinned = work_pool.base_job_template.get("variables", {}).get("properties", {}).get("base_image") or {}
-            self._pool_base_image = pinned.get("default") or None
         self.labels["kinetic.prefect.io/accelerator"] = spec.name
         self._template_manifest = copy.deepcopy(self.job_manifest)
         self.job_manifest = self.render_manifest(spec, flow_run)
@@ -234,28 +231,6 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
                 moved[name] = str(entries.pop(name)["value"])
         self._manifest_secret_env = moved
         return list(entries.values())
-
-    def check_build_variables(self) -> None:
-        """The job variables an image is built from, held to what a caller can send before anything is built (a
-        flow run created over the API skips the caller): ``requirements`` PEP 508 lines only (no pip option, URL
-        line or shell text), ``python_version`` a minor version, ``base_image`` one image reference, and the
-        pool's own ``base_image`` when the pool sets one. ValueError naming the variable."""
-        from kinetic_prefect.shared import builders
-        from kinetic_prefect.shared.image import RequirementsError, check_requirements
-
-        try:
-            self.requirements = list(check_requirements(self.requirements, "job variable requirements"))
-        except RequirementsError as exc:
-            raise ValueError(f"{exc}; refusing to build an image from it") from None
-        if self.python_version is not None:
-            builders.check_python_version(self.python_version, "job variable python_version")
-        if self.base_image:
-            builders.check_base_image(self.base_image, "job variable base_image")
-            if self._pool_base_image and self.base_image != self._pool_base_image:
-                raise ValueError(
-                    f"job variable base_image={self.base_image!r}: this pool builds only from its own base image "
-                    f"{self._pool_base_image!r}; refusing to build from another"
-                )
 
     def _render_group(self, manifest: dict[str, Any], spec: accelerators.AcceleratorSpec) -> None:
         """One Indexed Job for the group: pod i is host i, reachable as ``<job>-<i>.<job>`` through the headless

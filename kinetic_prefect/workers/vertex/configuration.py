@@ -69,7 +69,6 @@ class KineticVertexJobConfiguration(KineticJobConfiguration, VertexAIWorkerJobCo
     stream_output: bool = Field(default=True)
     _image_given: bool | None = PrivateAttr(default=None)
     _pool_name: str | None = PrivateAttr(default=None)
-    _pool_base_image: str | None = PrivateAttr(default=None)  # the pool's base_image: the only one a run may ask for
 
     @field_validator("job_spec")
     @classmethod
@@ -99,13 +98,11 @@ class KineticVertexJobConfiguration(KineticJobConfiguration, VertexAIWorkerJobCo
         super().prepare_for_flow_run(flow_run, deployment, flow, work_pool, worker_name, worker_id)
         if work_pool is not None:
             self._pool_name = work_pool.name
-            pinned = work_pool.base_job_template.get("variables", {}).get("properties", {}).get("base_image") or {}
-            self._pool_base_image = pinned.get("default") or None
         self.vertex_machine()  # an entry Vertex cannot run is refused before anything is built
 
     @property
     def accelerator_spec(self) -> accelerators.AcceleratorSpec:
-        spec = accelerators.resolve(self.accelerator)
+        spec = self.asked_spec  # resolved once per run (prepare_for_flow_run); the pool's spot on top
         return spec.with_spot() if self.spot else spec
 
     @property
@@ -119,34 +116,12 @@ class KineticVertexJobConfiguration(KineticJobConfiguration, VertexAIWorkerJobCo
         return self._image_given
 
     def vertex_machine(self) -> machines.VertexMachine:
-        machine = machines.machine_for(self.accelerator)
+        machine = machines.machine_for(self.asked_spec)
         if self.machine_type:  # the pool's own machine type; the accelerator still comes from the catalog
             machine = machines.VertexMachine(
                 self.machine_type, machine.accelerator_type, machine.accelerator_count, machine.tpu_topology
             )
         return machine
-
-    def check_build_variables(self) -> None:
-        """The job variables an image is built from, held to what a caller can send, before anything is built (a
-        flow run created over the API skips the caller's checks): PEP 508 requirement lines only, a minor Python
-        version, one image reference as the base image, and the pool's own base image when it pins one. The same
-        rules as kinetic-gke's (``KineticGKEJobConfiguration.check_build_variables``)."""
-        from kinetic_prefect.shared import builders
-        from kinetic_prefect.shared.image import RequirementsError, check_requirements
-
-        try:
-            self.requirements = list(check_requirements(self.requirements, "job variable requirements"))
-        except RequirementsError as exc:
-            raise ValueError(f"{exc}; refusing to build an image from it") from None
-        if self.python_version is not None:
-            builders.check_python_version(self.python_version, "job variable python_version")
-        if self.base_image:
-            builders.check_base_image(self.base_image, "job variable base_image")
-            if self._pool_base_image and self.base_image != self._pool_base_image:
-                raise ValueError(
-                    f"job variable base_image={self.base_image!r}: this pool builds only from its own base image "
-                    f"{self._pool_base_image!r}; refusing to build from another"
-                )
 
     @property
     def project(self) -> str:
