@@ -61,6 +61,30 @@ def test_the_job_gets_the_kinetic_env_and_never_the_workers_prefect_settings(mon
     assert not [name for name in env if name.startswith("PREFECT_API")], "the worker's key and server stay its own"
 
 
+def test_the_custom_job_holds_only_its_runs_derived_keys_never_the_master_key():
+    """A custom job's env is part of its spec, readable by whoever may read the job (aiplatform.customJobs.get):
+    what that exposes is the job's own run's derived keys, never the worker's master key or its previous ones, even
+    when the pool's env names them (docs/security.md, row 21)."""
+    from kinetic_prefect import signing
+    from kinetic_prefect.contract import RunLayout
+
+    master, previous = "the-master-key-" + uuid.uuid4().hex, "the-previous-key-" + uuid.uuid4().hex
+    configuration, flow_run = _configuration(
+        accelerator="l4", env={"KINETIC_SIGNING_KEY": master, "KINETIC_SIGNING_KEY_PREVIOUS": previous}
+    )
+    configuration.hand_over_signing_keys(signing.parse_keys(master, previous))
+    request = custom_job.custom_job(configuration, flow_run)
+    wire = vertex.CustomJob.to_json(request)
+    assert master not in wire and previous not in wire, "no master key in the job's spec"
+    [value] = [e.value for e in request.job_spec.worker_pool_specs[0].container_spec.env if e.name == signing.KEY_ENV]
+    held = signing.parse_keys(value)
+    assert held is not None and not held.is_master
+    assert sorted(held.scoped) == sorted(signing.run_scopes(str(flow_run.id)))
+    another_run = signing.scope_of_prefix(RunLayout(str(uuid.uuid4())).prefix)
+    with pytest.raises(signing.OutOfScope):
+        held.key_for(another_run)
+
+
 def test_a_tpu_v5e_4_is_a_ct5lp_host_with_its_topology_and_a_reservation_is_specific():
     reservation = "projects/proj/zones/us-central1-a/reservations/r1"
     configuration, flow_run = _configuration(accelerator="tpu-v5litepod-4", reservation=reservation)
