@@ -89,6 +89,8 @@ class Env:
     DEBUG_SOURCES = "KINETIC_DEBUG_SOURCES"  # JSON {module: file under the project root} of by-value modules
     # The caller's port a blocking kinetic.run(debug=True) call forwards to its job's debugger (unset: DEBUG_PORT).
     DEBUG_LOCAL_PORT = "KINETIC_DEBUG_LOCAL_PORT"
+    # kinetic-gke, install_requirements_at_start: the job's requirements (JSON list), pip-installed as the pod starts
+    INSTALL_REQUIREMENTS = "KINETIC_INSTALL_REQUIREMENTS"
     POD_NAME = "KINETIC_POD_NAME"  # kinetic-gke, debug mode: the pod's own name (downward API), for the record
     POD_NAMESPACE = "KINETIC_POD_NAMESPACE"
 

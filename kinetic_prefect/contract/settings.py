@@ -356,6 +356,8 @@ SET_BY_THE_WORKER: dict[str, str] = {
     Env.ACCELERATOR: "The accelerator this attempt runs on (a fallback list's choice).",
     Env.ACCELERATOR_CHIPS: "The chips one host sees (0 on the CPU).",
     Env.PREEMPTIONS: "How often this call was preempted before this attempt.",
+    Env.INSTALL_REQUIREMENTS: "kinetic-gke in prebuilt mode (`install_requirements_at_start`): the requirements the "
+    "pod pip-installs as it starts (JSON list).",
     Env.OUTPUT_DIR: "Set by the runner: the folder whose files are uploaded as the job's outputs.",
     Env.CHECKPOINT_DIR: "Set by the runner: the folder kept in the store between attempts.",
     Env.NODE_CACHE: "A cache folder on the node that outlives the job.",

@@ -272,3 +272,40 @@ def test_a_call_on_a_warm_pod_says_so_in_its_timeline(
     assert rows["node ready"]["note"].startswith("reused warm pod default/"), rows
     assert rows["container started"]["note"] == rows["node ready"]["note"], rows
     assert rows["image ready"]["after"] != "—" and rows["first line"]["after"] != "—", rows
+
+
+def test_prebuilt_mode_installs_the_requirements_as_the_pod_starts(
+    kube, gcs_bucket, local_registry, job_image, python_base_image, slow_build
+):
+    """Kinetic's prebuilt mode (install_requirements_at_start): the call runs in the runner-only image (the one a call
+    without requirements gets: nothing is built for its requirements) and imports what its pod installed as it
+    started. ~15 s: a pip install from the index in the pod."""
+    from kinetic_prefect.shared.builders import image_name
+    from kinetic_prefect.shared.image import ImageSpec
+
+    slow_build(0)  # found, or built as the job_image fixture builds it (the machine's proxy CA in the image)
+    pool = _make_pool(
+        _cluster_block(kube), f"{gcs_bucket}/gke-prebuilt", local_registry, install_requirements_at_start=True
+    )
+    name = f"prebuilt-{uuid.uuid4().hex[:6]}"
+
+    @_gke_task(name, pool, python_base_image, accelerator="cpu", requirements=["tabulate==0.9.0"])
+    def table() -> str:
+        import tabulate
+
+        return tabulate.__version__
+
+    @flow
+    def pipeline():
+        return table(return_state=True)
+
+    state = pipeline()
+    assert state.result() == "0.9.0", state.message
+    [job_run] = jobs_of(state.state_details.task_run_id)
+    [job] = (
+        k8s.BatchV1Api(kube.api())
+        .list_namespaced_job("default", label_selector=f"prefect.io/flow-run-id={job_run.id}")
+        .items
+    )
+    runner_only = ImageSpec.create(None, family="cpu", base_image=python_base_image)
+    assert job.spec.template.spec.containers[0].image == image_name(f"{local_registry}/kinetic-tests", runner_only)

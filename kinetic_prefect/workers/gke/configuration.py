@@ -24,6 +24,7 @@ from kinetic_prefect.workers.base import KineticJobConfiguration
 from kinetic_prefect.workers.gke import capacity as gke_capacity
 from kinetic_prefect.workers.gke import debug as gke_debug
 from kinetic_prefect.workers.gke import fuse as gke_fuse
+from kinetic_prefect.workers.gke import prebuilt
 from kinetic_prefect.workers.gke.kube import (
     CONTAINER_SECURITY_CONTEXT,
     INDEX_ANNOTATION,
@@ -96,6 +97,7 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
     reservation_project: str | None = Field(default=None)
     flex_start: bool = Field(default=False)
     queued_provisioning: str | None = Field(default=None)  # a Kueue LocalQueue backed by queued provisioning
+    install_requirements_at_start: bool = Field(default=False)  # prebuilt mode: pip in the pod, not in the image
     hold_node_during_build: bool = Field(default=True)  # a placeholder asks for the node while the image builds
     _template_manifest: dict[str, Any] | None = PrivateAttr(default=None)  # before rendering: each attempt's base
     _image_given: bool | None = PrivateAttr(default=None)  # image= (kept for every attempt), not built per family
@@ -189,8 +191,12 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
         container.setdefault("name", CONTAINER)
         container["image"] = self.image or container.get("image")
         container["command"] = list(RUNNER_ARGV)
+        if self.install_requirements_at_start:  # prebuilt mode: the pod installs the requirements (gke/prebuilt.py)
+            container["command"] = prebuilt.install_then_run()
         container.pop("args", None)  # prefect-kubernetes puts the flow-run command there; the runner takes none
         container["env"] = self._split_env(container.get("env") or [])
+        if self.install_requirements_at_start:
+            container["env"].append(prebuilt.install_env(self.image_spec))
         requests = {
             k: v
             for k, v in {

@@ -28,7 +28,7 @@ from kinetic_prefect.contract import (
 )
 from kinetic_prefect.shared import capacity
 from kinetic_prefect.workers.gke import capacity as gke_capacity
-from kinetic_prefect.workers.gke import placeholder, warm
+from kinetic_prefect.workers.gke import placeholder, prebuilt, warm
 from kinetic_prefect.workers.gke import startup as gke_startup
 from kinetic_prefect.workers.gke.configuration import KineticGKEJobConfiguration
 from kinetic_prefect.workers.gke.follower import (
@@ -556,6 +556,8 @@ class GKEJobLauncher(JobLauncher):
 
         configuration.check_build_variables()  # a flow run made over the API has skipped the caller's checks
         spec = configuration.image_spec
+        if configuration.install_requirements_at_start:  # the pod installs them: the image holds the runner alone
+            spec = prebuilt.runner_only(spec)
         if configuration.image_builder == "docker" and configuration.image_repository:
             return builders.DockerBuilder(configuration.image_repository).ensure(spec, log)
         if configuration.image_builder == "cloud-build" and configuration.image_repository:

@@ -154,6 +154,13 @@ class KineticGKEVariables(PoolVariables, WarmVariables):
         "suspended with kueue.x-k8s.io/queue-name, and starts when all its capacity is provisioned at "
         "once. Waiting in the queue does not count toward pod_watch_timeout_seconds.",
     )
+    install_requirements_at_start: bool = Field(
+        default=False,
+        title="Install requirements when the pod starts",
+        description="Kinetic's prebuilt mode: the image holds the runner alone (one image per Python version and "
+        "base image, built once), and each pod pip-installs the call's requirements as it starts. No build when "
+        "requirements change, at the price of an install in every pod; for requirements that change often.",
+    )
     hold_node_during_build: bool = Field(
         default=True,
         title="Ask for the node while the image builds",
