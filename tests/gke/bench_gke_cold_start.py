@@ -27,6 +27,7 @@ from gke_autoscaler import GKEAutoscaler, NodePool
 from job_runs import jobs_of
 from prefect import flow, get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+from prefect.client.schemas.sorting import LogSort
 from test_gke_cluster import _cluster_block, _gke_task, _make_pool, job_image  # noqa: F401  (job_image: a fixture)
 
 from kinetic_prefect.shared import builders
@@ -40,7 +41,9 @@ def _first_line_at(run_id) -> float:
     deadline = time.time() + 60
     while time.time() < deadline:
         with get_client(sync_client=True) as client:
-            logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+            logs = client.read_logs(  # newest first: a build's hundreds of lines come before the pod's
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])), sort=LogSort.TIMESTAMP_DESC
+            )
         stamps = [log.timestamp.timestamp() for log in logs if FIRST_LINE in log.message]
         if stamps:
             return min(stamps)
