@@ -1,6 +1,10 @@
-"""``kinetic-prefect up`` / ``down`` / ``pool add|remove|list``: the GKE cluster, node pools, registry, bucket, worker
-and work pool, made from zero and removed again (``kinetic_prefect.workers.gke.provision`` does the work).
+"""``kinetic-prefect up`` / ``down`` / ``pool add|remove|list``: what a platform's pools run on, made from zero and
+removed again. ``--platform`` names a registered launcher's provisioning (its worker class's ``provisioning()``
+hook, ``workers.provisioning``): gke, the GKE cluster, node pools, registry, bucket, worker and work pool
+(``workers.gke.provision``); vertex, no cluster (``workers.vertex.provision``). ``pool`` is GKE's node pools.
 
+    kinetic-prefect up --platform vertex --project P [--region R] [--pool-name NAME] [--dry-run] [--yes]
+    kinetic-prefect down --platform vertex --project P [--region R] [--delete-data] [--delete-signing-key] [--dry-run]
     kinetic-prefect up --project P --zone Z [--cluster NAME] [--accelerator A ...] [--spot] [--reservation R]
                        [--min-nodes N] [--pool-name NAME] [--worker-image IMAGE] [--dry-run] [--yes]
     kinetic-prefect down --project P --zone Z [--cluster NAME] [--pool-name NAME] [--delete-data]
@@ -26,9 +30,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kinetic_prefect import signing
-from kinetic_prefect.contract import Env
-
 # Typer carries its own copy of click; its ClickException is the base of typer.BadParameter.
 ClickException: Any = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
@@ -50,6 +51,9 @@ _MIN_NODES = typer.Option(0, "--min-nodes", metavar="N", help="nodes kept runnin
 _YES = typer.Option(False, "--yes", "-y", help="do not ask before changing anything")
 _DRY_RUN = typer.Option(False, "--dry-run", help="print the plan (exists / will create) and change nothing")
 _DRY_RUN_DELETE = typer.Option(False, "--dry-run", help="print what would be deleted and delete nothing")
+NODE_POOLS_PLATFORM = "gke"  # `pool add|remove|list`: the node pools of a GKE cluster
+_PLATFORM = typer.Option("gke", "--platform", help="gke (a cluster) or vertex (Vertex AI: no cluster)")
+_REGION = typer.Option(None, "--region", metavar="REGION", help="vertex: the jobs' region (default us-central1)")
 _STATE_STYLE = {"exists": "green", "will create": "yellow", "will update": "yellow", "will delete": "red"}
 
 
@@ -57,11 +61,32 @@ def _console() -> Console:
     return Console(file=sys.stdout, soft_wrap=True, highlight=False)
 
 
-def make_clients(project: str) -> Any:
-    """The Google and Kubernetes clients (tests replace this with fakes that record the requests)."""
-    from kinetic_prefect.workers.gke.provision.cluster_access import google_clients
+def make_clients(project: str, platform: Any) -> Any:
+    """The platform's Google (and Kubernetes) clients (tests replace this with fakes that record the requests)."""
+    return platform.make_clients(project)
 
-    return google_clients(project)
+
+def _platform(name: str) -> Any:
+    """The provisioning of the registered launcher whose ``--platform`` name is ``name`` (its worker class's
+    ``provisioning()`` hook); the CLI knows no platform by name."""
+    from kinetic_prefect import workers
+    from kinetic_prefect.workers.base import kinetic_worker_class
+
+    found: dict[str, Any] = {}
+    for worker_type in workers.LAUNCHERS:
+        if worker_type in workers.UNAVAILABLE:
+            continue
+        hook = getattr(kinetic_worker_class(worker_type), "provisioning", None)
+        if hook is not None:
+            platform = hook()
+            found[platform.name] = platform
+    if name in found:
+        return found[name]
+    missing = "; ".join(f"{t} {hint}" for t, hint in workers.UNAVAILABLE.items())
+    raise ClickException(
+        f"--platform {name!r}: the installed launchers provision {', '.join(sorted(found)) or 'nothing'}"
+        + (f" ({missing})" if missing else "")
+    )
 
 
 def _provision() -> Any:
@@ -86,9 +111,9 @@ def _without_credentials(exc: BaseException) -> bool:
     return isinstance(exc, DefaultCredentialsError)
 
 
-def _clients(project: str) -> Any:
+def _clients(project: str, platform: Any) -> Any:
     try:
-        clients = make_clients(project)
+        clients = make_clients(project, platform)
     except Exception as exc:
         if _without_credentials(exc):
             raise ClickException(_NO_CREDENTIALS) from None
@@ -111,7 +136,7 @@ def _show(title: str, planned: list[Any]) -> None:
 
 
 def _run(title: str, planned: list[Any], *, dry_run: bool, yes: bool, question: str, rerun: str) -> None:
-    from kinetic_prefect.workers.gke.provision import steps
+    from kinetic_prefect.workers import provisioning
 
     _show(title, planned)
     todo = [s for s in planned if s.action is not None]
@@ -121,14 +146,14 @@ def _run(title: str, planned: list[Any], *, dry_run: bool, yes: bool, question: 
     if not yes:
         typer.confirm(question.format(n=len(todo)), abort=True)
     try:
-        steps.apply(planned, _console().print)
-    except steps.StepFailed as failed:
+        provisioning.apply(planned, _console().print)
+    except provisioning.StepFailed as failed:
         made = ", ".join(f"{s.kind} {s.name}" for s in failed.done) or "nothing"
         raise ClickException(f"{failed}\ndone before it: {made}. {rerun}") from None
 
 
 def _guard(call: Any) -> Any:
-    from kinetic_prefect.workers.gke.provision.plan import ProvisionError
+    from kinetic_prefect.workers.provisioning import ProvisionError
 
     try:
         return call()
@@ -142,102 +167,51 @@ def _guard(call: Any) -> Any:
 
 def up_command(
     project: str | None = _PROJECT,
-    zone: str | None = typer.Option(None, "--zone", metavar="ZONE", help="the cluster's zone, e.g. us-central1-a"),
+    zone: str | None = typer.Option(None, "--zone", metavar="ZONE", help="gke: the cluster's zone, e.g. us-central1-a"),
     cluster: str = _CLUSTER,
     accelerator: list[str] | None = typer.Option(
-        None, "--accelerator", "-a", metavar="NAME", help="a node pool for this accelerator (repeatable)"
+        None, "--accelerator", "-a", metavar="NAME", help="gke: a node pool for this accelerator (repeatable)"
     ),
     spot: bool = _SPOT,
     reservation: str | None = _RESERVATION,
     min_nodes: int = _MIN_NODES,
     pool_name: str | None = _POOL_NAME,
     worker_image: str | None = typer.Option(
-        None, "--worker-image", metavar="IMAGE", help="run a worker in the cluster from this image"
+        None, "--worker-image", metavar="IMAGE", help="gke: run a worker in the cluster from this image"
     ),
     dry_run: bool = _DRY_RUN,
     yes: bool = _YES,
-    platform: str = typer.Option("gke", "--platform", help="gke (a cluster) or vertex (Vertex AI: no cluster)"),
-    region: str | None = typer.Option(None, "--region", metavar="REGION", help="vertex: the jobs' region"),
+    platform: str = _PLATFORM,
+    region: str | None = _REGION,
 ) -> None:
-    """Make the GKE cluster, its accelerator node pools, the image registry, the store bucket, the in-cluster worker
-    and the kinetic-gke work pool; what exists is kept. With --platform vertex: no cluster (see docs/vertex.md)."""
-    if platform == "vertex":
-        return _vertex_up(project, region or (zone or "").rpartition("-")[0], pool_name, dry_run)
-    if platform != "gke" or not zone:
-        raise ClickException("--zone is required" if platform == "gke" else f"--platform {platform!r}: gke or vertex")
-    commands = _provision()
-    from kinetic_prefect.workers.gke.provision import plan, steps
+    """Make what a platform's pools run on; what exists is kept. gke: the GKE cluster, its accelerator node pools,
+    the image registry, the store bucket, the in-cluster worker and the kinetic-gke work pool. vertex: no cluster
+    (APIs, registry, bucket, the jobs' service account, the kinetic-vertex pool; see docs/vertex.md)."""
+    from kinetic_prefect.workers.provisioning import Options
 
-    settings = _guard(
-        lambda: plan.settings(
-            project,
-            zone,
-            cluster,
-            list(accelerator or []),
-            spot=spot,
-            reservation=reservation,
-            min_nodes=min_nodes,
-            work_pool=pool_name,
-            worker_image=worker_image,
-        )
+    chosen = _platform(platform)
+    options = Options(
+        project=project,
+        zone=zone,
+        region=region,
+        cluster=cluster,
+        accelerators=tuple(accelerator or ()),
+        spot=spot,
+        reservation=reservation,
+        min_nodes=min_nodes,
+        pool_name=pool_name,
+        worker_image=worker_image,
     )
-    api = _guard(steps.prefect_api_for_the_cluster) if worker_image else None
-    clients = _clients(settings.project)
-    planned = _guard(lambda: commands.plan_up(clients, settings, api))
-    _run(
-        f"kinetic-prefect up: {settings.project}/{settings.zone}/{settings.cluster}",
-        planned,
-        dry_run=dry_run,
-        yes=yes,
-        question="Create or update {n} resource(s)?",
-        rerun="Run the same `kinetic-prefect up` again to resume: what exists is kept.",
-    )
+    plan = _guard(lambda: chosen.plan_up(options, lambda p: _clients(p, chosen)))
+    _run(plan.title, plan.steps, dry_run=dry_run, yes=yes, question=plan.question, rerun=plan.rerun)
     if not dry_run:
-        _next_steps(settings)
-
-
-def _vertex_up(project: str | None, region: str, pool_name: str | None, dry_run: bool) -> None:
-    """kinetic-vertex's plan (workers/vertex/provision.py); making it is left to do, so only --dry-run runs."""
-    from kinetic_prefect.workers.vertex import provision as vertex_provision
-
-    if not project:
-        raise ClickException("--project is required")
-    try:
-        settings = vertex_provision.VertexSettings(
-            project, region or "us-central1", *([pool_name] if pool_name else [])
-        )
-    except ValueError as exc:
-        raise ClickException(str(exc)) from None
-    table = Table(title=f"kinetic-prefect up --platform vertex: {settings.project}/{settings.region}")
-    for column in ("resource", "name", "detail"):
-        table.add_column(column, overflow="fold")
-    for step in vertex_provision.plan_up(settings):
-        table.add_row(step.kind, escape(step.name), escape(step.detail))
-    console = _console()
-    console.width = max(console.width, 140)
-    console.print(table)
-    if not dry_run:
-        raise ClickException("up --platform vertex makes nothing yet: only --dry-run (the plan above) is implemented")
-    console.print("dry run: nothing was changed (no cluster: Vertex AI runs each job on a machine of its own).")
-
-
-def _next_steps(settings: Any) -> None:
-    console = _console()
-    console.print(f"\nSubmit with work_pool={settings.work_pool!r} (or {Env.WORK_POOL}={settings.work_pool}).")
-    console.print(
-        "kubectl and in-process submission: `gcloud container clusters get-credentials "
-        f"{settings.cluster} --zone {settings.zone} --project {settings.project}` (context {settings.kube_context})."
-    )
-    console.print(
-        f"Jobs run in namespace {settings.namespace} (Pod Security: restricted) as the service account "
-        f"{settings.job_service_account}, the only job account given gs://{settings.bucket} (Workload Identity); "
-        f"calls are signed with the Prefect Secret block {signing.SECRET_BLOCK!r}."
-    )
+        for line in plan.next_steps:
+            _console().print(escape(line))
 
 
 def down_command(
     project: str | None = _PROJECT,
-    zone: str = _ZONE,
+    zone: str | None = typer.Option(None, "--zone", metavar="ZONE", help="gke: the cluster's zone"),
     cluster: str = _CLUSTER,
     pool_name: str | None = _POOL_NAME,
     delete_data: bool = typer.Option(False, "--delete-data", help="also delete the bucket when it holds objects"),
@@ -246,23 +220,26 @@ def down_command(
     ),
     dry_run: bool = _DRY_RUN_DELETE,
     yes: bool = _YES,
+    platform: str = _PLATFORM,
+    region: str | None = _REGION,
 ) -> None:
-    """Delete what `up` made: the work pool, the cluster (its node pools and worker with it), the registry and the
-    bucket; a bucket that holds objects is kept unless --delete-data, the signing key unless --delete-signing-key."""
-    commands = _provision()
-    from kinetic_prefect.workers.gke.provision import plan
+    """Delete what `up` made (gke: the work pool, the cluster with its node pools and worker, the registry, the
+    bucket; vertex: the work pool, registry, bucket and the jobs' service account); a bucket that holds objects is
+    kept unless --delete-data, the signing key unless --delete-signing-key."""
+    from kinetic_prefect.workers.provisioning import Options
 
-    settings = _guard(lambda: plan.settings(project, zone, cluster, work_pool=pool_name))
-    clients = _clients(settings.project)
-    planned = _guard(lambda: commands.plan_down(clients, settings, delete_data, delete_signing_key))
-    _run(
-        f"kinetic-prefect down: {settings.project}/{settings.zone}/{settings.cluster}",
-        planned,
-        dry_run=dry_run,
-        yes=yes,
-        question="Delete {n} resource(s)? This cannot be undone",
-        rerun="Run the same `kinetic-prefect down` again to finish: what is gone is skipped.",
+    chosen = _platform(platform)
+    options = Options(
+        project=project,
+        zone=zone,
+        region=region,
+        cluster=cluster,
+        pool_name=pool_name,
+        delete_data=delete_data,
+        delete_signing_key=delete_signing_key,
     )
+    plan = _guard(lambda: chosen.plan_down(options, lambda p: _clients(p, chosen)))
+    _run(plan.title, plan.steps, dry_run=dry_run, yes=yes, question=plan.question, rerun=plan.rerun)
 
 
 @pool_app.command("add")
@@ -297,7 +274,7 @@ def pool_add_command(
             preload_disk_image=preload_disk_image,
         )
     )
-    clients = _clients(settings.project)
+    clients = _clients(settings.project, _platform(NODE_POOLS_PLATFORM))
     planned = _guard(lambda: commands.plan_pool_add(clients, settings, pool))
     _run(
         f"kinetic-prefect pool add: {settings.cluster}",
@@ -324,7 +301,7 @@ def pool_remove_command(
     from kinetic_prefect.workers.gke.provision import plan
 
     settings = _guard(lambda: plan.settings(project, zone, cluster))
-    clients = _clients(settings.project)
+    clients = _clients(settings.project, _platform(NODE_POOLS_PLATFORM))
     planned = _guard(lambda: commands.plan_pool_remove(clients, settings, target, spot))
     _run(
         f"kinetic-prefect pool remove: {settings.cluster}",
@@ -350,7 +327,7 @@ def pool_list_command(
     from kinetic_prefect.workers.gke.provision import plan
 
     settings = _guard(lambda: plan.settings(project, zone, cluster))
-    rows = _guard(lambda: commands.pool_rows(_clients(settings.project), settings))
+    rows = _guard(lambda: commands.pool_rows(_clients(settings.project, _platform(NODE_POOLS_PLATFORM)), settings))
     if as_json:
         sys.stdout.write(json.dumps([dataclasses.asdict(r) for r in rows], indent=2) + "\n")
         return

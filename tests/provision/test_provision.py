@@ -227,7 +227,7 @@ def fakes(gcs_emulator, monkeypatch, no_signing_key):
         poll_seconds=0,
     )
     made: list[str] = []
-    monkeypatch.setattr(provision_cli, "make_clients", lambda project: made.append(project) or clients)
+    monkeypatch.setattr(provision_cli, "make_clients", lambda project, platform: made.append(project) or clients)
     clients.made = made  # type: ignore[attr-defined]
     clients.iam = FakeBucketIam()  # type: ignore[attr-defined]
     clients.iam.install(monkeypatch)  # type: ignore[attr-defined]

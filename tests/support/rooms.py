@@ -64,6 +64,7 @@ ROOMS = {
     "test_gemma.py": "flows",
     "test_vertex_eurosat.py": "vertex",
     "test_vertex_fallback.py": "vertex",
+    "test_vertex_provision.py": "vertex",
     "test_vertex_requests.py": "vertex",
     "test_vertex_stand_in.py": "vertex",
     "test_gke_autoscaling.py": "gke",

@@ -140,27 +140,6 @@ def test_every_gpu_entry_has_a_vertex_accelerator_type_of_the_installed_client()
             assert machine.accelerator_count == spec.chips_per_host
 
 
-def test_up_for_vertex_dry_run_prints_the_plan_with_no_cluster_and_needs_no_credentials(capsys, monkeypatch):
-    from kinetic_prefect.cli import main
-
-    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/nonexistent.json")  # nothing may look credentials up
-    code = main(["up", "--platform", "vertex", "--project", "my-project", "--region", "europe-west4", "--dry-run"])
-    out = capsys.readouterr().out
-    assert code == 0, out
-    for wanted in (
-        "aiplatform.googleapis.com",
-        "europe-west4-docker.pkg.dev/my-project/kn-vertex",
-        "gs://my-project-kn-vertex-jobs",
-        "kinetic-vertex-jobs@my-project.iam.gserviceaccount.com",
-        "kinetic-signing-key",
-        "type kinetic-vertex",
-        "nothing was changed",
-    ):
-        assert wanted in out, wanted
-    assert "cluster" not in out.split("dry run")[0].lower(), "no cluster in a Vertex setup"
-    assert main(["up", "--platform", "vertex", "--project", "my-project", "--region", "europe-west4"]) != 0
-
-
 @pytest.mark.parametrize(
     ("variables", "named"),
     [

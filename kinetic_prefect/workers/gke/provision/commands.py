@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kinetic_prefect import accelerators
+from kinetic_prefect.workers import provisioning
 from kinetic_prefect.workers.gke.provision import plan, steps
 from kinetic_prefect.workers.gke.provision.plan import NodePoolSpec, ProvisionError, Settings
 from kinetic_prefect.workers.gke.provision.steps import Clients, Step
@@ -15,7 +16,7 @@ from kinetic_prefect.workers.gke.provision.steps import Clients, Step
 def plan_up(clients: Clients, settings: Settings, api: dict[str, str] | None = None) -> list[Step]:
     """Every resource ``up`` makes, looked up: the cluster, its node pools, the registry, the bucket, the jobs'
     namespace and service account, the bucket granted to that account alone, the signing key, the work pool, the
-    in-cluster worker. Nothing is changed until :func:`steps.apply`."""
+    in-cluster worker. Nothing is changed until :func:`provisioning.apply`."""
     cluster = steps.find_cluster(clients, settings)
     existing = steps.node_pools(clients, settings) if cluster is not None else {}
     return [
@@ -25,7 +26,7 @@ def plan_up(clients: Clients, settings: Settings, api: dict[str, str] | None = N
         steps.bucket_step(clients, settings),
         steps.namespace_step(clients, settings, cluster),
         steps.bucket_access_step(clients, settings),
-        steps.signing_key_step(clients),
+        provisioning.signing_key_step(clients),
         steps.work_pool_step(clients, settings),
         steps.worker_step(clients, settings, cluster, api),
     ]
@@ -60,7 +61,7 @@ def plan_down(
         cluster_step,
         registry_step,
         steps.delete_bucket_step(clients, settings, delete_data),
-        steps.delete_signing_key_step(clients, delete_signing_key),
+        provisioning.delete_signing_key_step(clients, delete_signing_key),
     ]
 
 

@@ -17,6 +17,7 @@ from kinetic_prefect import accelerators
 from kinetic_prefect.accelerators import AcceleratorSpec
 from kinetic_prefect.contract import GKE_WORKER_TYPE
 from kinetic_prefect.workers.gke.deploy import JOB_SERVICE_ACCOUNT
+from kinetic_prefect.workers.provisioning import ProvisionError
 
 DEFAULT_CLUSTER = "kinetic-cluster"
 DEFAULT_WORK_POOL = GKE_WORKER_TYPE  # the pool `up` makes is named after its type
@@ -34,10 +35,6 @@ _PROJECT_RE = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]")
 _ZONE_RE = re.compile(r"([a-z]+-[a-z]+[0-9]+)-[a-z]")
 _GKE_NAME_RE = re.compile(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?")  # clusters and node pools: 40 characters
 _BUCKET_MAX = 63
-
-
-class ProvisionError(ValueError):
-    """Provisioning cannot go on; the message names the culprit and the fix."""
 
 
 @dataclass(frozen=True)

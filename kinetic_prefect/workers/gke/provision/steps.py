@@ -1,9 +1,9 @@
 """Provisioning, the requests: each resource looked up, then created (``up``) or deleted (``down``), in order.
 
-A plan is a list of :class:`Step`: what the resource is, whether it exists, and what applying the plan does to
-it. Only the steps that change something carry an action, so a second ``up`` makes no create request at all and
-an ``up`` that failed halfway resumes with what is still missing. GKE's long-running operations are waited on
-here, with their progress reported.
+A plan is a list of :class:`Step` (``workers.provisioning``, the framework every platform shares): what the
+resource is, whether it exists, and what applying the plan does to it. Only the steps that change something carry
+an action, so a second ``up`` makes no create request at all and an ``up`` that failed halfway resumes with what is
+still missing. GKE's long-running operations are waited on here, with their progress reported.
 """
 
 from __future__ import annotations
@@ -11,25 +11,31 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from google.api_core import exceptions as google_errors
 from google.cloud import artifactregistry_v1, container_v1
 
-from kinetic_prefect import signing
 from kinetic_prefect.contract import GKE_WORKER_TYPE
 from kinetic_prefect.workers.base import load_template
 from kinetic_prefect.workers.gke.deploy import namespace_manifests, worker_manifests
 from kinetic_prefect.workers.gke.provision import plan
 from kinetic_prefect.workers.gke.provision.plan import NodePoolSpec, ProvisionError, Settings
+from kinetic_prefect.workers.provisioning import (  # the step framework every platform shares
+    ABSENT,
+    CREATE,
+    DELETE,
+    EXISTS,
+    KEEP,
+    SKIP,
+    UPDATE,
+    Step,
+)
 
-EXISTS, CREATE, UPDATE, SKIP = "exists", "will create", "will update", "skipped"
-DELETE, ABSENT, KEEP = "will delete", "not found", "kept"
 POOL_TYPE = GKE_WORKER_TYPE
 WORKER_NAME = plan.WORKER_SERVICE_ACCOUNT
 API_SECRET = "prefect-api"
-SIGNING_KEY_BYTES = 32  # the master key `up` makes: secrets.token_urlsafe of this many random bytes
 
 
 class ClusterAccess(Protocol):
@@ -70,36 +76,6 @@ class Clients:
 
         with get_client(sync_client=True) as client:
             yield client
-
-
-@dataclass
-class Step:
-    kind: str
-    name: str
-    state: str
-    note: str = ""
-    action: Callable[[], None] | None = field(default=None, repr=False)
-
-
-class StepFailed(ProvisionError):
-    def __init__(self, step: Step, error: BaseException, done: list[Step]):
-        self.step, self.error, self.done = step, error, done
-        super().__init__(f"{step.kind} {step.name}: {type(error).__name__}: {error}")
-
-
-def apply(steps: list[Step], say: Callable[[str], None]) -> list[Step]:
-    """Run each step's action in order; the first failure stops the run (:class:`StepFailed`, with what was done)."""
-    done: list[Step] = []
-    for step in steps:
-        if step.action is None:
-            continue
-        say(f"{step.kind} {step.name}: {step.state.removeprefix('will ')}...")
-        try:
-            step.action()
-        except Exception as exc:  # noqa: BLE001 - reported with the step it stopped, and what was done before
-            raise StepFailed(step, exc, done) from exc
-        done.append(step)
-    return done
 
 
 # ------------------------------------------------------------------------------------------------ GKE
@@ -423,52 +399,3 @@ def _missing_members(bucket: Any, settings: Settings, policy: Any = None) -> lis
     policy = policy if policy is not None else bucket.get_iam_policy(requested_policy_version=3)
     granted = {m for b in policy.bindings if b.get("role") == plan.BUCKET_ROLE for m in b.get("members", ())}
     return [m for m in settings.bucket_members(number) if m not in granted]
-
-
-def _signing_key_block(clients: Clients) -> Any | None:
-    from prefect.exceptions import ObjectNotFound
-
-    with clients.prefect_client() as client:
-        try:
-            return client.read_block_document_by_name(signing.SECRET_BLOCK, block_type_slug="secret")
-        except ObjectNotFound:
-            return None
-
-
-def signing_key_step(clients: Clients) -> Step:
-    """The store's signing key: a random ``SIGNING_KEY_BYTES``-byte secret saved as the Prefect Secret block
-    ``kinetic-signing-key``, which callers and workers read (``shared.key_blocks``), so every call on the pool
-    is signed from the first. Made only when absent (never replaced: objects signed with it must still verify), and
-    never printed."""
-    name = f"Prefect Secret block {signing.SECRET_BLOCK}"
-    if _signing_key_block(clients) is not None:
-        return Step("signing key", name, EXISTS, "kept as it is")
-
-    def create() -> None:
-        import secrets
-
-        from prefect.blocks.system import Secret
-
-        if _signing_key_block(clients) is not None:  # made meanwhile: never replaced
-            return
-        key: Secret[str] = Secret(value=secrets.token_urlsafe(SIGNING_KEY_BYTES))  # type: ignore[arg-type]
-        key.save(name=signing.SECRET_BLOCK, overwrite=False)
-
-    return Step("signing key", name, CREATE, f"random {SIGNING_KEY_BYTES}-byte key, not shown", create)
-
-
-def delete_signing_key_step(clients: Clients, delete: bool) -> Step:
-    """``down`` keeps the signing key unless asked: stored results and checkpoints signed with it verify only with
-    it, and another cluster's pools may share it."""
-    name = f"Prefect Secret block {signing.SECRET_BLOCK}"
-    block = _signing_key_block(clients)
-    if block is None:
-        return Step("signing key", name, ABSENT)
-    if not delete:
-        return Step("signing key", name, KEEP, "--delete-signing-key deletes it")
-
-    def remove() -> None:
-        with clients.prefect_client() as client:
-            client.delete_block_document(block.id)
-
-    return Step("signing key", name, DELETE, "objects signed with it can no longer be verified", remove)
