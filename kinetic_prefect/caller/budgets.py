@@ -17,6 +17,7 @@ from typing import Any
 
 from kinetic_prefect import accelerators
 from kinetic_prefect.contract import FLOW_BUDGET_TAG_PREFIX
+from kinetic_prefect.contract.launchers import PriceSource
 from kinetic_prefect.errors import BudgetExceeded
 from kinetic_prefect.shared import cost
 
@@ -40,31 +41,27 @@ def check_priced(
     pool_name: str,
     prices: Any,
     fallbacks: tuple[accelerators.AcceleratorSpec, ...] = (),
+    source: PriceSource = PriceSource.CLOUD_CATALOG,
 ) -> None:
     """A budget can only be enforced with a price for the accelerator (spot or on-demand, as the call runs), and
-    for every entry of a fallback list: the call may land on any of them."""
+    for every entry of a fallback list: the call may land on any of them. ``source``: the built-in table of the
+    pool's launcher, under the pool's ``prices``."""
     overrides = cost.load_prices(prices, origin=f"pool {pool_name!r}'s prices")
     if budget is None:
         return
     for choice in (spec, *fallbacks):
-        _check_priced_one(choice, budget, pool_name, overrides, fallbacks)
+        if cost.host_rate(choice, cost.price_for(choice, overrides, source), choice.spot) is None:
+            raise cost.PriceTableError(_unpriced_message(choice, budget, pool_name, bool(fallbacks)))
 
 
-def _check_priced_one(
-    spec: accelerators.AcceleratorSpec,
-    budget: float,
-    pool_name: str,
-    overrides: Any,
-    fallbacks: tuple[accelerators.AcceleratorSpec, ...],
-) -> None:
-    if cost.host_rate(spec, cost.price_for(spec, overrides), spec.spot) is None:
-        kind = "spot" if spec.spot else "on-demand"
-        raise cost.PriceTableError(
-            f"max_cost_usd={budget:g}: pool {pool_name!r} has no {kind} price for accelerator {spec.name!r}"
-            + (" (an entry of the fallback list)" if fallbacks else "")
-            + f", so the budget could not be enforced. Give the pool one, e.g. `kinetic-prefect pool-set {pool_name} "
-            f'\'prices={{"{spec.name}": {{"on_demand": 0.5, "spot": 0.2}}}}\'`, or drop max_cost_usd.'
-        )
+def _unpriced_message(spec: accelerators.AcceleratorSpec, budget: float, pool_name: str, in_list: bool) -> str:
+    kind = "spot" if spec.spot else "on-demand"
+    return (
+        f"max_cost_usd={budget:g}: pool {pool_name!r} has no {kind} price for accelerator {spec.name!r}"
+        + (" (an entry of the fallback list)" if in_list else "")
+        + f", so the budget could not be enforced. Give the pool one, e.g. `kinetic-prefect pool-set {pool_name} "
+        f'\'prices={{"{spec.name}": {{"on_demand": 0.5, "spot": 0.2}}}}\'`, or drop max_cost_usd.'
+    )
 
 
 async def call_budget(client: Any, task_budget: float | None, pool: Any, pool_variables: set[str]) -> float | None:

@@ -18,7 +18,8 @@ from kinetic_prefect.shared import capacity
 
 def check_abilities(options: KineticOptions, pool: Any, abilities: LauncherAbilities) -> None:
     """Before anything is uploaded: a call that needs what its pool's launcher cannot do (``contract.launchers``)
-    is refused, naming the pool, the ability and the pool types that have it."""
+    is refused, naming the pool, the ability and the pool types that have it. A job variable counts whether the call
+    sets it or the pool's template does."""
 
     def refuse(setting: str, ability: str, has_it: Callable[[LauncherAbilities], bool]) -> None:
         able = pools.types_able(has_it)
@@ -32,6 +33,34 @@ def check_abilities(options: KineticOptions, pool: Any, abilities: LauncherAbili
     hosts = options.job_variables.get("hosts", options.hosts)
     if accelerators.host_count(options.accelerator, hosts) > 1 and not abilities.multi_host:
         refuse(f"hosts={hosts}", "run a group of hosts", lambda a: a.multi_host)
+    if not abilities.warm_reuse and (warm := _first_set(options, pool, "keep_warm_seconds", "min_warm")):
+        refuse(warm, "keep jobs warm", lambda a: a.warm_reuse)
+    if not abilities.spot and (spot := _spot_asked(options, pool)):
+        refuse(spot, "run on spot capacity", lambda a: a.spot)
+    held = ("reservation", "reservation_project", "flex_start", "queued_provisioning")
+    if not abilities.reservations and (reserved := _first_set(options, pool, *held)):
+        refuse(reserved, "consume a reservation or queued capacity", lambda a: a.reservations)
+
+
+def _first_set(options: KineticOptions, pool: Any, *names: str) -> str:
+    """The first of the job variables ``names`` the call or else the pool sets to a truthy value, as ``name=value``
+    ('' when none is)."""
+    for name in names:
+        value = options.job_variables.get(name, _prefect.pool_default(pool, name))
+        if value:
+            return f"{name}={value!r}"
+    return ""
+
+
+def _spot_asked(options: KineticOptions, pool: Any) -> str:
+    """What asks the call for spot capacity ('' when nothing does): a spot accelerator, ``spot_fallback=True``, the
+    ``spot`` job variable."""
+    spot = next((spec for spec in options.accelerator_choices if spec.spot), None)
+    if spot is not None:
+        return f"accelerator={capacity.label(spot)!r}"
+    if options.spot_fallback:
+        return "spot_fallback=True"
+    return _first_set(options, pool, "spot")
 
 
 def check_hosts(options: KineticOptions, pool_name: str, pool_type: str, pool_variables: set[str]) -> None:
@@ -147,7 +176,8 @@ async def _check_against_pool(client: Any, options: KineticOptions, pool: Any) -
     worker_class = _prefect.worker_class_for(pool.type)
     pool_variables = set(pool.base_job_template["variables"]["properties"])
     variables_model = getattr(worker_class, "job_configuration_variables", None)
-    check_abilities(options, pool, worker_class.abilities)
+    abilities = _prefect.abilities_of(pool.type)
+    check_abilities(options, pool, abilities)
     check_job_variables(pool.name, pool_variables, options.job_variables, variables_model)
     check_pinned_variables(pool, options.job_variables, variables_model)
     worker_class.check_pool_settings(
@@ -164,6 +194,7 @@ async def _check_against_pool(client: Any, options: KineticOptions, pool: Any) -
         pool.name,
         options.job_variables.get("prices", _prefect.pool_default(pool, "prices")),
         options.fallbacks,
+        abilities.price_source,
     )
     return budget
 

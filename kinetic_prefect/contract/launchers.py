@@ -37,6 +37,7 @@ class PriceSource(StrEnum):
 
     OWN_MACHINE = "own-machine"  # the machine is the user's: priced only when the pool says so
     CLOUD_CATALOG = "cloud-catalog"  # the accelerator's list price (node, VM or TPU chip)
+    VERTEX_CATALOG = "vertex-catalog"  # Vertex AI custom training's own rates (shared.prices.VERTEX_PRICES)
 
 
 @dataclass(frozen=True)

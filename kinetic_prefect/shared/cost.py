@@ -2,7 +2,8 @@
 
 The worker meters a job from each host's start (the process, the pod) to its end, at the rate the host ran at
 (spot or on-demand), per host: a group of two hosts costs twice one host. Prices come from
-``kinetic_prefect.shared.prices`` unless the pool overrides them (``load_prices``).
+the built-in table the pool's launcher names (``LauncherAbilities.price_source``: ``TABLES``) unless the pool
+overrides them (``load_prices``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from kinetic_prefect import accelerators
+from kinetic_prefect.contract.launchers import PriceSource
 from kinetic_prefect.shared.prices import PRICES, Price
+
+# the built-in price table of each price source a launcher may name
+TABLES: dict[PriceSource, dict[str, Price]] = {
+    PriceSource.CLOUD_CATALOG: PRICES,
+}
 
 
 class PriceTableError(ValueError):
@@ -151,10 +158,15 @@ def load_prices(value: Any, origin: str = "the pool's prices") -> dict[str, Pric
     return dict(_price_entry(str(name), raw, origin) for name, raw in value.items())
 
 
-def price_for(spec: accelerators.AcceleratorSpec, overrides: dict[str, Price] | None = None) -> Price | None:
-    """The pool's price for ``spec``, else the built-in one; None where neither has a figure (the built-in table
-    keeps a figure-less entry for every accelerator with no public price, its note saying why)."""
-    found = (overrides or {}).get(spec.name) or PRICES.get(spec.name)
+def price_for(
+    spec: accelerators.AcceleratorSpec,
+    overrides: dict[str, Price] | None = None,
+    source: PriceSource = PriceSource.CLOUD_CATALOG,
+) -> Price | None:
+    """The pool's price for ``spec``, else the one of the built-in table of ``source`` (the pool's launcher's);
+    None where neither has a figure (a built-in table keeps a figure-less entry for every accelerator with no
+    public price, its note saying why)."""
+    found = (overrides or {}).get(spec.name) or TABLES[source].get(spec.name)
     return found if found is not None and found.priced else None
 
 
@@ -248,4 +260,5 @@ __all__ = [
     "job_cost",
     "load_prices",
     "price_for",
+    "TABLES",
 ]

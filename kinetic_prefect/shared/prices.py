@@ -31,7 +31,7 @@ No public price (``on_demand``/``spot`` None), and why:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kinetic_prefect import accelerators
 
@@ -173,6 +173,37 @@ def _build() -> dict[str, Price]:
 PRICES: dict[str, Price] = _build()
 
 
+# Vertex AI custom training (kinetic-vertex) bills its own rates, per machine type and per accelerator, not
+# Compute Engine's (https://cloud.google.com/vertex-ai/pricing, "custom-trained models", training). Vertex's figure of a
+# catalog entry, (on-demand, spot) in US dollars per hour of one host in us-central1 with its source, goes here when
+# both its machine type's and its accelerators' training rates are known from a source. None is yet: the figures the
+# sources read for this table give (docs/vertex.md, "Prices") are n1-standard-4 training at 0.21849885/h in
+# us-central1 (no catalog entry is an n1-standard-4 host) and an NVIDIA_H100_80GB training rate of 9.79655057/h whose
+# region the source does not state; the rates of g2-standard-*, NVIDIA_L4, a2/a3, T4, V100, the TPUs and Vertex's
+# Spot rates were not in them. An entry without a Vertex figure is priced at its Compute Engine figure (the table
+# above), its source saying so; a pool's ``prices`` gives a kinetic-vertex pool its own.
+VERTEX_TRAINING: dict[str, tuple[Row, str]] = {}
+VERTEX_FALLBACK = "Compute Engine list price (no Vertex AI training rate in kinetic's table yet, docs/vertex.md)"
+
+
+def vertex_prices(rates: dict[str, tuple[Row, str]]) -> dict[str, Price]:
+    """The table a kinetic-vertex job is priced at: ``rates``' Vertex figure for an entry that has one, else the
+    entry's Compute Engine figure with its source naming it as the fallback."""
+    found: dict[str, Price] = {}
+    for name, price in PRICES.items():
+        if name in rates:
+            (on_demand, spot), source = rates[name]
+            found[name] = Price(on_demand, spot, "host", source, note=f"Vertex AI custom training: {source}")
+        elif price.priced:
+            found[name] = replace(price, source=f"{VERTEX_FALLBACK}; {price.source}")
+        else:
+            found[name] = price
+    return found
+
+
+VERTEX_PRICES: dict[str, Price] = vertex_prices(VERTEX_TRAINING)
+
+
 def _figure(value: float | None) -> str:
     return "-" if value is None else str(value)
 
@@ -188,4 +219,14 @@ def markdown_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-__all__ = ["DEFAULT_REGION", "NO_PUBLIC_PRICE", "PRICES", "Price", "markdown_table"]
+__all__ = [
+    "DEFAULT_REGION",
+    "NO_PUBLIC_PRICE",
+    "PRICES",
+    "VERTEX_FALLBACK",
+    "VERTEX_PRICES",
+    "VERTEX_TRAINING",
+    "Price",
+    "markdown_table",
+    "vertex_prices",
+]

@@ -37,12 +37,16 @@ def _register(worker_type: str, where: str, extras: tuple[str, ...]) -> Any:
     """Import the worker class (which registers it), or record why its extras are missing."""
     module, _, name = where.partition(":")
     try:
-        return getattr(importlib.import_module(module), name)
+        cls = getattr(importlib.import_module(module), name)
     except ModuleNotFoundError as missing:
         if not extras or (missing.name or "").startswith("kinetic_prefect"):
             raise  # a module of the package itself: a bug, not an extra to install
         UNAVAILABLE[worker_type] = _install_hint(extras, missing.name or "a module")
         return None
+    # this line's extras are the ones a missing import is answered with: the class may not state others
+    if set(cls.abilities.extras) != set(extras):
+        raise TypeError(f"{name}.abilities.extras {cls.abilities.extras} differs from workers.LAUNCHERS' {extras}")
+    return cls
 
 
 for _type, (_where, _extras) in LAUNCHERS.items():

@@ -24,7 +24,9 @@ from kinetic_prefect.workers.job_launcher import JobLauncher, JobStatus
 HANDLED = "handled"
 
 
-def plan_for(configuration: Any) -> capacity.CapacityPlan:
+def plan_for(configuration: Any, runs_here: bool) -> capacity.CapacityPlan:
+    """The run's attempts: its fallback list, retries and waits, from the configuration; ``runs_here`` (the
+    launcher's ability: jobs on the worker's own machine) lets an accelerator the machine lacks be run on the CPU."""
     names = list(getattr(configuration, "accelerator_choices", None) or [configuration.accelerator])
     # resolved once, when the configuration was prepared for the run; a bare configuration resolves its one name
     specs = list(getattr(configuration, "accelerator_specs", None) or [accelerators.resolve(configuration.accelerator)])
@@ -35,8 +37,8 @@ def plan_for(configuration: Any) -> capacity.CapacityPlan:
     provisioning = getattr(configuration, "provisioning_timeout_seconds", None)
     # the launcher may have chosen already (kinetic-local: the first accelerator this machine has)
     chosen = names.index(configuration.accelerator) if configuration.accelerator in names else 0
-    # kinetic-local without the accelerator: the job runs on the CPU, and says so (and is billed as cpu)
-    instead_of = getattr(configuration, "cpu_instead_of", None)
+    # a job on this machine without the accelerator runs on the CPU, and says so (and is billed as cpu)
+    instead_of = configuration.cpu_instead_of if runs_here else None
     if instead_of:
         specs[chosen] = accelerators.resolve("cpu")
     return capacity.CapacityPlan(

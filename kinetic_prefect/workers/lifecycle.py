@@ -53,6 +53,7 @@ from kinetic_prefect.contract import (
     Outcome,
     RunLayout,
 )
+from kinetic_prefect.contract.launchers import LauncherAbilities
 from kinetic_prefect.shared import key_blocks, prefect_runs
 from kinetic_prefect.shared.outages import Outage
 from kinetic_prefect.workers.base import open_job_store
@@ -191,6 +192,7 @@ class KineticWorker:
     client: Any
     get_flow_run_logger: Any
     launcher: JobLauncher
+    abilities: LauncherAbilities  # each launcher's worker class declares what it can do
     owner_is_caller: bool = False
 
     @property
@@ -416,14 +418,14 @@ class KineticWorker:
         from kinetic_prefect.workers.log_forwarding import JobLogForwarder
 
         logger = self.get_flow_run_logger(flow_run)
-        plan = attempts.plan_for(configuration)
+        plan = attempts.plan_for(configuration, runs_here=self.abilities.runs_here)
         pending_since = time.monotonic()
         progress = ProgressArtifact(self.client, flow_run)
         outage = Outage(f"the worker following {flow_run.name}", logger.warning)
         output = JobLogForwarder(self.client, flow_run.id, logger, outage)
         emit = progress.wrap(output.emit if getattr(configuration, "stream_output", True) else (lambda text: None))
-        meter = metering.JobMeter(self.launcher, identifier, configuration)
-        # the hint speaks of the accelerator asked for: kinetic-local runs on the CPU when the machine lacks it
+        meter = metering.JobMeter(self.launcher, identifier, configuration, self.abilities.price_source)
+        # the hint speaks of the accelerator asked for: a job run here on the CPU in its stead was not given it
         asked = configuration.asked_spec if plan.instead_of else meter.spec
         usage = usage_report.UsageReport(self.client, flow_run, meter.spec, asked=asked)
         # In-process, the caller created this run a moment ago: the first look for a cancel waits one interval

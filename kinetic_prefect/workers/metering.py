@@ -42,6 +42,7 @@ from kinetic_prefect.contract import (
     Outcome,
     RunLayout,
 )
+from kinetic_prefect.contract.launchers import PriceSource
 from kinetic_prefect.shared import cost, key_blocks, prefect_runs
 from kinetic_prefect.shared.cost_records import flow_cost, job_cost_rows
 
@@ -89,8 +90,11 @@ class JobMeter:
     """The cost of one followed job's run, over all its attempts, from its hosts' spans, and whether the run
     reached its budget. The lifecycle tells it of each relaunch (``relaunched``): one meter per run."""
 
-    def __init__(self, launcher: Any, identifier: str, configuration: Any):
+    def __init__(
+        self, launcher: Any, identifier: str, configuration: Any, source: PriceSource = PriceSource.CLOUD_CATALOG
+    ):
         self.launcher, self.configuration = launcher, configuration
+        self.source = source  # the built-in price table of the job's launcher (abilities.price_source)
         self.problem: str | None = None  # a price table that cannot be read: said once, metered unpriced
         try:
             self.overrides = cost.load_prices(getattr(configuration, "prices", None))
@@ -102,7 +106,7 @@ class JobMeter:
 
     def _start_attempt(self, identifier: str) -> None:
         spec = job_spec(self.configuration)  # a relaunch changed the configuration's accelerator (and spot)
-        self.attempts.append(MeteredAttempt(identifier, spec, cost.price_for(spec, self.overrides)))
+        self.attempts.append(MeteredAttempt(identifier, spec, cost.price_for(spec, self.overrides, self.source)))
 
     @property
     def current(self) -> MeteredAttempt:

@@ -80,6 +80,8 @@ ROOMS = {
     "test_imports.py": "house",
     "test_job_variables.py": "contract",
     "test_kinetic_api.py": "kinetic",
+    "test_launcher_abilities.py": "caller",
+    "test_launcher_abilities_worker.py": "worker",
     "test_leftovers.py": "end-to-end",
     "test_lifecycle.py": "worker",
     "test_log_resume.py": "worker",

@@ -85,6 +85,31 @@ def test_the_custom_job_holds_only_its_runs_derived_keys_never_the_master_key():
         held.key_for(another_run)
 
 
+def test_a_kinetic_vertex_jobs_cost_is_metered_at_vertex_trainings_table_not_compute_engines(monkeypatch):
+    """The worker meters a job at its launcher's price source (``abilities.price_source``): kinetic-vertex's is
+    Vertex training's table, whose figure an entry takes when it has one; an entry without one is priced at its
+    Compute Engine figure, and its cost record says so."""
+    from kinetic_prefect.contract.launchers import PriceSource
+    from kinetic_prefect.shared import cost, prices
+    from kinetic_prefect.workers import metering
+
+    source = KineticVertexWorker.abilities.price_source
+    assert source == PriceSource.VERTEX_CATALOG
+    configuration, _ = _configuration(accelerator="l4")
+    meter = metering.JobMeter(None, "projects/p/locations/l/customJobs/1", configuration, source)
+    [row] = metering.cost_table(meter, "train")[1]
+    assert row["price"].startswith(prices.VERTEX_FALLBACK), row
+    assert meter.price.on_demand == prices.PRICES["l4"].on_demand, "no Vertex figure yet: the fallback's"
+
+    vertex_rate = prices.vertex_prices({"l4": ((0.1234, 0.0567), "Vertex AI pricing, a test's figure")})
+    monkeypatch.setitem(cost.TABLES, PriceSource.VERTEX_CATALOG, vertex_rate)
+    meter = metering.JobMeter(None, "projects/p/locations/l/customJobs/2", configuration, source)
+    assert (meter.price.on_demand, meter.price.spot) == (0.1234, 0.0567)
+    assert metering.cost_table(meter, "train")[1][0]["price"] == "Vertex AI pricing, a test's figure"
+    gke = metering.JobMeter(None, "job", configuration, PriceSource.CLOUD_CATALOG)
+    assert gke.price.on_demand == prices.PRICES["l4"].on_demand and gke.price.source == prices.PRICES["l4"].source
+
+
 def test_a_tpu_v5e_4_is_a_ct5lp_host_with_its_topology_and_a_reservation_is_specific():
     reservation = "projects/proj/zones/us-central1-a/reservations/r1"
     configuration, flow_run = _configuration(accelerator="tpu-v5litepod-4", reservation=reservation)

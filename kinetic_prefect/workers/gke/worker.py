@@ -44,8 +44,7 @@ class KineticGKEWorker(PinnedPoolVariables, KineticWorker, BaseWorker):  # type:
         reservations=True,
         runs_here=False,
         price_source=PriceSource.CLOUD_CATALOG,
-        extras=("gcp", "k8s"),
-        provisions=True,
+        extras=("k8s", "gcp"),
     )
     _documentation_url = "https://github.com/kinetic-prefect/kinetic-prefect"
 

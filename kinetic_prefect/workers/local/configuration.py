@@ -27,15 +27,6 @@ class KineticLocalJobConfiguration(KineticJobConfiguration):
         return accelerators.host_count(self.asked_spec, self.hosts)
 
     @property
-    def cpu_instead_of(self) -> str | None:
-        """The accelerator asked for, when this machine lacks it and the job runs on the CPU (warned at submit);
-        None when it has it."""
-        from kinetic_prefect.shared import capacity
-
-        spec = self.asked_spec
-        return None if accelerators.local_platform_available(spec.jax_platform) else capacity.label(spec)
-
-    @property
     def accelerator_spec(self) -> accelerators.AcceleratorSpec:
         """What the job runs on, so what it is billed as (workers.metering.job_spec) and said to have run on
         (workers.attempts.plan_for): the CPU where this machine lacks the accelerator asked for (issue 48, 10)."""

@@ -38,8 +38,10 @@ class KineticLocalWorker(PinnedPoolVariables, KineticWorker, BaseWorker):  # typ
         multi_host=True,  # N processes on this machine
         spot=False,
         reservations=False,
-        runs_here=True,
-        price_source=PriceSource.OWN_MACHINE,
+        runs_here=True,  # a GPU or TPU this machine lacks: the job runs on its CPU, and says so
+        # a job on this machine is priced as the same accelerator in the cloud, its CPU unpriced, unless the pool
+        # names its own prices (a budget is enforced the same way on every pool)
+        price_source=PriceSource.CLOUD_CATALOG,
     )
     _documentation_url = "https://github.com/kinetic-prefect/kinetic-prefect"
 

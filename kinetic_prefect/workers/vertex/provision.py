@@ -126,8 +126,7 @@ class VertexClients(PrefectAccess):
 def make_clients(project: str) -> VertexClients:
     """The real clients, on Application Default Credentials."""
     import google.auth
-    from google.cloud import artifactregistry_v1
-    from google.cloud import storage  # type: ignore[attr-defined]
+    from google.cloud import artifactregistry_v1, storage  # type: ignore[attr-defined]
     from googleapiclient import discovery  # type: ignore[import-untyped]
 
     credentials, _ = google.auth.default(scopes=[CLOUD_PLATFORM])

@@ -42,7 +42,7 @@ class KineticVertexWorker(PinnedPoolVariables, KineticWorker, BaseWorker):  # ty
         spot=True,
         reservations=True,
         runs_here=False,
-        price_source=PriceSource.CLOUD_CATALOG,
+        price_source=PriceSource.VERTEX_CATALOG,  # Vertex training's rates, not Compute Engine's
         extras=("gcp",),
     )
     _description = "Runs @kinetic_task jobs as Vertex AI custom jobs (GPUs and TPUs, no cluster to keep)."
