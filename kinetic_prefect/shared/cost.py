@@ -16,11 +16,12 @@ from typing import Any
 
 from kinetic_prefect import accelerators
 from kinetic_prefect.contract.launchers import PriceSource
-from kinetic_prefect.shared.prices import PRICES, Price
+from kinetic_prefect.shared.prices import PRICES, VERTEX_PRICES, Price
 
 # the built-in price table of each price source a launcher may name
 TABLES: dict[PriceSource, dict[str, Price]] = {
     PriceSource.CLOUD_CATALOG: PRICES,
+    PriceSource.VERTEX_CATALOG: VERTEX_PRICES,
 }
 
 
