@@ -16,8 +16,9 @@
     kinetic-prefect cost --estimate TASK_OR_ACCELERATORS --minutes N [--hosts N] [--json]
 
 The root only composes: each command group is a module of ``cli/`` that adds its commands (``register(app)``)
-or its sub-app. Typer + rich, like Prefect's own CLI. ``main(argv)`` returns the exit status instead of exiting, so
-scripts and tests can call it in-process.
+or its sub-app; a launcher's own commands come from its worker class (``cli_commands(app)``). Typer + rich, like
+Prefect's own CLI. ``main(argv)`` returns the exit status instead of exiting, so scripts and tests can call it
+in-process.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import sys
 
 import typer
 
-from kinetic_prefect.cli import catalog, checks, cleanup, cost, gke_worker, provision
+from kinetic_prefect.cli import catalog, checks, cleanup, cost, provision
 from kinetic_prefect.cli.catalog import readme_with_catalog
 from kinetic_prefect.cli.console import ClickException
 from kinetic_prefect.cli.jobs import jobs_app
@@ -41,10 +42,24 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
+
+def _launcher_commands(app: typer.Typer) -> None:
+    """The commands of each installed launcher that has its own (its worker class's ``cli_commands`` hook, e.g.
+    kinetic-gke's ``gke-worker-image`` and ``gke-worker-manifests``): the CLI holds no launcher's code."""
+    from kinetic_prefect import workers
+    from kinetic_prefect.workers.base import kinetic_worker_class
+
+    for worker_type in workers.LAUNCHERS:
+        if worker_type not in workers.UNAVAILABLE:
+            hook = getattr(kinetic_worker_class(worker_type), "cli_commands", None)
+            if hook is not None:
+                hook(app)
+
+
 # In the order `kinetic-prefect --help` lists them.
 catalog.register(app)  # catalog, accelerators
 checks.register(app)  # doctor, pool-set
-gke_worker.register(app)  # gke-worker-image, gke-worker-manifests
+_launcher_commands(app)  # e.g. gke-worker-image, gke-worker-manifests
 cleanup.register(app)
 cost.register(app)
 app.add_typer(jobs_app)

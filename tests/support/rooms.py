@@ -82,6 +82,7 @@ ROOMS = {
     "test_kinetic_api.py": "kinetic",
     "test_launcher_abilities.py": "caller",
     "test_launcher_abilities_worker.py": "worker",
+    "test_launcher_commands.py": "cli",
     "test_leftovers.py": "end-to-end",
     "test_lifecycle.py": "worker",
     "test_log_resume.py": "worker",

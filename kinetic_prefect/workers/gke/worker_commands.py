@@ -1,14 +1,17 @@
-"""``kinetic-prefect gke-worker-image`` and ``gke-worker-manifests``: the in-cluster kinetic-gke worker's image and
-the manifests that run it."""
+"""kinetic-gke's own ``kinetic-prefect`` commands, ``gke-worker-image`` and ``gke-worker-manifests``: the in-cluster
+kinetic-gke worker's image and the manifests that run it. The CLI adds them through the worker class's
+``cli_commands`` hook (``register``)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
-from kinetic_prefect.cli.console import ClickException
+# click's exception (Typer carries its own click): a message and exit status 1, as the CLI's other commands fail
+ClickException: Any = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 
 def gke_worker_image_command(
