@@ -119,7 +119,8 @@ def _ensure_priority_class(api: Any) -> None:
     from kubernetes.client.exceptions import ApiException
 
     with contextlib.suppress(ApiException):  # 409: there already; 403: not this identity's to make
-        client.SchedulingV1Api(api).create_priority_class(priority_class_manifest())
+        scheduling: Any = client.SchedulingV1Api(api)  # the client takes the manifest as a dict
+        scheduling.create_priority_class(priority_class_manifest())
 
 
 class NodeHold:
