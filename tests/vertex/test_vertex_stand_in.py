@@ -326,3 +326,152 @@ def test_a_restarted_worker_reattaches_to_its_custom_job_without_a_duplicate(
     assert box.get("value") == 81, (box, worker_log.read_text()[-3000:])
     assert len(_jobs_of(stand_in, runs[0].id)) == 1, "no duplicate custom job"
     assert "Reattached to 1 Vertex AI custom job(s)" in worker_log.read_text()
+
+
+def _wait_until_running(stand_in: VertexStandIn, name: str, timeout: float = 120) -> vertex.CustomJob:
+    """The call's custom job, once the stand-in runs its container."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        runs = _job_runs(name)
+        jobs = _jobs_of(stand_in, runs[0].id) if runs else []
+        if jobs and jobs[0].state == vertex.JobState.JOB_STATE_RUNNING:
+            return jobs[0]
+        time.sleep(0.3)
+    pytest.fail(f"the custom job of {name} never ran")
+
+
+def _final_job_run(name: str, timeout: float = 30):
+    deadline = time.time() + timeout
+    while True:
+        runs = _job_runs(name)
+        if runs and all(r.state is not None and r.state.is_final() for r in runs):
+            return runs
+        assert time.time() < deadline, [(r.name, r.state) for r in runs]
+        time.sleep(0.3)
+
+
+def test_a_task_timeout_cancels_the_custom_job_and_the_task_run_ends_timed_out(
+    stand_in, vertex_pool, python_base_image
+):
+    """Slow: the job must be running when the task's 8 s timeout fires (image found in the registry, about 3 s
+    to a running container on the stand-in), then the cancel waits for the container to stop."""
+    from job_runs import calling_task_run
+
+    name = f"timeout-vertex-{uuid.uuid4().hex[:6]}"
+
+    @_task(name, vertex_pool, python_base_image, accelerator="l4", timeout_seconds=8)
+    def sleeper() -> None:
+        print("sleeping past the task's timeout", flush=True)
+        time.sleep(600)
+
+    @flow
+    def pipeline():
+        return sleeper()
+
+    import threading
+
+    outcome: dict = {}
+    thread = threading.Thread(target=lambda: outcome.setdefault("error", _call(pipeline)), daemon=True)
+    thread.start()
+    job = _wait_until_running(stand_in, name)
+    thread.join(120)
+    assert isinstance(outcome.get("error"), TimeoutError), outcome
+    [job] = _jobs_of(stand_in, _job_runs(name)[0].id)
+    assert job.state == vertex.JobState.JOB_STATE_CANCELLED, job.state
+    assert stand_in.containers() == [], "the job's container was stopped"
+    [run] = _final_job_run(name)
+    assert run.state.is_cancelled(), run.state
+    assert calling_task_run(run).state.name == "TimedOut"
+
+
+CALLER_SCRIPT = """
+import sys
+from prefect import flow
+from kinetic_prefect import kinetic_task
+
+NAME, POOL, BASE_IMAGE = sys.argv[1:4]
+
+@kinetic_task(name=NAME, work_pool=POOL, base_image=BASE_IMAGE, accelerator="l4", env=["STORAGE_EMULATOR_HOST"])
+def sleeper() -> None:
+    import time
+    print("sleeping until interrupted", flush=True)
+    time.sleep(600)
+
+@flow(name=NAME + "-flow")
+def pipeline():
+    return sleeper()
+
+if __name__ == "__main__":
+    pipeline()
+"""
+
+
+def test_ctrl_c_of_the_calling_script_cancels_the_custom_job(stand_in, vertex_pool, python_base_image, tmp_path):
+    """Slow: a fresh Python process imports Prefect and kinetic (about 5 s), its job must be running before the
+    SIGINT, and the script exits only after the cancelled job's container has stopped."""
+    from job_runs import calling_task_run
+    from test_lifecycle import _as_from_a_terminal
+
+    name = f"interrupt-vertex-{uuid.uuid4().hex[:6]}"
+    script = tmp_path / "caller.py"
+    script.write_text(CALLER_SCRIPT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), name, vertex_pool, python_base_image],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_as_from_a_terminal,
+    )
+    try:
+        _wait_until_running(stand_in, name)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = proc.stdout.read() if proc.stdout else ""
+    assert proc.returncode != 0, output[-3000:]
+    [job] = _jobs_of(stand_in, _job_runs(name)[0].id)
+    assert job.state == vertex.JobState.JOB_STATE_CANCELLED, (job.state, output[-3000:])
+    assert stand_in.containers() == [], "the job's container was stopped"
+    [run] = _final_job_run(name)
+    assert run.state.is_cancelled(), run.state
+    assert not calling_task_run(run).state.is_completed()
+
+
+def test_a_retry_resumes_from_the_checkpoint_the_failed_attempt_saved(stand_in, vertex_pool, python_base_image):
+    """Slow: two custom jobs, one per attempt (each its own container, so the second finds the checkpoint only
+    in the store), about 3 s each on the stand-in."""
+    from job_runs import calling_task_run
+
+    name = f"resume-vertex-{uuid.uuid4().hex[:6]}"
+
+    @_task(name, vertex_pool, python_base_image, accelerator="l4", retries=1)
+    def fragile() -> str:
+        from pathlib import Path
+
+        checkpoint = Path(os.environ["KINETIC_CHECKPOINT_DIR"]) / "progress.txt"
+        if checkpoint.exists():
+            return f"resumed from {checkpoint.read_text()}"
+        checkpoint.write_text("epoch 1")  # saved to the store as the failed attempt ends
+        raise RuntimeError("the first attempt fails after its checkpoint")
+
+    @flow
+    def pipeline():
+        return fragile()
+
+    assert pipeline() == "resumed from epoch 1"
+    first, second = sorted(_job_runs(name), key=lambda r: r.created)
+    assert first.state.is_failed() and second.state.is_completed(), [
+        (r.state.name, r.state.message) for r in (first, second)
+    ]
+    [first_job] = _jobs_of(stand_in, first.id)
+    [second_job] = _jobs_of(stand_in, second.id)
+    # The runner recorded the function's error as the first attempt's outcome and exited 0 (EXIT_OUTCOME_RECORDED),
+    # so its custom job succeeded as a GKE Job completes; the failure is the run's, which Prefect shows.
+    assert first_job.state == vertex.JobState.JOB_STATE_SUCCEEDED
+    assert "the first attempt fails after its checkpoint" in first.state.message, first.state.message
+    assert second_job.state == vertex.JobState.JOB_STATE_SUCCEEDED
+    task_run = calling_task_run(second)
+    assert task_run.state.is_completed() and task_run.run_count == 2, (task_run.state, task_run.run_count)
