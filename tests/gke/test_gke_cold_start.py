@@ -12,14 +12,17 @@ seconds, and ``tests/gke/bench_gke_cold_start.py`` measures the documented one.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
 import time
 import uuid
+from pathlib import Path
 
 import pytest
+import ui_check
 from docker_fixture import proxy_files
 from gke_autoscaler import NodePool
 from job_runs import jobs_of
@@ -35,10 +38,20 @@ from test_gke_cluster import (  # noqa: F401  (job_image: a fixture)
 )
 
 from kinetic_prefect.cli.jobs import _startup_rows
-from kinetic_prefect.contract import PLACEHOLDER_LABEL, STARTUP_STEPS
+from kinetic_prefect.contract import (
+    PLACEHOLDER_LABEL,
+    STARTUP_ARTIFACT_KEY,
+    STARTUP_FIRST_LINE,
+    STARTUP_IMAGE_READY,
+    STARTUP_STEPS,
+)
 from kinetic_prefect.shared import builders
 
 pytestmark = pytest.mark.slow
+
+# the job runs of the cold calls made in this process, for the UI test that follows (``--dist loadfile`` keeps a
+# module on one worker, in order)
+_cold_job_runs: list[str] = []
 
 
 @pytest.fixture
@@ -111,6 +124,51 @@ def test_a_cold_call_waits_for_the_longer_of_the_build_and_the_scale_up_not_both
     assert waited < build + scale_up - 4, f"{waited:.1f} s: the scale-up waited for the build"
     assert not _placeholders(kube)
     _check_the_timeline(job_run.id, node, capsys)
+    _cold_job_runs.append(str(job_run.id))
+
+
+def test_the_cold_calls_timeline_shows_in_the_prefect_ui(prefect_server, tmp_path):
+    """The cold call's start-up timeline on its artifact page in the real Prefect UI (headless Chromium): every
+    step's row, the image-ready and first-line rows with their times; saved as ``startup-timeline.png`` into
+    $KINETIC_UI_SCREENSHOTS (the docs' picture: ``KINETIC_UI_SCREENSHOTS=docs/screenshots``) or a temporary folder.
+    The page's text is checked to show none of this machine's folders. ~8 s (Chromium's start, one page): it reads
+    the run of the cold call above rather than making a second build and scale-up of its own. Without ``chromium``
+    this skips, unless CI is set."""
+    chromium = ui_check.find_chromium()
+    if not chromium:
+        message = "chromium is not installed (Debian: apt-get install -y chromium)"
+        if os.environ.get("CI"):
+            pytest.fail(message + " and CI is set")
+        pytest.skip(message)
+    if not _cold_job_runs:
+        pytest.skip("needs the cold-call test before it in the same process (run the module)")
+    [artifact] = ui_check.post_json(
+        f"{prefect_server}/artifacts/filter",
+        {"artifacts": {"flow_run_id": {"any_": [_cold_job_runs[-1]]}, "key": {"any_": [STARTUP_ARTIFACT_KEY]}}},
+    )
+    rows = {row["step"]: row for row in artifact["data"]}
+    out = Path(os.environ.get("KINETIC_UI_SCREENSHOTS") or tmp_path)
+    browser = ui_check.Browser(chromium, size=(1400, 680))
+    try:
+        browser.goto(f"{prefect_server.removesuffix('/api')}/artifacts/artifact/{artifact['id']}")
+        browser.wait_text(*STARTUP_STEPS, timeout=60, scope="table")
+        for step in (STARTUP_IMAGE_READY, STARTUP_FIRST_LINE):
+            cells = [c for c in (step, rows[step]["after"], rows[step]["note"]) if c]
+            browser.wait_for(
+                f"""Array.from(document.querySelectorAll('table tr')).some(tr => {{
+                    const cells = Array.from(tr.querySelectorAll('td, th')).map(c => c.innerText.trim());
+                    return {json.dumps(cells)}.every(c => cells.includes(c)); }})""",
+                10,
+                what=f"the row {cells}",
+            )
+        browser.redact_paths()
+        browser.settle()
+        shot = browser.screenshot(out / "startup-timeline.png")
+    finally:
+        errors = browser.console[-5:]
+        browser.close()
+    print(f"\nthe timeline's page: {shot} (browser errors: {errors})")
+    assert shot.stat().st_size > 10_000
 
 
 def _check_the_timeline(job_run_id, node: str, capsys) -> None:
