@@ -340,6 +340,16 @@ def _wait_until_running(stand_in: VertexStandIn, name: str, timeout: float = 120
     pytest.fail(f"the custom job of {name} never ran")
 
 
+def _wait_for_output(stand_in: VertexStandIn, job: vertex.CustomJob, text: str, timeout: float = 60) -> None:
+    """Until the job's container has printed ``text`` (read as the stand-in's Cloud Logging serves it)."""
+    job_id = job.name.rsplit("/", 1)[-1]
+    deadline = time.time() + timeout
+    query = {"filter": f'resource.labels.job_id="{job_id}"'}
+    while not any(text in e["textPayload"] for e in stand_in.entries(query)["entries"]):
+        assert time.time() < deadline, f"the job never printed {text!r}"
+        time.sleep(0.3)
+
+
 def _final_job_run(name: str, timeout: float = 30):
     deadline = time.time() + timeout
     while True:
@@ -407,8 +417,8 @@ if __name__ == "__main__":
 
 
 def test_ctrl_c_of_the_calling_script_cancels_the_custom_job(stand_in, vertex_pool, python_base_image, tmp_path):
-    """Slow: a fresh Python process imports Prefect and kinetic (about 5 s), its job must be running before the
-    SIGINT, and the script exits only after the cancelled job's container has stopped."""
+    """Slow: a fresh Python process imports Prefect and kinetic (about 5 s), its job's function must be running
+    before the SIGINT, and the script exits only after the cancelled job's container has stopped."""
     from job_runs import calling_task_run
     from test_lifecycle import _as_from_a_terminal
 
@@ -424,7 +434,9 @@ def test_ctrl_c_of_the_calling_script_cancels_the_custom_job(stand_in, vertex_po
         preexec_fn=_as_from_a_terminal,
     )
     try:
-        _wait_until_running(stand_in, name)
+        # Ctrl-C once the function runs, as a user who saw its output would (a runner still starting has no SIGTERM
+        # handler yet and, as the container's PID 1, would sit out docker stop's 10 s grace)
+        _wait_for_output(stand_in, _wait_until_running(stand_in, name), "sleeping until interrupted")
         proc.send_signal(signal.SIGINT)
         proc.wait(120)
     finally:
