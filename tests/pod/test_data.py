@@ -510,9 +510,11 @@ def test_eurosat_sample_round_trip(shared_data, tmp_path, gcs_bucket):
 
 
 def test_module_imports_no_prefect_or_google():
+    # What the import adds: google-cloud-aiplatform's namespace-package .pth puts empty `google` and `google.cloud`
+    # modules in every interpreter at start-up, before anything is imported.
     code = (
-        "import sys, kinetic_prefect.pod.data; "
-        "bad = [m for m in sys.modules if m.split('.')[0] in ('prefect', 'google', 'cloudpickle')]; "
+        "import sys; before = set(sys.modules); import kinetic_prefect.pod.data; "
+        "bad = [m for m in set(sys.modules) - before if m.split('.')[0] in ('prefect', 'google', 'cloudpickle')]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
