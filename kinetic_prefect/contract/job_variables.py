@@ -9,7 +9,7 @@ configuration: ``python -m kinetic_prefect.workers.templates`` writes them, a te
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from prefect.workers.base import BaseVariables
 from pydantic import Field
@@ -112,13 +112,34 @@ class PoolVariables(CallVariables):
         default=None,
         title=GCP_CREDENTIALS_TITLE,
         description="Name of a saved prefect-gcp GcpCredentials block, used for a gs:// store and its results block, "
-        "and where the pool builds images, for Cloud Build / Artifact Registry (e.g. my-gcp). Empty: Application "
-        "Default Credentials.",
+        "and where the pool builds images or calls Google's APIs, for Cloud Build / Artifact Registry / Vertex AI "
+        "(e.g. my-gcp). Empty: Application Default Credentials.",
     )
     stream_output: bool = Field(
         default=True,
         title="Stream output",
         description="Forward the job's stdout/stderr to the flow run's logs as it runs.",
+    )
+
+
+class ImageBuildVariables(BaseVariables):
+    """What every pool whose launcher runs container images (its abilities' ``runs_images``) builds a missing image
+    with: the builder, where the image is pushed, where Cloud Build's context is staged."""
+
+    image_builder: Literal["cloud-build", "docker", "none"] = Field(
+        default="none",
+        title="Image builder",
+        description="How missing images are built: Cloud Build, a local Docker engine, or none (image required).",
+    )
+    image_repository: str | None = Field(
+        default=None,
+        title="Image repository",
+        description="Registry path images are pushed to, e.g. us-docker.pkg.dev/PROJECT/REPO.",
+    )
+    build_staging_bucket: str | None = Field(
+        default=None,
+        title="Build staging bucket",
+        description="GCS bucket where build contexts are uploaded for Cloud Build.",
     )
 
 

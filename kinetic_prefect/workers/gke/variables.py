@@ -13,7 +13,12 @@ from prefect_kubernetes.credentials import KubernetesClusterConfig
 from prefect_kubernetes.worker import KubernetesWorkerVariables
 from pydantic import Field
 
-from kinetic_prefect.contract.job_variables import CALLER_VARIABLES, PoolVariables, WarmVariables
+from kinetic_prefect.contract.job_variables import (
+    CALLER_VARIABLES,
+    ImageBuildVariables,
+    PoolVariables,
+    WarmVariables,
+)
 from kinetic_prefect.workers.gke.kube import CONTAINER_SECURITY_CONTEXT, POD_SECURITY_CONTEXT
 
 # Retries belong to Prefect: a failed Job is never restarted by Kubernetes (a group fails all or nothing).
@@ -58,7 +63,7 @@ def job_manifest_template() -> dict[str, Any]:
     }
 
 
-class KineticGKEVariables(PoolVariables, WarmVariables):
+class KineticGKEVariables(PoolVariables, WarmVariables, ImageBuildVariables):
     """``kinetic-gke``: jobs as Kubernetes Jobs on GKE node pools with the named accelerator."""
 
     # What a call may set on this pool: the kinetic list, a prebuilt image (@kinetic_task(image=...)) and the FUSE
@@ -181,26 +186,11 @@ class KineticGKEVariables(PoolVariables, WarmVariables):
         description="Pods in one job's group (data parallelism over several nodes; host 0 is the coordinator). A "
         "multi-host TPU slice (tpu-v5litepod-16, ...) sets its own count. Empty: one pod.",
     )
-    image_builder: Literal["cloud-build", "docker", "none"] = Field(
-        default="none",
-        title="Image builder",
-        description="How missing images are built: Cloud Build, a local Docker engine, or none (image required).",
-    )
-    image_repository: str | None = Field(
-        default=None,
-        title="Image repository",
-        description="Registry path images are pushed to, e.g. us-docker.pkg.dev/PROJECT/REPO.",
-    )
     gcp_project: str | None = Field(
         default=None, title="GCP project", description="Project for Cloud Build and Artifact Registry."
     )
     gcp_region: str | None = Field(
         default=None, title="GCP region", description="Region of Cloud Build and the Artifact Registry repository."
-    )
-    build_staging_bucket: str | None = Field(
-        default=None,
-        title="Build staging bucket",
-        description="GCS bucket where build contexts are uploaded for Cloud Build.",
     )
     ephemeral_storage_request: str | None = Field(
         default=None,

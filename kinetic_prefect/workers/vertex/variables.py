@@ -1,7 +1,8 @@
 """Worker side, ``kinetic-vertex``: the pool's variables (its form).
 
-prefect-gcp's ``VertexAIWorkerVariables`` under the kinetic ``CallVariables``: a prefect-gcp user finds every setting
-they know (region, service account, network, boot disk, scheduling, web access ...). Changed: ``image`` is optional
+prefect-gcp's ``VertexAIWorkerVariables`` under the kinetic ``PoolVariables`` and ``ImageBuildVariables``: a
+prefect-gcp user finds every setting they know (region, service account, network, boot disk, scheduling, web
+access ...). Changed: ``image`` is optional
 (built from the call's environment like kinetic-gke's), the machine fields default to the catalog's entry for the
 accelerator, and ``credentials`` defaults to none (prefect-gcp makes a ``GcpCredentials()`` there, which needs
 Application Default Credentials on every machine that merely reads the form).
@@ -9,18 +10,18 @@ Application Default Credentials on every machine that merely reads the form).
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from prefect_gcp.credentials import GcpCredentials
 from prefect_gcp.workers.vertex import VertexAIWorkerVariables
 from pydantic import Field
 
-from kinetic_prefect.contract.job_variables import CALLER_VARIABLES, GCP_CREDENTIALS_TITLE, CallVariables
+from kinetic_prefect.contract.job_variables import CALLER_VARIABLES, ImageBuildVariables, PoolVariables
 
 _THEIRS = VertexAIWorkerVariables.model_fields
 
 
-class KineticVertexVariables(CallVariables, VertexAIWorkerVariables):
+class KineticVertexVariables(PoolVariables, ImageBuildVariables, VertexAIWorkerVariables):
     """``kinetic-vertex``: jobs as Vertex AI custom jobs on the machine the accelerator names."""
 
     # What a call may set: the kinetic list and a prebuilt image (@kinetic_task(image=...)); the pool pins the rest
@@ -108,36 +109,10 @@ class KineticVertexVariables(CallVariables, VertexAIWorkerVariables):
         title="Cloud Logging endpoint",
         description="Where the jobs' output is read (entries.list). Empty: https://logging.googleapis.com.",
     )
-    image_builder: Literal["cloud-build", "docker", "none"] = Field(
-        default="none",
-        title="Image builder",
-        description="How missing images are built: Cloud Build, a local Docker engine, or none (image required).",
-    )
-    image_repository: str | None = Field(
-        default=None,
-        title="Image repository",
-        description="Registry path images are pushed to, e.g. us-docker.pkg.dev/PROJECT/REPO.",
-    )
-    build_staging_bucket: str | None = Field(
-        default=None,
-        title="Build staging bucket",
-        description="GCS bucket where build contexts are uploaded for Cloud Build.",
-    )
-    gcp_credentials: str | None = Field(
-        default=None,
-        title=GCP_CREDENTIALS_TITLE,
-        description="Name of a saved prefect-gcp GcpCredentials block, used for the gs:// store, Cloud Build and "
-        "Vertex AI when `credentials` is empty. Empty: Application Default Credentials.",
-    )
     poll_seconds: float = Field(
         default=5.0,
         title="Poll interval",
         description="Seconds between reads of a running custom job (its state and new output lines).",
-    )
-    stream_output: bool = Field(
-        default=True,
-        title="Stream output",
-        description="Forward the job's output (read from Cloud Logging) to the flow run's logs as it runs.",
     )
     store: str | None = Field(
         default=None,
