@@ -196,6 +196,8 @@ class KineticGKEJobConfiguration(KineticJobConfiguration, KubernetesWorkerJobCon
         container.pop("args", None)  # prefect-kubernetes puts the flow-run command there; the runner takes none
         container["env"] = self._split_env(container.get("env") or [])
         if self.install_requirements_at_start:
+            # the pod pip-installs these lines: held to what a caller can send even when no image is built here
+            self.check_build_variables()
             container["env"].append(prebuilt.install_env(self.image_spec))
         requests = {
             k: v
