@@ -83,5 +83,6 @@ def carried_value(returned: Any) -> Any:
     """What a plain call returns for Prefect's return value: the value inside a state made by ``completed``, else
     ``returned`` unchanged (a State the user's own function returned stays Prefect's business)."""
     with _summary_lock:
-        made_here = _SUMMARY_STATES.pop(id(returned), None) is returned
+        # ``is not None`` first: ``pop``'s default is None, so a task that returns None would match itself.
+        made_here = returned is not None and _SUMMARY_STATES.pop(id(returned), None) is returned
     return returned.result() if made_here else returned
