@@ -125,8 +125,12 @@ class TaskOptions:
 
     def resolve(self) -> KineticOptions:
         """The call's options: every check made, the accelerator resolved once. Fails at decoration on unknown
-        names, ``hosts=0``, hosts contradicting a slice, a list mixing host counts, a bad budget, an unknown
-        ``submission``/``env_missing``, a negative ``preemption_retries`` or a missing ``project_dir``."""
+        names, a yes/no option that is not a bool (``debug="false"``), ``hosts=0``, hosts contradicting a slice, a
+        list mixing host counts, a bad budget, an unknown ``submission``/``env_missing``, a negative
+        ``preemption_retries`` or a missing ``project_dir``."""
+        for option in dataclasses.fields(self):
+            if "bool" in str(option.type):
+                check_yes_no(option.name, getattr(self, option.name), optional="None" in str(option.type))
         pools = _pool_segments(self.accelerator, self.work_pool)
         spec, *fallbacks = capacity.choices(list(pools[0][1]), self.hosts)
         later = tuple((pool, tuple(capacity.choices(list(entries), self.hosts))) for pool, entries in pools[1:])
@@ -143,7 +147,7 @@ class TaskOptions:
             "env": (self.env,) if isinstance(self.env, str) else tuple(self.env),
             "project_dir": Path(self.project_dir) if self.project_dir else None,
             "job_variables": dict(self.job_variables or {}),
-            "debug": bool(self.debug),
+            "debug": self.debug,
             "pool_fallbacks": later,
             "work_pool": pools[0][0],
         }
@@ -163,6 +167,25 @@ class TaskOptions:
             raise ValueError(f"submission={self.submission!r} is not one of {', '.join(SUBMISSION_MODES)}")
         if self.project_dir is not None and not Path(self.project_dir).is_dir():
             raise ValueError(f"project_dir={str(self.project_dir)!r} is not a directory")
+
+
+_SAID_FALSE = {"false", "no", "off", "0", ""}
+_SAID_TRUE = {"true", "yes", "on", "1"}
+
+
+def check_yes_no(name: str, value: Any, optional: bool = False) -> None:
+    """A yes/no option is a bool (or None where ``optional``: the pool decides). Anything else is refused, naming
+    the fix: read by truthiness, ``debug="false"`` would turn debugging on."""
+    if isinstance(value, bool) or (optional and value is None):
+        return
+    said = str(value).strip().lower()
+    meant = "False" if said in _SAID_FALSE else "True" if said in _SAID_TRUE else None
+    fix = f"write {name}={meant}" if meant else f"write {name}=True or {name}=False"
+    raise ValueError(
+        f"{name}={value!r}: a yes/no option takes True or False"
+        + (" (or None: the pool's setting)" if optional else "")
+        + f", not {type(value).__name__} (a value read by truthiness would mean yes for 'false'); {fix}"
+    )
 
 
 def _pool_segments(
@@ -195,4 +218,4 @@ def given(keywords: dict[str, Any]) -> TaskOptions:
     return TaskOptions(**{name: keywords[name] for name in OPTION_NAMES})
 
 
-__all__ = ["OPTION_NAMES", "KineticOptions", "TaskOptions", "given"]
+__all__ = ["OPTION_NAMES", "KineticOptions", "TaskOptions", "check_yes_no", "given"]

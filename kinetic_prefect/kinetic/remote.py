@@ -48,8 +48,8 @@ def _check_kinetic_options(kinetic_options: dict[str, Any]) -> dict[str, Any]:
                 "backend here; name a multi-host slice (accelerator='v5litepod-16') or pass hosts=N."
             )
         if name == "debug":  # the same debug mode: debugpy in the job, `kinetic-prefect jobs debug JOB` attaches
-            if value:
-                translated["debug"] = True
+            if value is not False:  # True, or what TaskOptions refuses naming it (debug="false")
+                translated["debug"] = value
             continue
         if name == "container_image":
             if value not in (None, "bundled", "prebuilt"):  # both mean: an environment with the requirements
@@ -108,7 +108,9 @@ class RemoteCallable:
         task_options: dict[str, Any],
     ):
         from kinetic_prefect.caller.decorator import kinetic_task
+        from kinetic_prefect.caller.options import check_yes_no
 
+        check_yes_no("spot", spot)  # spot="no" is not spot capacity
         spec = kinetic_reading(accelerator)
         if spot:
             spec = spec.with_spot(True)

@@ -45,23 +45,73 @@ def _normalize_one(line: str, origin: str) -> str:
     return str(req)
 
 
-def _read_requirements_file(path: Path) -> list[tuple[str, str]]:
+# pip's spellings of "read this other file too": ``-r X``, ``-rX``, ``--requirement X``, ``--requirement=X``.
+_INCLUDE_OPTIONS = ("--requirement", "-r")
+_CONSTRAINT_OPTIONS = ("--constraint", "-c")
+
+
+def _option_target(text: str, options: tuple[str, ...]) -> str | None:
+    """The file a ``-r``/``-c`` line names ('' when it names none), or None when the line is not that option."""
+    for option in options:
+        if text == option:
+            return ""
+        rest = text[len(option) :]
+        if not text.startswith(option) or not rest:
+            continue
+        if rest[0] in " \t=":
+            return rest.lstrip(" \t=").strip()
+        if not option.startswith("--"):  # -rbase.txt; --requirements is not --requirement
+            return rest.strip()
+    return None
+
+
+def _read_requirements_file(path: Path, including: tuple[Path, ...] = ()) -> list[tuple[str, str]]:
+    """The requirement lines of ``path`` and of the files it includes (relative to it, as pip reads them), each with
+    its ``file:line``. ``including``: the files whose includes led here, to refuse a cycle by name."""
+    chain = (*including, path.resolve())
     lines: list[tuple[str, str]] = []
     for number, raw in enumerate(path.read_text().splitlines(), start=1):
         text = raw.split(" #", 1)[0].strip()
         if not text or text.startswith("#"):
             continue
-        if text.startswith(("-r ", "-c ", "--requirement", "--constraint")):
-            target = text.split(maxsplit=1)[1]
-            lines.extend(_read_requirements_file((path.parent / target).resolve()))
+        where = f"{path}:{number}"
+        constraint = _option_target(text, _CONSTRAINT_OPTIONS)
+        if constraint is not None:
+            # The job's environment is built from requirements alone: a constraints file read as requirements would
+            # install every package it pins, and one applied to the listed packages only would miss the transitive
+            # ones it is usually there for.
+            raise RequirementsError(
+                f"{where}: {text!r}: constraints files are not supported in kinetic requirements (the job's "
+                f"environment is built from the requirements alone, and {constraint or 'its entries'} would be "
+                "installed as packages). Pin the versions you need in the requirements themselves, e.g. "
+                "'urllib3<2' as its own line: a listed pin holds a transitive package too."
+            )
+        target = _option_target(text, _INCLUDE_OPTIONS)
+        if target is not None:
+            lines.extend(_read_included(where, text, target, path, chain))
             continue
         if text.startswith("-"):
             raise RequirementsError(
-                f"{path}:{number}: pip option {text!r} is not supported in kinetic requirements; "
+                f"{where}: pip option {text!r} is not supported in kinetic requirements; "
                 "list packages only (indexes are configured on the worker)."
             )
-        lines.append((text, f"{path}:{number}"))
+        lines.append((text, where))
     return lines
+
+
+def _read_included(where: str, text: str, target: str, path: Path, chain: tuple[Path, ...]) -> list[tuple[str, str]]:
+    if not target:
+        raise RequirementsError(f"{where}: {text!r} names no file; write e.g. '-r base.txt'.")
+    included = (path.parent / target).expanduser().resolve()
+    if included in chain:
+        cycle = " -> ".join(str(p) for p in (*chain[chain.index(included) :], included))
+        raise RequirementsError(
+            f"{where}: requirements file {included} includes itself ({cycle}); drop the '-r' line that closes "
+            "the cycle."
+        )
+    if not included.is_file():
+        raise RequirementsError(f"{where}: {text!r}: requirements file {str(included)!r} does not exist.")
+    return _read_requirements_file(included, chain)
 
 
 def _read_pyproject(path: Path) -> list[tuple[str, str]]:
