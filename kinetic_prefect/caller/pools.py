@@ -11,7 +11,6 @@ from prefect.client.orchestration import PrefectClient
 from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.client.schemas.objects import WorkerStatus, WorkPool
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
-from prefect.workers.base import BaseWorker
 
 from kinetic_prefect import config
 from kinetic_prefect.contract import WORKER_TYPES
@@ -38,18 +37,21 @@ class WorkPoolError(LookupError):
 
 
 def worker_class_for(pool_type: str) -> Any:  # a BaseWorker subclass mixing in lifecycle.KineticWorker
-    """The caller's one door to the worker side: the kinetic worker class of ``pool_type``."""
+    """The caller's one door to the worker side: the kinetic worker class of ``pool_type``, importing that launcher
+    alone (a call on kinetic-local loads no cloud client)."""
     from kinetic_prefect import workers
 
-    missing = workers.UNAVAILABLE.get(pool_type)
-    if missing is not None:  # its module needs an extra this install lacks: the install command
-        raise WorkPoolError(f"work pool type {pool_type!r} {missing}")
-    cls = BaseWorker.get_worker_class_from_type(pool_type)
+    try:
+        cls = workers.worker_class(pool_type)
+    except workers.LauncherUnavailable as missing:  # its module needs an extra this install lacks
+        raise WorkPoolError(f"work pool type {pool_type!r} {missing}") from None
+    except KeyError:
+        cls = None
     if cls is None or not isinstance(getattr(cls, "abilities", None), LauncherAbilities):
         raise WorkPoolError(
             f"work pool type {pool_type!r} is not a kinetic worker type; use a pool of type "
             + " or ".join(repr(name) for name in WORKER_TYPES)
-            + f" (prefect work-pool create NAME --type {WORKER_TYPES[0]})."
+            + f" (uv run prefect work-pool create NAME --type {WORKER_TYPES[0]})."
         )
     return cls
 

@@ -2,7 +2,7 @@
 groups, and ``main``), ``catalog`` (``catalog``, ``accelerators``), ``checks`` (``doctor``, ``pool-set``; the checks
 are ``doctor``'s), ``cleanup``, ``cost``, ``jobs``, ``warm``, ``provision`` (``up``/``down``/``pool``); ``console`` is
 what they share. A launcher's own commands (kinetic-gke's ``gke-worker-image``, ``gke-worker-manifests``) come from
-its worker class's ``cli_commands`` hook. The console script is
+its registration line in ``workers.LAUNCHERS``. The console script is
 ``kinetic_prefect.cli:main``."""
 
 from kinetic_prefect.cli.app import app, main

@@ -16,7 +16,7 @@
     kinetic-prefect cost --estimate TASK_OR_ACCELERATORS --minutes N [--hosts N] [--json]
 
 The root only composes: each command group is a module of ``cli/`` that adds its commands (``register(app)``)
-or its sub-app; a launcher's own commands come from its worker class (``cli_commands(app)``). Typer + rich, like
+or its sub-app; a launcher's own commands come from its registration line (``workers.LAUNCHERS``). Typer + rich, like
 Prefect's own CLI. ``main(argv)`` returns the exit status instead of exiting, so scripts and tests can call it
 in-process.
 """
@@ -44,16 +44,16 @@ app = typer.Typer(
 
 
 def _launcher_commands(app: typer.Typer) -> None:
-    """The commands of each installed launcher that has its own (its worker class's ``cli_commands`` hook, e.g.
-    kinetic-gke's ``gke-worker-image`` and ``gke-worker-manifests``): the CLI holds no launcher's code."""
-    from kinetic_prefect import workers
-    from kinetic_prefect.workers.base import kinetic_worker_class
+    """The commands of each launcher that has its own (its ``workers.LAUNCHERS`` line's ``commands`` module, e.g.
+    kinetic-gke's ``gke-worker-image`` and ``gke-worker-manifests``): the CLI holds no launcher's code, and the module
+    is light, so ``--help`` imports no launcher."""
+    import importlib
 
-    for worker_type in workers.LAUNCHERS:
-        if worker_type not in workers.UNAVAILABLE:
-            hook = getattr(kinetic_worker_class(worker_type), "cli_commands", None)
-            if hook is not None:
-                hook(app)
+    from kinetic_prefect import workers
+
+    for line in workers.LAUNCHERS.values():
+        if line.commands is not None:
+            importlib.import_module(line.commands).register(app)
 
 
 # In the order `kinetic-prefect --help` lists them.

@@ -80,7 +80,8 @@ def check_api(report: Report, client) -> bool:
 def check_pool(report: Report, client):
     """The pool (or None when it is missing and cannot be created on first use)."""
     from prefect.exceptions import ObjectNotFound
-    from prefect.workers.base import BaseWorker
+
+    from kinetic_prefect import workers
 
     name = report.pool
     try:
@@ -98,13 +99,13 @@ def check_pool(report: Report, client):
             f"or create one: `prefect work-pool create NAME --type kinetic-local`",
         )
         return pool
-    if BaseWorker.get_worker_class_from_type(pool.type) is None:
+    if workers.find(pool.type) is None:
         report.add(
             "Work pool",
             FAIL,
             f"{name!r} is of type {pool.type!r}, but that worker type is not installed here",
             "install kinetic-prefect in this environment (its `prefect.collections` entry point registers "
-            "the worker types): `pip install kinetic-prefect`",
+            "the worker types): `uv sync` in the checkout, or `pip install -e .` from it",
         )
         return pool
     if pool.is_paused:
@@ -317,12 +318,10 @@ def check_options(gke_cluster: str | None) -> None:
 def _launcher_doctor(pool_type: str | None) -> Callable[..., None]:
     """The checks of the pool's launcher (its worker class's ``doctor`` hook); for a pool that is missing, not a
     kinetic type or not installed here, the default pool type's (what a call would fall back to)."""
-    from prefect.workers.base import BaseWorker
-
-    import kinetic_prefect.workers  # noqa: F401 - registers the worker types with Prefect
+    from kinetic_prefect import workers
 
     for candidate in (pool_type, config.DEFAULT_POOL_TYPE):
-        hook = getattr(BaseWorker.get_worker_class_from_type(candidate) if candidate else None, "doctor", None)
+        hook = getattr(workers.find(candidate), "doctor", None)
         if hook is not None:
             return hook
     raise LookupError(f"no kinetic worker type is installed here ({', '.join(WORKER_TYPES)})")

@@ -37,7 +37,10 @@ pool_app = typer.Typer(
     name="pool", help="Accelerator node pools of the cluster: add, remove, list.", no_args_is_help=True
 )
 
-_INSTALL = "provisioning needs the gcp and k8s extras: pip install 'kinetic-prefect[gcp,k8s]'"
+_INSTALL = (
+    "provisioning needs the gcp and k8s extras: uv sync --inexact --extra gcp --extra k8s in the checkout "
+    "(pip: pip install -e '.[gcp,k8s]')"
+)
 _PROJECT = typer.Option(None, "--project", envvar="GOOGLE_CLOUD_PROJECT", metavar="PROJECT_ID", help="GCP project ID")
 _ZONE = typer.Option(..., "--zone", metavar="ZONE", help="the cluster's zone, e.g. us-central1-a")
 _CLUSTER = typer.Option("kinetic-cluster", "--cluster", metavar="NAME", help="GKE cluster name")
@@ -70,21 +73,18 @@ def _platform(name: str) -> Any:
     """The provisioning of the registered launcher whose ``--platform`` name is ``name`` (its worker class's
     ``provisioning()`` hook); the CLI knows no platform by name."""
     from kinetic_prefect import workers
-    from kinetic_prefect.workers.base import kinetic_worker_class
 
     found: dict[str, Any] = {}
-    for worker_type in workers.LAUNCHERS:
-        if worker_type in workers.UNAVAILABLE:
-            continue
-        hook = getattr(kinetic_worker_class(worker_type), "provisioning", None)
-        if hook is not None:
-            platform = hook()
+    for worker_type, line in workers.LAUNCHERS.items():
+        if line.platform == name and (cls := workers.find(worker_type)) is not None:
+            platform = cls.provisioning()
             found[platform.name] = platform
     if name in found:
         return found[name]
+    named = sorted(line.platform for line in workers.LAUNCHERS.values() if line.platform)
     missing = "; ".join(f"{t} {hint}" for t, hint in workers.UNAVAILABLE.items())
     raise ClickException(
-        f"--platform {name!r}: the installed launchers provision {', '.join(sorted(found)) or 'nothing'}"
+        f"--platform {name!r}: the launchers provision {', '.join(named) or 'nothing'}"
         + (f" ({missing})" if missing else "")
     )
 

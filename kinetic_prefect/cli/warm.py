@@ -93,17 +93,15 @@ def _local_rows(pool: str | None) -> list[Row]:
 def _pool_floor_pods(work_pool: Any) -> Callable[[Any], list[tuple[Any, Callable[[], bool]]]] | None:
     """The hook of the pool's worker class that lists its floor pods in a cluster (``floor_pods``), or None: a
     launcher whose warm runners live on this machine (read above), or a type not installed here."""
-    from prefect.workers.base import BaseWorker
+    from kinetic_prefect import workers
 
-    return getattr(BaseWorker.get_worker_class_from_type(work_pool.type), "floor_pods", None)
+    return getattr(workers.find(work_pool.type), "floor_pods", None)
 
 
 def _cluster_rows(pool: str | None, problems: list[str]) -> list[Row]:
     """The floor pods of ``pool`` (else of every pool whose launcher keeps them in a cluster)."""
     try:
         from prefect import get_client
-
-        import kinetic_prefect.workers  # noqa: F401 - registers the worker types with Prefect
 
         with get_client(sync_client=True) as client:
             pools = [client.read_work_pool(pool)] if pool else client.read_work_pools()

@@ -33,11 +33,14 @@ def slot_argv(argv: list[str]) -> list[str]:
 
 
 def kinetic_worker_class(worker_type: str) -> Any:
-    """The worker class registered for ``worker_type`` (Prefect's registry: importing ``kinetic_prefect.workers``
-    registers each installed one). What a type has is read from its class, never decided by its name."""
-    from prefect.workers.base import BaseWorker
+    """The worker class of ``worker_type`` (``workers.worker_class``: that launcher alone is imported). What a type
+    has is read from its class, never decided by its name."""
+    from kinetic_prefect import workers
 
-    cls = BaseWorker.get_worker_class_from_type(worker_type)
+    try:
+        cls = workers.worker_class(worker_type)
+    except KeyError:
+        cls = None
     if cls is None or getattr(cls, "abilities", None) is None:
         raise ValueError(f"no kinetic worker type {worker_type!r} installed here; one of {', '.join(WORKER_TYPES)}")
     return cls

@@ -1,10 +1,12 @@
-"""A launcher's own ``kinetic-prefect`` commands come from its worker class (the ``cli_commands`` hook), so ``cli/``
-holds no launcher's code: kinetic-gke's ``gke-worker-image`` and ``gke-worker-manifests`` live in
-``workers/gke/worker_commands.py``, and a new launcher adds its commands without an edit to ``cli/``."""
+"""A launcher's own ``kinetic-prefect`` commands come from its registration line (``workers.LAUNCHERS``' ``commands``
+module), so ``cli/`` holds no launcher's code: kinetic-gke's ``gke-worker-image`` and ``gke-worker-manifests`` live in
+``workers/gke/commands.py``, and a new launcher adds its commands without an edit to ``cli/``."""
 
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 
 import pytest
 import typer
@@ -21,22 +23,25 @@ def _names(app: typer.Typer) -> list[str]:
     return [command.name for command in app.registered_commands]
 
 
-def test_a_launchers_commands_are_added_from_its_worker_class(monkeypatch):
-    class FakeWorker:
-        @staticmethod
-        def cli_commands(app: typer.Typer) -> None:
-            @app.command("fake-hello")
-            def hello() -> None:
-                """Say hello from the fake launcher."""
-                print("hello from the fake launcher")
+def test_a_launchers_commands_are_added_from_its_registration_line(monkeypatch):
+    fake = types.ModuleType("fake_launcher_commands")
 
-    class Plain:  # a launcher with no commands of its own
-        pass
+    def register(app: typer.Typer) -> None:
+        @app.command("fake-hello")
+        def hello() -> None:
+            """Say hello from the fake launcher."""
+            print("hello from the fake launcher")
 
-    classes = {"kinetic-fake": FakeWorker, "kinetic-plain": Plain}
-    monkeypatch.setattr(workers, "LAUNCHERS", {t: (f"x:{c.__name__}", ()) for t, c in classes.items()})
-    monkeypatch.setattr(workers, "UNAVAILABLE", {})
-    monkeypatch.setattr("kinetic_prefect.workers.base.kinetic_worker_class", classes.__getitem__)
+    fake.register = register  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    monkeypatch.setattr(
+        workers,
+        "LAUNCHERS",
+        {
+            "kinetic-fake": workers.Launcher("x:FakeWorker", (), fake.__name__),
+            "kinetic-plain": workers.Launcher("x:Plain", ()),  # a launcher with no commands of its own
+        },
+    )
     app = typer.Typer()
     app.command("other")(lambda: None)
     cli_app._launcher_commands(app)
@@ -45,11 +50,11 @@ def test_a_launchers_commands_are_added_from_its_worker_class(monkeypatch):
     assert result.exit_code == 0 and "hello from the fake launcher" in result.output
 
 
-def test_kinetic_gkes_commands_come_from_its_worker_class_with_their_help(capsys):
-    from kinetic_prefect.workers.gke.worker import KineticGKEWorker
+def test_kinetic_gkes_commands_come_from_its_folder_with_their_help(capsys):
+    from kinetic_prefect.workers.gke import commands
 
     app = typer.Typer()
-    KineticGKEWorker.cli_commands(app)
+    commands.register(app)
     assert _names(app) == ["gke-worker-image", "gke-worker-manifests"]
     assert main(["gke-worker-manifests", "--help"]) == 0
     assert "Print manifests that run a kinetic-gke worker in a cluster" in capsys.readouterr().out

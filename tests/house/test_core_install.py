@@ -37,4 +37,4 @@ def test_without_the_k8s_extra_local_works_and_gke_names_the_install():
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "REFUSED work pool type 'kinetic-gke' needs the k8s and gcp extras" in proc.stdout
-    assert "pip install 'kinetic-prefect[gcp,k8s]'" in proc.stdout
+    assert "uv sync --inexact --extra gcp --extra k8s" in proc.stdout

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.no_server
 
 
 def _registered() -> list:
-    return [getattr(workers, where.partition(":")[2]) for where, _ in workers.LAUNCHERS.values()]
+    return [workers.find(worker_type) for worker_type in workers.LAUNCHERS]
 
 
 def test_an_accelerator_this_machine_lacks_runs_on_its_cpu_only_where_the_launcher_runs_jobs_here():
@@ -48,13 +48,13 @@ def test_a_launcher_whose_class_states_other_extras_than_its_registration_is_not
 
     from kinetic_prefect.workers.local.worker import KineticLocalWorker
 
-    for worker_type, (where, extras) in workers.LAUNCHERS.items():
-        cls = getattr(workers, where.partition(":")[2])
+    for worker_type, line in workers.LAUNCHERS.items():
+        cls = workers.find(worker_type)
         if cls is not None:
-            assert set(cls.abilities.extras) == set(extras), worker_type
+            assert set(cls.abilities.extras) == set(line.extras), worker_type
     monkeypatch.setattr(
         KineticLocalWorker, "abilities", dataclasses.replace(KineticLocalWorker.abilities, extras=("gcp",))
     )
-    where, extras = workers.LAUNCHERS["kinetic-local"]
+    line = workers.LAUNCHERS["kinetic-local"]
     with pytest.raises(TypeError, match=r"KineticLocalWorker.abilities.extras \('gcp',\) differs"):
-        workers._register("kinetic-local", where, extras)
+        workers._register("kinetic-local", line.worker, line.extras)

@@ -49,14 +49,6 @@ class KineticGKEWorker(PinnedPoolVariables, KineticWorker, BaseWorker):  # type:
     _documentation_url = "https://github.com/kinetic-prefect/kinetic-prefect"
 
     @staticmethod
-    def cli_commands(app: Any) -> None:
-        """The ``kinetic-prefect`` commands only this launcher has (``gke-worker-image``, ``gke-worker-manifests``:
-        ``workers/gke/worker_commands.py``), added to the CLI's Typer ``app``."""
-        from kinetic_prefect.workers.gke import worker_commands
-
-        worker_commands.register(app)
-
-    @staticmethod
     def doctor(report: Any, client: Any, pool: Any, accelerators: list[str], **options: Any) -> None:
         """``kinetic-prefect doctor``'s checks of a pool of this type (``workers/gke/doctor.py``)."""
         from kinetic_prefect.workers.gke import doctor

@@ -1,6 +1,6 @@
 """kinetic-gke's own ``kinetic-prefect`` commands, ``gke-worker-image`` and ``gke-worker-manifests``: the in-cluster
-kinetic-gke worker's image and the manifests that run it. The CLI adds them through the worker class's
-``cli_commands`` hook (``register``)."""
+kinetic-gke worker's image and the manifests that run it. The CLI adds them through the launcher's
+registration line; a command imports the launcher's code when it runs."""
 
 from __future__ import annotations
 
