@@ -13,6 +13,17 @@ are left out of the archive, and a warning lists them. To ship one, un-ignore it
 ``.kineticignore`` with a gitignore negation: a line ``!.env`` (or ``!certs/client.pem``).
 Secret-looking Python source (``secrets.py``) is shipped, since the job may import it, with a
 warning.
+
+Nothing of Kinetic's or Prefect's own is ever shipped, whoever put it in the project and whatever the ignore files
+say (:func:`own_state_paths`, :data:`NEVER_SHIPPED`, and any folder laid out as a Kinetic store): Prefect's home
+(its database holds the key that decrypts every Secret block), its database file wherever its URL puts it, its
+profiles and results, Kinetic's cache and every local store (one in the project would ship itself, earlier archives
+included, with every call).
+
+A symbolic link whose target is outside the project is left out, and a warning names it: the archive is what the
+project holds, never what a committed link reaches on this machine (``key -> ~/.ssh/id_rsa``). A stray link must not
+stop every call, so it is skipped (as secret-looking files are), not refused. Links inside the project ship their
+target's content as today.
 """
 
 from __future__ import annotations
@@ -23,10 +34,12 @@ import hashlib
 import inspect
 import io
 import os
+import re
 import subprocess
 import tarfile
 import threading
 import time
+import urllib.parse
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -37,7 +50,7 @@ from typing import Any
 import pathspec
 
 from kinetic_prefect import config
-from kinetic_prefect.contract import code_key
+from kinetic_prefect.contract import Env, RunLayout, code_key, data_key, data_manifest_key
 
 # Never shipped, whatever the ignore files say: VCS data, environments and caches.
 ALWAYS_IGNORED = [
@@ -69,6 +82,8 @@ SECRET_PATTERNS = [
     "service-account*.json",
     "*secret*",
 ]
+# Never shipped, and no ignore file's "!pattern" brings them back: Prefect's home by its usual name, its database.
+NEVER_SHIPPED = [".prefect/", "prefect.db", "prefect.db-*"]
 LARGE_TREE_BYTES = 100 * 2**20
 LARGE_TREE_FILES = 10_000
 PROJECT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
@@ -112,6 +127,57 @@ def _ignore_spec(root: Path) -> pathspec.PathSpec:
 
 
 _SECRET_SPEC = pathspec.GitIgnoreSpec.from_lines(SECRET_PATTERNS)
+_NEVER_SPEC = pathspec.GitIgnoreSpec.from_lines(NEVER_SHIPPED)
+
+
+@functools.lru_cache(maxsize=65536)
+def _never(rel: str) -> bool:
+    """Prefect's own state by its name (``rel`` a file, or a folder ending in ``/``): never shipped."""
+    return _NEVER_SPEC.match_file(rel)
+
+
+def _store_object_pattern() -> re.Pattern[str]:
+    """A path of an object only a Kinetic store holds (a code archive, a data manifest, a run's payload, result or
+    outcome under its UUID, or the signature beside one), the folder above it captured: that folder is a store.
+    Content hashes and UUIDs keep a project's own ``runs/exp1/result.pkl`` from reading as one."""
+    sha, run = "0" * 64, "RUNID"
+    layout = RunLayout(run)
+    objects = [code_key(sha), data_manifest_key(data_key(sha)), layout.payload, layout.result, layout.outcome]
+    uuid = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}(?:-[0-9]+)?"  # a batch input: -<attempt>
+    alternatives = "|".join(re.escape(key).replace(sha, "[0-9a-f]{64}").replace(run, uuid) for key in objects)
+    return re.compile(rf"(?P<store>(?:[^/]+/)*?)(?:{alternatives})(?:\.sig)?")
+
+
+_STORE_OBJECT = _store_object_pattern()
+_warned_stores: set[str] = set()
+_found_stores: dict[str, set[str]] = {}  # project root -> its folders found to be stores (relative, with "/")
+
+
+def _stores_among(root: Path, candidates: list[str]) -> tuple[str, ...]:
+    """The folders of the project laid out as a Kinetic store (whoever named it: ``KINETIC_STORE``, a pool's
+    ``store``, an earlier run's), each as a relative path ending in ``/``; a store at the project's root gives its
+    top folders. Each is named once per process in a warning."""
+    found: set[str] = set()
+    for rel in candidates:
+        match = _STORE_OBJECT.fullmatch(rel)
+        if match is not None:
+            store = match["store"]
+            found.add(store if store else rel.split("/", 1)[0] + "/")
+    for store in sorted(found):
+        if str(root / store) in _warned_stores:
+            continue
+        _warned_stores.add(str(root / store))
+        warnings.warn(
+            f"kinetic-prefect: left out of the project archive {root / store}: it holds a Kinetic store (code "
+            "archives, payloads, results), which is never shipped. Move the store out of the project (the pool's "
+            f"`store`, or {Env.STORE}) so calls need not walk it.",
+            stacklevel=5,
+        )
+    if found:
+        _found_stores.setdefault(str(root), set()).update(found)
+    return tuple(sorted(found))
+
+
 SOURCE_SUFFIXES = (".py", ".pyi")
 
 
@@ -136,6 +202,7 @@ class _Selection:
     files: list[str]  # shipped
     secrets: list[str]  # secret-looking, left out
     secret_code: list[str]  # secret-looking Python source: shipped (the job may import it), warned about
+    outside: list[str]  # "link -> target" of the links out of the project: left out, warned about
 
 
 def _select_project_files(root: Path, exclude: Iterable[Path] = ()) -> _Selection:
@@ -150,14 +217,25 @@ def _select_project_files(root: Path, exclude: Iterable[Path] = ()) -> _Selectio
         for dirpath, dirnames, filenames in os.walk(root):
             rel_dir = os.path.relpath(dirpath, root)
             rel_dir = "" if rel_dir == "." else rel_dir + "/"
-            dirnames[:] = sorted(d for d in dirnames if not spec.match_file(rel_dir + d + "/"))
+            dirnames[:] = sorted(
+                d for d in dirnames if not spec.match_file(rel_dir + d + "/") and not _never(rel_dir + d + "/")
+            )
             candidates.extend(rel_dir + f for f in filenames)
-    files, secrets, secret_code = [], [], []
-    for rel in sorted(set(candidates)):
-        if spec.match_file(rel):
+    candidates = sorted(set(candidates))
+    stores = _stores_among(root, candidates)
+    files, secrets, secret_code, outside = [], [], [], []
+    for rel in candidates:
+        if spec.match_file(rel) or _never(rel) or rel.startswith(stores):
             continue
         path = root / rel
-        if not path.is_file() or any(path.resolve().is_relative_to(e) for e in excluded):
+        real = path.resolve()
+        if any(real.is_relative_to(e) for e in excluded):
+            continue
+        if not real.is_relative_to(root):  # a link out of the project: its target is not the project's
+            if path.exists():
+                outside.append(f"{rel} -> {real}")
+            continue
+        if not path.is_file():
             continue
         if _SECRET_SPEC.match_file(rel):
             if rel.endswith(SOURCE_SUFFIXES):
@@ -166,7 +244,7 @@ def _select_project_files(root: Path, exclude: Iterable[Path] = ()) -> _Selectio
                 secrets.append(rel)
                 continue
         files.append(rel)
-    return _Selection(files, secrets, secret_code)
+    return _Selection(files, secrets, secret_code, outside)
 
 
 def collect_project_files(root: Path, exclude: Iterable[Path] = ()) -> list[str]:
@@ -188,6 +266,13 @@ def _warn_about(root: Path, selection: _Selection, total: int) -> None:
             f"file(s) of {root}: {_shown(selection.secrets)}. The job will not see them; pass credentials "
             "through the environment or a secret store. To ship one anyway, add a line such as "
             f"'!{example}' to {root / '.kineticignore'}.",
+            stacklevel=4,
+        )
+    if selection.outside:
+        warnings.warn(
+            f"kinetic-prefect: left out of the project archive {len(selection.outside)} symbolic link(s) of {root} "
+            f"pointing outside the project: {_shown(selection.outside)}. The job will not see them: copy what it "
+            "needs into the project, or pass a dataset as kinetic_prefect.Data(path).",
             stacklevel=4,
         )
     if selection.secret_code:
@@ -248,15 +333,47 @@ def _tar_gz(root: Path, stats: list[tuple[str, int, int, int]]) -> ProjectArchiv
     return ProjectArchive(root=root, sha256=sha256_hex(data), data=data, files=len(stats))
 
 
-def kinetic_folders() -> list[Path]:
-    """Kinetic's own folders, never shipped wherever they are (a store inside the project would otherwise ship
-    itself, earlier archives included, with every call): the local store and the cache directory (environments,
-    job folders and warm runners are under it)."""
-    folders = [config.cache_dir()]
+def own_state_paths(root: Path) -> list[Path]:
+    """Kinetic's and Prefect's own files and folders, never shipped wherever they are: Kinetic's cache directory
+    (environments, job folders, warm runners) and local store (in the project it would ship itself, earlier
+    archives included, with every call); Prefect's home, its database file and journals wherever its URL puts
+    them (the database holds the Fernet key of every Secret block, the signing key's included), its profiles (API
+    keys) and its local results. Relative settings are read against the working directory, as Prefect reads them.
+    Only those inside the project ``root`` count: a Prefect home the project is in (``PREFECT_HOME=~``) is not the
+    whole project."""
+    paths = [config.cache_dir()]
     store = config.default_store_url()
-    if "://" not in store:
-        folders.append(Path(store))
-    return [folder.expanduser().resolve() for folder in folders]
+    if store.startswith("file://"):
+        paths.append(Path(urllib.parse.unquote(urllib.parse.urlsplit(store).path)))
+    elif "://" not in store:
+        paths.append(Path(store))
+    paths.extend(_prefect_state_paths())
+    resolved = [path.expanduser().resolve() for path in paths]
+    return [path for path in resolved if path.is_relative_to(root) and path != root]
+
+
+def _prefect_state_paths() -> list[Path]:
+    try:
+        from prefect.settings import get_current_settings
+
+        settings = get_current_settings()
+        paths = [Path(settings.home), Path(settings.profiles_path), Path(settings.results.local_storage_path)]
+        url = settings.server.database.connection_url
+        database = _sqlite_file(url.get_secret_value() if url is not None else "")
+    except Exception:  # no Prefect settings to read: nothing of Prefect's to leave out
+        return []
+    if database is not None:
+        paths.extend(Path(f"{database}{suffix}") for suffix in ("", "-wal", "-shm", "-journal"))
+    return paths
+
+
+def _sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite URL (``sqlite+aiosqlite:///relative.db``, ``sqlite:////absolute.db``); None otherwise."""
+    scheme, sep, rest = url.partition(":///")
+    path = urllib.parse.unquote(rest.split("?", 1)[0])
+    if not sep or not scheme.startswith("sqlite") or not path or path == ":memory:":
+        return None
+    return Path(path)
 
 
 def archive_project(root: Path, exclude: Iterable[Path] = ()) -> ProjectArchive:
@@ -265,7 +382,7 @@ def archive_project(root: Path, exclude: Iterable[Path] = ()) -> ProjectArchive:
     Lists the project (``git ls-files``) on every call; a fan-out calls :func:`cached_project_archive`.
     """
     root = root.resolve()
-    selection = _select_project_files(root, [*exclude, *kinetic_folders()])
+    selection = _select_project_files(root, [*exclude, *own_state_paths(root)])
     stats = _file_stats(root, selection.files)
     signature = (str(root), tuple(stats))
     cached = _archive_memo.get(signature)
@@ -361,9 +478,11 @@ def _tree_signature(root: Path, excluded: tuple[str, ...]) -> tuple:
                 if is_dir:
                     if prune and ignored(rel + "/") or not prune and _ALWAYS_SPEC.match_file(rel + "/"):
                         continue
+                    if _never(rel + "/"):
+                        continue
                     stack.append(rel + "/")
                     continue
-                if prune and ignored(rel):
+                if prune and ignored(rel) or _never(rel):
                     continue
                 try:
                     st = entry.stat()
@@ -384,8 +503,9 @@ def cached_project_archive(project_dir: Path, exclude: Iterable[Path] = ()) -> P
     """
     arrived = time.monotonic_ns()
     root = Path(project_dir).resolve()
-    exclude = [Path(p).resolve() for p in (*exclude, *kinetic_folders())]
-    excluded = tuple(sorted(os.path.relpath(p, root) for p in exclude if p.is_relative_to(root) and p != root))
+    exclude = [Path(p).resolve() for p in (*exclude, *own_state_paths(root))]
+    exclude.extend(root / store for store in sorted(_found_stores.get(str(root), ())))  # not walked again
+    excluded = tuple(sorted({os.path.relpath(p, root) for p in exclude if p.is_relative_to(root) and p != root}))
     key = (str(root), excluded)
     with _archive_lock:
         looked = _archive_looked.get(key)

@@ -2,8 +2,11 @@
 directory.
 
 A gs:// URL is split into its bucket and object path (no network here: the job fetches it). A local source is
-listed following symlinks; every file in it must be readable and have a name an object store can keep, and a
-broken link, a symlink loop, a special file or an empty directory is refused. Each refusal is a
+listed following the symlinks that stay inside it; every file in it must be readable and have a name an object store
+can keep, and a link out of the directory (``extra -> ~/.ssh/id_rsa``: what the directory holds is uploaded, never
+what a link reaches on this machine), a broken link, a symlink loop, a special file or an empty directory is
+refused. A link out is refused rather than skipped: a dataset missing files it seems to hold would train on less
+without a word. Each refusal is a
 :class:`DataError` naming the path or URL and the fix.
 
 The job runner imports this module (through :mod:`kinetic_prefect.pod.data`): the stdlib only.
@@ -99,13 +102,26 @@ def check_store_name(rel: str, path: str) -> None:
         )
 
 
+def _refuse_link_out(entry: os.DirEntry[str], root: Path, real_root: str) -> None:
+    target = os.path.realpath(entry.path)
+    if target == real_root or target.startswith(real_root.rstrip(os.sep) + os.sep):
+        return
+    raise DataError(
+        f"data path {entry.path} is a symbolic link to {target}, outside the data directory {root}: what a link "
+        "reaches out of the directory is not uploaded. Copy it into the data directory (replace the link by the "
+        f"file), or pass {target} as a Data argument of its own"
+    )
+
+
 def walk_files(root: Path) -> Iterator[tuple[str, str, os.DirEntry[str]]]:
-    """Every file under ``root`` as (relative posix path, path, entry), following symlinks; raises DataError for
-    broken links, special files, unreadable directories and symlink loops."""
+    """Every file under ``root`` as (relative posix path, path, entry), following the symlinks that stay under
+    ``root`` (``root`` itself may be one: the user named it); raises DataError for a link out of ``root``, broken
+    links, special files, unreadable directories and symlink loops."""
     try:
         top = os.stat(root)
     except OSError as exc:
         raise unreadable_error(root, exc) from exc
+    real_root = os.path.realpath(root)
     stack: list[tuple[str, str, frozenset[tuple[int, int]]]] = [(str(root), "", frozenset({(top.st_dev, top.st_ino)}))]
     while stack:
         dir_path, rel_dir, ancestors = stack.pop()
@@ -119,6 +135,8 @@ def walk_files(root: Path) -> Iterator[tuple[str, str, os.DirEntry[str]]]:
             ) from exc
         for entry in entries:
             rel = rel_dir + entry.name
+            if entry.is_symlink() and os.path.exists(entry.path):  # a broken link is named below
+                _refuse_link_out(entry, root, real_root)
             try:
                 is_dir = entry.is_dir()  # follows symlinks
                 is_file = not is_dir and entry.is_file()

@@ -36,6 +36,7 @@ ROOM_NAMES = {
 ROOMS = {
     "test_accelerators.py": "leaves",
     "test_api_outages.py": "end-to-end",
+    "test_archive_exclusions.py": "caller",
     "test_api_retries.py": "end-to-end",
     "test_async_tasks.py": "caller",
     "test_builders.py": "shared",
