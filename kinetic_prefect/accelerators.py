@@ -18,7 +18,7 @@ GPU_LABEL = "cloud.google.com/gke-accelerator"
 TPU_LABEL = "cloud.google.com/gke-tpu-accelerator"
 TPU_TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
 SPOT_LABEL = "cloud.google.com/gke-spot"
-_LIST_HINT = "Run `python -m kinetic_prefect.accelerators` for the full list."
+_LIST_HINT = "Run `uv run python -m kinetic_prefect.accelerators` for the full list."
 
 
 class UnknownAcceleratorError(ValueError):

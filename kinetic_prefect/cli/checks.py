@@ -78,6 +78,7 @@ def pool_set_command(
 
     from kinetic_prefect.cli.doctor import set_pool_variables
 
+    _check_prices(pool, assignments)
     try:
         changed = set_pool_variables(pool, assignments)
     except ObjectNotFound:
@@ -86,6 +87,30 @@ def pool_set_command(
         raise ClickException(str(exc)) from None
     for key, value in changed.items():
         sys.stdout.write(f"{pool}: {key} = {json.dumps(value)}\n")
+
+
+def _check_prices(pool: str, assignments: list[str]) -> None:
+    """A ``prices=`` value is read as a call reads it, before anything is written: an unknown accelerator is
+    refused here, naming it and the closest catalog names, not at the pool's next call. A price file's path is
+    read only where it exists on this machine (it may name a file on the workers' machines)."""
+    from pathlib import Path
+
+    from kinetic_prefect.shared.cost import PriceTableError, load_prices
+
+    for item in assignments:
+        key, _, raw = item.partition("=")
+        if key != "prices" or not raw.strip():
+            continue
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw  # as set_pool_variables stores it: a path, or JSON text that load_prices reports on
+        if isinstance(value, str) and not value.strip().startswith("{") and not Path(value).expanduser().is_file():
+            continue
+        try:
+            load_prices(value, origin=f"pool-set {pool} prices")
+        except PriceTableError as exc:
+            raise ClickException(f"{str(exc).rstrip('.')}. Nothing was changed.") from None
 
 
 def register(app: typer.Typer) -> None:

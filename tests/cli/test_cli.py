@@ -257,6 +257,23 @@ def test_pool_set_parses_values_and_refuses_unknown_variables(capsys):
 
 
 @pytest.mark.slow
+def test_pool_set_refuses_prices_for_an_unknown_accelerator(capsys):
+    """A typo in `prices` is refused by pool-set itself, naming the entry and the closest names, and nothing is
+    written: otherwise the pool takes it and the next call fails on it."""
+    pool = _pool()
+    capsys.readouterr()
+    assert main(["pool-set", pool, 'prices={"l44": {"on_demand": 0.7}}', "store=/tmp/x"]) == 1
+    err = capsys.readouterr().err
+    assert "'l44'" in err and "Closest valid names:" in err and "l4" in err.split("Closest valid names:")[1], err
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        props = client.read_work_pool(pool).base_job_template["variables"]["properties"]
+    assert "default" not in props["prices"] or props["prices"]["default"] in (None, {}, ""), props["prices"]
+    assert props["store"].get("default") != "/tmp/x", "a refused pool-set wrote its other values"
+
+
+@pytest.mark.slow
 def test_pool_set_with_an_empty_value_unsets_the_variable():
     """`KEY=` leaves the variable without a default (the pools' forms need no null defaults): the job then gets
     the configuration's own default."""
