@@ -5,6 +5,7 @@ each local Data argument (with its progress) and the signed payload.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
 import uuid
@@ -17,6 +18,7 @@ from kinetic_prefect.caller.calls import PreparedCall
 from kinetic_prefect.caller.data_repair import heal_before_call
 from kinetic_prefect.caller.project_archive import sha256_hex
 from kinetic_prefect.contract import PHASE_RESTORE_CODE, Outcome
+from kinetic_prefect.errors import StoreFull
 from kinetic_prefect.pod import data
 
 # Content-addressed objects this process has checked in each store: checked once, trusted after; a local one while
@@ -123,21 +125,50 @@ class UploadProgress:
             pass
 
 
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
+
+
+@contextlib.contextmanager
+def _room_for(store: Any, what: str, object_key: str | None, size: int, fix: str) -> Any:
+    """A store with no room (ENOSPC, a quota) for an input raises ``StoreFull``, naming the store and the object,
+    which Prefect does not retry (a retry meets the same full store), as the job side does for its result."""
+    try:
+        yield
+    except StoreFull:
+        raise
+    except OSError as exc:
+        if exc.errno not in _NO_ROOM:
+            raise
+        where = store.url_for(object_key) if object_key else store.url
+        raise StoreFull(
+            f"{errno.errorcode.get(exc.errno or 0, exc.errno)} ({exc.strerror}) while uploading {what} "
+            f"({size / 2**20:.1f} MiB) to {where}: the store {store.url} is full. Free space there, or {fix}; "
+            "nothing was launched"
+        ) from exc
+
+
 def upload_inputs(store: Any, call: PreparedCall, logger: Any, key: signing.KeyLike = None) -> None:
-    if call.code_archive is not None:
-        _ensure_content_addressed(store, call.code_archive.key, call.code_archive.data, call.code_archive.sha256)
+    if (archive := call.code_archive) is not None:
+        fix = "ship less of the project (ship_project=False, or leave large files out of it)"
+        with _room_for(store, "the project archive", archive.key, len(archive.data), fix):
+            _ensure_content_addressed(store, archive.key, archive.data, archive.sha256)
     for manifest in call.data:
         total = sum(size for _rel, size, _sha in manifest.files)
-        uploaded = data.upload(
-            manifest,
-            store,
-            key=key,
-            heal=heal_before_call,
-            on_file=UploadProgress(manifest.root.name, total, call.task_run_id),
-        )
+        with _room_for(store, f"Data {manifest.root.name}", None, total, "point the pool's `store` at one with room"):
+            uploaded = data.upload(
+                manifest,
+                store,
+                key=key,
+                heal=heal_before_call,
+                on_file=UploadProgress(manifest.root.name, total, call.task_run_id),
+            )
         if logger:
             logger.info(
                 f"Data {manifest.root.name} ({len(manifest.files)} files, sha256 {manifest.sha256[:12]}): "
                 + (f"uploaded {uploaded / 2**20:.1f} MiB" if uploaded else "already in the store")
             )
-    signing.put(store, call.layout.payload, call.payload, key)
+    fix = "send less: a large argument travels better as Data(...) (uploaded once, not with every call)"
+    with _room_for(
+        store, "the call's payload (its function and arguments)", call.layout.payload, len(call.payload), fix
+    ):
+        signing.put(store, call.layout.payload, call.payload, key)

@@ -244,6 +244,36 @@ def test_a_full_store_while_writing_the_result_names_enospc_and_is_not_retried(s
     assert "ENOSPC" in runs[0].state.message
 
 
+def test_a_full_store_while_the_caller_uploads_is_store_full_and_is_not_retried(small_store):
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+
+    from kinetic_prefect.cli.doctor import set_pool_variables
+
+    pool = new_pool("fullup")
+    set_pool_variables(pool, [f"store={small_store}"])
+    name = f"fullup-{uuid.uuid4().hex[:6]}"
+
+    @kinetic_task(
+        name=name, work_pool=pool, submission="in-process", ship_project=False, retries=2, retry_delay_seconds=0
+    )
+    def takes(blob: bytes) -> int:
+        return len(blob)
+
+    @flow
+    def pipeline():
+        return takes(os.urandom(4 * 2**20))  # an argument larger than the 3 MiB store holds
+
+    with pytest.raises(Exception, match=r"ENOSPC.*" + str(small_store)) as caught:
+        pipeline()
+    assert type(caught.value).__name__ == "StoreFull", caught.value
+    assert "payload" in str(caught.value), "the message names what was being uploaded"
+    assert job_runs(name) == [], "nothing is launched"
+    with get_client(sync_client=True) as client:
+        [task_run] = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=name)))
+    assert task_run.run_count == 1, f"a full store was retried {task_run.run_count - 1} times"
+    assert [p for p in small_store.rglob("*") if p.is_file()] == [], "the torn upload is removed"
+
+
 # --------------------------------------------------------------------------- defect 6: damaged Data heals
 
 
