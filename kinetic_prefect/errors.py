@@ -77,3 +77,8 @@ class SigningKeyMismatch(KineticError, RuntimeError):
 class BudgetExceeded(KineticError, RuntimeError):
     """The job's metered cost reached its ``max_cost_usd`` and the worker stopped it (its checkpoints and outputs
     are kept). Not retried: a retry would spend the same budget again."""
+
+
+class FallbackPoolRefused(KineticError, ValueError):
+    """An entry of a fallback list names a pool that does not exist or cannot run it (``"vx/tpu-v6e-8"`` on
+    kinetic-vertex): refused before anything is uploaded, not on the day the pools before it have no capacity."""

@@ -183,7 +183,12 @@ async def _check_against_pool(client: Any, options: KineticOptions, pool: Any) -
     worker_class.check_pool_settings(
         pool.name,
         {name: _prefect.pool_default(pool, name) for name in pool_variables},
-        {**options.job_variables, **({"image": options.image} if options.image else {})},
+        {  # the call's accelerator, not the pool's default, is what the launcher must be able to run
+            **options.job_variables,
+            "accelerator": capacity.join(options.accelerator_choices),
+            **({"hosts": options.hosts} if options.hosts is not None else {}),
+            **({"image": options.image} if options.image else {}),
+        },
     )
     check_hosts(options, pool.name, pool.type, pool_variables)
     debugging.check(options, pool.name, pool_variables)

@@ -23,7 +23,7 @@ from kinetic_prefect.caller.sweep_calls import sweep_of, wait_in_sweep
 from kinetic_prefect.caller.uploads import upload_inputs
 from kinetic_prefect.caller.waiting import wait_for_job
 from kinetic_prefect.contract import JOB_CANNOT_START, Env
-from kinetic_prefect.errors import KineticJobCrashed, SigningKeyMissing
+from kinetic_prefect.errors import FallbackPoolRefused, KineticJobCrashed, SigningKeyMissing
 from kinetic_prefect.shared import capacity, gcp
 
 
@@ -66,6 +66,25 @@ def _next_pool(options: KineticOptions, crashed: KineticJobCrashed) -> KineticOp
     return following
 
 
+async def _check_fallback_pools(client: Any, options: KineticOptions) -> None:
+    """Every later pool of the fallback list, checked against its entries as the first pool is (it exists, its type
+    runs them, the call's settings suit it) before anything is uploaded: not on the day the pools before it are
+    stocked out."""
+    later = options
+    while later.pool_fallbacks:
+        later = later.on_next_pool()
+        try:
+            await checked_pool(client, later)
+        except (ValueError, LookupError) as refused:
+            entries = ", ".join(f"{later.work_pool}/{capacity.label(spec)}" for spec in later.accelerator_choices)
+            given = options.given.accelerator if options.given is not None else entries
+            entry = "entries" if len(later.accelerator_choices) > 1 else "entry"
+            raise FallbackPoolRefused(
+                f"accelerator={given!r}: the fallback {entry} {entries} cannot run: {str(refused).rstrip('.')}. "
+                f"Fix pool {later.work_pool!r} or drop the {entry}; nothing was uploaded or launched."
+            ) from None
+
+
 async def _submit_and_wait(
     options: KineticOptions, call: PreparedCall, task_name: str, fn: Callable[..., Any], detach: Any = None
 ) -> Any:
@@ -74,6 +93,7 @@ async def _submit_and_wait(
     logger = get_run_logger() if ctx else None
     async with _prefect.shared_client() as client:
         pool, budget = await checked_pool(client, options)
+        await _check_fallback_pools(client, options)
         pool_variables = set(pool.base_job_template["variables"]["properties"])
         store_url = gcp.store_url(pool)
         store = call.store = gcp.open_store(store_url, await gcp.pool_credentials(pool))  # bad gcp_credentials: here

@@ -56,6 +56,7 @@ ROOMS = {
     "test_docs.py": "house",
     "test_env_capture.py": "caller",
     "test_eurosat.py": "flows",
+    "test_fallback_checks.py": "caller",
     "test_fanout.py": "caller",
     "test_first_run.py": "end-to-end",
     "test_function_length.py": "house",
