@@ -497,7 +497,8 @@ def where_to_look(result: dict, api_url: str | None | bool = True) -> str:
         f"plots:   {out / 'confusion_matrix.png'}, {out / 'learning_curves.png'}",
         f"metrics: {out / 'metrics.json'} (also the Prefect artifacts eurosat-report, eurosat-per-class-metrics,"
         " eurosat-confusion-matrix)",
-        f"predict: python flows/eurosat_vit.py predict {result['model_path']} FOLDER   ({scoring}, as scored above)",
+        f"predict: uv run --extra ml python flows/eurosat_vit.py predict {result['model_path']} FOLDER   ({scoring}, "
+        "as scored above)",
     ]
     api = _api_url() if api_url is True else api_url
     if api:

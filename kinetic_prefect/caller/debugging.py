@@ -51,8 +51,9 @@ def check(options: Any, pool_name: str, pool_variables: set[str]) -> None:
     if spec.uses_caller_interpreter and not _builds_images(pool_variables) and not _has_debugpy():
         raise ValueError(
             f"debug=True on pool {pool_name!r}: the job runs on this Python interpreter (no requirements=) and "
-            f"debugpy is not installed in it. Install it (pip install '{DEBUGPY_REQUIREMENT}'), or pass "
-            "requirements=[...] (debugpy is then added to the job's environment)"
+            f"debugpy is not installed in it. Install it into this interpreter (uv pip install "
+            f"'{DEBUGPY_REQUIREMENT}' --python {sys.executable}; in a checkout: uv sync --inexact --extra dev), or "
+            "pass requirements=[...] (debugpy is then added to the job's environment)"
         )
 
 

@@ -46,7 +46,8 @@ def _import_debugpy() -> Any:
         raise RuntimeError(
             f"debug=True needs debugpy in the job's environment and it is not installed there: with requirements= "
             f"it is added for you ({DEBUGPY_REQUIREMENT}); without requirements the job runs on the worker's "
-            f"interpreter, so install debugpy there (pip install '{DEBUGPY_REQUIREMENT}') or pass requirements="
+            f"interpreter, so install debugpy there (uv pip install '{DEBUGPY_REQUIREMENT}' --python "
+            f"{sys.executable}) or pass requirements="
         ) from None
     return debugpy
 

@@ -84,7 +84,7 @@ def check_gcs_credentials(report: Report) -> bool:
             "GCS credentials",
             FAIL,
             "the Google Cloud libraries are not installed",
-            "install the gcp extra: `pip install 'kinetic-prefect[gcp]'`",
+            "install the gcp extra: `uv sync --inexact --extra gcp` in the checkout (pip: `pip install -e '.[gcp]'`)",
         )
         return False
     if emulator:

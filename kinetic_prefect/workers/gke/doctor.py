@@ -188,8 +188,9 @@ def check_node_pools(
                 WARN,
                 f"{where.path}: could not list node pools through the GKE API ({error_text(exc)}); read from the "
                 "nodes instead, a pool at zero nodes looks missing",
-                "install the gcp extra (`pip install 'kinetic-prefect[gcp]'`), run doctor with Application Default "
-                "Credentials (`gcloud auth application-default login`) of an identity with roles/container.viewer",
+                "install the gcp extra (`uv sync --inexact --extra gcp` in the checkout), run doctor with "
+                "Application Default Credentials (`gcloud auth application-default login`) of an identity with "
+                "roles/container.viewer",
             )
     labels = [(node.metadata.labels if node.metadata else None) or {} for node in nodes]
     groups = autoscaler_groups(api) if node_pools is not None else None
@@ -330,7 +331,7 @@ def check_gke(report: Report, client, pool, extra_accelerators: list[str], clust
             "Kubernetes",
             FAIL,
             "the kubernetes client is not installed",
-            "install the k8s extra: `pip install 'kinetic-prefect[k8s]'`",
+            "install the k8s extra: `uv sync --inexact --extra k8s` in the checkout (pip: `pip install -e '.[k8s]'`)",
         )
         return
     from kinetic_prefect.workers.gke.kube import kube_client
@@ -493,7 +494,7 @@ def _check_cloud_build(report: Report, pool: Any) -> None:
             "Cloud Build",
             FAIL,
             "the Cloud Build / Artifact Registry clients are not installed",
-            "install the gcp extra: `pip install 'kinetic-prefect[gcp]'`",
+            "install the gcp extra: `uv sync --inexact --extra gcp` in the checkout (pip: `pip install -e '.[gcp]'`)",
         )
         return
     if not missing:
