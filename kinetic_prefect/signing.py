@@ -25,10 +25,11 @@ import contextlib
 import hashlib
 import hmac
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
-from kinetic_prefect.contract import Env, RunLayout, job_variables_name, settings
+from kinetic_prefect.contract import Env, RunLayout, checkpoints_key, job_variables_name, settings
 
 KEY_ENV = Env.SIGNING_KEY
 REQUIRED_ENV = Env.SIGNED  # set (not secret) on jobs whose caller signed: the job then insists
@@ -37,6 +38,13 @@ SUFFIX = ".sig"
 SCOPED_PREFIX = "kinetic-scoped-v1:"  # a job's keyring in KINETIC_SIGNING_KEY: never a master key
 STORE_SCOPE = ""  # objects outside every per-run scope (Data manifests, locks, results): master key holders only
 _SCOPED_ROOTS = {"runs": 2, "sweeps": 2, "checkpoints": 2, "outputs": 2, "warm": 3}  # root -> segments in the scope
+_STORE_LEVEL_NAMES = ("runs", "left", "billed")  # sweeps/left, warm/billed...: store records, never an id
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+# Objects that outlive a call and may have been written before a rotation: Prefect result records (a cache), Data
+# manifests, checkpoints and outputs. Only these verify under a previous key; whatever starts a job or hands one over
+# (job variables, payloads, hand-overs, queued inputs, forwarded-env blocks) verifies under the current key only, so
+# a rotated-out key signs nothing new.
+LONG_LIVED_ROOTS = ("results", "data", "checkpoints", "outputs")
 
 
 class TamperedObject(Exception):
@@ -62,6 +70,23 @@ def scope_of(object_key: str) -> str:
     if depth is None or len(parts) <= depth or parts[1] in ("runs", "left", "billed"):
         return STORE_SCOPE
     return "/".join(parts[:depth])
+
+
+def check_id(value: str, what: str) -> str:
+    """``value`` if it can name one run, sweep, task run or runner in the store (letters, digits, ``._-``; not a
+    store-level name such as ``runs``); BadKey naming ``what`` otherwise: a job is never handed the keys of a scope
+    chosen by a crafted id (``KINETIC_SWEEP_ID=runs`` read as the store's own scope)."""
+    if not _ID.fullmatch(value or "") or value in _STORE_LEVEL_NAMES:
+        raise BadKey(
+            f"{what}={value!r} is not an id (letters, digits, '.', '_', '-'; not {'/'.join(_STORE_LEVEL_NAMES)}): "
+            "refusing to hand a job keys for it"
+        )
+    return value
+
+
+def long_lived(object_key: str) -> bool:
+    """Whether an object may have been signed before a rotation and still be needed (LONG_LIVED_ROOTS)."""
+    return object_key.strip("/").split("/", 1)[0] in LONG_LIVED_ROOTS
 
 
 def derive(master: bytes, scope: str) -> bytes:
@@ -106,9 +131,11 @@ class Keyring:
             "sign and check its own run's objects only"
         )
 
-    def verify_keys(self, scope: str) -> list[bytes]:
+    def verify_keys(self, scope: str, previous: bool = True) -> list[bytes]:
+        """The keys an object of ``scope`` may be signed with: the current one, and the previous master keys when
+        ``previous`` (objects that outlive a call: ``long_lived``)."""
         if self.masters:
-            return [derive(m, scope) for m in self.masters]
+            return [derive(m, scope) for m in (self.masters if previous else self.masters[:1])]
         return [self.key_for(scope)]
 
     def identity(self) -> str:
@@ -116,7 +143,20 @@ class Keyring:
         return self.master_id
 
     def for_job(self, *scopes: str) -> Keyring:
-        """The keyring a job is handed: the derived keys of ``scopes`` only (never a master key)."""
+        """The keyring a job is handed: the derived keys of ``scopes`` only (never a master key, never the store's
+        own scope, whose key signs job variables for any run): BadKey for a scope that is not one run's, sweep's,
+        task run's or runner's."""
+        for scope in scopes:
+            segments = scope.split("/")
+            if (
+                scope == STORE_SCOPE
+                or scope_of(scope + "/_") != scope
+                or not all(_ID.fullmatch(s) and s not in _STORE_LEVEL_NAMES for s in segments[1:])
+            ):
+                raise OutOfScope(
+                    f"a job is never handed the key of {scope or 'the store scope'!r}: only its own run's, sweep's, "
+                    "task run's or runner's (an id that names a store-level folder is not an id)"
+                )
         return Keyring(scoped={scope: self.key_for(scope) for scope in scopes}, master_id=self.master_id)
 
     def to_env(self) -> str:
@@ -154,10 +194,13 @@ def _xor(a: bytes, b: bytes) -> bytes:
 
 def run_scopes(run_id: str, checkpoint_key: str | None = None) -> list[str]:
     """The scopes a job for ``run_id`` writes: its run folder, its outputs, and its task run's checkpoints."""
-    layout = RunLayout(run_id)
+    layout = RunLayout(check_id(run_id, Env.RUN_ID))
     scopes = [scope_of_prefix(layout.prefix), scope_of_prefix(layout.outputs)]
     if checkpoint_key:
-        scopes.append(scope_of_prefix(checkpoint_key))
+        task_run = checkpoint_key.strip("/").removeprefix(checkpoints_key(""))
+        if checkpoints_key(task_run) != checkpoint_key.strip("/"):
+            raise BadKey(f"{Env.CHECKPOINT_KEY}={checkpoint_key!r} is not {checkpoints_key('<task run id>')}")
+        scopes.append(scope_of_prefix(checkpoints_key(check_id(task_run, Env.CHECKPOINT_KEY))))
     return scopes
 
 
@@ -231,9 +274,17 @@ def check(key: KeyLike, object_key: str, data: bytes, signature: bytes | None, w
             f"{where} has no signature; it was not written by a holder of the signing key: refusing to use it"
         )
     mac, _, signer = signature.decode(errors="replace").strip().partition(" key:")
-    expected = [_mac(k, object_key, data) for k in ring.verify_keys(scope_of(object_key))]
+    keys = ring.verify_keys(scope_of(object_key), previous=long_lived(object_key))
+    expected = [_mac(k, object_key, data) for k in keys]
     if any(hmac.compare_digest(mac.encode(), e.encode()) for e in expected):
         return data
+    if signer in {key_id(m) for m in ring.masters[1:]} and not long_lived(object_key):
+        raise TamperedObject(
+            f"{where} was signed with a previous signing key (key id {signer}; the current one is "
+            f"{ring.identity()}): a rotated-out key verifies only results, Data, checkpoints and outputs made "
+            f"before the rotation, never what starts or hands over a job. Sign it with the current key "
+            f"({KEY_ENV} or the Prefect Secret block {SECRET_BLOCK!r}) and call again"
+        )
     known = {key_id(m) for m in ring.masters} | {ring.identity()}
     if signer and signer not in known:
         raise KeyMismatch(
