@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Literal
 
 from kinetic_prefect.contract import ENV_NAME_PREFIX
+from kinetic_prefect.contract.job_variables import forward_refused
 
 PATTERN_SKIPPED_NAMES = frozenset(
     {
@@ -108,6 +109,12 @@ def forwarded_environment(
                 skipped.add(name)
             else:
                 values[name] = value
+    if refused := forward_refused(values):
+        raise ValueError(
+            f"env={list(entries)!r}: {', '.join(refused)} cannot be forwarded: the job's signed variables or its "
+            "worker set it (the job's run, code and keys, or which code the interpreter loads), and a forwarded value "
+            "would go over that. Drop it from env=; the pool's env or job_variables={'env': {...}} set such names"
+        )
     if unset and missing == "error":
         raise ValueError(
             f"env={list(entries)!r}: environment variable {unset[0]!r} is not set in the calling process; set it, "

@@ -232,6 +232,61 @@ def never_a_jobs(name: str) -> bool:
     return name in PREFECT_SECRET_ENV or name.startswith(PREFECT_SERVER_ENV_PREFIXES)
 
 
+# What a forwarded env= value may never set (issue 54, finding 2): it goes over the job's signed environment, so it
+# would otherwise choose the job's run, code, keys or debugger (the kinetic names a caller or worker sets for a job),
+# or which code the interpreter and the loader run before anything is checked. The caller refuses them when a call
+# is prepared; a worker refuses a run whose forwarded values name them.
+FORWARD_REFUSED_ENV = frozenset(
+    {
+        *WORKER_ONLY_ENV,
+        Env.STORE,
+        Env.RUN_ID,
+        Env.RUN_PREFIX,
+        Env.FLOW_RUN_ID,
+        Env.PAYLOAD_SHA256,
+        Env.CODE_KEY,
+        Env.CODE_SHA256,
+        Env.CHECKPOINT_KEY,
+        Env.ENV_BLOCK,
+        Env.SIGNED,
+        Env.JOB_SIGNATURE,
+        Env.UNSIGNED_SHARED_STORE,
+        Env.SWEEP_ID,
+        Env.NUM_HOSTS,
+        Env.HOST_INDEX,
+        Env.COORDINATOR_ADDRESS,
+        Env.FUSE_ROOT,
+        Env.OUTPUT_DIR,
+        Env.CHECKPOINT_DIR,
+        Env.NODE_CACHE,
+        Env.ACCELERATOR,
+        Env.ACCELERATOR_CHIPS,
+        Env.PREEMPTIONS,
+        Env.INSTALL_REQUIREMENTS,
+        Env.DEBUG,
+        Env.DEBUG_PORT,
+        Env.DEBUG_SOURCES,
+        Env.DEBUG_CALLER_ROOT,
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONSTARTUP",
+        "PYTHONUSERBASE",
+        "PYTHONINSPECT",
+        "LD_PRELOAD",
+        "LD_LIBRARY_PATH",
+        "LD_AUDIT",
+        "DYLD_INSERT_LIBRARIES",
+        "DYLD_LIBRARY_PATH",
+        "BASH_ENV",
+    }
+)
+
+
+def forward_refused(names: Any) -> list[str]:
+    """The names among ``names`` (a call's forwarded env=) that no forwarded value may set."""
+    return sorted(str(n) for n in names if n in FORWARD_REFUSED_ENV or never_a_jobs(str(n)))
+
+
 def sent_variables(*layers: dict[str, Any] | None) -> dict[str, Any]:
     """What job variables set, read as Prefect's worker reads them: a deployment's, then the run's over them (``env``
     merged), and dotted names (``"env.X"``, ``"command.y"``) nested under their variable."""

@@ -73,6 +73,22 @@ def job_variables_name(run_id: str) -> str:
     return f"job-variables/{run_id}"
 
 
+# A polling worker's forwarded env= values travel in the Prefect Secret block ENV_BLOCK_PREFIX + <run id>; the worker
+# reads no other block for a run.
+ENV_BLOCK_PREFIX = "kinetic-env-"
+
+
+def env_block(run_id: str) -> str:
+    """The Secret block a run's forwarded env= values travel in (to a polling worker)."""
+    return f"{ENV_BLOCK_PREFIX}{run_id}"
+
+
+def env_block_signed_name(run_id: str) -> str:
+    """What a run's forwarded-env block's content is signed as: no object is stored under it; the store's own scope,
+    which no job holds a key for, so only a key holder's caller can have written it."""
+    return f"env-blocks/{run_id}"
+
+
 def checkpoints_key(task_run_or_run_id: str) -> str:
     """Keyed by the *task run*: a retry (a new job) resumes from what the killed one saved."""
     return f"checkpoints/{task_run_or_run_id}"

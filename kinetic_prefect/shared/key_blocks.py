@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import warnings
 from typing import Any
 
@@ -10,9 +11,14 @@ from prefect.exceptions import ObjectNotFound
 
 from kinetic_prefect import signing
 from kinetic_prefect.contract import Env, settings
+from kinetic_prefect.contract.layout import env_block_signed_name
 from kinetic_prefect.pod import outputs
 
 _signing_key_cache: dict[str, signing.Keyring | None] = {}
+_read_at: dict[str, float] = {}  # when each API's block was last read (time.monotonic)
+# A signature that does not verify under the cached key may mean the block was rotated since: it is read again, at
+# most once per this many seconds (a stream of forged runs must not turn into a stream of block reads).
+REREAD_SECONDS = 5.0
 
 
 _warned: set[str] = set()  # the APIs whose missing key this process has warned about
@@ -21,7 +27,21 @@ _warned: set[str] = set()  # the APIs whose missing key this process has warned 
 def forget_signing_key() -> None:
     """Read the key again on the next call (and warn again if there is none): after a key is set or removed."""
     _signing_key_cache.clear()
+    _read_at.clear()
     _warned.clear()
+
+
+async def signing_key_again() -> signing.Keyring | None:
+    """The key after a signature did not verify under the one this process holds: the Secret block is read again
+    when its last read is older than REREAD_SECONDS (a rotation updates the block under running workers; they need no
+    restart). A key from the environment is what it is: this process cannot see it change."""
+    from prefect.settings import PREFECT_API_URL
+
+    if signing.key_from_env() is None:
+        cache_key = str(PREFECT_API_URL.value())
+        if time.monotonic() - _read_at.get(cache_key, float("-inf")) >= REREAD_SECONDS:
+            _signing_key_cache.pop(cache_key, None)
+    return await signing_key()
 
 
 async def signing_key() -> signing.Keyring | None:
@@ -39,6 +59,7 @@ async def signing_key() -> signing.Keyring | None:
     if cache_key not in _signing_key_cache:
         from prefect.blocks.system import Secret
 
+        _read_at[cache_key] = time.monotonic()
         try:
             secret: Secret[Any] = await Secret.aload(signing.SECRET_BLOCK)
             value = secret.get()
@@ -74,9 +95,52 @@ def unsigned_refusal(store_url: str, key: signing.Keyring | None) -> str | None:
 
 
 async def store_secret_env(values: dict[str, str], name: str) -> str:
-    """Forwarded env values for a polling worker, in a Prefect Secret block it reads once and deletes."""
+    """Forwarded env values for a polling worker, in a Prefect Secret block it reads once and deletes. With a key,
+    the content is signed (under the store's own scope, which no job holds) as this run's: any API user can rewrite
+    a block, and the worker uses only values a key holder's caller saved for this very run."""
     from prefect.blocks.system import Secret
 
-    secret: Secret[Any] = Secret(value=json.dumps(values))  # type: ignore[arg-type]  # a plain str is a secret too
+    key = await signing_key()
+    content: Any = values
+    if key is not None:
+        signature = signing.sign(key, env_block_signed_name(_run_of(name)), _env_bytes(values))
+        content = {"values": values, "signature": signature.decode() if signature else ""}
+    secret: Secret[Any] = Secret(value=json.dumps(content))  # type: ignore[arg-type]  # a plain str is a secret too
     await secret.asave(name=name, overwrite=True)
     return name
+
+
+async def load_secret_env(name: str, run_id: str, key: signing.Keyring | None) -> dict[str, str]:
+    """A run's forwarded env values from its block (then deleted: read once). With a key, TamperedObject unless a
+    key holder signed exactly these values for ``run_id``; the block is deleted either way."""
+    from prefect.blocks.system import Secret
+
+    try:
+        secret: Secret[Any] = await Secret.aload(name)
+    except (ValueError, ObjectNotFound):
+        raise signing.TamperedObject(
+            f"the forwarded-env block {name!r} is missing (deleted, or taken by another worker)"
+        ) from None
+    content = secret.get()  # Prefect parses JSON secrets back into objects
+    await Secret.adelete(name)
+    content = json.loads(content) if isinstance(content, str) else content
+    signed = isinstance(content, dict) and set(content) == {"values", "signature"}
+    values = content["values"] if signed else content
+    if not isinstance(values, dict) or not all(isinstance(v, str) for v in values.values()):
+        raise signing.TamperedObject(f"the forwarded-env block {name!r} holds no env values")
+    if key is not None:
+        signature = str(content["signature"]).encode() if signed else None
+        signing.check(
+            key, env_block_signed_name(run_id), _env_bytes(values), signature, f"the forwarded-env block {name!r}"
+        )
+    return {str(k): v for k, v in values.items()}
+
+
+def _env_bytes(values: dict[str, str]) -> bytes:
+    return json.dumps(values, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _run_of(block_name: str) -> str:
+    from kinetic_prefect.contract.layout import ENV_BLOCK_PREFIX
+
+    return block_name.removeprefix(ENV_BLOCK_PREFIX)

@@ -327,7 +327,6 @@ class KineticWorker:
             logger.error(refusal)
             await self._propose(flow_run, Failed(message=refusal))
             return ended_before_start("refused")
-        await configuration.load_secret_env()
         if not await self._hand_over_signing_key(flow_run, configuration):
             return ended_before_start("refused")
         identifier: str | None = await self.launcher.find(flow_run, configuration)
@@ -357,29 +356,29 @@ class KineticWorker:
             await self.mark_cancelled(flow_run, "The calling task stopped waiting while the job was being started")
 
     async def _hand_over_signing_key(self, flow_run: FlowRun, configuration: Any) -> bool:
-        """The job gets the derived keys of its own scopes in memory (never the master key, never in job variables
-        or a manifest)."""
-        from kinetic_prefect import signing
-
+        """Before anything is built, launched or read for it: the run's job variables, as the worker will use them
+        (its deployment's merged under its own), exactly what a key holder signed; then its forwarded env values
+        (its own block only, signed too); then the job gets the derived keys of its own scopes in memory (never the
+        master key, never in job variables or a manifest). False once the run is ended refused."""
         key = await key_blocks.signing_key()
         if refusal := key_blocks.unsigned_refusal(str(configuration.env.get(Env.STORE) or ""), key):
             await self.mark_crashed(flow_run, f"This worker refuses the job: {refusal}.")
             return False
-        if key is not None:  # whoever may create flow runs on the pool cannot choose a run id, code or image
-            try:
-                signing.check_job_variables(key, dict(flow_run.job_variables or {}))
-            except signing.TamperedObject as exc:
-                refused = (
-                    f"This worker refuses the job: {exc}. Job runs of a signed pool are created by "
-                    "@kinetic_task calls holding the signing key; nothing was built or launched."
-                )
-                self.get_flow_run_logger(flow_run).error(refused)
-                await self._propose(flow_run, Failed(message=refused))
-                return False
-        if key is not None:
-            configuration.hand_over_signing_keys(key)
-            return True
-        if configuration.env.get(signing.REQUIRED_ENV):
+        try:
+            if key is not None:  # whoever may create flow runs on the pool cannot choose a run id, code or image
+                key = await self._check_signed(flow_run, key)
+            await self._take_forwarded_env(flow_run, configuration, key)
+            if key is not None:
+                configuration.hand_over_signing_keys(key)
+        except (signing.TamperedObject, signing.BadKey) as exc:
+            refused = (
+                f"This worker refuses the job: {exc}. Job runs of a signed pool are created by "
+                "@kinetic_task calls holding the signing key; nothing was built or launched."
+            )
+            self.get_flow_run_logger(flow_run).error(refused)
+            await self._propose(flow_run, Failed(message=refused))
+            return False
+        if key is None and configuration.env.get(signing.REQUIRED_ENV):
             await self.mark_crashed(
                 flow_run,
                 f"The caller signs its store objects but this worker has no signing key: "
@@ -388,6 +387,53 @@ class KineticWorker:
             )
             return False
         return True
+
+    async def _check_signed(self, flow_run: FlowRun, key: signing.Keyring) -> signing.Keyring:
+        """The key the run's variables verify under (the Secret block read again once after a rotation);
+        TamperedObject when its deployment adds to them or no key holder signed them."""
+        if flow_run.deployment_id is not None:
+            deployment = await self.client.read_deployment(flow_run.deployment_id)
+            added = deployment_additions(deployment.job_variables or {}, dict(flow_run.job_variables or {}))
+            if added:
+                raise signing.TamperedObject(
+                    f"its deployment {deployment.name!r} sets job variables ({', '.join(added)}) that no key "
+                    "holder signed, and Prefect would merge them into the job; a kinetic job runs with exactly "
+                    "what its caller signed, so job runs of a signed pool never come from a deployment with job "
+                    "variables"
+                )
+        try:
+            signing.check_job_variables(key, dict(flow_run.job_variables or {}))
+        except signing.KeyMismatch:
+            again = await key_blocks.signing_key_again()  # a rotation under a running worker: the block changed
+            if again is None or again.identity() == key.identity():
+                raise
+            signing.check_job_variables(again, dict(flow_run.job_variables or {}))
+            return again
+        return key
+
+    async def _take_forwarded_env(self, flow_run: FlowRun, configuration: Any, key: signing.Keyring | None) -> None:
+        """The call's forwarded env= values for a polling worker (in-process they are in memory already): from the
+        run's own Secret block only (read and deleted), signed for this run, and setting nothing the signed variables
+        govern (FORWARD_REFUSED_ENV)."""
+        from kinetic_prefect.contract.job_variables import forward_refused
+        from kinetic_prefect.contract.layout import env_block
+
+        block = configuration.env.pop(Env.ENV_BLOCK, None)
+        if block:
+            run_id = str(configuration.env.get(Env.RUN_ID) or "")
+            if block != env_block(run_id):
+                raise signing.TamperedObject(
+                    f"its {Env.ENV_BLOCK} names the Secret block {block!r}, not the run's own {env_block(run_id)!r}; "
+                    "a worker reads only a run's own forwarded-env block"
+                )
+            values = await key_blocks.load_secret_env(block, run_id, key)
+            if refused := forward_refused(values):  # in-process, the caller refused them when it prepared the call
+                raise signing.TamperedObject(
+                    f"its forwarded env sets {', '.join(refused)}, which the job's signed variables or its worker "
+                    "set (its run, code, keys, or which code the interpreter loads); a forwarded value never "
+                    "replaces them"
+                )
+            configuration.set_secret_env(values)
 
     async def follow(self, flow_run: FlowRun, configuration: Any, identifier: str) -> KineticWorkerResult:
         """Follow one job to its end and set the run's final state."""
@@ -775,6 +821,22 @@ class KineticWorker:
             start_soon(self.follow, flow_run, configuration, identifier)
             count += 1
         return count
+
+
+def deployment_additions(deployment_variables: dict[str, Any], run_variables: dict[str, Any]) -> list[str]:
+    """What a deployment's job variables add to or change in a run's own, as Prefect's worker merges them (the
+    deployment's under the run's, dotted names nested): the variables by name, ``env.NAME`` for env entries."""
+    from kinetic_prefect.contract.job_variables import sent_variables
+
+    merged, own = sent_variables(deployment_variables, run_variables), sent_variables(run_variables)
+    added = []
+    for name in sorted(set(merged) | set(own)):
+        if name == "env" and isinstance(merged.get(name), dict) and isinstance(own.get(name, {}), dict):
+            env, own_env = merged[name], own.get(name, {})
+            added += [f"env.{n}" for n in sorted(set(env) | set(own_env)) if env.get(n) != own_env.get(n)]
+        elif merged.get(name) != own.get(name):
+            added.append(name)
+    return added
 
 
 def _stopped(outcome: Outcome) -> bool:
