@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 from kinetic_prefect.contract import LOCAL_WORKER_TYPE, settings
 
@@ -36,3 +38,9 @@ def work_pools_dir() -> Path:
         if candidate.is_dir():
             return candidate
     raise FileNotFoundError("kinetic-prefect's work_pools/ templates are missing from this installation")
+
+
+def pool_template(worker_type: str) -> dict[str, Any]:
+    """The base job template shipped as data in ``work_pools/<type>.json`` (read without Prefect: ``up`` plans a
+    pool before it talks to the API)."""
+    return dict(json.loads((work_pools_dir() / f"{worker_type}.json").read_text()))

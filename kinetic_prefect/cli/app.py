@@ -44,16 +44,15 @@ app = typer.Typer(
 
 
 def _launcher_commands(app: typer.Typer) -> None:
-    """The commands of each launcher that has its own (its ``workers.LAUNCHERS`` line's ``commands`` module, e.g.
-    kinetic-gke's ``gke-worker-image`` and ``gke-worker-manifests``): the CLI holds no launcher's code, and the module
-    is light, so ``--help`` imports no launcher."""
-    import importlib
-
+    """The commands of each launcher that has its own (the ``register`` of its ``commands`` module, e.g. kinetic-gke's
+    ``gke-worker-image`` and ``gke-worker-manifests``): the CLI holds no launcher's code, and the modules are light,
+    so ``--help`` imports no launcher."""
     from kinetic_prefect import workers
 
-    for line in workers.LAUNCHERS.values():
-        if line.commands is not None:
-            importlib.import_module(line.commands).register(app)
+    for module in workers.commands_modules():
+        register = getattr(module, "register", None)
+        if register is not None:
+            register(app)
 
 
 # In the order `kinetic-prefect --help` lists them.

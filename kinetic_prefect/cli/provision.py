@@ -1,6 +1,6 @@
 """``kinetic-prefect up`` / ``down`` / ``pool add|remove|list``: what a platform's pools run on, made from zero and
-removed again. ``--platform`` names a registered launcher's provisioning (its worker class's ``provisioning()``
-hook, ``workers.provisioning``): gke, the GKE cluster, node pools, registry, bucket, worker and work pool
+removed again. ``--platform`` names a registered launcher's provisioning (its ``commands`` module's ``provisioning()``,
+``workers.provisioning``): gke, the GKE cluster, node pools, registry, bucket, worker and work pool
 (``workers.gke.provision``); vertex, no cluster (``workers.vertex.provision``). ``pool`` is GKE's node pools.
 
     kinetic-prefect up --platform vertex --project P [--region R] [--pool-name NAME] [--dry-run] [--yes]
@@ -70,23 +70,19 @@ def make_clients(project: str, platform: Any) -> Any:
 
 
 def _platform(name: str) -> Any:
-    """The provisioning of the registered launcher whose ``--platform`` name is ``name`` (its worker class's
-    ``provisioning()`` hook); the CLI knows no platform by name."""
+    """The provisioning of the launcher whose ``--platform`` name is ``name`` (its ``commands`` module's
+    ``PLATFORM`` and ``provisioning()``); the CLI knows no platform by name, and imports no other launcher."""
     from kinetic_prefect import workers
 
-    found: dict[str, Any] = {}
-    for worker_type, line in workers.LAUNCHERS.items():
-        if line.platform == name and (cls := workers.find(worker_type)) is not None:
-            platform = cls.provisioning()
-            found[platform.name] = platform
-    if name in found:
-        return found[name]
-    named = sorted(line.platform for line in workers.LAUNCHERS.values() if line.platform)
-    missing = "; ".join(f"{t} {hint}" for t, hint in workers.UNAVAILABLE.items())
-    raise ClickException(
-        f"--platform {name!r}: the launchers provision {', '.join(named) or 'nothing'}"
-        + (f" ({missing})" if missing else "")
-    )
+    sides = workers.commands_modules()
+    named = sorted(side.PLATFORM for side in sides if hasattr(side, "PLATFORM"))
+    for side in sides:
+        if getattr(side, "PLATFORM", None) == name:
+            try:
+                return side.provisioning()
+            except ModuleNotFoundError as missing:
+                raise ClickException(f"--platform {name!r}: {missing.name} is not installed: {_INSTALL}") from None
+    raise ClickException(f"--platform {name!r}: the launchers provision {', '.join(named) or 'nothing'}")
 
 
 def _provision() -> Any:

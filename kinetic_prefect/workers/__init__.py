@@ -1,9 +1,10 @@
 """Worker types: each launcher is one line of ``LAUNCHERS``, and nothing of a launcher is imported before it is used.
 
 A line names the launcher's worker type, the module of its worker class (``workers/<launcher>/worker.py``), the
-package extras that module needs and, where it has any, the module of its own ``kinetic-prefect`` commands (light: a
-command imports its launcher's code when it runs). ``worker_class(type)`` imports that one launcher: a call on
-kinetic-local never loads kinetic-vertex's aiplatform or kinetic-gke's Kubernetes clients.
+package extras that module needs and, where it has any, its side of the ``kinetic-prefect`` command (``commands``:
+its own commands and its platform for ``up``/``down``; light, a command imports the launcher's code when it runs).
+``worker_class(type)`` imports that one launcher: a call on kinetic-local never loads kinetic-vertex's aiplatform or
+kinetic-gke's Kubernetes clients.
 
 Prefect finds a worker type among the BaseWorker subclasses imported so far, and imports the ``prefect.collections``
 entry point (``kinetic_prefect.workers.collection``) to let packages register theirs, so ``prefect worker start
@@ -25,8 +26,9 @@ from kinetic_prefect.contract.names import GKE_WORKER_TYPE, LOCAL_WORKER_TYPE, V
 class Launcher(NamedTuple):
     worker: str  # "module:WorkerClass"
     extras: tuple[str, ...]  # the extras its worker module needs
-    commands: str | None = None  # a module whose register(app) adds the launcher's own commands to the CLI
-    platform: str | None = None  # the name `up`/`down --platform` gives its worker class's provisioning() hook
+    # Its side of the CLI, a light module: register(app) adds its own commands; PLATFORM and provisioning() are its
+    # platform for `up`/`down --platform PLATFORM`.
+    commands: str | None = None
 
 
 LAUNCHERS: dict[str, Launcher] = {
@@ -35,10 +37,9 @@ LAUNCHERS: dict[str, Launcher] = {
         "kinetic_prefect.workers.gke.worker:KineticGKEWorker",
         ("k8s", "gcp"),
         "kinetic_prefect.workers.gke.commands",
-        "gke",
     ),
     VERTEX_WORKER_TYPE: Launcher(
-        "kinetic_prefect.workers.vertex.worker:KineticVertexWorker", ("gcp",), platform="vertex"
+        "kinetic_prefect.workers.vertex.worker:KineticVertexWorker", ("gcp",), "kinetic_prefect.workers.vertex.commands"
     ),
 }
 
@@ -96,6 +97,11 @@ def find(worker_type: str | None) -> Any:
         return None
 
 
+def commands_modules() -> list[Any]:
+    """Each launcher's side of the CLI (its ``commands`` module), imported: light by rule, ``--help`` reads them."""
+    return [importlib.import_module(line.commands) for line in LAUNCHERS.values() if line.commands]
+
+
 def installed() -> dict[str, Any]:
     """Every launcher whose extras are installed, imported (``prefect.collections``; listings of every type)."""
     found = {}
@@ -118,4 +124,13 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["LAUNCHERS", "UNAVAILABLE", "Launcher", "LauncherUnavailable", "find", "installed", "worker_class"]
+__all__ = [
+    "LAUNCHERS",
+    "UNAVAILABLE",
+    "Launcher",
+    "LauncherUnavailable",
+    "commands_modules",
+    "find",
+    "installed",
+    "worker_class",
+]

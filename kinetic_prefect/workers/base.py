@@ -46,9 +46,7 @@ def kinetic_worker_class(worker_type: str) -> Any:
     return cls
 
 
-def load_template(worker_type: str) -> dict[str, Any]:
-    """The base job template shipped as data in ``work_pools/<type>.json``."""
-    return json.loads((config.work_pools_dir() / f"{worker_type}.json").read_text())
+load_template = config.pool_template  # the base job template shipped as data in work_pools/<type>.json
 
 
 class KineticJobConfiguration(BaseJobConfiguration):

@@ -1,6 +1,6 @@
 """Provisioning, what every launcher's ``kinetic-prefect up`` / ``down`` shares: the step framework and the hook.
 
-A launcher that makes its own infrastructure gives its worker class a ``provisioning()`` hook returning a
+A launcher that makes its own infrastructure gives its ``commands`` module a ``provisioning()`` returning a
 :class:`Platform`: its ``--platform`` name, its clients, and the plans of ``up`` and ``down`` built from
 :class:`Step` s (each resource looked up first; only a step that changes something carries an action, so a second
 ``up`` makes nothing and one that failed halfway resumes). The CLI finds the platform by that name among the
@@ -89,7 +89,7 @@ ClientsFor = Callable[[str], Any]  # project -> the platform's clients (the CLI'
 
 
 class Platform(Protocol):
-    """A launcher's provisioning (the worker class's ``provisioning()`` hook)."""
+    """A launcher's provisioning (its ``commands`` module's ``provisioning()``)."""
 
     name: str  # the value of --platform
 

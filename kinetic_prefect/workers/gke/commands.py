@@ -1,6 +1,7 @@
-"""kinetic-gke's own ``kinetic-prefect`` commands, ``gke-worker-image`` and ``gke-worker-manifests``: the in-cluster
-kinetic-gke worker's image and the manifests that run it. The CLI adds them through the launcher's
-registration line; a command imports the launcher's code when it runs."""
+"""kinetic-gke's side of the ``kinetic-prefect`` command: its own commands, ``gke-worker-image`` and
+``gke-worker-manifests`` (the in-cluster worker's image and the manifests that run it), and its platform for ``up`` /
+``down --platform gke``. The CLI imports this module for ``--help`` (its launcher's registration line names it), so
+it is light: a command imports the launcher's code when it runs."""
 
 from __future__ import annotations
 
@@ -111,6 +112,16 @@ def gke_worker_manifests_command(
         except gke_worker_image.WorkerImageError as exc:
             raise ClickException(f"{exc}; or give --image") from None
     sys.stdout.write(yaml.safe_dump_all(worker_manifests(pool, namespace=namespace, image=image), sort_keys=False))
+
+
+PLATFORM = "gke"
+
+
+def provisioning() -> Any:
+    """The cluster and what it runs (``workers/gke/provision``)."""
+    from kinetic_prefect.workers.gke.provision.platform import GKEPlatform
+
+    return GKEPlatform()
 
 
 def register(app: typer.Typer) -> None:

@@ -79,13 +79,6 @@ class KineticGKEWorker(PinnedPoolVariables, KineticWorker, BaseWorker):  # type:
         return job_manifest_template()
 
     @staticmethod
-    def provisioning() -> Any:
-        """``kinetic-prefect up / down --platform gke``: the cluster and what it runs (``workers/gke/provision``)."""
-        from kinetic_prefect.workers.gke.provision.platform import GKEPlatform
-
-        return GKEPlatform()
-
-    @staticmethod
     def floor_pods(work_pool: Any) -> list[tuple[Any, Any]]:
         """``kinetic-prefect warm``: the pool's floor pods (``min_warm``) in its cluster, each with what ends it."""
         from kinetic_prefect.workers.gke import warm

@@ -18,10 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kinetic_prefect import signing
+from kinetic_prefect import config, signing
 from kinetic_prefect.contract import VERTEX_WORKER_TYPE, Env
 from kinetic_prefect.workers import provisioning
-from kinetic_prefect.workers.base import load_template
 from kinetic_prefect.workers.provisioning import (
     ABSENT,
     CREATE,
@@ -126,10 +125,11 @@ class VertexClients(PrefectAccess):
 def make_clients(project: str) -> VertexClients:
     """The real clients, on Application Default Credentials."""
     import google.auth
+
+    # Credentials first: without them the refusal comes before the client libraries load (seconds of imports).
+    credentials, _ = google.auth.default(scopes=[CLOUD_PLATFORM])
     from google.cloud import artifactregistry_v1, storage  # type: ignore[attr-defined]
     from googleapiclient import discovery  # type: ignore[import-untyped]
-
-    credentials, _ = google.auth.default(scopes=[CLOUD_PLATFORM])
 
     def resource(api: str) -> Any:
         return discovery.build(api, "v1", credentials=credentials, cache_discovery=False, static_discovery=True)
@@ -299,7 +299,7 @@ def _pool_template(settings: VertexSettings, base: dict[str, Any]) -> tuple[dict
     """``base`` with ``up``'s settings as defaults where the operator set none: (template, set, kept as they were)."""
     template = json.loads(json.dumps(base))
     properties = template["variables"]["properties"]
-    shipped = load_template(VERTEX_WORKER_TYPE)["variables"]["properties"]
+    shipped = config.pool_template(VERTEX_WORKER_TYPE)["variables"]["properties"]
     changed, kept = [], []
     for key, value in settings.pool_settings().items():
         current = properties[key].get("default")
@@ -325,7 +325,7 @@ def work_pool_step(clients: VertexClients, settings: VertexSettings) -> Step:
             f"--pool-name {settings.work_pool!r}: that work pool exists and is of type {pool.type}, not "
             f"{VERTEX_WORKER_TYPE}; give another --pool-name"
         )
-    base = load_template(VERTEX_WORKER_TYPE) if pool is None else pool.base_job_template
+    base = config.pool_template(VERTEX_WORKER_TYPE) if pool is None else pool.base_job_template
     template, changed, kept = _pool_template(settings, base)
     note = ", ".join(f"{k}={v}" for k, v in settings.pool_settings().items() if k in changed)
     if pool is None:

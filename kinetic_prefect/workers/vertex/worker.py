@@ -57,14 +57,6 @@ class KineticVertexWorker(PinnedPoolVariables, KineticWorker, BaseWorker):  # ty
     def get_default_base_job_template(cls) -> dict[str, Any]:
         return load_template(cls.type)
 
-    @staticmethod
-    def provisioning() -> Any:
-        """``kinetic-prefect up / down --platform vertex``: APIs, registry, bucket, the jobs' service account and
-        its grants, the signing key and the pool; no cluster (``workers/vertex/provision.py``)."""
-        from kinetic_prefect.workers.vertex.provision import VertexPlatform
-
-        return VertexPlatform()
-
     @classmethod
     def check_pool_settings(cls, pool_name: str, defaults: dict[str, Any], job_variables: dict[str, Any]) -> None:
         """Refused before anything is uploaded: an accelerator Vertex cannot run (with the nearest one it can),

@@ -1,5 +1,6 @@
-"""kinetic-gke's provisioning as a platform (``KineticGKEWorker.provisioning()``): ``up`` / ``down --platform gke``,
-the cluster, node pools, registry, bucket, namespace, signing key, work pool and in-cluster worker of ``commands``."""
+"""kinetic-gke's provisioning as a platform (``workers/gke/commands.py``'s ``provisioning()``): ``up`` / ``down
+--platform gke``, the cluster, node pools, registry, bucket, namespace, signing key, work pool and in-cluster
+worker of ``commands``."""
 
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ from typing import Any, Protocol
 from google.api_core import exceptions as google_errors
 from google.cloud import artifactregistry_v1, container_v1
 
+from kinetic_prefect import config
 from kinetic_prefect.contract import GKE_WORKER_TYPE
-from kinetic_prefect.workers.base import load_template
 from kinetic_prefect.workers.gke.deploy import namespace_manifests, worker_manifests
 from kinetic_prefect.workers.gke.provision import plan
 from kinetic_prefect.workers.gke.provision.plan import NodePoolSpec, ProvisionError, Settings
@@ -229,7 +229,7 @@ def _pool_template(settings: Settings, base: dict[str, Any]) -> tuple[dict[str, 
 
     template = json.loads(json.dumps(base))
     properties = template["variables"]["properties"]
-    shipped = load_template(POOL_TYPE)["variables"]["properties"]
+    shipped = config.pool_template(POOL_TYPE)["variables"]["properties"]
     changed, kept = [], []
     for key, value in settings.pool_defaults().items():
         current = properties[key].get("default")
@@ -251,7 +251,7 @@ def work_pool_step(clients: Clients, settings: Settings) -> Step:
         except ObjectNotFound:
             pool = None
     if pool is None:
-        template, _, _ = _pool_template(settings, load_template(POOL_TYPE))
+        template, _, _ = _pool_template(settings, config.pool_template(POOL_TYPE))
 
         def create() -> None:
             description = f"kinetic-prefect up: GKE cluster {settings.cluster} ({settings.project}, {settings.zone})"
