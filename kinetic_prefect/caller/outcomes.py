@@ -19,7 +19,8 @@ from kinetic_prefect.caller.data_repair import heal_reported
 from kinetic_prefect.caller.remote_errors import raise_remote
 from kinetic_prefect.caller.uploads import forget_broken_code
 from kinetic_prefect.contract import Outcome, checkpoints_key
-from kinetic_prefect.errors import KineticJobCrashed
+from kinetic_prefect.contract.names import KEY_MISMATCH_STATE
+from kinetic_prefect.errors import KineticJobCrashed, SigningKeyMismatch
 from kinetic_prefect.shared.outages import Outage
 
 
@@ -47,6 +48,8 @@ async def collect(
         call.outcome_read = True
     except ObjectNotFound:
         message = state.message if state is not None else "no state"
+        if state is not None and state.name == KEY_MISMATCH_STATE:  # the worker's key differs: retrying cannot help
+            raise SigningKeyMismatch(f"job {run_name}: {message}") from None
         raise KineticJobCrashed(
             f"job {run_name} ended without an outcome ({state.name if state else '?'}: {message})"
         ) from None

@@ -19,6 +19,10 @@ WORKER_TYPES = (LOCAL_WORKER_TYPE, GKE_WORKER_TYPE, VERTEX_WORKER_TYPE)
 # Crashed before the job ran): the caller tries the next pool of a fallback list on it (caller/submission.py).
 JOB_CANNOT_START = "cannot start (no capacity):"
 
+# The name of the Failed state a worker gives a run it refuses because the caller signed it with another key than the
+# worker's (after reading its key again): the caller raises SigningKeyMismatch, which no retry can fix.
+KEY_MISMATCH_STATE = "SigningKeyMismatch"
+
 # A kinetic-local job's log files, in its job folder and among its outputs: host 0's, then host i's.
 JOB_LOG_NAME = "job.log"
 

@@ -54,6 +54,7 @@ from kinetic_prefect.contract import (
     RunLayout,
 )
 from kinetic_prefect.contract.launchers import LauncherAbilities
+from kinetic_prefect.contract.names import KEY_MISMATCH_STATE
 from kinetic_prefect.shared import key_blocks, prefect_runs
 from kinetic_prefect.shared.outages import Outage
 from kinetic_prefect.workers.base import open_job_store
@@ -376,7 +377,8 @@ class KineticWorker:
                 "@kinetic_task calls holding the signing key; nothing was built or launched."
             )
             self.get_flow_run_logger(flow_run).error(refused)
-            await self._propose(flow_run, Failed(message=refused))
+            mismatch = isinstance(exc, signing.KeyMismatch)  # the caller's key differs: no retry can fix it
+            await self._propose(flow_run, Failed(message=refused, name=KEY_MISMATCH_STATE if mismatch else "Failed"))
             return False
         if key is None and configuration.env.get(signing.REQUIRED_ENV):
             await self.mark_crashed(

@@ -73,6 +73,42 @@ def test_a_rotation_needs_no_worker_restart(block_key, tmp_path, monkeypatch) ->
     assert "signing key differs" not in (tmp_path / "worker.log").read_text()
 
 
+@pytest.mark.slow
+def test_a_worker_with_another_key_fails_the_call_once_with_signing_key_mismatch(
+    prefect_server, tmp_path, monkeypatch
+) -> None:
+    """Caller and polling worker given different keys (not a rotation: the worker's key is in its environment, so
+    reading again changes nothing): the call raises SigningKeyMismatch naming the fix, and ``retries=2`` makes no
+    second job run, as on the in-process path. On the main of its day: KineticJobCrashed, and 3 refused job runs."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    from kinetic_prefect.errors import SigningKeyMismatch
+
+    pool = new_pool("mismatch")
+    env = {Env.SIGNING_KEY: "workers-key-" + uuid.uuid4().hex, Env.CACHE_DIR: str(tmp_path / "cache")}
+    worker = WorkerProcess(pool, tmp_path / "worker.log", env).start()
+    monkeypatch.setenv(Env.SIGNING_KEY, "callers-key-" + uuid.uuid4().hex)
+    name = f"mismatch-{uuid.uuid4().hex[:6]}"
+
+    @kinetic_task(name=name, work_pool=pool, submission="worker", retries=2, retry_delay_seconds=0)
+    def nothing() -> None:
+        return None
+
+    @flow
+    def pipeline() -> None:
+        nothing()
+
+    try:
+        with pytest.raises(SigningKeyMismatch, match="signing key differs"):
+            pipeline()
+    finally:
+        worker.stop()
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=name)))
+    assert len(runs) == 1, [r.name for r in runs]
+
+
 @pytest.mark.no_server
 def test_the_block_is_read_again_at_most_once_per_interval(monkeypatch) -> None:
     """A stream of runs signed with a key nobody holds must not become a stream of block reads."""
