@@ -32,15 +32,21 @@ def _remote_body(fn: Callable[..., Any], kinetic: KineticOptions, task_name: str
 
 
 def _no_retry_for_deterministic_failures(user_condition: Callable[..., Any] | None) -> Callable[..., Any]:
-    """Prefect's ``retry_condition_fn``: a return value that cannot be pickled, or that a full store cannot hold,
-    fails the same way on every attempt, so it is not retried; otherwise the user's own condition (if any) decides."""
+    """Prefect's ``retry_condition_fn``: a return value that cannot be pickled, a full store, a key mismatch, a
+    budget reached or a fallback pool that cannot run its entry fails the same way on every attempt, so it is not
+    retried; otherwise the user's own condition (if any) decides."""
 
     def should_retry(task: Any, task_run: Any, state: Any) -> Any:
-        from kinetic_prefect.errors import BudgetExceeded, ResultNotPicklable, SigningKeyMismatch, StoreFull
+        from kinetic_prefect.errors import (
+            BudgetExceeded,
+            FallbackPoolRefused,
+            ResultNotPicklable,
+            SigningKeyMismatch,
+            StoreFull,
+        )
 
-        if isinstance(
-            getattr(state, "data", None), (ResultNotPicklable, StoreFull, SigningKeyMismatch, BudgetExceeded)
-        ):
+        deterministic = (ResultNotPicklable, StoreFull, SigningKeyMismatch, BudgetExceeded, FallbackPoolRefused)
+        if isinstance(getattr(state, "data", None), deterministic):
             return False
         return True if user_condition is None else user_condition(task, task_run, state)
 

@@ -11,7 +11,7 @@ import uuid
 import pytest
 from prefect import flow, get_client
 from prefect.client.schemas.actions import WorkPoolCreate
-from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+from prefect.client.schemas.filters import FlowFilter, FlowFilterName, TaskRunFilter, TaskRunFilterName
 from worker_fixture import new_pool
 
 from kinetic_prefect import kinetic_task
@@ -40,7 +40,14 @@ def _refused(first_pool: str, accelerator: list[str]) -> tuple[str, str]:
     """A call in a flow whose first pool could run it: the error it raised, and the task's name."""
     name = f"fallback-{uuid.uuid4().hex[:6]}"
 
-    @kinetic_task(name=name, work_pool=first_pool, accelerator=accelerator, submission="in-process")
+    @kinetic_task(
+        name=name,
+        work_pool=first_pool,
+        accelerator=accelerator,
+        submission="in-process",
+        retries=2,
+        retry_delay_seconds=0,
+    )
     def anything() -> int:
         return 1
 
@@ -50,6 +57,9 @@ def _refused(first_pool: str, accelerator: list[str]) -> tuple[str, str]:
 
     with pytest.raises(ValueError) as refused:
         pipeline()
+    with get_client(sync_client=True) as client:
+        [task_run] = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=name)))
+    assert task_run.run_count == 1, "a refusal that would be the same on every attempt is not retried"
     return str(refused.value), name
 
 
