@@ -279,7 +279,7 @@ def check(key: KeyLike, object_key: str, data: bytes, signature: bytes | None, w
     if any(hmac.compare_digest(mac.encode(), e.encode()) for e in expected):
         return data
     if signer in {key_id(m) for m in ring.masters[1:]} and not long_lived(object_key):
-        raise TamperedObject(
+        raise KeyMismatch(  # the signer holds a rotated-out key: a configuration to fix, not a forgery to retry
             f"{where} was signed with a previous signing key (key id {signer}; the current one is "
             f"{ring.identity()}): a rotated-out key verifies only results, Data, checkpoints and outputs made "
             f"before the rotation, never what starts or hands over a job. Sign it with the current key "

@@ -19,6 +19,9 @@ _read_at: dict[str, float] = {}  # when each API's block was last read (time.mon
 # A signature that does not verify under the cached key may mean the block was rotated since: it is read again, at
 # most once per this many seconds (a stream of forged runs must not turn into a stream of block reads).
 REREAD_SECONDS = 5.0
+# However it verifies, a key read from the block is read again after this long: a long-lived caller (a notebook)
+# signs with the rotated key within a minute, as running workers do.
+KEY_TTL_SECONDS = 60.0
 
 
 _warned: set[str] = set()  # the APIs whose missing key this process has warned about
@@ -47,8 +50,8 @@ async def signing_key_again() -> signing.Keyring | None:
 async def signing_key() -> signing.Keyring | None:
     """The store signing key: ``KINETIC_SIGNING_KEY``, else the Secret block ``kinetic-signing-key``.
 
-    Read once per process and API. Without one, store objects are unauthenticated and a warning
-    says so once (see signing.py for what the key protects).
+    Read once per process and API, and again after KEY_TTL_SECONDS (a rotation). Without one, store objects are
+    unauthenticated and a warning says so once (see signing.py for what the key protects).
     """
     from_env = signing.key_from_env()
     if from_env is not None:
@@ -56,6 +59,8 @@ async def signing_key() -> signing.Keyring | None:
     from prefect.settings import PREFECT_API_URL
 
     cache_key = str(PREFECT_API_URL.value())
+    if time.monotonic() - _read_at.get(cache_key, float("inf")) >= KEY_TTL_SECONDS:
+        _signing_key_cache.pop(cache_key, None)
     if cache_key not in _signing_key_cache:
         from prefect.blocks.system import Secret
 

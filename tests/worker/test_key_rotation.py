@@ -111,7 +111,8 @@ def test_a_worker_with_another_key_fails_the_call_once_with_signing_key_mismatch
 
 @pytest.mark.no_server
 def test_the_block_is_read_again_at_most_once_per_interval(monkeypatch) -> None:
-    """A stream of runs signed with a key nobody holds must not become a stream of block reads."""
+    """A stream of runs signed with a key nobody holds must not become a stream of block reads; a key read from the
+    block is read again after KEY_TTL_SECONDS."""
     reads = []
 
     async def aload(name):
@@ -127,5 +128,9 @@ def test_the_block_is_read_again_at_most_once_per_interval(monkeypatch) -> None:
         monkeypatch.setattr(key_blocks, "REREAD_SECONDS", 0.0)
         again = asyncio.run(key_blocks.signing_key_again())
         assert again is not None and again.identity() != first.identity() and len(reads) == 2
+        # a long-lived caller, whose signatures the worker refuses, picks the rotated key up too
+        assert asyncio.run(key_blocks.signing_key()) is again and len(reads) == 2
+        monkeypatch.setattr(key_blocks, "KEY_TTL_SECONDS", 0.0)
+        assert asyncio.run(key_blocks.signing_key()).identity() != again.identity() and len(reads) == 3
     finally:
         key_blocks.forget_signing_key()
