@@ -87,6 +87,7 @@ ROOMS = {
     "test_launcher_commands.py": "cli",
     "test_leftovers.py": "end-to-end",
     "test_lifecycle.py": "worker",
+    "test_local_isolation.py": "worker",
     "test_log_resume.py": "worker",
     "test_logs.py": "worker",
     "test_option_types.py": "caller",

@@ -7,17 +7,25 @@ Each job has a folder ``<cache>/jobs/<flow run id>/`` holding ``job.json`` (pid,
 time, pool, owner) and ``job.log`` (the job's stdout and stderr). The job writes to a file, not a
 pipe: it is never slowed or blocked by whoever forwards its output, it survives a worker that
 dies, and a restarted worker finds the process and the log again and reattaches.
+
+A job runs as the worker's user. What keeps the worker's secrets from it: its environment holds no master key (only
+the keyring handed over for its run) and none of Prefect's credentials, whatever the pool's ``inherit_env`` says;
+and a polling worker makes itself non-dumpable before its first job (Linux ``PR_SET_DUMPABLE`` 0), so a process of
+the same user without ``CAP_SYS_PTRACE`` can read neither ``/proc/<worker>/environ`` nor its memory. Files the
+worker's user can read stay readable to its jobs: ``kinetic-prefect doctor`` says so for a kinetic-local pool.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -73,6 +81,21 @@ def _warn_if_not_on_this_machine(configuration: KineticLocalJobConfiguration, lo
             f"WARNING: accelerator {configuration.accelerator!r} is not on this machine (no {wanted} device for "
             "JAX): the job runs on the CPU, and is reported and billed as cpu. Use a kinetic-gke pool to get one."
         )
+
+
+PR_SET_DUMPABLE = 4  # <linux/prctl.h>
+
+
+def close_to_jobs() -> bool:
+    """Make this process non-dumpable (Linux ``prctl(PR_SET_DUMPABLE, 0)``): ``/proc/<pid>/environ``, ``mem`` and
+    ptrace are then refused to processes of the same user without ``CAP_SYS_PTRACE``, as its jobs are. A job's own
+    ``execve`` makes it dumpable again: only the worker is closed. False where it cannot be done (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return int(ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def _kill_group(pid: int, sig: int) -> None:
@@ -176,6 +199,7 @@ class LocalJobLauncher(JobLauncher):
         self.owner_pid: int | None = None  # in-process submission: the caller's pid
         self.warm_runners = warm.runners_for(self.jobs_dir.parent / "warm")
         self.api_env: dict[str, str] = {}
+        self._closed_to_jobs = False  # close_to_jobs() done (a polling worker)
 
     # -------------------------------------------------------------- records
     def job_dir(self, identifier: str) -> Path:
@@ -219,6 +243,11 @@ class LocalJobLauncher(JobLauncher):
         # Prefect settings (Prefect's base environment of a job), an inherit_env pattern, the pool's env (issue 45,
         # finding 3). A job runs no Prefect; an in-process job's way to cancel its own run is api_env below.
         env = {name: value for name, value in env.items() if not never_a_jobs(name)}
+        # Nor the worker's own keys (an inherit_env pattern such as KINETIC_* would give its previous master keys):
+        # a job signs with the keyring handed over for its run, in secret_env, or with nothing.
+        for name in (Env.SIGNING_KEY, Env.SIGNING_KEY_PREVIOUS):
+            if name not in configuration.secret_env:
+                env.pop(name, None)
         if self.owner_pid is not None:
             env[Env.OWNER_PID] = str(self.owner_pid)
             env.update(self.api_env)
@@ -231,6 +260,8 @@ class LocalJobLauncher(JobLauncher):
         self, flow_run: FlowRun, configuration: KineticLocalJobConfiguration, log: Callable[[str], None]
     ) -> str:
         identifier = str(flow_run.id)
+        if self.owner_pid is None and not self._closed_to_jobs:  # a polling worker, before its first job
+            self._closed_to_jobs = close_to_jobs()
         choose_local_accelerator(configuration)
         _warn_if_not_on_this_machine(configuration, log)
         hosts = configuration.host_count
