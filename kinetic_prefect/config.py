@@ -31,6 +31,11 @@ def default_work_pool() -> str:
     return settings.WORK_POOL.value() or DEFAULT_WORK_POOL
 
 
+def package_dir() -> Path:
+    """Where the installed ``kinetic_prefect`` package is (its parent is the checkout, when installed from one)."""
+    return Path(__file__).resolve().parent
+
+
 def work_pools_dir() -> Path:
     """The job templates shipped as data (``work_pools/`` in the repo, ``_work_pools`` in a wheel)."""
     here = Path(__file__).resolve().parent

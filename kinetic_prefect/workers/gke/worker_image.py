@@ -48,9 +48,9 @@ def find_source(source: Path | str | None = None) -> Path:
                 f"{path} is not a kinetic-prefect checkout (it needs pyproject.toml, uv.lock and {DOCKERFILE})"
             )
         return path
-    import kinetic_prefect
+    from kinetic_prefect import config
 
-    path = Path(kinetic_prefect.__file__).resolve().parent.parent
+    path = config.package_dir().parent
     if not _is_checkout(path):
         raise WorkerImageError(
             "the worker image is built from a kinetic-prefect source checkout (with uv.lock and "
