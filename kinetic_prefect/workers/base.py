@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from prefect.workers.base import BaseJobConfiguration
@@ -131,17 +130,6 @@ class KineticJobConfiguration(BaseJobConfiguration):
 
     def set_secret_env(self, values: dict[str, str]) -> None:
         self._secret_env = dict(values)
-
-    async def load_secret_env(self) -> None:
-        block_name = self.env.pop(ENV_BLOCK_VARIABLE, None)
-        if not block_name:
-            return
-        from prefect.blocks.system import Secret
-
-        secret: Secret[Any] = await Secret.aload(block_name)
-        value = secret.get()  # Prefect parses JSON secrets back into objects
-        self._secret_env = value if isinstance(value, dict) else json.loads(value)
-        await Secret.adelete(block_name)
 
     def prepare_for_flow_run(
         self, flow_run, deployment=None, flow=None, work_pool=None, worker_name=None, worker_id=None
