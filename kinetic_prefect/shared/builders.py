@@ -28,6 +28,7 @@ import re
 import subprocess
 import tarfile
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -47,6 +48,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from google.cloud.devtools import cloudbuild_v1
 
 __all__ = [
+    "BuildStopped",
     "CloudBuildBuilder",
     "DockerBuilder",
     "ImageBuildError",
@@ -56,6 +58,7 @@ __all__ = [
     "builder_from_settings",
     "context_archive",
     "dockerfile",
+    "ensure_interruptibly",
     "image_name",
     "requirements_lines",
 ]
@@ -94,6 +97,28 @@ class ImageBuildError(KineticError, RuntimeError):
         super().__init__(message)
         self.build_id = build_id
         self.log_tail = log_tail
+
+
+class BuildStopped(ImageBuildError):
+    """The build was told to stop (its caller was cancelled: Ctrl-C, a task timeout) and no longer runs."""
+
+
+async def ensure_interruptibly(ensure: Callable[[threading.Event], str]) -> str:
+    """``ensure(stop)`` (a builder's blocking ``ensure``) in a worker thread. A cancel of the awaiting task (Ctrl-C,
+    a task timeout, a cancelled run) returns at once instead of when the build ends, minutes later on Cloud Build:
+    the thread is abandoned and ``stop`` set, so the builder cancels its build and leaves (``BuildStopped``)."""
+    import anyio
+
+    stop = threading.Event()
+    try:
+        return await anyio.to_thread.run_sync(ensure, stop, abandon_on_cancel=True)
+    finally:
+        stop.set()  # after a result too: nothing is left for it to stop
+
+
+def _stop_requested(stop: threading.Event | None, what: str) -> None:
+    if stop is not None and stop.is_set():
+        raise BuildStopped(f"{what}: stopped, its caller was cancelled")
 
 
 def image_name(repository: str, spec: ImageSpec) -> str:
@@ -356,12 +381,14 @@ class DockerBuilder:
         docker: str = "docker",
         network: str | None = None,
         extra_files: dict[str, bytes] | None = None,
+        stop: threading.Event | None = None,
     ):
         self.repository = repository.rstrip("/")
         self.base_image = base_image
         self.docker = docker
         self.network = network
         self.extra_files = dict(extra_files or {})
+        self.stop = stop  # set: the build or push under way ends (BuildStopped)
         self.builds = 0
 
     def exists(self, image: str) -> bool:
@@ -388,9 +415,16 @@ class DockerBuilder:
             return False
         raise ImageBuildError(f"`docker manifest inspect {image}` failed: {proc.stderr.strip()}")
 
-    def _run(self, args: list[str], log: Callable[[str], None], image: str) -> None:
-        """Run a docker command, passing each output line to ``log``; on failure raise with the last lines."""
-        status, text = run_streamed(args, log, LOG_TAIL_LINES)
+    def _run(
+        self, args: list[str], log: Callable[[str], None], image: str, stop: threading.Event | None = None
+    ) -> None:
+        """Run a docker command, passing each output line to ``log``; on failure raise with the last lines. A set
+        ``stop`` ends the command (``BuildStopped``)."""
+        if stop is None:
+            status, text = run_streamed(args, log, LOG_TAIL_LINES)
+        else:
+            status, text = _run_stoppable(args, log, stop)
+            _stop_requested(stop, f"`{' '.join(args[:2])}` for {image}")
         if status != 0:
             raise ImageBuildError(
                 f"`{' '.join(args[:2])}` failed with exit status {status} for {image}; last output:\n{text}",
@@ -398,23 +432,60 @@ class DockerBuilder:
             )
 
     def ensure(self, spec: ImageSpec, log: Callable[[str], None] = print) -> str:
+        """The image of ``spec``, built and pushed unless the registry has it; a set ``stop`` ends the build or
+        push under way (``BuildStopped``)."""
+        stop = self.stop
         image = image_name(self.repository, spec)
         if self.exists(image):
             log(f"kinetic: image {image} is in the registry; not building")
             return image
         from kinetic_prefect.pod.progress import line
 
+        _stop_requested(stop, f"building {image}")
         log(f"kinetic: building {image}")
         log(line(0, 2, f"image {image}: building"))
         with tempfile.TemporaryDirectory(prefix="kinetic-build-") as tmp:
             build_context(spec, Path(tmp), base_image=self.base_image, extra_files=self.extra_files)
             network = ["--network", self.network] if self.network else []
-            self._run([self.docker, "build", *network, "--tag", image, tmp], log, image)
+            self._run([self.docker, "build", *network, "--tag", image, tmp], log, image, stop)
         log(line(1, 2, f"image {image}: pushing"))
-        self._run([self.docker, "push", image], log, image)
+        self._run([self.docker, "push", image], log, image, stop)
         log(line(2, 2, f"image {image}: pushed"))
         self.builds += 1
         return image
+
+
+def _run_stoppable(args: list[str], log: Callable[[str], None], stop: threading.Event) -> tuple[int, str]:
+    """``run_streamed``, and the command terminated (then killed) as soon as ``stop`` is set."""
+    tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        errors="replace",
+        bufsize=1,
+    )
+
+    def end_on_stop() -> None:
+        while proc.poll() is None:
+            if stop.wait(0.2):
+                proc.terminate()
+                try:
+                    proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                return
+
+    threading.Thread(target=end_on_stop, name="kinetic-build-stop", daemon=True).start()
+    assert proc.stdout is not None
+    with proc:
+        for text in proc.stdout:
+            text = text.rstrip()
+            tail.append(text)
+            log(text)
+    return proc.returncode, "\n".join(tail)
 
 
 class CloudBuildBuilder:
@@ -447,8 +518,10 @@ class CloudBuildBuilder:
         poll_seconds: float = 3.0,
         extra_files: dict[str, bytes] | None = None,
         credentials: Any = None,
+        stop: threading.Event | None = None,
     ):
         self.project, self.region = project, region
+        self.stop = stop  # set: the build is cancelled within one poll (BuildStopped)
         self.credentials = credentials
         self.repository = (
             repository if "/" in repository else f"{region}-docker.pkg.dev/{project}/{repository}"
@@ -547,12 +620,16 @@ class CloudBuildBuilder:
         )
 
     def ensure(self, spec: ImageSpec, log: Callable[[str], None] = print) -> str:
+        """The image of ``spec``: found in Artifact Registry, else built by Cloud Build. A set ``stop`` cancels the
+        build within one poll (``BuildStopped``)."""
+        stop = self.stop
         from google.cloud.devtools import cloudbuild_v1
 
         image = image_name(self.repository, spec)
         if self.exists(image):
             log(f"kinetic: image {image} is in Artifact Registry; not building")
             return image
+        _stop_requested(stop, f"building {image}")
         archive = context_archive(spec, base_image=self.base_image, extra_files=self.extra_files)
         blob = self.storage_client.bucket(self.staging_bucket).blob(self.source_object(spec))
         blob.upload_from_string(archive, content_type="application/gzip")
@@ -574,12 +651,13 @@ class CloudBuildBuilder:
 
         log(line(0, 1, f"image {image}: Cloud Build {build.id} running"))
         try:
-            build, tail = self._wait(build.id, log)
+            build, tail = self._wait(build.id, log, stop)
         except BaseException:  # interrupted or the API failed: do not leave a build running for nothing
             with contextlib.suppress(Exception):
                 self.build_client.cancel_build(
                     request=cloudbuild_v1.CancelBuildRequest(name=f"{self.parent}/builds/{build.id}", id=build.id)
                 )
+                log(f"kinetic: cancelled Cloud Build {build.id}")
             raise
         status = build.status.name
         if status != "SUCCESS":
@@ -595,8 +673,11 @@ class CloudBuildBuilder:
         self.builds += 1
         return image
 
-    def _wait(self, build_id: str, log: Callable[[str], None]) -> tuple[Any, list[str]]:
-        """Poll the build and print new log lines until it ends; returns (build, last log lines)."""
+    def _wait(
+        self, build_id: str, log: Callable[[str], None], stop: threading.Event | None = None
+    ) -> tuple[Any, list[str]]:
+        """Poll the build and print new log lines until it ends, or ``stop`` is set (``BuildStopped``); returns
+        (build, last log lines)."""
         from google.cloud.devtools import cloudbuild_v1
 
         reader = _LogTail(self.storage_client, self.logs_url, build_id, log)
@@ -615,7 +696,10 @@ class CloudBuildBuilder:
                     build_id=build_id,
                     log_tail="\n".join(reader.tail),
                 )
-            time.sleep(self.poll_seconds)
+            if stop is None:
+                time.sleep(self.poll_seconds)
+            elif stop.wait(self.poll_seconds):
+                raise BuildStopped(f"Cloud Build {build_id}: stopped, its caller was cancelled", build_id=build_id)
 
 
 class _LogTail:
