@@ -134,12 +134,20 @@ def result_command(
 
 
 @jobs_app.command("cancel")
-def cancel_command(job_id: str = typer.Argument(..., metavar="JOB_ID")) -> None:
-    """Stop the job; its run ends Cancelled, its payload and result are deleted, its outputs stay."""
+def cancel_command(job_id: str = typer.Argument(..., metavar="JOB_ID")) -> int:
+    """Stop the job's machine, then end its run Cancelled (its payload and result deleted, its outputs kept); says
+    what it stopped. Exits 1, the run left as it was, when the machine could not be stopped."""
+    from kinetic_prefect.kinetic.jobs import JobNotStopped
+
     job = _handle(job_id)
-    job.cancel()
+    try:
+        stopped = job.cancel()
+    except JobNotStopped as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
     state = job.state()
-    print(f"{job.job_id}  {state.name if state else 'gone'}")
+    print(f"{job.job_id}  {state.name if state else 'gone'}: {stopped}")
+    return 0
 
 
 @jobs_app.command("cleanup")

@@ -29,6 +29,10 @@ class Env:
     # Only for a job whose owner is the calling process (in-process submission on kinetic-local):
     # when that process dies nobody can collect the result, so the job stops and cancels its run.
     OWNER_PID = "KINETIC_OWNER_PID"
+    # The same for a job on another machine (kinetic-vertex, kinetic-gke): the calling process rewrites the run's
+    # heartbeat record in the store (RunLayout.owner_heartbeat); a record left unchanged this many seconds means
+    # the caller is gone, and the job stops.
+    OWNER_HEARTBEAT = "KINETIC_OWNER_HEARTBEAT"
     # The launcher's own folder for this job (kinetic-local: jobs/<run>), removed by the worker once the run is
     # final. The runner keeps its private working copy and temporary folders in it, so a job killed with SIGKILL
     # leaves nothing in TMPDIR; a job whose owner died removes it itself (no worker is left to). Unset: TMPDIR.

@@ -211,6 +211,7 @@ WORKER_ONLY_ENV = frozenset(
         Env.SIGNING_KEY,
         Env.SIGNING_KEY_PREVIOUS,
         Env.OWNER_PID,
+        Env.OWNER_HEARTBEAT,
         Env.PREFECT_API_URL,
         Env.PREFECT_API_KEY,
         Env.JOB_DIR,

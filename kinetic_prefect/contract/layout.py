@@ -44,6 +44,12 @@ class RunLayout:
         return f"{self.prefix}/warm_exit.json"
 
     @property
+    def owner_heartbeat(self) -> str:
+        """An in-process caller's proof of life for a job on another machine, rewritten every few seconds while it
+        follows the job (``Env.OWNER_HEARTBEAT``); deleted once it stops following."""
+        return f"{self.prefix}/owner_heartbeat.json"
+
+    @property
     def capacity(self) -> str:
         """The worker's record of the attempts (fallbacks, preemptions) and the accelerator that ran."""
         return f"{self.prefix}/capacity.json"

@@ -362,6 +362,8 @@ SET_BY_THE_WORKER: dict[str, str] = {
     Env.CHECKPOINT_DIR: "Set by the runner: the folder kept in the store between attempts.",
     Env.NODE_CACHE: "A cache folder on the node that outlives the job.",
     Env.OWNER_PID: "In-process submission: the calling process; the job stops when it dies.",
+    Env.OWNER_HEARTBEAT: "In-process submission on another machine (kinetic-vertex, kinetic-gke): the seconds "
+    "after which a caller that stopped rewriting the run's heartbeat record counts as gone; the job then stops.",
     Env.JOB_DIR: "kinetic-local: the launcher's folder for this job.",
     Env.PREFECT_API_URL: "The Prefect API the job reports progress to.",
     Env.PREFECT_API_KEY: "The key for that API.",

@@ -282,11 +282,19 @@ class JobHandle:
         return value
 
     # ------------------------------------------------------------------ stopping and cleaning up
-    def cancel(self, wait_seconds: float = 30) -> None:
-        """Stop the job (its run ends Cancelled). Its payload and any pickled result are deleted, since nobody will
-        collect them; its outputs and the outcome record stay."""
-        run_sync(_cancel(UUID(self.job_id), "Cancelled through the kinetic API (JobHandle.cancel)", wait_seconds))
+    def cancel(self, wait_seconds: float = 30) -> str:
+        """Stop the job (its run ends Cancelled) and say what was stopped. Its payload and any pickled result are
+        deleted, since nobody will collect them; its outputs and the outcome record stay.
+
+        The worker following the job stops it; where none does (its in-process caller was killed, its polling
+        worker is down: nobody acts on Cancelling within ``wait_seconds``), the job's machine is stopped here through
+        its pool's launcher (a Vertex AI custom job cancelled, a Kubernetes Job deleted) before the run is set
+        Cancelled. A machine that cannot be stopped raises ``JobNotStopped`` and leaves the run as it was."""
+        said = run_sync(
+            _cancel(UUID(self.job_id), "Cancelled through the kinetic API (JobHandle.cancel)", wait_seconds)
+        )
         run_sync(_delete_run_objects(UUID(self.job_id), keep_outcome=True))
+        return str(said)
 
     def cleanup(self, k8s: bool = True, gcs: bool = True) -> None:
         """``k8s``: stop the job if it still runs. ``gcs``: delete its objects in the store (payload, result, outcome;
@@ -322,7 +330,15 @@ async def _open_store(client: Any, flow_run: Any) -> tuple[Any, signing.Keyring 
     return store, await _prefect.signing_key()
 
 
-async def _cancel(flow_run_id: UUID, message: str, wait_seconds: float) -> None:
+STOP_GRACE_SECONDS = 10.0  # what a job is given to end by itself before it is killed (the lifecycle's grace)
+
+
+class JobNotStopped(RuntimeError):
+    """Nobody followed the job and its machine could not be stopped: its run is left as it was."""
+
+
+async def _cancel(flow_run_id: UUID, message: str, wait_seconds: float) -> str:
+    """Stop the job; what was stopped, in words."""
     from prefect import get_client
     from prefect.states import Cancelled
 
@@ -331,17 +347,66 @@ async def _cancel(flow_run_id: UUID, message: str, wait_seconds: float) -> None:
 
     async with get_client() as client:
         flow_run = await client.read_flow_run(flow_run_id)
+        if flow_run.state is not None and flow_run.state.is_final():
+            return f"nothing to stop: the run is already {flow_run.state.name}"
         if flow_run.state is not None and flow_run.state.is_scheduled():
             # Nobody has claimed it: no worker would ever see a Cancelling. A claim races with this and loses.
             await client.set_flow_run_state(flow_run_id, Cancelled(message=message), force=True)
-            return
-        if flow_run.state is not None and not flow_run.state.is_final() and owner_is_gone(flow_run):
-            # An in-process job whose calling process was killed: nobody is left to act on a Cancelling.
-            await client.set_flow_run_state(
-                flow_run_id, Cancelled(message=f"{message}; its calling process was gone"), force=True
-            )
-            return
-        await _prefect.cancel_flow_run(client, flow_run_id, message, wait_seconds=wait_seconds)
+            return "nothing to stop: the job had not started"
+        if not owner_is_gone(flow_run):
+            await _prefect.cancel_flow_run(client, flow_run_id, message, wait_seconds=wait_seconds)
+            current = await client.read_flow_run(flow_run_id)
+            if current.state is not None and current.state.is_final():
+                return f"stopped by the worker that followed it ({current.state.name})"
+            flow_run, why = current, f"nobody acted on its cancellation within {wait_seconds:g} s"
+        else:
+            why = "its calling process was gone"
+        # An in-process job whose caller was killed, or a job whose polling worker is down: nobody is left to stop
+        # the machine, so it is stopped here, and only then is the run said Cancelled.
+        stopped = await _stop_machine(client, flow_run)
+        await client.set_flow_run_state(flow_run_id, Cancelled(message=f"{message}; {why}; {stopped}"), force=True)
+        return stopped
+
+
+async def _stop_machine(client: Any, flow_run: Any) -> str:
+    """Stop the run's job through its pool's launcher (as the worker would): what was stopped, in words."""
+    from kinetic_prefect.caller.pools import worker_class_for
+
+    pool = await client.read_work_pool(flow_run.work_pool_name)
+    worker_cls = worker_class_for(pool.type)
+    worker = worker_cls(work_pool_name=pool.name, name="kinetic-jobs-cancel", create_pool_if_not_found=False)
+    worker.use_for_one_call(client, pool)
+    launcher = worker.launcher
+    try:
+        configuration = await worker_cls.job_configuration.resolve_for_flow_run(
+            flow_run, client=client, work_pool=pool, worker_name=worker.name
+        )
+        identifier = await launcher.find(flow_run, configuration)
+        if identifier is None:
+            return f"no job of the run was found on work pool {pool.name!r} ({pool.type}): nothing was running"
+        before = await launcher.status(identifier, configuration)
+        if before.phase in ("exited", "gone"):
+            return f"its {_what(pool.type)} {identifier} had already ended ({before.detail or before.phase})"
+        # as the worker stops a job it follows: the launcher's cancel returns once the job is stopped (or deleted)
+        await launcher.cancel(identifier, configuration, STOP_GRACE_SECONDS)
+        after = await launcher.status(identifier, configuration)
+    except Exception as exc:
+        raise JobNotStopped(
+            f"job {flow_run.id} ({flow_run.name}): its job on work pool {pool.name!r} ({pool.type}) could not be "
+            f"stopped: {type(exc).__name__}: {exc}. Its run is left as it was; stop the job with the platform's own "
+            "tools (e.g. `gcloud ai custom-jobs cancel`, `kubectl delete job`), or retry `kinetic-prefect jobs cancel`"
+        ) from exc
+    return f"stopped {_what(pool.type)} {identifier}" + (f" ({after.detail})" if after.detail else "")
+
+
+def _what(pool_type: str) -> str:
+    from kinetic_prefect.contract import GKE_WORKER_TYPE, LOCAL_WORKER_TYPE, VERTEX_WORKER_TYPE
+
+    return {
+        VERTEX_WORKER_TYPE: "Vertex AI custom job",
+        GKE_WORKER_TYPE: "Kubernetes Job",
+        LOCAL_WORKER_TYPE: "local job",
+    }.get(pool_type, "job")
 
 
 async def _delete_run_objects(flow_run_id: UUID, keep_outcome: bool = False) -> None:
@@ -358,4 +423,4 @@ async def _delete_run_objects(flow_run_id: UUID, keep_outcome: bool = False) -> 
         await to_thread.run_sync(signing.delete, store, object_key)
 
 
-__all__ = ["JobHandle", "JobStatus", "ResultAlreadyCollected"]
+__all__ = ["JobHandle", "JobNotStopped", "JobStatus", "ResultAlreadyCollected"]

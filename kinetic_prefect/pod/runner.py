@@ -523,14 +523,57 @@ def watch_owner(owner_pid: int) -> None:
     def watch() -> None:
         while owner_alive():
             time.sleep(0.5)
-        global _OWNER_DIED
-        _OWNER_DIED = True
-        reason = f"The calling process (pid {owner_pid}) died; nobody can collect this job's result."
-        print(f"kinetic runner: {reason} Stopping.", file=sys.stderr, flush=True)
-        _cancel_own_run(reason)
-        os.kill(os.getpid(), signal.SIGTERM)
+        _stop_for_gone_owner(f"The calling process (pid {owner_pid}) died; nobody can collect this job's result.")
 
     threading.Thread(target=watch, name="kinetic-owner-watch", daemon=True).start()
+
+
+def _stop_for_gone_owner(reason: str) -> None:
+    global _OWNER_DIED
+    _OWNER_DIED = True
+    print(f"kinetic runner: {reason} Stopping.", file=sys.stderr, flush=True)
+    _cancel_own_run(reason)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def watch_heartbeat(silence_seconds: float) -> None:
+    """In-process submission on another machine (kinetic-vertex, kinetic-gke): the calling process rewrites the
+    run's heartbeat record in the store while it follows the job. A record unchanged for ``silence_seconds`` (or
+    gone) means nobody will collect the result: stop, as ``watch_owner`` does, so the machine stops billing. Only
+    reads that succeed count: a store that cannot be read proves nothing about the caller."""
+    from kinetic_prefect.storage import ObjectNotFound, open_store
+
+    store_url, run_id = _env(Env.STORE, required=False), _run_id()
+    if not store_url or not run_id:
+        return
+    key = RunLayout(run_id).owner_heartbeat
+    interval = max(0.2, min(5.0, silence_seconds / 12))
+
+    def watch() -> None:
+        store: Store | None = None
+        last: bytes | None = None
+        changed_at = time.monotonic()
+        while True:
+            time.sleep(interval)
+            try:
+                store = store or open_store(store_url)
+                try:
+                    seen = store.get_bytes(key)
+                except ObjectNotFound:
+                    seen = b""
+            except Exception:
+                changed_at = time.monotonic()
+                continue
+            if seen != last:
+                last, changed_at = seen, time.monotonic()
+            elif time.monotonic() - changed_at >= silence_seconds:
+                break
+        _stop_for_gone_owner(
+            f"The calling process has not renewed its heartbeat ({key}) for {silence_seconds:.0f} s: it died or "
+            "lost its connection, and nobody can collect this job's result."
+        )
+
+    threading.Thread(target=watch, name="kinetic-heartbeat-watch", daemon=True).start()
 
 
 def _describe_failure(failed: PhaseFailed, outcome: Outcome) -> None:
@@ -781,6 +824,8 @@ def main() -> int:
     install_sigterm_handler()
     if os.environ.get(Env.OWNER_PID):
         watch_owner(int(os.environ[Env.OWNER_PID]))
+    if os.environ.get(Env.OWNER_HEARTBEAT):
+        watch_heartbeat(float(os.environ[Env.OWNER_HEARTBEAT]))
     job = _Job()
     try:
         result_blob = job.run()

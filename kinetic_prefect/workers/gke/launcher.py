@@ -8,6 +8,7 @@ cancellation that deletes the Job.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +27,8 @@ from kinetic_prefect.contract import (
     STARTUP_SUBMITTED,
     Env,
 )
-from kinetic_prefect.shared import capacity
+from kinetic_prefect.shared import builders, capacity
+from kinetic_prefect.workers.base import open_job_store
 from kinetic_prefect.workers.gke import capacity as gke_capacity
 from kinetic_prefect.workers.gke import placeholder, prebuilt, warm
 from kinetic_prefect.workers.gke import startup as gke_startup
@@ -50,6 +52,7 @@ from kinetic_prefect.workers.gke.kube import (
 )
 from kinetic_prefect.workers.gke.warm import WarmPods
 from kinetic_prefect.workers.lifecycle import JobLauncher, JobStatus
+from kinetic_prefect.workers.owner_heartbeat import Heartbeats, owned_here
 from kinetic_prefect.workers.startup import Timeline
 
 # How long a look at whether the cluster runs the cluster autoscaler stands.
@@ -77,6 +80,9 @@ class GKEJobLauncher(JobLauncher):
         self._api: dict[str, Any] = {}
         self.warm = WarmPods(self.api)
         self._startup: dict[str, Timeline] = {}  # per job this worker submitted: its start-up as far as marked
+        # In-process submission: the calling process's proof of life for its Jobs (owner_heartbeat.py)
+        self.heartbeats = Heartbeats()
+        self._run_ids: dict[str, str] = {}  # identifier -> the run id its heartbeat is kept under
 
     def api(self, configuration: KineticGKEJobConfiguration):
         key = configuration.cluster_key
@@ -113,11 +119,24 @@ class GKEJobLauncher(JobLauncher):
                 return handed
             identifier = self.warm.prepare_new_pod(flow_run, configuration, floor_pods < configuration.min_warm)
             await self.warm.record_new_pod(flow_run, configuration, identifier)
-        job_name = await anyio.to_thread.run_sync(self._create_job, api, configuration)
+        run_id = str(configuration.env[Env.RUN_ID])
+        # a plain Job of this process's own call (a warm pod or a slot outlives one call: it has its own limits)
+        beating = not warm.wanted(configuration) and not warm.is_slot(configuration) and owned_here(flow_run)
+        if beating and not self.heartbeats.following(run_id):
+            store = await open_job_store(configuration)
+            await anyio.to_thread.run_sync(self.heartbeats.start, run_id, store)  # before the pod can look
+            configuration.set_secret_env({**configuration.secret_env, **self.heartbeats.job_env()})
+        try:
+            job_name = await anyio.to_thread.run_sync(self._create_job, api, configuration)
+        except BaseException:
+            self.heartbeats.stop(run_id)
+            raise
         kind = "slot Job" if warm.is_slot(configuration) else "warm pod Job" if warm.wanted(configuration) else "Job"
         log(f"Created {kind} {configuration.namespace}/{job_name} for accelerator {configuration.accelerator}")
         identifier = f"{configuration.namespace}:{job_name}" + (f"@{flow_run.id}" if warm.wanted(configuration) else "")
         self._startup[identifier] = timeline
+        if beating:
+            self._run_ids[identifier] = run_id
         return identifier
 
     async def _image_while_a_node_comes(
@@ -129,14 +148,15 @@ class GKEJobLauncher(JobLauncher):
     ) -> str:
         """The job's image (ensure_image); while it builds, a placeholder asks for the job's node (placeholder.py),
         deleted before this returns, so the job's pod takes its place. The build's thread is abandoned on a cancel
-        (a Ctrl-C does not wait for the build to end), and the placeholder is deleted at once."""
+        (a Ctrl-C does not wait for the build to end, and the build is told to stop), and the placeholder is deleted
+        at once."""
         hold = None
         if placeholder.wanted(configuration) and not warm.is_slot(configuration):
             api = await anyio.to_thread.run_sync(self.api, configuration)
             hold = placeholder.NodeHold(api, configuration, str(flow_run.id), log)
         given, started = bool(configuration.image), time.monotonic()
         image = await placeholder.build_holding_a_node(
-            hold, lambda: anyio.to_thread.run_sync(self.ensure_image, configuration, log, abandon_on_cancel=True)
+            hold, lambda: builders.ensure_interruptibly(lambda stop: self.ensure_image(configuration, log, stop))
         )
         took = time.monotonic() - started
         found = "found in the registry" if took < placeholder.HOLD_AFTER_SECONDS else f"built in {took:.0f} s"
@@ -480,6 +500,9 @@ class GKEJobLauncher(JobLauncher):
         return await self.submit(flow_run, configuration, log)
 
     async def cleanup(self, identifier: str, configuration: KineticGKEJobConfiguration) -> None:
+        run_id = self._run_ids.pop(identifier, None)
+        if run_id is not None and run_id not in self._run_ids.values():  # a relaunch keeps the run's heartbeat
+            await anyio.to_thread.run_sync(self.heartbeats.stop, run_id)
         if warm.is_warm(identifier):
             await self.warm.cleanup(identifier, configuration)
             identifier = identifier.partition("@")[0]
@@ -549,17 +572,18 @@ class GKEJobLauncher(JobLauncher):
 
     # ------------------------------------------------------------------ images
     @staticmethod
-    def ensure_image(configuration: KineticGKEJobConfiguration, log: Callable[[str], None]) -> str:
+    def ensure_image(
+        configuration: KineticGKEJobConfiguration, log: Callable[[str], None], stop: threading.Event | None = None
+    ) -> str:
+        """The job's image: given, or found or built by the pool's builder; a set ``stop`` ends the build."""
         if configuration.image:
             return configuration.image
-        from kinetic_prefect.shared import builders
-
         configuration.check_build_variables()  # a flow run made over the API has skipped the caller's checks
         spec = configuration.image_spec
         if configuration.install_requirements_at_start:  # the pod installs them: the image holds the runner alone
             spec = prebuilt.runner_only(spec)
         if configuration.image_builder == "docker" and configuration.image_repository:
-            return builders.DockerBuilder(configuration.image_repository).ensure(spec, log)
+            return builders.DockerBuilder(configuration.image_repository, stop=stop).ensure(spec, log)
         if configuration.image_builder == "cloud-build" and configuration.image_repository:
             from kinetic_prefect.shared import gcp
 
@@ -576,6 +600,7 @@ class GKEJobLauncher(JobLauncher):
                 repository=configuration.image_repository,
                 staging_bucket=bucket,
                 credentials=credentials,
+                stop=stop,
             ).ensure(spec, log)
         raise ValueError(
             "kinetic-gke needs an image: pass image= to @kinetic_task, or set the pool's image_builder "

@@ -10,6 +10,7 @@ end. Blocking client calls run in threads. Identifiers are the job's resource na
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -19,9 +20,11 @@ import anyio.from_thread
 from prefect.client.schemas.objects import FlowRun
 
 from kinetic_prefect import accelerators
-from kinetic_prefect.contract import VERTEX_WORKER_TYPE
-from kinetic_prefect.shared import capacity
+from kinetic_prefect.contract import VERTEX_WORKER_TYPE, Env
+from kinetic_prefect.shared import builders, capacity
+from kinetic_prefect.workers.base import open_job_store
 from kinetic_prefect.workers.job_launcher import JobLauncher, JobStatus
+from kinetic_prefect.workers.owner_heartbeat import Heartbeats, owned_here
 from kinetic_prefect.workers.vertex import custom_job, service
 from kinetic_prefect.workers.vertex.configuration import (
     FLOW_RUN_LABEL,
@@ -71,6 +74,9 @@ class VertexJobLauncher(JobLauncher):
         self._logs: dict[str, service.JobLog] = {}
         self._sessions: dict[str, Any] = {}
         self._jobs: dict[str, Any] = {}  # the last CustomJob read per identifier (for host_spans)
+        # In-process submission: the calling process's proof of life for its jobs (owner_heartbeat.py)
+        self.heartbeats = Heartbeats()
+        self._run_ids: dict[str, str] = {}  # identifier -> the run id its heartbeat is kept under
 
     # ------------------------------------------------------------------ clients
     async def _block(self, configuration: KineticVertexJobConfiguration) -> Any:
@@ -99,12 +105,26 @@ class VertexJobLauncher(JobLauncher):
         self, flow_run: FlowRun, configuration: KineticVertexJobConfiguration, log: Callable[[str], None], attempt: int
     ) -> str:
         configuration.image_given()  # decided before the image is set below
-        configuration.image = await anyio.to_thread.run_sync(self.ensure_image, configuration, log)
-        request = custom_job.custom_job(configuration, flow_run, attempt)
-        client = await self.client(configuration)
-        job = await anyio.to_thread.run_sync(
-            lambda: client.create_custom_job(parent=configuration.parent, custom_job=request)
+        # A cancel (Ctrl-C, a task timeout) stops waiting at once; the build is told to stop (a Cloud Build cancelled)
+        configuration.image = await builders.ensure_interruptibly(
+            lambda stop: self.ensure_image(configuration, log, stop)
         )
+        run_id = str(configuration.env[Env.RUN_ID])
+        if owned_here(flow_run) and not self.heartbeats.following(run_id):
+            # the first beat before the job exists: its runner, once up, finds a record to watch
+            store = await open_job_store(configuration)
+            await anyio.to_thread.run_sync(self.heartbeats.start, run_id, store)
+            configuration.set_secret_env({**configuration.secret_env, **self.heartbeats.job_env()})
+        request = custom_job.custom_job(configuration, flow_run, attempt)
+        try:
+            client = await self.client(configuration)
+            job = await anyio.to_thread.run_sync(
+                lambda: client.create_custom_job(parent=configuration.parent, custom_job=request)
+            )
+        except BaseException:  # no job: nothing to keep alive
+            self.heartbeats.stop(run_id)
+            raise
+        self._run_ids[str(job.name)] = run_id
         machine = request.job_spec.worker_pool_specs[0].machine_spec
         log(
             f"Created Vertex AI custom job {job.name} ({request.display_name}) on {machine.machine_type}"
@@ -201,6 +221,9 @@ class VertexJobLauncher(JobLauncher):
 
     async def cleanup(self, identifier: str, configuration: KineticVertexJobConfiguration) -> None:
         self._logs.pop(identifier, None)
+        run_id = self._run_ids.pop(identifier, None)
+        if run_id is not None and run_id not in self._run_ids.values():  # a relaunch keeps the run's heartbeat
+            await anyio.to_thread.run_sync(self.heartbeats.stop, run_id)
 
     async def host_spans(self, identifier: str, configuration: KineticVertexJobConfiguration) -> list[Any]:
         """The job's start and end as the last read saw them, once per host (metering)."""
@@ -232,16 +255,19 @@ class VertexJobLauncher(JobLauncher):
 
     # ------------------------------------------------------------------ images
     @staticmethod
-    def ensure_image(configuration: KineticVertexJobConfiguration, log: Callable[[str], None]) -> str:
-        """The hash-tagged image of the call's environment, as kinetic-gke makes it (Cloud Build or Docker)."""
+    def ensure_image(
+        configuration: KineticVertexJobConfiguration,
+        log: Callable[[str], None],
+        stop: threading.Event | None = None,
+    ) -> str:
+        """The hash-tagged image of the call's environment, as kinetic-gke makes it (Cloud Build or Docker); a set
+        ``stop`` ends the build (``builders.BuildStopped``)."""
         if configuration.image:
             return configuration.image
-        from kinetic_prefect.shared import builders
-
         configuration.check_build_variables()  # a flow run made over the API has skipped the caller's checks
         spec = configuration.image_spec
         if configuration.image_builder == "docker" and configuration.image_repository:
-            return builders.DockerBuilder(configuration.image_repository).ensure(spec, log)
+            return builders.DockerBuilder(configuration.image_repository, stop=stop).ensure(spec, log)
         if configuration.image_builder == "cloud-build" and configuration.image_repository:
             from kinetic_prefect.shared import gcp
 
@@ -258,6 +284,7 @@ class VertexJobLauncher(JobLauncher):
                 repository=configuration.image_repository,
                 staging_bucket=bucket,
                 credentials=credentials,
+                stop=stop,
             ).ensure(spec, log)
         raise ValueError(
             "kinetic-vertex needs an image: pass image= to @kinetic_task, or set the pool's image_builder "
