@@ -146,7 +146,7 @@ def cancel_command(job_id: str = typer.Argument(..., metavar="JOB_ID")) -> int:
         print(str(exc), file=sys.stderr)
         return 1
     state = job.state()
-    print(f"{job.job_id}  {state.name if state else 'gone'}: {stopped}")
+    print(f"{job.job_id}  {state.name if state else 'gone'}" + (f": {stopped}" if stopped else ""))
     return 0
 
 

@@ -282,7 +282,7 @@ class JobHandle:
         return value
 
     # ------------------------------------------------------------------ stopping and cleaning up
-    def cancel(self, wait_seconds: float = 30) -> str:
+    def cancel(self, wait_seconds: float = 30) -> str | None:
         """Stop the job (its run ends Cancelled) and say what was stopped. Its payload and any pickled result are
         deleted, since nobody will collect them; its outputs and the outcome record stay.
 
