@@ -194,3 +194,97 @@ def test_the_predict_command_the_first_command_prints_runs_from_a_checkout():
         "FOLDER",
     ]
     assert all("`prefect " not in line and "`kinetic-prefect " not in line for line in lines), lines
+
+
+def _page_commands(program: str) -> list[tuple[str, list[str]]]:
+    """(where, argv after `uv run PROGRAM`) of each full command line of the pages' shell blocks: continuation lines
+    and quotes spanning lines joined, comments dropped, a trailing pipe cut."""
+    import shlex
+
+    found = []
+    for page in DOC_PAGES:
+        text = page.read_text()
+        for block in re.findall(r"```(?:bash|sh|shell|console)?\n(.*?)```", text, re.S):
+            pending = ""
+            for line in block.replace("\\\n", " ").splitlines():
+                pending = f"{pending}\n{line}" if pending else line
+                try:
+                    words = shlex.split(pending, comments=True)
+                except ValueError:  # a quote that goes on on the next line
+                    continue
+                pending = ""
+                if "|" in words:
+                    words = words[: words.index("|")]
+                while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
+                    words = words[1:]
+                if words[:3] == ["uv", "run", program]:
+                    found.append((f"{page.relative_to(ROOT)}: {line.strip()[:80]}", words[3:]))
+    return found
+
+
+def test_every_kinetic_prefect_command_line_on_a_page_parses():
+    """Each `uv run kinetic-prefect ...` line of a page's shell blocks names options and arguments its command has,
+    of the right types (the CLI parses it as a user's shell would pass it, without running it)."""
+    import typer
+
+    from kinetic_prefect.cli.app import app
+    from kinetic_prefect.cli.console import ClickException
+
+    lines = _page_commands("kinetic-prefect")
+    assert len(lines) > 10, lines
+    refused = []
+    for where, argv in lines:
+        command = typer.main.get_command(app)
+        context = None
+        try:
+            while hasattr(command, "get_command") and argv and not argv[0].startswith("-"):
+                context = command.make_context(command.name or "kinetic-prefect", [argv[0]], parent=context)
+                sub = command.get_command(context, argv[0])
+                if sub is None:
+                    raise ClickException(f"no command {argv[0]!r}")
+                command, argv = sub, argv[1:]
+            command.make_context(command.name or "", list(argv), parent=context)
+        except ClickException as exc:
+            refused.append(f"{where}: {exc.format_message()}")
+    assert not refused, "\n".join(refused)
+
+
+_PREFECT_HELP = """
+import contextlib, io, json, sys
+from prefect.cli import app
+codes = []
+for words in json.loads(sys.argv[1]):
+    sys.argv = ["prefect", *words, "--help"]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            app()
+            codes.append(0)
+        except SystemExit as done:
+            codes.append(done.code or 0)
+print(json.dumps(codes))
+"""
+
+
+@pytest.mark.slow
+def test_every_prefect_command_the_pages_print_exists():
+    """`uv run prefect <command> ...` on a page names a command Prefect 3.9 has (`work-pool set-concurrency-limit`
+    for GKE's slots, say). A few seconds: one process asks Prefect's console entry point for each command's --help
+    (in a process of its own, as Prefect's CLI sets up settings and logging for the process it runs in)."""
+    import json
+    import subprocess
+    import sys
+
+    commands: dict[tuple[str, ...], str] = {}
+    for page in DOC_PAGES:
+        for span in _code_text(page.read_text()):
+            for match in re.finditer(r"uv run prefect((?:\s+[a-z][a-z0-9-]*){1,2})", span):
+                commands.setdefault(tuple(match.group(1).split()), f"{page.relative_to(ROOT)}: {span.strip()}")
+    assert ("server", "start") in commands, sorted(commands)
+    asked = sorted(commands)
+    done = subprocess.run(
+        [sys.executable, "-c", _PREFECT_HELP, json.dumps(asked)], capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr
+    codes = json.loads(done.stdout.splitlines()[-1])
+    unknown = [f"{' '.join(words)!r} ({commands[words]})" for words, code in zip(asked, codes) if code != 0]
+    assert not unknown, "Prefect has no such command: " + "; ".join(unknown)
