@@ -57,7 +57,7 @@ def install_hint(extras: tuple[str, ...], missing: str) -> str:
     return (
         f"needs the {' and '.join(extras)} extra{'s' if len(extras) > 1 else ''} ({missing} is not installed): "
         f"uv sync --inexact {' '.join(f'--extra {e}' for e in wanted)} in the checkout "
-        f"(or pip install 'kinetic-prefect[{','.join(wanted)}]')"
+        f"(or pip install -e '.[{','.join(wanted)}]' from it)"
     )
 
 

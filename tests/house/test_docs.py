@@ -288,3 +288,26 @@ def test_every_prefect_command_the_pages_print_exists():
     codes = json.loads(done.stdout.splitlines()[-1])
     unknown = [f"{' '.join(words)!r} ({commands[words]})" for words, code in zip(asked, codes) if code != 0]
     assert not unknown, "Prefect has no such command: " + "; ".join(unknown)
+
+
+def _string_constants(path: Path) -> list[str]:
+    import ast
+
+    return [
+        node.value
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    ]
+
+
+def test_no_message_offers_to_pip_install_the_package_from_an_index():
+    """A fix the package or a flow prints installs from the checkout (`uv sync --inexact --extra gcp`, `pip install
+    -e '.[gcp]'`): `pip install 'kinetic-prefect[gcp]'` finds no package on PyPI."""
+    sources = [*sorted((ROOT / "kinetic_prefect").rglob("*.py")), *sorted((ROOT / "flows").rglob("*.py"))]
+    offending = [
+        f"{path.relative_to(ROOT)}: {text.strip()[:100]!r}"
+        for path in sources
+        for text in _string_constants(path)
+        if re.search(r"pip install ['\"]?kinetic-prefect", text)
+    ]
+    assert not offending, offending
