@@ -23,8 +23,9 @@ from kinetic_prefect.caller.sweep_calls import sweep_of, wait_in_sweep
 from kinetic_prefect.caller.uploads import upload_inputs
 from kinetic_prefect.caller.waiting import wait_for_job
 from kinetic_prefect.contract import JOB_CANNOT_START, Env
+from kinetic_prefect.contract.layout import env_block
 from kinetic_prefect.errors import FallbackPoolRefused, KineticJobCrashed, SigningKeyMissing
-from kinetic_prefect.shared import capacity, gcp
+from kinetic_prefect.shared import capacity, gcp, key_blocks
 
 
 async def submit_and_collect(
@@ -118,29 +119,35 @@ async def _submit_and_wait(
         sweep = sweep_of(options, call, client, store, pool, polling, job_variables, task_run, task_name, detach, key)
         if sweep is not None:
             return await wait_in_sweep(sweep, client, call, job_variables, key, run_name, fn, logger, task_run)
+        block = None
         if polling and call.env:
-            block = f"kinetic-env-{call.layout.run_id}"
+            block = env_block(call.layout.run_id)
             job_variables["env"][Env.ENV_BLOCK] = await _prefect.store_secret_env(call.env, block)
-        flow_run = await _prefect.create_job_flow_run(
-            client,
-            flow_name=task_name,
-            run_name=run_name,
-            pool=pool,
-            job_variables=job_variables,
-            caller=None if detach else task_run,  # a detached job is nobody's subflow: its submitter may end
-            tags=[f"accelerator:{options.accelerator.name}", "kinetic", *getattr(detach, "tags", ())],
-            for_polling_worker=polling,
-            signing_key=key,
-        )
-        if detach is not None:  # kinetic_prefect.kinetic: hand the job over instead of waiting for it
-            return await detach.submitted(pool, flow_run, polling, call)
-        if logger:
-            logger.info(
-                f"Job {run_name} ({flow_run.id}) on pool {pool.name!r} "
-                f"[{'polling worker' if polling else 'in-process'}], accelerator "
-                f"{capacity.join(options.accelerator_choices)}"
+        try:
+            flow_run = await _prefect.create_job_flow_run(
+                client,
+                flow_name=task_name,
+                run_name=run_name,
+                pool=pool,
+                job_variables=job_variables,
+                caller=None if detach else task_run,  # a detached job is nobody's subflow: its submitter may end
+                tags=[f"accelerator:{options.accelerator.name}", "kinetic", *getattr(detach, "tags", ())],
+                for_polling_worker=polling,
+                signing_key=key,
             )
-        state = await wait_for_job(client, pool, flow_run, call, run_name, polling, options, logger)
+            if detach is not None:  # kinetic_prefect.kinetic: hand the job over instead of waiting for it
+                block = None  # its worker reads the block later; cleanup deletes it if none ever does
+                return await detach.submitted(pool, flow_run, polling, call)
+            if logger:
+                logger.info(
+                    f"Job {run_name} ({flow_run.id}) on pool {pool.name!r} "
+                    f"[{'polling worker' if polling else 'in-process'}], accelerator "
+                    f"{capacity.join(options.accelerator_choices)}"
+                )
+            state = await wait_for_job(client, pool, flow_run, call, run_name, polling, options, logger)
+        finally:  # the worker deletes the block it reads; one no worker read must not keep the call's secrets
+            if block is not None:
+                await key_blocks.delete_secret_env(block)
         if state is not None and state.is_cancelled():
             await to_thread.run_sync(discard_run, store, call, True)
             return await cancelled_result(client, task_run, run_name, state)

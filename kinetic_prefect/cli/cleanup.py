@@ -13,6 +13,9 @@ killed at the wrong moment could not remove:
   or untouched for ``--older-than`` (a caller killed before its sweep closed); a live sweep is kept whole, and
   so are its inputs' payloads and checkpoints (a queued input has no job run of its own to protect them);
 * ``jobs/<run>/`` folders of ``kinetic-local`` jobs whose processes are gone and that no worker will reattach to;
+* Prefect Secret blocks ``kinetic-env-<run id>`` (a call's forwarded ``env=`` secrets) of runs that are over
+  or gone: the worker deletes the block it reads and the caller the block no worker read, so one remains only where
+  the caller was killed before its run was taken (or its run was deleted);
 * ``kinetic-outputs-*``, ``kinetic-checkpoint-*`` and ``kinetic-work-*`` folders in TMPDIR (jobs of versions
   that kept them there, or jobs started without a job folder) and half-unpacked ``.extract-*`` folders in the
   node cache.
@@ -39,6 +42,7 @@ import typer
 from kinetic_prefect import config
 from kinetic_prefect.cli.console import ClickException
 from kinetic_prefect.contract import Env, RunLayout, SweepKeys
+from kinetic_prefect.contract.layout import ENV_BLOCK_PREFIX
 from kinetic_prefect.signing import SUFFIX
 
 TMP_PREFIXES = ("kinetic-outputs-", "kinetic-checkpoint-", "kinetic-work-")
@@ -49,6 +53,44 @@ class Leftover:
     path: Path
     size: int
     why: str
+
+
+@dataclass(frozen=True)
+class BlockLeftover:
+    """A Prefect Secret block left by a run that is over: listed and removed with the store's leftovers."""
+
+    name: str
+    block_id: str
+    why: str
+    size: int = 0
+
+    @property
+    def path(self) -> str:
+        return f"Secret block {self.name}"
+
+
+def env_block_leftovers(run_ids: set[str], cutoff: float) -> list[BlockLeftover]:
+    """The forwarded-env blocks (``kinetic-env-<run id>``) last written before ``cutoff`` whose run Prefect does not
+    have as unfinished: the run is over (done, refused, cancelled) or gone, so no worker will read them, and their
+    secrets stay readable to every API user until deleted. A block younger than ``cutoff`` may belong to a call
+    that has saved it and is creating its run."""
+    from prefect import get_client
+
+    found: list[BlockLeftover] = []
+    with get_client(sync_client=True) as client:
+        offset = 0
+        while True:
+            page = client.read_block_documents_by_type("secret", offset=offset, limit=200, include_secrets=False)
+            for doc in page:
+                name = doc.name or ""
+                written = doc.updated or doc.created
+                if not name.startswith(ENV_BLOCK_PREFIX) or name.removeprefix(ENV_BLOCK_PREFIX) in run_ids:
+                    continue
+                if written is None or written.timestamp() < cutoff:
+                    found.append(BlockLeftover(name, str(doc.id), "a run's forwarded env= secrets; the run is over"))
+            if len(page) < 200:
+                return found
+            offset += 200
 
 
 def _size(path: Path) -> int:
@@ -273,10 +315,13 @@ def _half_unpacked_archives(cutoff: float) -> list[Leftover]:
     ]
 
 
-def remove(leftovers: list[Leftover]) -> int:
+def remove(leftovers: list[Leftover] | list[Leftover | BlockLeftover]) -> int:
     """Delete them; returns how many were removed (one already gone is not an error)."""
     removed = 0
     for item in leftovers:
+        if isinstance(item, BlockLeftover):
+            removed += _delete_block(item)
+            continue
         try:
             if item.path.is_dir():
                 shutil.rmtree(item.path)
@@ -291,6 +336,20 @@ def remove(leftovers: list[Leftover]) -> int:
     return removed
 
 
+def _delete_block(item: BlockLeftover) -> int:
+    from uuid import UUID
+
+    from prefect import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.delete_block_document(UUID(item.block_id))
+        except ObjectNotFound:  # its worker read it meanwhile
+            return 0
+    return 1
+
+
 def store_root(url: str | None) -> Path:
     """The local directory of the store ``url`` (default: the default store); a gs:// store is refused."""
     url = url or config.default_store_url()
@@ -299,7 +358,7 @@ def store_root(url: str | None) -> Path:
     return Path(url).expanduser().resolve()
 
 
-def describe(leftovers: list[Leftover], deleting: bool) -> str:
+def describe(leftovers: list[Leftover] | list[Leftover | BlockLeftover], deleting: bool) -> str:
     verb = "removing" if deleting else "would remove"
     lines = [f"{verb} {item.path} ({item.size / 2**20:.2f} MiB): {item.why}" for item in leftovers]
     total = sum(item.size for item in leftovers) / 2**20
@@ -327,8 +386,9 @@ def cleanup_command(
     yes: bool = typer.Option(False, "--yes", help="delete what is listed (without it: a dry run)"),
 ) -> None:
     """List (or with --yes remove) what crashed calls and jobs left: payloads whose job wrote no result, empty
-    run and checkpoint folders, dead local jobs' folders, jobs' temporary folders, the records of sweeps that are
-    over (never a live sweep's, nor its inputs' payloads); uncollected results only with --uncollected-older-than."""
+    run and checkpoint folders, the forwarded-env Secret blocks of runs that are over, dead local jobs' folders,
+    jobs' temporary folders, the records of sweeps that are over (never a live sweep's, nor its inputs' payloads);
+    uncollected results only with --uncollected-older-than."""
     try:
         root = store_root(store)
         active = active_runs()
@@ -342,12 +402,15 @@ def cleanup_command(
     for name, value in (("--older-than", older_than), ("--uncollected-older-than", uncollected_older_than)):
         if value is not None and value < 0:
             raise ClickException(f"{name} {value:g}: give an age in minutes, 0 or more")
-    leftovers = find(
-        root,
-        older_than * 60,
-        active=active,
-        uncollected_older_than_s=None if uncollected_older_than is None else uncollected_older_than * 60,
-    )
+    leftovers: list[Leftover | BlockLeftover] = [
+        *find(
+            root,
+            older_than * 60,
+            active=active,
+            uncollected_older_than_s=None if uncollected_older_than is None else uncollected_older_than * 60,
+        ),
+        *env_block_leftovers(active.run_ids, time.time() - older_than * 60),
+    ]
     sys.stdout.write(describe(leftovers, deleting=yes))
     if yes and leftovers:
         sys.stdout.write(f"removed {remove(leftovers)} of {len(leftovers)}\n")

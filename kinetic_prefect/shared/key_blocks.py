@@ -141,6 +141,22 @@ async def load_secret_env(name: str, run_id: str, key: signing.Keyring | None) -
     return {str(k): v for k, v in values.items()}
 
 
+async def delete_secret_env(name: str) -> bool:
+    """Delete a run's forwarded-env block if it is still there: no worker read it (the call ended first, or the run
+    was refused), and its secrets must not stay readable to every API user. True when it was there. Shielded and
+    bounded: it runs while its call is being cancelled, and an unreachable API must not hold the call up."""
+    import anyio
+    from prefect.blocks.system import Secret
+
+    with anyio.move_on_after(15, shield=True):
+        try:
+            await Secret.adelete(name)
+        except (ValueError, ObjectNotFound):  # read and deleted by its worker, or by cleanup
+            return False
+        return True
+    return False
+
+
 def _env_bytes(values: dict[str, str]) -> bytes:
     return json.dumps(values, sort_keys=True, separators=(",", ":")).encode()
 

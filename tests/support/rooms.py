@@ -50,6 +50,7 @@ ROOMS = {
     "test_core_install.py": "house",
     "test_cost.py": "worker",
     "test_cost_estimate.py": "cli",
+    "test_cleanup_blocks.py": "cli",
     "test_data.py": "pod",
     "test_debug.py": "caller",
     "test_deployments.py": "end-to-end",
