@@ -114,14 +114,17 @@ def local_call_key(control: Path) -> str:
     return f"{WarmPodKeys.control(control.parent.name, control.name)}/{WarmRunnerFiles.CALL}"
 
 
-def _run_call(call: dict[str, Any], base_environ: dict[str, str], control: Path) -> int:
-    from kinetic_prefect import signing
+class _HandOvers:
+    """What this runner remembers of its hand-overs: the number of the last one it ran (signed in each record)."""
 
+    last = 0
+
+
+def _run_call(call: dict[str, Any], base_environ: dict[str, str], control: Path, runner_keys: Any) -> int:
     job_dir = Path(call["job_dir"])
-    runner_keys = signing.parse_keys(base_environ.get(signing.KEY_ENV))
     object_key = local_call_key(control)
     shared = {k: v for k, v in base_environ.items() if k not in (Env.OWNER_PID, Env.WARM_LAUNCHER_PID)}
-    try:  # the record's own signature, then the keys it carries for this call
+    try:  # the record's own signature, its number, then the keys it carries for this call
         record = read_call(
             call["record"].encode(),
             (call.get("signature") or "").encode() or None,
@@ -129,6 +132,13 @@ def _run_call(call: dict[str, Any], base_environ: dict[str, str], control: Path)
             str(control / WarmRunnerFiles.CALL),
             runner_keys,
         )
+        number = record.get("number")
+        if not isinstance(number, int) or number <= _HandOvers.last:
+            raise RefusedCall(
+                f"{control / WarmRunnerFiles.CALL} is hand-over {number!r}, and this runner has already run "
+                f"hand-over {_HandOvers.last}: a copy of an earlier call put back, refusing it"
+            )
+        _HandOvers.last = number
         env = call_environment(record, f"{object_key}#{record['env'].get(Env.RUN_ID, '')}", runner_keys, shared)
     except (RefusedCall, KeyError, ValueError) as exc:
         job_dir.mkdir(parents=True, exist_ok=True)
@@ -225,9 +235,12 @@ def remove_tree(path: str) -> None:
 
 
 def main(control_dir: str) -> int:
+    from kinetic_prefect import signing
     from kinetic_prefect.pod import runner
 
     control = Path(control_dir)
+    runner_keys = signing.parse_keys(os.environ.get(signing.KEY_ENV))
+    hide_from_environment(signing.KEY_ENV)  # kept in memory only: every call's code can read the environment
     base_environ = dict(os.environ)
     launcher_pid = int(base_environ[Env.WARM_LAUNCHER_PID]) if base_environ.get(Env.WARM_LAUNCHER_PID) else None
     stopped = runner.record_sigterm()
@@ -244,7 +257,7 @@ def main(control_dir: str) -> int:
                 _record_leaving(control, idle_since, served, launcher_pid)
                 print(f"kinetic warm runner: leaving after {served} call(s)", flush=True)
                 return 0
-            code = _run_call(call, base_environ, control)
+            code = _run_call(call, base_environ, control, runner_keys)
             served += 1
             _write_whole(Path(call["job_dir"]) / WarmRunnerFiles.EXIT_STATUS, str(code))
             if stopped:  # a stopped call stops its runner: the launcher starts a fresh one for the next call
@@ -256,6 +269,31 @@ def main(control_dir: str) -> int:
             _write_whole(control / WarmRunnerFiles.IDLE, str(served))
     except runner.JobTerminated:
         return 0
+
+
+def hide_from_environment(name: str) -> None:
+    """Take ``name`` out of this process's environment: ``os.environ`` and the C environment, and the environment
+    block the process started with, which ``/proc/self/environ`` shows whatever ``unsetenv`` did (its bytes are
+    zeroed in place, after checking they are where the kernel says). Linux; elsewhere only ``os.environ``."""
+    import ctypes
+
+    os.environ.pop(name, None)
+    try:
+        with open("/proc/self/stat", "rb") as stat_file:
+            stat = stat_file.read()
+        with open("/proc/self/environ", "rb") as environ_file:
+            block = environ_file.read()
+        fields = stat[stat.rindex(b")") + 2 :].split()  # from field 3 (state); env_start is field 50
+        env_start, env_end = int(fields[47]), int(fields[48])
+    except (OSError, ValueError, IndexError):
+        return
+    if not block or env_end - env_start < len(block) or ctypes.string_at(env_start, len(block)) != block:
+        return
+    offset, prefix = 0, name.encode() + b"="
+    for entry in block.split(b"\0"):
+        if entry.startswith(prefix):
+            ctypes.memset(env_start + offset, 0, len(entry))
+        offset += len(entry) + 1
 
 
 class RefusedCall(Exception):
@@ -352,10 +390,11 @@ def pod_main() -> int:
     from kinetic_prefect.pod import runner
     from kinetic_prefect.storage import open_store
 
+    pod_keys = signing.parse_keys(os.environ.get(signing.KEY_ENV))
+    hide_from_environment(signing.KEY_ENV)  # the pod's own key, in memory only: each call gets its run's keys
     base_environ = dict(os.environ)
     control = base_environ[Env.WARM_CONTROL]
     keep_warm_seconds = float(base_environ.get(Env.WARM_KEEP_SECONDS) or 0)
-    pod_keys = signing.parse_keys(base_environ.get(signing.KEY_ENV))
     shared = {k: v for k, v in base_environ.items() if not WarmRunnerFiles.is_per_call(k)}
     call_env = {k: v for k, v in base_environ.items() if WarmRunnerFiles.is_per_call(k)}
     if pod_keys is not None:  # the first call: its run's keys, without the pod's own (those check hand-overs)

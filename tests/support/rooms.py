@@ -116,6 +116,7 @@ ROOMS = {
     "test_trust_deployments.py": "worker",
     "test_trust_env_block.py": "worker",
     "test_key_rotation.py": "worker",
+    "test_trust_warm_runner.py": "worker",
     "test_signing_scopes.py": "leaves",
     "test_slots.py": "caller",
     "test_spine.py": "end-to-end",

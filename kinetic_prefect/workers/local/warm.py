@@ -48,6 +48,7 @@ class WarmRunner:
     retired: bool = False  # being stopped with its call: never claimed again
     pool: str | None = None
     accelerator: str = ""
+    handed: int = 0  # hand-overs written to it: each record is signed with its number, which the runner checks
 
     def describe(self) -> None:
         """``runner.json``: what ``kinetic-prefect warm list`` shows of this runner."""
@@ -148,11 +149,13 @@ class WarmRunners:
             elif short_of_floor:  # an idle runner of a pool without min_warm joins this pool's floor
                 runner.forever, runner.pool = True, pool
                 runner.describe()
+            runner.handed += 1
+            number = runner.handed
         call = {
             "job_dir": str(job_dir),
             "log": log_name,
             "keep_warm_seconds": floor_idle_seconds if runner.forever else keep_warm_seconds,
-            **_signed_record(runner.control, env, keys),
+            **_signed_record(runner.control, env, keys, number),
         }
         partial = runner.control / (WarmRunnerFiles.CALL + ".partial")
         partial.write_text(json.dumps(call))
@@ -204,11 +207,13 @@ class WarmRunners:
                     runner.process.terminate()
 
 
-def _signed_record(control: Path, env: dict[str, str], keys: signing.Keyring | None) -> dict[str, Any]:
+def _signed_record(control: Path, env: dict[str, str], keys: signing.Keyring | None, number: int = 1) -> dict[str, Any]:
     """A call's per-call variables as a record signed under the runner's scope, with the call's run keys wrapped
-    for that runner and that run only: a local user or job that writes the control folder cannot hand it a call."""
+    for that runner and that run only: a local user or job that writes the control folder cannot hand it a call.
+    ``number`` counts this runner's hand-overs (1, 2...): the runner runs a record only past the last it ran, so a
+    copy of an earlier, validly signed hand-over put back into the control folder is refused."""
     object_key = local_call_key(control)
-    record: dict[str, Any] = {"env": {k: v for k, v in env.items() if is_per_call(k)}}
+    record: dict[str, Any] = {"env": {k: v for k, v in env.items() if is_per_call(k)}, "number": number}
     if keys is not None:
         run_id = env[Env.RUN_ID]
         scopes = signing.run_scopes(run_id, env.get(Env.CHECKPOINT_KEY))
