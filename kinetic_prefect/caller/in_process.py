@@ -13,6 +13,7 @@ import socket
 from prefect.client.orchestration import PrefectClient
 from prefect.client.schemas.objects import FlowRun, WorkPool
 
+from kinetic_prefect.caller import timeouts
 from kinetic_prefect.caller.pools import worker_class_for
 from kinetic_prefect.contract import Env, settings
 
@@ -44,6 +45,7 @@ async def run_in_process(
     )
     configuration.set_secret_env(secret_env or {})  # in memory only: never stored with the run
     worker.owned_by_caller(_api_env())  # the job must not outlive this call (lifecycle.KineticWorker)
+    worker.stopped_waiting_reason = timeouts.stopped_waiting_reason  # its run's message if the call stops waiting
     result = await worker.run(flow_run=flow_run, configuration=configuration)
     return result.status_code
 

@@ -18,7 +18,7 @@ from kinetic_prefect.caller.calls import PreparedCall
 from kinetic_prefect.caller.data_repair import heal_reported
 from kinetic_prefect.caller.remote_errors import raise_remote
 from kinetic_prefect.caller.uploads import forget_broken_code
-from kinetic_prefect.contract import Outcome, checkpoints_key
+from kinetic_prefect.contract import OUTPUTS_ARTIFACT_KEY, Outcome, checkpoints_key
 from kinetic_prefect.contract.names import KEY_MISMATCH_STATE
 from kinetic_prefect.errors import KineticJobCrashed, SigningKeyMismatch
 from kinetic_prefect.shared.outages import Outage
@@ -32,7 +32,9 @@ async def _publish_outputs(store: Any, call: PreparedCall, outcome: Outcome, run
 
     rows = [{"file": rel, "url": store.url_for(call.layout.output(rel))} for rel in outcome.outputs]
     await Outage(f"the caller of {run_name}").call(
-        lambda: acreate_table_artifact(rows, description=f"Outputs of kinetic job {run_name} ({outcome.status})"),
+        lambda: acreate_table_artifact(
+            rows, key=OUTPUTS_ARTIFACT_KEY, description=f"Outputs of kinetic job {run_name} ({outcome.status})"
+        ),
         "listing the job's outputs",
     )
 

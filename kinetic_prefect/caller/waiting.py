@@ -9,7 +9,7 @@ import contextlib
 import sys
 from typing import Any
 
-from kinetic_prefect.caller import _prefect
+from kinetic_prefect.caller import _prefect, timeouts
 from kinetic_prefect.caller.calls import KineticOptions, PreparedCall
 from kinetic_prefect.shared.outages import Outage
 
@@ -49,13 +49,15 @@ async def wait_for_job(
             )
         ).state
     except BaseException:
+        if logger and (timed_out := timeouts.timed_out_reason()):
+            logger.error(f"Job {run_name}: {timed_out}")
         if not polling and not slot_taken:  # still queued for a slot: its run is Pending, and nobody's
             await _cancel_queued(client, flow_run.id)
         elif polling:  # the worker stops the job; shielded: this task is being cancelled itself
             await _prefect.cancel_flow_run(
                 client,
                 flow_run.id,
-                "The calling task stopped waiting (timeout, interrupt or error in the caller)",
+                timeouts.stopped_waiting_reason(),
                 wait_seconds=20,
             )
         else:  # stopped before the in-process worker followed the job: its run must not stay Pending
@@ -109,7 +111,7 @@ async def _cancel_if_not_final(client: Any, flow_run_id: Any) -> None:
             if current.state is None or not current.state.is_final():
                 await client.set_flow_run_state(
                     flow_run_id,
-                    Cancelled(message="The calling task stopped waiting (timeout, interrupt or error in the caller)"),
+                    Cancelled(message=timeouts.stopped_waiting_reason()),
                     force=True,
                 )
         except Exception:  # best effort while the caller is already failing
@@ -126,6 +128,10 @@ async def _cancel_queued(client: Any, flow_run_id: Any) -> None:
     with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
         await client.set_flow_run_state(
             flow_run_id,
-            Cancelled(message="The calling task stopped waiting before its job started (timeout, interrupt)"),
+            Cancelled(
+                message=timeouts.stopped_waiting_reason(
+                    "The calling task stopped waiting before its job started (timeout, interrupt)"
+                )
+            ),
             force=True,
         )

@@ -64,6 +64,11 @@ USAGE_PREFIX = "[kinetic:usage] "
 JOB_COST_ARTIFACT_KEY = "kinetic-job-cost"
 FLOW_COST_ARTIFACT_KEY = "kinetic-flow-cost"
 USAGE_ARTIFACT_KEY = "kinetic-job-usage"
+# The other artifacts of a call, keyed so that the UI titles them (its artifact card shows the key, nothing without
+# one): the job's progress and usage plot on its run, the list of its outputs on the calling task run.
+PROGRESS_ARTIFACT_KEY = "kinetic-job-progress"
+USAGE_PLOT_ARTIFACT_KEY = "kinetic-job-usage-plot"
+OUTPUTS_ARTIFACT_KEY = "kinetic-job-outputs"
 # A slot job's run of a sweep carries a table of the inputs it served (caller/slots.py publishes it).
 SLOT_INPUTS_ARTIFACT_KEY = "kinetic-slot-inputs"
 # Prefect events: a job's are JOB_EVENT_PREFIX + its phase (pending, running, cancelled, crashed: the launcher's

@@ -9,6 +9,9 @@ from uuid import UUID
 from kinetic_prefect.contract import JOB_COST_ARTIFACT_KEY
 from kinetic_prefect.shared import cost
 
+# What a cost table artifact shows in its ``usd`` cell for a job with no price (read back as no figure: None).
+UNPRICED = "unpriced"
+
 
 async def job_cost_rows(client: Any, job_run_ids: list[UUID]) -> list[dict[str, Any]]:
     """The cost rows the worker recorded for these job runs (one per job), from their artifacts."""
@@ -28,7 +31,10 @@ async def job_cost_rows(client: Any, job_run_ids: list[UUID]) -> list[dict[str, 
         except (TypeError, ValueError):
             continue
         if data and isinstance(data[0], dict):
-            rows[artifact.flow_run_id] = {**data[0], "flow_run_id": str(artifact.flow_run_id)}
+            row = {**data[0], "flow_run_id": str(artifact.flow_run_id)}
+            if isinstance(row.get("usd"), bool) or not isinstance(row.get("usd"), int | float):
+                row["usd"] = None  # "unpriced" (or an older artifact's blank): no figure, counted as unpriced
+            rows[artifact.flow_run_id] = row
     return [rows[i] for i in job_run_ids if i in rows]
 
 

@@ -49,6 +49,7 @@ from kinetic_prefect.contract import (
     JOB_CANNOT_START,
     JOB_EVENT_PREFIX,
     LOG_END_MARKER,
+    PROGRESS_ARTIFACT_KEY,
     Env,
     Outcome,
     RunLayout,
@@ -116,12 +117,17 @@ class ProgressArtifact:
         from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate
 
         record = self.latest
-        description = record["message"] or f"{record['done']:g} of {record['total']:g}"
+        done = record["message"] or f"{record['done']:g} of {record['total']:g}"
+        description = f"Progress of kinetic job {self.flow_run.name}: {done}"
         try:
             if self.artifact_id is None:
                 artifact = await self.client.create_artifact(
                     ArtifactCreate(
-                        type="progress", data=record["percent"], description=description, flow_run_id=self.flow_run.id
+                        key=PROGRESS_ARTIFACT_KEY,
+                        type="progress",
+                        data=record["percent"],
+                        description=description,
+                        flow_run_id=self.flow_run.id,
                     )
                 )
                 self.artifact_id = artifact.id
@@ -195,6 +201,8 @@ class KineticWorker:
     launcher: JobLauncher
     abilities: LauncherAbilities  # each launcher's worker class declares what it can do
     owner_is_caller: bool = False
+    # In-process, the caller's words for why it stopped waiting (its timeout_seconds ran out), given the default.
+    stopped_waiting_reason: Callable[[str], str] = staticmethod(lambda default: default)
 
     @property
     def _calling_task_ids(self) -> dict[UUID, UUID | None]:
@@ -354,7 +362,8 @@ class KineticWorker:
             if identifier:
                 await self.launcher.cancel(identifier, configuration, CANCEL_GRACE_SECONDS)
                 await self.launcher.cleanup(identifier, configuration)
-            await self.mark_cancelled(flow_run, "The calling task stopped waiting while the job was being started")
+            reason = self.stopped_waiting_reason("The calling task stopped waiting while the job was being started")
+            await self.mark_cancelled(flow_run, reason)
 
     async def _hand_over_signing_key(self, flow_run: FlowRun, configuration: Any) -> bool:
         """Before anything is built, launched or read for it: the run's job variables, as the worker will use them
@@ -659,7 +668,9 @@ class KineticWorker:
         worker is shutting down, or it failed. True when the run was ended Crashed and ``exc`` is handled."""
         if self.owner_is_caller:
             with anyio.CancelScope(shield=True):
-                reason = "The calling task stopped waiting (timeout, interrupt or error in the caller)"
+                reason = self.stopped_waiting_reason(
+                    "The calling task stopped waiting (timeout, interrupt or error in the caller)"
+                )
                 await self.launcher.cancel(job.identifier, job.configuration, CANCEL_GRACE_SECONDS)
                 await self.mark_cancelled(job.flow_run, reason)
         elif not isinstance(exc, Exception):

@@ -22,6 +22,22 @@ from kinetic_prefect.shared.outages import Outage
 
 REQUEST_BYTES = 1 << 20  # a flood read in one poll (up to 8 MiB) goes in several requests
 
+# The runner's one-line reason a job failed (pod/runner.py prints it to stderr): logged at ERROR, so the UI's log
+# marks it as the failure it is; every other line of the job's output is INFO.
+RUNNER_FAILURE_LINES = ("kinetic runner: failed ", "kinetic runner: also failed ")
+
+
+def by_level(text: str) -> list[tuple[int, str]]:
+    """``text`` (one or more lines) cut into runs of lines of one log level, in order."""
+    chunks: list[tuple[int, list[str]]] = []
+    for line in text.split("\n"):
+        level = logging.ERROR if line.startswith(RUNNER_FAILURE_LINES) else logging.INFO
+        if chunks and chunks[-1][0] == level == logging.INFO:
+            chunks[-1][1].append(line)
+        else:
+            chunks.append((level, [line]))
+    return [(level, "\n".join(lines)) for level, lines in chunks]
+
 
 class JobLogForwarder:
     """``emit`` (from any thread, as launchers stream from threads) queues a batch of lines; ``flush`` stores them."""
@@ -33,18 +49,19 @@ class JobLogForwarder:
         self._lock = threading.Lock()
 
     def emit(self, text: str) -> None:
-        self.console.info(text, extra={"send_to_api": False})
-        if not self.to_api:
-            return
-        record = LogCreate(
-            name=JOB_OUTPUT_LOGGER,
-            level=logging.INFO,
-            message=text,
-            flow_run_id=self.flow_run_id,
-            timestamp=datetime.datetime.now(datetime.UTC),  # type: ignore[arg-type]  # pendulum-typed
-        )
-        with self._lock:
-            self._pending.append(record)
+        for level, chunk in by_level(text):
+            self.console.log(level, chunk, extra={"send_to_api": False})
+            if not self.to_api:
+                continue
+            record = LogCreate(
+                name=JOB_OUTPUT_LOGGER,
+                level=level,
+                message=chunk,
+                flow_run_id=self.flow_run_id,
+                timestamp=datetime.datetime.now(datetime.UTC),  # type: ignore[arg-type]  # pendulum-typed
+            )
+            with self._lock:
+                self._pending.append(record)
 
     async def flush(self) -> bool:
         """Store what was emitted so far (waiting out an outage); True if anything was sent."""
@@ -112,4 +129,4 @@ async def _not_stored(client: Any, flow_run_id: Any, records: list[Any]) -> list
 
 PAGE = 200
 
-__all__ = ["JobLogForwarder"]
+__all__ = ["RUNNER_FAILURE_LINES", "JobLogForwarder", "by_level"]

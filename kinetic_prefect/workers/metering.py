@@ -44,7 +44,7 @@ from kinetic_prefect.contract import (
 )
 from kinetic_prefect.contract.launchers import PriceSource
 from kinetic_prefect.shared import cost, key_blocks, prefect_runs
-from kinetic_prefect.shared.cost_records import flow_cost, job_cost_rows
+from kinetic_prefect.shared.cost_records import UNPRICED, flow_cost, job_cost_rows
 
 
 def job_spec(configuration: Any) -> accelerators.AcceleratorSpec:
@@ -233,14 +233,16 @@ async def publish_job_cost(worker: Any, flow_run: FlowRun, meter: JobMeter) -> c
         logger.warning(f"Cost not priced: {meter.problem}")
     described = _described(job, attempts)
     logger.info(f"Cost of this job: {described}")
+    pool = getattr(worker, "_work_pool_name", None) or "POOL"
+    source = job.price_source if job.usd is not None else how_to_price(pool, job.accelerator)
     try:
         await worker.client.create_artifact(
             ArtifactCreate(
                 key=JOB_COST_ARTIFACT_KEY,
                 type="table",
-                data=json.dumps(rows),
+                data=json.dumps([shown_unpriced(row, pool) for row in rows]),
                 flow_run_id=flow_run.id,
-                description=f"kinetic job cost: {described} ({job.price_source})",
+                description=f"Cost of kinetic job {flow_run.name}: {described} ({source})",
             )
         )
     except Exception as exc:
@@ -282,21 +284,7 @@ async def publish_flow_total(worker: Any, flow_run: FlowRun) -> cost.FlowCost | 
         if parent is None:
             return None
         total = await flow_cost(client, parent)
-        columns = ("call", "accelerator", "spot", "hosts", "minutes", "usd")
-        rows = [{k: row.get(k) for k in columns} for row in total.rows]
-        rows.append(
-            {
-                "call": "total",
-                "accelerator": "",
-                "spot": "",
-                "hosts": sum(r.get("hosts") or 0 for r in rows),
-                "minutes": round(sum(r.get("minutes") or 0 for r in rows), 4),
-                "usd": round(total.total_usd, 6),
-            }
-        )
-        description = f"kinetic calls of this flow run: {len(total.rows)}, total ${total.total_usd:.4f}" + (
-            f" ({total.unpriced} unpriced)" if total.unpriced else ""
-        )
+        rows, description = flow_total_table(total)
         existing = await client.read_artifacts(
             artifact_filter=ArtifactFilter(
                 key=ArtifactFilterKey(any_=[FLOW_COST_ARTIFACT_KEY]), flow_run_id=ArtifactFilterFlowRunId(any_=[parent])
@@ -324,6 +312,55 @@ async def publish_flow_total(worker: Any, flow_run: FlowRun) -> cost.FlowCost | 
             f"Could not update the flow run's cost total ({type(exc).__name__}: {exc})"
         )
         return None
+
+
+def how_to_price(pool: str, accelerator: str) -> str:
+    """What an unpriced job's cost cell says instead of a blank: that it is unpriced, and the command that prices it."""
+    entry = json.dumps({accelerator: {"on_demand": "USD_PER_HOUR"}}).replace('"USD_PER_HOUR"', "USD_PER_HOUR")
+    return (
+        f"unpriced: pool {pool!r} has no price for {accelerator}; "
+        f"price it: kinetic-prefect pool-set {pool} 'prices={entry}'"
+    )
+
+
+def shown_unpriced(row: dict[str, Any], pool: str) -> dict[str, Any]:
+    """A cost table row as the UI shows it: "unpriced" and how to price it where there is no figure, never a blank
+    beside a total (``cost_records`` reads "unpriced" back as no figure)."""
+    if row.get("usd") is not None:
+        return row
+    shown = {**row, "usd": UNPRICED}
+    if "price" in row:
+        shown["price"] = how_to_price(pool, str(row.get("accelerator") or "?"))
+    return shown
+
+
+def flow_total_table(total: cost.FlowCost) -> tuple[list[dict[str, Any]], str]:
+    """The flow run's cost table (one row per call, then the total) and its description. The total counts the priced
+    calls only, and says how many are not counted; with none priced it says "unpriced", not $0."""
+    columns = ("call", "accelerator", "spot", "hosts", "minutes", "usd", "price")
+    rows = [{k: row.get(k) for k in columns} for row in total.rows]
+    priced = len(rows) - total.unpriced
+    usd: float | str
+    if not priced:
+        label, usd, money = "total (no call priced)", UNPRICED, "unpriced"
+    elif total.unpriced:
+        label = f"total of the {priced} priced call(s); {total.unpriced} unpriced, not counted"
+        usd, money = round(total.total_usd, 6), f"${total.total_usd:.4f} for {priced} priced, {total.unpriced} unpriced"
+    else:
+        label, usd, money = "total", round(total.total_usd, 6), f"total ${total.total_usd:.4f}"
+    shown = [{**row, "usd": UNPRICED} if row["usd"] is None else row for row in rows]
+    shown.append(
+        {
+            "call": label,
+            "accelerator": "",
+            "spot": "",
+            "hosts": sum(r.get("hosts") or 0 for r in rows),
+            "minutes": round(sum(r.get("minutes") or 0 for r in rows), 4),
+            "usd": usd,
+            "price": "" if not total.unpriced else "unpriced calls: see their price column",
+        }
+    )
+    return shown, f"Cost of the kinetic calls of this flow run: {len(rows)} call(s), {money}"
 
 
 def _emit_flow_total(parent: UUID, total: cost.FlowCost) -> None:

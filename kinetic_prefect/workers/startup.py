@@ -78,7 +78,7 @@ async def publish(client: Any, flow_run: Any, logger: Any, timeline: Timeline) -
                 key=STARTUP_ARTIFACT_KEY,
                 type="table",
                 data=timeline.rows(),
-                description="Where this job's start-up time went (submission to first line)",
+                description=f"Start-up of kinetic job {flow_run.name}: where its time went (submission to first line)",
                 flow_run_id=flow_run.id,
             )
         )

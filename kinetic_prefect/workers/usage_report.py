@@ -16,7 +16,7 @@ from typing import Any
 from prefect.client.schemas.objects import FlowRun
 
 from kinetic_prefect import accelerators
-from kinetic_prefect.contract import USAGE_ARTIFACT_KEY
+from kinetic_prefect.contract import USAGE_ARTIFACT_KEY, USAGE_PLOT_ARTIFACT_KEY
 from kinetic_prefect.pod.utilization import parse
 
 GIB = 2**30
@@ -234,7 +234,10 @@ class UsageReport:
             for name, v in summary.items()
         ]
         seconds = self.samples[-1]["t"] - self.samples[0]["t"]
-        description = f"kinetic job usage on {self.spec.name}: {len(self.samples)} samples over {seconds:.0f} s"
+        description = (
+            f"Usage of kinetic job {self.flow_run.name} on {self.spec.name}: "
+            f"{len(self.samples)} samples over {seconds:.0f} s"
+        )
         svg = plot_svg(self.samples)
         markdown = (
             f"## Usage of {self.flow_run.name} ({self.spec.name})\n\n"
@@ -255,7 +258,11 @@ class UsageReport:
             )
             await self.client.create_artifact(
                 ArtifactCreate(
-                    type="markdown", data=markdown, flow_run_id=self.flow_run.id, description=description + " (plot)"
+                    key=USAGE_PLOT_ARTIFACT_KEY,
+                    type="markdown",
+                    data=markdown,
+                    flow_run_id=self.flow_run.id,
+                    description=description + " (plot)",
                 )
             )
         except Exception as exc:  # a report: it never fails the job

@@ -138,7 +138,7 @@ def test_job_progress_becomes_a_progress_artifact_on_the_job_run():
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id]))
         )
     [progress] = [a for a in artifacts if a.type == "progress"]
-    assert progress.data == 100.0 and progress.description == "epoch 4/4"
+    assert progress.data == 100.0 and progress.description == f"Progress of kinetic job {run.name}: epoch 4/4"
     lines = api_lines(run.id)
     assert "progress 50%: epoch 2/4" in lines and not any(line.startswith("[kinetic:progress]") for line in lines)
 
