@@ -161,3 +161,19 @@ def test_a_failed_jobs_one_line_reason_is_logged_as_an_error_not_info():
     reasons = [log for log in logs if "the loss diverged at step 7" in log.message and "\n" not in log.message.strip()]
     assert reasons, [(log.level, log.message) for log in logs]
     assert all(log.level >= 30 for log in reasons), [(log.level, log.message) for log in logs]
+
+
+def test_a_flow_total_of_priced_and_unpriced_calls_counts_the_priced_ones_and_says_how_many_it_left_out():
+    from kinetic_prefect.shared import cost
+    from kinetic_prefect.workers import metering
+
+    total = cost.FlowCost(
+        rows=[
+            {"call": "fit-job1", "accelerator": "l4", "hosts": 1, "minutes": 2.0, "usd": 0.5, "price": "sheet"},
+            {"call": "fit-job2", "accelerator": "cpu", "hosts": 1, "minutes": 1.0, "usd": None, "price": "unpriced: …"},
+        ]
+    )
+    rows, description = metering.flow_total_table(total)
+    assert [r["usd"] for r in rows[:2]] == [0.5, "unpriced"]
+    assert rows[-1]["usd"] == 0.5 and "1 unpriced, not counted" in rows[-1]["call"], rows[-1]
+    assert "$0.5000 for 1 priced, 1 unpriced" in description, description
