@@ -120,7 +120,8 @@ def test_bad_input_names_the_culprit_and_the_fix(kwargs, culprit):
 
 
 def test_the_clusters_table_of_coming_from_kinetic_names_real_commands_and_flags():
-    """docs/coming-from-kinetic.md's Clusters table: every `kinetic-prefect ...` there is a command with those flags."""
+    """docs/coming-from-kinetic.md's Clusters table: every `uv run kinetic-prefect ...` there is a command with those
+    flags."""
     from pathlib import Path
 
     import typer
@@ -130,7 +131,7 @@ def test_the_clusters_table_of_coming_from_kinetic_names_real_commands_and_flags
     doc = (Path(__file__).resolve().parents[2] / "docs" / "coming-from-kinetic.md").read_text()
     section = doc.split("## Clusters", 1)[1].split("\n## ", 1)[0]
     root = typer.main.get_command(app)
-    spans = re.findall(r"`(kinetic-prefect [^`]+)`", section) + [
+    spans = [m.removeprefix("uv run ") for m in re.findall(r"`((?:uv run )?kinetic-prefect [^`]+)`", section)] + [
         f"kinetic-prefect up {flag}" for flag in re.findall(r"\| `(--[a-z-]+)", section)
     ]
     assert len(spans) >= 8, section
