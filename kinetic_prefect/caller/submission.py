@@ -86,6 +86,35 @@ async def _check_fallback_pools(client: Any, options: KineticOptions) -> None:
             ) from None
 
 
+def _job_variables(
+    options: KineticOptions,
+    call: PreparedCall,
+    store_url: str,
+    pool_variables: set[str],
+    budget: Any,
+    fuse_mounts: Any,
+    key: Any,
+) -> dict[str, Any]:
+    """The run's job variables: the call's, with its budget, its FUSE mounts and, where calls are signed, the flag
+    that makes the job insist on signatures (not the key)."""
+    job_variables = build_job_variables(options, call, store_url, pool_variables)
+    if budget is not None:
+        job_variables["max_cost_usd"] = budget
+    if fuse_mounts:
+        job_variables[data_mounts.FUSE_VARIABLE] = fuse_mounts
+    if key is not None:
+        job_variables["env"][signing.REQUIRED_ENV] = "1"
+    return job_variables
+
+
+def _submitted_line(run_name: str, flow_run: Any, pool: Any, polling: bool, options: KineticOptions) -> str:
+    return (
+        f"Job {run_name} ({flow_run.id}) on pool {pool.name!r} "
+        f"[{'polling worker' if polling else 'in-process'}], accelerator "
+        f"{capacity.join(options.accelerator_choices)}"
+    )
+
+
 async def _submit_and_wait(
     options: KineticOptions, call: PreparedCall, task_name: str, fn: Callable[..., Any], detach: Any = None
 ) -> Any:
@@ -109,13 +138,7 @@ async def _submit_and_wait(
         )
         attempt = task_run.run_count if task_run else 1
         run_name = f"{task_run.name}-job{attempt}" if task_run else f"{task_name}-job"
-        job_variables = build_job_variables(options, call, store_url, pool_variables)
-        if budget is not None:
-            job_variables["max_cost_usd"] = budget
-        if fuse_mounts:
-            job_variables[data_mounts.FUSE_VARIABLE] = fuse_mounts
-        if key is not None:  # not the key: only that the job must insist on signatures
-            job_variables["env"][signing.REQUIRED_ENV] = "1"
+        job_variables = _job_variables(options, call, store_url, pool_variables, budget, fuse_mounts, key)
         sweep = sweep_of(options, call, client, store, pool, polling, job_variables, task_run, task_name, detach, key)
         if sweep is not None:
             return await wait_in_sweep(sweep, client, call, job_variables, key, run_name, fn, logger, task_run)
@@ -139,11 +162,7 @@ async def _submit_and_wait(
                 block = None  # its worker reads the block later; cleanup deletes it if none ever does
                 return await detach.submitted(pool, flow_run, polling, call)
             if logger:
-                logger.info(
-                    f"Job {run_name} ({flow_run.id}) on pool {pool.name!r} "
-                    f"[{'polling worker' if polling else 'in-process'}], accelerator "
-                    f"{capacity.join(options.accelerator_choices)}"
-                )
+                logger.info(_submitted_line(run_name, flow_run, pool, polling, options))
             state = await wait_for_job(client, pool, flow_run, call, run_name, polling, options, logger)
         finally:  # the worker deletes the block it reads; one no worker read must not keep the call's secrets
             if block is not None:
