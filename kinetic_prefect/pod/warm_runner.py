@@ -239,9 +239,9 @@ def main(control_dir: str) -> int:
     from kinetic_prefect.pod import runner
 
     control = Path(control_dir)
-    runner_keys = signing.parse_keys(os.environ.get(signing.KEY_ENV))
-    hide_from_environment(signing.KEY_ENV)  # kept in memory only: every call's code can read the environment
     base_environ = dict(os.environ)
+    runner_keys = signing.parse_keys(base_environ.pop(signing.KEY_ENV, None))
+    hide_from_environment(signing.KEY_ENV)  # kept in memory only: every call's code can read the environment
     launcher_pid = int(base_environ[Env.WARM_LAUNCHER_PID]) if base_environ.get(Env.WARM_LAUNCHER_PID) else None
     stopped = runner.record_sigterm()
     if os.environ.get(Env.OWNER_PID):
@@ -390,9 +390,9 @@ def pod_main() -> int:
     from kinetic_prefect.pod import runner
     from kinetic_prefect.storage import open_store
 
-    pod_keys = signing.parse_keys(os.environ.get(signing.KEY_ENV))
-    hide_from_environment(signing.KEY_ENV)  # the pod's own key, in memory only: each call gets its run's keys
     base_environ = dict(os.environ)
+    pod_keys = signing.parse_keys(base_environ.pop(signing.KEY_ENV, None))
+    hide_from_environment(signing.KEY_ENV)  # the pod's own key, in memory only: each call gets its run's keys
     control = base_environ[Env.WARM_CONTROL]
     keep_warm_seconds = float(base_environ.get(Env.WARM_KEEP_SECONDS) or 0)
     shared = {k: v for k, v in base_environ.items() if not WarmRunnerFiles.is_per_call(k)}
