@@ -420,10 +420,8 @@ class DockerBuilder:
     ) -> None:
         """Run a docker command, passing each output line to ``log``; on failure raise with the last lines. A set
         ``stop`` ends the command (``BuildStopped``)."""
-        if stop is None:
-            status, text = run_streamed(args, log, LOG_TAIL_LINES)
-        else:
-            status, text = _run_stoppable(args, log, stop)
+        status, text = run_streamed(args, log, LOG_TAIL_LINES, stop)
+        if stop is not None:
             _stop_requested(stop, f"`{' '.join(args[:2])}` for {image}")
         if status != 0:
             raise ImageBuildError(
@@ -453,39 +451,6 @@ class DockerBuilder:
         log(line(2, 2, f"image {image}: pushed"))
         self.builds += 1
         return image
-
-
-def _run_stoppable(args: list[str], log: Callable[[str], None], stop: threading.Event) -> tuple[int, str]:
-    """``run_streamed``, and the command terminated (then killed) as soon as ``stop`` is set."""
-    tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
-    proc = subprocess.Popen(
-        args,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        errors="replace",
-        bufsize=1,
-    )
-
-    def end_on_stop() -> None:
-        while proc.poll() is None:
-            if stop.wait(0.2):
-                proc.terminate()
-                try:
-                    proc.wait(5)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                return
-
-    threading.Thread(target=end_on_stop, name="kinetic-build-stop", daemon=True).start()
-    assert proc.stdout is not None
-    with proc:
-        for text in proc.stdout:
-            text = text.rstrip()
-            tail.append(text)
-            log(text)
-    return proc.returncode, "\n".join(tail)
 
 
 class CloudBuildBuilder:
