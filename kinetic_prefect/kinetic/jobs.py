@@ -386,7 +386,7 @@ async def _stop_machine(client: Any, flow_run: Any) -> str:
             return f"no job of the run was found on work pool {pool.name!r} ({pool.type}): nothing was running"
         before = await launcher.status(identifier, configuration)
         if before.phase in ("exited", "gone"):
-            return f"its {_what(pool.type)} {identifier} had already ended ({before.detail or before.phase})"
+            return f"its {launcher.job_kind} {identifier} had already ended ({before.detail or before.phase})"
         # as the worker stops a job it follows: the launcher's cancel returns once the job is stopped (or deleted)
         await launcher.cancel(identifier, configuration, STOP_GRACE_SECONDS)
         after = await launcher.status(identifier, configuration)
@@ -396,17 +396,7 @@ async def _stop_machine(client: Any, flow_run: Any) -> str:
             f"stopped: {type(exc).__name__}: {exc}. Its run is left as it was; stop the job with the platform's own "
             "tools (e.g. `gcloud ai custom-jobs cancel`, `kubectl delete job`), or retry `kinetic-prefect jobs cancel`"
         ) from exc
-    return f"stopped {_what(pool.type)} {identifier}" + (f" ({after.detail})" if after.detail else "")
-
-
-def _what(pool_type: str) -> str:
-    from kinetic_prefect.contract import GKE_WORKER_TYPE, LOCAL_WORKER_TYPE, VERTEX_WORKER_TYPE
-
-    return {
-        VERTEX_WORKER_TYPE: "Vertex AI custom job",
-        GKE_WORKER_TYPE: "Kubernetes Job",
-        LOCAL_WORKER_TYPE: "local job",
-    }.get(pool_type, "job")
+    return f"stopped {launcher.job_kind} {identifier}" + (f" ({after.detail})" if after.detail else "")
 
 
 async def _delete_run_objects(flow_run_id: UUID, keep_outcome: bool = False) -> None:

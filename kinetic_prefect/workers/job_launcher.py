@@ -38,6 +38,8 @@ class JobStatus:
 class JobLauncher(abc.ABC):
     """How one kind of infrastructure runs a kinetic job. Blocking work belongs in threads."""
 
+    job_kind = "job"  # what one of its jobs is called where a person reads what was stopped
+
     @abc.abstractmethod
     async def submit(self, flow_run: FlowRun, configuration: Any, log: Callable[[str], None]) -> str:
         """Start the job; return its identifier."""

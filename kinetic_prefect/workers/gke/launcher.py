@@ -68,6 +68,8 @@ def _unschedulable(pod: Any) -> bool:
 class GKEJobLauncher(JobLauncher):
     """A kinetic job as one Kubernetes Job (one pod, ``backoffLimit: 0``); identifiers are ``namespace:name``."""
 
+    job_kind = "Kubernetes Job"
+
     def __init__(self) -> None:
         self._followers: dict[str, JobFollower] = {}
         self._emitters: dict[str, Callable[[str], None]] = {}

@@ -180,6 +180,8 @@ class LocalJobLauncher(JobLauncher):
     process has, or as soon as one exits non-zero, and then the others are stopped.
     """
 
+    job_kind = "local job"
+
     # After the coordinator has exited, the other hosts get this long to finish (they normally exit with it:
     # JAX's shutdown barrier holds every host until all arrive), then are stopped.
     GROUP_EXIT_GRACE_SECONDS = 10.0

@@ -67,6 +67,8 @@ def status_of(job: Any) -> JobStatus:
 class VertexJobLauncher(JobLauncher):
     """A kinetic job as one Vertex AI custom job (one replica; a group adds a second replica pool)."""
 
+    job_kind = "Vertex AI custom job"
+
     can_relaunch = True
 
     def __init__(self) -> None:
