@@ -55,7 +55,7 @@ def test_doctor_passes_for_a_healthy_local_pool(tmp_path, capsys):
     assert list((tmp_path / "store").iterdir()) == [], "the test object and its folder are gone"
     code, report = _doctor(capsys, "--pool", pool)
     assert code == 0 and report["ok"] and report["pool_type"] == "kinetic-local"
-    assert [c["name"] for c in report["checks"]] == ["Prefect API", "Work pool", "Store", "Job isolation"]
+    assert [c["name"] for c in report["checks"]] == ["Prefect API", "Work pool", "Store", "Isolation"]
 
 
 def test_doctor_names_the_fix_for_a_missing_pool(capsys):

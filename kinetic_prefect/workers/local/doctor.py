@@ -10,7 +10,7 @@ from typing import Any
 
 from kinetic_prefect.shared.doctor import WARN, Report, check_accelerator_names
 
-ISOLATION = "Job isolation"
+ISOLATION = "Isolation"  # a label no longer than the others: doctor's columns line up on the longest
 
 
 def doctor(report: Report, client: Any, pool: Any, names: list[str], **_: Any) -> None:
