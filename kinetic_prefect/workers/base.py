@@ -131,6 +131,11 @@ class KineticJobConfiguration(BaseJobConfiguration):
     def set_secret_env(self, values: dict[str, str]) -> None:
         self._secret_env = dict(values)
 
+    def add_secret_env(self, values: dict[str, str]) -> None:
+        """More secret values for the job, beside the forwarded ones (never a launcher's view of ``secret_env``, which
+        may fold in values it moved out of the job's env for one attempt)."""
+        self._secret_env = {**self._secret_env, **values}
+
     def prepare_for_flow_run(
         self, flow_run, deployment=None, flow=None, work_pool=None, worker_name=None, worker_id=None
     ):

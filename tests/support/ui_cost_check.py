@@ -90,7 +90,9 @@ def check_cost_pages(ui_url: str, api_url: str, flow_run_id: str, out_dir: Path,
         by_key.setdefault((artifact.get("key"), artifact["type"]), []).append(artifact)
     [total] = by_key[("kinetic-flow-cost", "table")]
     job_costs = by_key[("kinetic-job-cost", "table")]
-    plots = [a for a in by_key.get((None, "markdown"), []) if "usage over time" in (a.get("data") or "")]
+    plots = [
+        a for a in by_key.get(("kinetic-job-usage-plot", "markdown"), []) if "usage over time" in (a.get("data") or "")
+    ]
     assert len(job_costs) == 3 and len(plots) == 3, f"expected 3 job cost tables and 3 plots: {list(by_key)}"
     rows = json.loads(total["data"])
     report = {"flow_run_id": flow_run_id, "total_usd": rows[-1]["usd"], "screenshots": [], "checks": []}

@@ -127,7 +127,7 @@ class GKEJobLauncher(JobLauncher):
         if beating and not self.heartbeats.following(run_id):
             store = await open_job_store(configuration)
             await anyio.to_thread.run_sync(self.heartbeats.start, run_id, store)  # before the pod can look
-            configuration.set_secret_env({**configuration.secret_env, **self.heartbeats.job_env()})
+            configuration.add_secret_env(self.heartbeats.job_env())
         try:
             job_name = await anyio.to_thread.run_sync(self._create_job, api, configuration)
         except BaseException:

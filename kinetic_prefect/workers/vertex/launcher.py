@@ -116,7 +116,7 @@ class VertexJobLauncher(JobLauncher):
             # the first beat before the job exists: its runner, once up, finds a record to watch
             store = await open_job_store(configuration)
             await anyio.to_thread.run_sync(self.heartbeats.start, run_id, store)
-            configuration.set_secret_env({**configuration.secret_env, **self.heartbeats.job_env()})
+            configuration.add_secret_env(self.heartbeats.job_env())
         request = custom_job.custom_job(configuration, flow_run, attempt)
         try:
             client = await self.client(configuration)
